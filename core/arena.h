@@ -1,0 +1,56 @@
+/* core/arena.h: the memory plan, which is also the allocation.
+ *
+ * Every component reserves what it needs (memory kind, category, name, bytes, and where
+ * to store the pointer). The plan can be printed and checked against the machine before
+ * anything is allocated (`strata plan`); commit then makes ONE allocation per memory kind
+ * and hands out aligned slices, so a training step never allocates and the printed plan
+ * is exactly what lives in memory. */
+#ifndef STRATA_ARENA_H
+#define STRATA_ARENA_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "core/device.h"
+
+typedef enum strata_mem_category {
+    STRATA_CAT_PARAMS = 0,   /* parameters forward and backward read */
+    STRATA_CAT_GRADS,        /* gradient accumulators */
+    STRATA_CAT_OPTIMIZER,    /* fp32 master weights and Adam moments */
+    STRATA_CAT_ACTIVATIONS,  /* activations kept for backward, and their gradients */
+    STRATA_CAT_BUFFERS,      /* communication buckets, gather slots, staging */
+    STRATA_CAT_COUNT,
+} strata_mem_category;
+const char *strata_mem_category_name(strata_mem_category c);
+
+typedef struct strata_arena_entry {
+    char name[64];
+    strata_mem_kind kind;
+    strata_mem_category cat;
+    size_t bytes;
+    size_t offset;
+    void **dst;
+} strata_arena_entry;
+
+typedef struct strata_arena {
+    strata_device *dev; /* NULL for a plan that is never committed */
+    strata_arena_entry *entries;
+    int n, cap;
+    size_t total[STRATA_MEM_KINDS];
+    void *base[STRATA_MEM_KINDS];
+} strata_arena;
+
+void strata_arena_init(strata_arena *a, strata_device *dev);
+/* Reserves bytes (rounded up to 256-byte alignment); *dst is set at commit. dst may be
+ * NULL for planning-only entries. */
+void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_category cat,
+                          const char *name, size_t bytes, void **dst);
+/* Allocates one block per memory kind and fills every dst. 0, or -1 naming the kind and
+ * size that could not be allocated. */
+int strata_arena_commit(strata_arena *a);
+void strata_arena_release(strata_arena *a);
+size_t strata_arena_bytes(const strata_arena *a, int kind /* -1 all */, int cat /* -1 all */);
+/* A table: one row per category, columns per memory kind, with totals. */
+void strata_arena_print(const strata_arena *a, FILE *f);
+
+#endif

@@ -1,0 +1,1394 @@
+/* core/checkpoint.c: checkpoint directories, written crash-safely and read back at any
+ * world size (core/checkpoint.h describes the layout on disk).
+ *
+ * YAML files are emitted with printf into a memory buffer and written in one go; they are
+ * parsed back with libyaml's document API. Tensor data is raw fp32, one file per rank,
+ * cut into segments at tensor boundaries; every segment carries a CRC-32C that is checked
+ * the first time a reader touches it. */
+#include "core/checkpoint.h"
+
+#include "core/common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <yaml.h>
+
+/* The data files are raw little-endian fp32, written and read by memcpy. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "core/checkpoint.c assumes a little-endian host"
+#endif
+
+#define CKPT_FORMAT "strata-checkpoint-1"
+#define CKPT_PATH_MAX 4096
+/* Linux moves at most ~2 GiB per read/write call; stay well under it. */
+#define CKPT_IO_CHUNK ((size_t)1 << 30)
+
+static const char *const kind_name[STRATA_CKPT_KINDS] = {"param", "m", "v"};
+
+/* ---- paths and small file helpers ---- */
+
+static int fmt_path(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fmt_path(char *out, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= len)
+        return strata_fail("path too long (at most %zu bytes): %.160s...", len - 1, out);
+    return 0;
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int write_all(int fd, const void *buf, size_t bytes, const char *path) {
+    const char *p = buf;
+    while (bytes > 0) {
+        size_t n = bytes < CKPT_IO_CHUNK ? bytes : CKPT_IO_CHUNK;
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return strata_fail("%s: write failed: %s", path, strerror(errno));
+        }
+        if (w == 0) return strata_fail("%s: write made no progress (disk full?)", path);
+        p += w;
+        bytes -= (size_t)w;
+    }
+    return 0;
+}
+
+static int pread_all(int fd, void *buf, size_t bytes, uint64_t offset, const char *path) {
+    char *p = buf;
+    while (bytes > 0) {
+        size_t n = bytes < CKPT_IO_CHUNK ? bytes : CKPT_IO_CHUNK;
+        ssize_t r = pread(fd, p, n, (off_t)offset);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return strata_fail("%s: read of %zu bytes at offset %llu failed: %s", path, n,
+                               (unsigned long long)offset, strerror(errno));
+        }
+        if (r == 0)
+            return strata_fail("%s: unexpected end of file at byte %llu (the file shrank after "
+                               "the checkpoint was opened)",
+                               path, (unsigned long long)offset);
+        p += r;
+        offset += (uint64_t)r;
+        bytes -= (size_t)r;
+    }
+    return 0;
+}
+
+/* A directory's fsync makes the names in it durable (new files, renames, deletions). */
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return strata_fail("%s: cannot open directory to fsync it: %s", dir, strerror(errno));
+    /* Some file systems refuse fsync on directories (EINVAL); there is nothing more to do. */
+    if (fsync(fd) != 0 && errno != EINVAL) {
+        int e = errno;
+        close(fd);
+        return strata_fail("%s: fsync of directory failed: %s", dir, strerror(e));
+    }
+    close(fd);
+    return 0;
+}
+
+/* Creates (truncating) path, writes bytes, fsyncs and closes; every step checked. */
+static int write_file_synced(const char *path, const void *data, size_t bytes) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return strata_fail("%s: cannot create: %s", path, strerror(errno));
+    if (write_all(fd, data, bytes, path) != 0) {
+        close(fd);
+        return -1;
+    }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return strata_fail("%s: fsync failed: %s", path, strerror(e));
+    }
+    if (close(fd) != 0) return strata_fail("%s: close failed: %s", path, strerror(errno));
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)ftw;
+    int rc = flag == FTW_DP ? rmdir(path) : unlink(path);
+    return rc != 0 && errno != ENOENT ? -1 : 0;
+}
+
+static int rm_tree(const char *path) {
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+        return strata_fail("%s: cannot delete: %s", path, strerror(errno));
+    return 0;
+}
+
+/* ---- a growing text buffer for the YAML files ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+} sbuf;
+
+static void sb_reserve(sbuf *b, size_t more) {
+    if (b->len + more + 1 <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more + 1) cap *= 2;
+    b->p = strata_xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+static void sb_putn(sbuf *b, const char *s, size_t n) {
+    sb_reserve(b, n);
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    STRATA_ASSERT(n >= 0);
+    sb_reserve(b, (size_t)n);
+    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap2);
+    va_end(ap2);
+    b->len += (size_t)n;
+}
+
+/* ---- YAML strings ---- */
+
+/* Decodes one UTF-8 code point from s (n bytes left); returns its length, 0 if invalid. */
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    size_t len;
+    uint32_t v, min;
+    if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07, min = 0x10000;
+    else return 0;
+    if (len > n) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
+/* YAML text is Unicode, so a string must be valid UTF-8 to round-trip. Sets *literal_ok
+ * when a literal block scalar reproduces it byte for byte: only tab, newline and printable
+ * characters (YAML would turn CR and the Unicode line separators into newlines, and
+ * libyaml refuses other control characters). Returns the offset of the first invalid
+ * byte, or n when all is valid. */
+static size_t text_scan(const char *s, size_t n, int *literal_ok) {
+    const unsigned char *u = (const unsigned char *)s;
+    *literal_ok = 1;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t len = utf8_decode(u + i, n - i, &cp);
+        if (len == 0) {
+            *literal_ok = 0;
+            return i;
+        }
+        int printable = cp == '\t' || cp == '\n' || (cp >= 0x20 && cp <= 0x7E) ||
+                        (cp >= 0xA0 && cp <= 0xFFFD && cp != 0x2028 && cp != 0x2029 && cp != 0xFEFF) ||
+                        cp >= 0x10000;
+        if (!printable) *literal_ok = 0;
+        i += len;
+    }
+    return n;
+}
+
+/* A double-quoted scalar, pure ASCII: escapes for quotes, backslash, control characters
+ * and every non-ASCII code point (s must be valid UTF-8; see text_scan). */
+static void sb_quoted(sbuf *b, const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    sb_putn(b, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t len = utf8_decode(u + i, n - i, &cp);
+        STRATA_ASSERT(len > 0);
+        i += len;
+        if (cp == '"') sb_putn(b, "\\\"", 2);
+        else if (cp == '\\') sb_putn(b, "\\\\", 2);
+        else if (cp == '\n') sb_putn(b, "\\n", 2);
+        else if (cp == '\t') sb_putn(b, "\\t", 2);
+        else if (cp == '\r') sb_putn(b, "\\r", 2);
+        else if (cp < 0x20 || cp == 0x7F) sb_printf(b, "\\x%02X", (unsigned)cp);
+        else if (cp < 0x80) {
+            char c = (char)cp;
+            sb_putn(b, &c, 1);
+        } else if (cp <= 0xFFFF) sb_printf(b, "\\u%04X", (unsigned)cp);
+        else sb_printf(b, "\\U%08X", (unsigned)cp);
+    }
+    sb_putn(b, "\"", 1);
+}
+
+/* `key: <text>` with text reproduced exactly on reading. Readable text goes in a literal
+ * block with an explicit indentation indicator (so leading spaces are content) and
+ * strip or keep chomping (so the trailing newlines are exactly the text's own). */
+static int sb_text_value(sbuf *b, const char *key, const char *text, const char *what) {
+    size_t n = strlen(text);
+    int literal_ok;
+    size_t bad = text_scan(text, n, &literal_ok);
+    if (bad < n) return strata_fail("%s is not valid UTF-8 (byte %zu), so YAML cannot hold it", what, bad);
+    if (n == 0 || !literal_ok) {
+        sb_printf(b, "%s: ", key);
+        sb_quoted(b, text, n);
+        sb_putn(b, "\n", 1);
+        return 0;
+    }
+    sb_printf(b, "%s: |2%c\n", key, text[n - 1] == '\n' ? '+' : '-');
+    for (size_t pos = 0; pos < n;) {
+        const char *nl = memchr(text + pos, '\n', n - pos);
+        size_t end = nl ? (size_t)(nl - text) : n;
+        if (end > pos) {
+            sb_putn(b, "  ", 2);
+            sb_putn(b, text + pos, end - pos);
+        }
+        sb_putn(b, "\n", 1);
+        pos = end + 1;
+    }
+    return 0;
+}
+
+/* ---- layout checks ---- */
+
+typedef struct tref {
+    int unit;
+    size_t offset;
+    int idx;
+} tref;
+
+static int tref_cmp(const void *a, const void *b) {
+    const tref *x = a, *y = b;
+    if (x->unit != y->unit) return x->unit < y->unit ? -1 : 1;
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static int name_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void shape_str(char *buf, size_t len, const strata_ckpt_tensor *t) {
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < t->ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    if (n < len) snprintf(buf + n, len - n, "]");
+}
+
+/* Checks the invariants checkpoint.h states for a layout and returns tensor indices
+ * sorted by (unit, offset), with unit u's tensors at order[first[u] .. first[u+1]).
+ * `what` names the layout in messages (the caller frees both arrays). */
+static int layout_index(const strata_ckpt_layout *L, const char *what, int **order_out, int **first_out) {
+    if (L->n_units < 0 || L->n_tensors < 0 || (L->n_units > 0 && (!L->unit_numel || !L->unit_padded)) ||
+        (L->n_tensors > 0 && !L->tensors))
+        return strata_fail("%s: malformed layout (%d units, %d tensors)", what, L->n_units, L->n_tensors);
+    for (int u = 0; u < L->n_units; u++)
+        if (L->unit_padded[u] < L->unit_numel[u])
+            return strata_fail("%s: unit %d: padded size %zu is smaller than its %zu elements", what, u,
+                               L->unit_padded[u], L->unit_numel[u]);
+    const char **names = strata_xmalloc(sizeof *names * (size_t)(L->n_tensors + 1));
+    tref *refs = strata_xmalloc(sizeof *refs * (size_t)(L->n_tensors + 1));
+    int rc = -1;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const strata_ckpt_tensor *t = &L->tensors[i];
+        int literal_ok;
+        if (!memchr(t->name, 0, sizeof t->name) || !t->name[0] ||
+            text_scan(t->name, strlen(t->name), &literal_ok) != strlen(t->name)) {
+            strata_fail("%s: tensor %d has an empty, unterminated or non-UTF-8 name", what, i);
+            goto out;
+        }
+        if (t->unit < 0 || t->unit >= L->n_units) {
+            strata_fail("%s: tensor %s: unit %d is out of range (%d units)", what, t->name, t->unit, L->n_units);
+            goto out;
+        }
+        if (t->ndim < 0 || t->ndim > STRATA_CKPT_MAX_DIMS) {
+            strata_fail("%s: tensor %s: %d dimensions (at most %d)", what, t->name, t->ndim, STRATA_CKPT_MAX_DIMS);
+            goto out;
+        }
+        size_t prod = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->shape[d] < 0) {
+                strata_fail("%s: tensor %s: negative dimension %lld", what, t->name, (long long)t->shape[d]);
+                goto out;
+            }
+            prod *= (size_t)t->shape[d];
+        }
+        if (prod != t->numel) {
+            char sh[128];
+            shape_str(sh, sizeof sh, t);
+            strata_fail("%s: tensor %s: shape %s has %zu elements, but numel is %zu", what, t->name, sh, prod,
+                        t->numel);
+            goto out;
+        }
+        names[i] = t->name;
+        refs[i] = (tref){t->unit, t->offset, i};
+    }
+    qsort(names, (size_t)L->n_tensors, sizeof *names, name_cmp);
+    for (int i = 1; i < L->n_tensors; i++)
+        if (!strcmp(names[i - 1], names[i])) {
+            strata_fail("%s: tensor name %s appears twice", what, names[i]);
+            goto out;
+        }
+    qsort(refs, (size_t)L->n_tensors, sizeof *refs, tref_cmp);
+    int *order = strata_xmalloc(sizeof *order * (size_t)(L->n_tensors + 1));
+    int *first = strata_xmalloc(sizeof *first * (size_t)(L->n_units + 1));
+    int j = 0;
+    for (int u = 0; u < L->n_units; u++) {
+        first[u] = j;
+        size_t expect = 0;
+        for (; j < L->n_tensors && refs[j].unit == u; j++) {
+            const strata_ckpt_tensor *t = &L->tensors[refs[j].idx];
+            if (t->offset != expect) {
+                strata_fail("%s: unit %d: tensor %s starts at element %zu, expected %zu (a unit's tensors "
+                            "must tile it without gaps or overlaps)",
+                            what, u, t->name, t->offset, expect);
+                free(order);
+                free(first);
+                goto out;
+            }
+            expect += t->numel;
+            order[j] = refs[j].idx;
+        }
+        if (expect != L->unit_numel[u]) {
+            strata_fail("%s: unit %d: its tensors cover %zu elements, but the unit has %zu", what, u, expect,
+                        L->unit_numel[u]);
+            free(order);
+            free(first);
+            goto out;
+        }
+    }
+    first[L->n_units] = j;
+    *order_out = order;
+    *first_out = first;
+    rc = 0;
+out:
+    free(names);
+    free(refs);
+    return rc;
+}
+
+/* ---- writing ---- */
+
+int strata_ckpt_make_dir(const char *dir) {
+    char p[CKPT_PATH_MAX];
+    if (fmt_path(p, sizeof p, "%s", dir) != 0) return -1;
+    size_t n = strlen(p);
+    if (n == 0) return strata_fail("cannot create a directory with an empty name");
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char saved = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return strata_fail("%s: cannot create directory: %s", p, strerror(errno));
+        p[i] = saved;
+    }
+    if (!is_dir(dir)) return strata_fail("%s: exists but is not a directory", dir);
+    return 0;
+}
+
+int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t step) {
+    if (step < 0) return strata_fail("checkpoint step %lld is negative", (long long)step);
+    if (fmt_path(out, outlen, "%s/ckpt/step_%08lld.tmp", run_dir, (long long)step) != 0) return -1;
+    return strata_ckpt_make_dir(out);
+}
+
+/* The part of unit u's padded buffer that rank r of `world` holds: [*a, *b), clipped to
+ * the real elements (empty when the rank's shard is all padding). */
+static void rank_range(const strata_ckpt_layout *L, int u, int rank, int world, size_t *a, size_t *b) {
+    size_t S = L->unit_padded[u] / (size_t)world;
+    size_t lo = (size_t)rank * S, hi = lo + S;
+    if (hi > L->unit_numel[u]) hi = L->unit_numel[u];
+    if (lo > hi) lo = hi;
+    *a = lo;
+    *b = hi;
+}
+
+int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int rank, int world,
+                           const float *const (*shards)[STRATA_CKPT_KINDS]) {
+    if (world < 1 || rank < 0 || rank >= world)
+        return strata_fail("checkpoint %s: rank %d of world %d is out of range", tmp_dir, rank, world);
+    int *order, *first;
+    if (layout_index(L, "checkpoint layout", &order, &first) != 0) return -1;
+    char bin[CKPT_PATH_MAX], idx[CKPT_PATH_MAX];
+    int fd = -1, rc = -1;
+    sbuf ix = {0};
+    if (fmt_path(bin, sizeof bin, "%s/rank%05d.bin", tmp_dir, rank) != 0 ||
+        fmt_path(idx, sizeof idx, "%s/rank%05d.yaml", tmp_dir, rank) != 0)
+        goto out;
+    uint64_t total = 0;
+    for (int u = 0; u < L->n_units; u++) {
+        if (L->unit_padded[u] % (size_t)world != 0) {
+            strata_fail("checkpoint layout: unit %d: padded size %zu is not a multiple of world size %d", u,
+                        L->unit_padded[u], world);
+            goto out;
+        }
+        size_t a, b;
+        rank_range(L, u, rank, world, &a, &b);
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
+            if (b > a && !shards[u][k]) {
+                strata_fail("%s: unit %d (%s): no shard given for this rank's %zu elements", bin, u, kind_name[k],
+                            b - a);
+                goto out;
+            }
+            total += (uint64_t)(b - a) * sizeof(float);
+        }
+    }
+
+    sb_printf(&ix, "# Strata checkpoint rank index: the segments of rank%05d.bin (fp32) in file order;\n"
+                   "# lo/hi are element offsets in the unit's flat buffer.\n", rank);
+    /* A rank whose shards are all padding holds nothing: an empty list, not a null. */
+    sb_printf(&ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\nbin_bytes: %llu\nsegments:%s\n", CKPT_FORMAT,
+              rank, world, (unsigned long long)total, total ? "" : " []");
+    fd = open(bin, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        strata_fail("%s: cannot create: %s", bin, strerror(errno));
+        goto out;
+    }
+    uint64_t offset = 0;
+    for (int u = 0; u < L->n_units; u++) {
+        size_t a, b;
+        rank_range(L, u, rank, world, &a, &b);
+        if (a == b) continue;
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
+            const float *src = shards[u][k];
+            /* The rank's part of one (unit, kind) is contiguous: one large write. */
+            if (write_all(fd, src, (b - a) * sizeof(float), bin) != 0) goto out;
+            for (int j = first[u]; j < first[u + 1]; j++) {
+                const strata_ckpt_tensor *t = &L->tensors[order[j]];
+                size_t lo = t->offset > a ? t->offset : a;
+                size_t hi = t->offset + t->numel < b ? t->offset + t->numel : b;
+                if (lo >= hi) continue;
+                uint32_t crc = strata_crc32c(0, src + (lo - a), (hi - lo) * sizeof(float));
+                sb_printf(&ix, "  - {kind: %s, tensor: ", kind_name[k]);
+                sb_quoted(&ix, t->name, strlen(t->name));
+                sb_printf(&ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", u, lo, hi,
+                          (unsigned long long)(offset + (lo - a) * sizeof(float)), crc);
+            }
+            offset += (b - a) * sizeof(float);
+        }
+    }
+    if (fsync(fd) != 0) {
+        strata_fail("%s: fsync failed: %s", bin, strerror(errno));
+        goto out;
+    }
+    int cfd = fd;
+    fd = -1;
+    if (close(cfd) != 0) {
+        strata_fail("%s: close failed: %s", bin, strerror(errno));
+        goto out;
+    }
+    if (write_file_synced(idx, ix.p, ix.len) != 0) goto out;
+    if (fsync_dir(tmp_dir) != 0) goto out;
+    rc = 0;
+out:
+    if (fd >= 0) close(fd);
+    free(ix.p);
+    free(order);
+    free(first);
+    return rc;
+}
+
+/* ---- the step directories of a run ---- */
+
+typedef struct step_entry {
+    int64_t step;
+    int complete; /* has manifest.yaml */
+    char name[64];
+} step_entry;
+
+/* Parses "step_<digits><suffix>" and returns the step, or -1 when name is not that. */
+static int64_t parse_step_name(const char *name, const char *suffix) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char *p = name + 5;
+    int64_t v = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        if (v > (INT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (digits == 0 || strcmp(p, suffix) != 0) return -1;
+    return v;
+}
+
+static int step_desc(const void *a, const void *b) {
+    const step_entry *x = a, *y = b;
+    return x->step > y->step ? -1 : x->step < y->step;
+}
+
+/* The "step_<digits><suffix>" directories in ckpt_dir, newest first. */
+static int list_steps(const char *ckpt_dir, const char *suffix, step_entry **out, int *n_out) {
+    DIR *d = opendir(ckpt_dir);
+    if (!d) return strata_fail("%s: cannot list: %s", ckpt_dir, strerror(errno));
+    step_entry *v = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t step = parse_step_name(e->d_name, suffix);
+        if (step < 0 || strlen(e->d_name) >= sizeof v->name) continue;
+        char p[CKPT_PATH_MAX], m[CKPT_PATH_MAX];
+        if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, e->d_name) != 0 || !is_dir(p)) continue;
+        if (fmt_path(m, sizeof m, "%s/manifest.yaml", p) != 0) continue;
+        if (n == cap) v = strata_xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 16));
+        v[n].step = step;
+        v[n].complete = is_file(m);
+        memcpy(v[n].name, e->d_name, strlen(e->d_name) + 1);
+        n++;
+    }
+    closedir(d);
+    if (n > 1) qsort(v, (size_t)n, sizeof *v, step_desc);
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* Deletes a whole checkpoint directory: first renamed to step_N.old so a crash half-way
+ * never leaves something that looks like a complete checkpoint (the next commit removes
+ * leftover .old directories). */
+static int retire_dir(const char *ckpt_dir, const char *name) {
+    char p[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
+    if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, name) != 0) return -1;
+    if (fmt_path(old, sizeof old, "%s/%s.old", ckpt_dir, name) != 0) return -1;
+    if (rm_tree(old) != 0) return -1;
+    if (rename(p, old) != 0) return strata_fail("%s: cannot rename to %s: %s", p, old, strerror(errno));
+    return rm_tree(old);
+}
+
+/* After a commit: the newest `keep` complete checkpoints stay (and always `current`),
+ * and every unfinished step_*.tmp or step_*.old directory goes. Failures here are
+ * warnings: the new checkpoint is already safe. */
+static void prune(const char *ckpt_dir, const char *current, int keep) {
+    static const char *const leftovers[] = {".tmp", ".old"};
+    for (int s = 0; s < 2; s++) {
+        step_entry *v;
+        int n;
+        if (list_steps(ckpt_dir, leftovers[s], &v, &n) != 0) {
+            STRATA_WARN("ckpt", "%s", strata_error());
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            char p[CKPT_PATH_MAX];
+            if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0 || rm_tree(p) != 0)
+                STRATA_WARN("ckpt", "removing a stale directory: %s", strata_error());
+            else STRATA_DEBUG("ckpt", "removed stale %s", p);
+        }
+        free(v);
+    }
+    if (keep <= 0) return;
+    step_entry *v;
+    int n;
+    if (list_steps(ckpt_dir, "", &v, &n) != 0) {
+        STRATA_WARN("ckpt", "%s", strata_error());
+        return;
+    }
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (!v[i].complete) continue;
+        if (kept < keep || !strcmp(v[i].name, current)) {
+            kept++;
+            continue;
+        }
+        if (retire_dir(ckpt_dir, v[i].name) != 0) STRATA_WARN("ckpt", "retention: %s", strata_error());
+        else STRATA_DEBUG("ckpt", "retention: removed %s/%s", ckpt_dir, v[i].name);
+    }
+    free(v);
+}
+
+/* Leftovers of an earlier, killed attempt at the same step in tmp_dir (rank files of a
+ * larger world, a half-written manifest) must not become part of this checkpoint. */
+static int clean_tmp_dir(const char *tmp_dir, int world) {
+    DIR *d = opendir(tmp_dir);
+    if (!d) return strata_fail("%s: cannot list: %s", tmp_dir, strerror(errno));
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        int stale = !strcmp(nm, "manifest.yaml") || !strcmp(nm, "manifest.yaml.tmp");
+        /* rankNNNNN.bin / rankNNNNN.yaml of a rank this world does not have */
+        if (!strncmp(nm, "rank", 4) && strspn(nm + 4, "0123456789") == 5 &&
+            (!strcmp(nm + 9, ".bin") || !strcmp(nm + 9, ".yaml")))
+            stale = atoi(nm + 4) >= world;
+        if (!stale) continue;
+        char p[CKPT_PATH_MAX];
+        if (fmt_path(p, sizeof p, "%s/%s", tmp_dir, nm) != 0 || (unlink(p) != 0 && errno != ENOENT)) {
+            rc = strata_fail("%s: cannot remove a stale file: %s", p, strerror(errno));
+            break;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+static int build_manifest(sbuf *b, const strata_ckpt_layout *L, const strata_ckpt_meta *meta) {
+    sb_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32), indexed by rankNNNNN.yaml;\n"
+                 "# each rank file holds its standard shard [r*S, (r+1)*S) of every unit, S = padded/world.\n");
+    sb_printf(b, "format: %s\nstep: %lld\nworld: %d\nstage: %d\nseed: %llu\nrng_state: 0x%016llx\n", CKPT_FORMAT,
+              (long long)meta->step, meta->world, meta->stage, (unsigned long long)meta->seed,
+              (unsigned long long)meta->rng_state);
+    /* 17 significant digits read back to the same double. */
+    sb_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\nunits:\n", meta->tokens_seen,
+              meta->last_loss);
+    for (int u = 0; u < L->n_units; u++)
+        sb_printf(b, "  - {numel: %zu, padded: %zu}\n", L->unit_numel[u], L->unit_padded[u]);
+    sb_printf(b, "tensors:\n");
+    for (int i = 0; i < L->n_tensors; i++) {
+        const strata_ckpt_tensor *t = &L->tensors[i];
+        size_t n = strlen(t->name);
+        sb_printf(b, "  - {name: ");
+        sb_quoted(b, t->name, n);
+        sb_printf(b, ", unit: %d, offset: %zu, numel: %zu, shape: [", t->unit, t->offset, t->numel);
+        for (int d = 0; d < t->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        sb_printf(b, "], dtype: float32}\n");
+    }
+    /* Last, so a literal block's trailing blank lines are plainly its own. */
+    return sb_text_value(b, "config", meta->config_yaml ? meta->config_yaml : "", "checkpoint config text");
+}
+
+/* Puts tmp_dir at final_dir. A re-save of the same step swaps the directories atomically
+ * (RENAME_EXCHANGE) so the step never disappears; where the file system cannot swap,
+ * the old one is moved aside first. */
+static int install_dir(const char *ckpt_dir, const char *tmp_dir, const char *final_dir) {
+    if (rename(tmp_dir, final_dir) == 0) return 0;
+    if (errno != ENOTEMPTY && errno != EEXIST)
+        return strata_fail("%s: cannot rename to %s: %s", tmp_dir, final_dir, strerror(errno));
+    if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
+        if (fsync_dir(ckpt_dir) != 0) return -1;
+        return rm_tree(tmp_dir); /* now holds the replaced checkpoint */
+    }
+    char old[CKPT_PATH_MAX];
+    if (fmt_path(old, sizeof old, "%s.old", final_dir) != 0 || rm_tree(old) != 0) return -1;
+    if (rename(final_dir, old) != 0)
+        return strata_fail("%s: cannot move aside to %s: %s", final_dir, old, strerror(errno));
+    if (rename(tmp_dir, final_dir) != 0)
+        return strata_fail("%s: cannot rename to %s: %s", tmp_dir, final_dir, strerror(errno));
+    if (fsync_dir(ckpt_dir) != 0) return -1;
+    return rm_tree(old);
+}
+
+int strata_ckpt_commit_keep(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
+                            const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len) {
+    if (!meta || meta->step < 0 || meta->world < 1)
+        return strata_fail("checkpoint %s: invalid step %lld / world %d", tmp_dir, meta ? (long long)meta->step : -1LL,
+                           meta ? meta->world : 0);
+    int *order, *first;
+    if (layout_index(L, "checkpoint layout", &order, &first) != 0) return -1;
+    free(order);
+    free(first);
+    char ckpt_dir[CKPT_PATH_MAX], final[CKPT_PATH_MAX], name[64], mtmp[CKPT_PATH_MAX], mpath[CKPT_PATH_MAX];
+    char latest[CKPT_PATH_MAX], latest_tmp[CKPT_PATH_MAX];
+    snprintf(name, sizeof name, "step_%08lld", (long long)meta->step);
+    if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
+        fmt_path(final, sizeof final, "%s/%s", ckpt_dir, name) != 0 ||
+        fmt_path(mtmp, sizeof mtmp, "%s/manifest.yaml.tmp", tmp_dir) != 0 ||
+        fmt_path(mpath, sizeof mpath, "%s/manifest.yaml", tmp_dir) != 0 ||
+        fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0 ||
+        fmt_path(latest_tmp, sizeof latest_tmp, "%s/latest.tmp", ckpt_dir) != 0)
+        return -1;
+    if (!is_dir(tmp_dir)) return strata_fail("%s: no such directory (nothing was written to commit)", tmp_dir);
+    if (clean_tmp_dir(tmp_dir, meta->world) != 0) return -1;
+
+    sbuf m = {0};
+    int rc = build_manifest(&m, L, meta);
+    if (rc == 0) rc = write_file_synced(mtmp, m.p, m.len);
+    free(m.p);
+    if (rc != 0) return -1;
+    if (rename(mtmp, mpath) != 0) return strata_fail("%s: cannot rename to %s: %s", mtmp, mpath, strerror(errno));
+    if (fsync_dir(tmp_dir) != 0) return -1;
+
+    /* Never publish a checkpoint that would not load: every rank's files present, sizes
+     * as promised, every element covered once. */
+    strata_ckpt *ck = strata_ckpt_open(tmp_dir);
+    if (!ck) return strata_fail_wrap("refusing to commit %s", tmp_dir);
+    strata_ckpt_close(ck);
+
+    if (install_dir(ckpt_dir, tmp_dir, final) != 0) return -1;
+    if (fsync_dir(ckpt_dir) != 0) return -1;
+
+    char text[80];
+    int n = snprintf(text, sizeof text, "%s\n", name);
+    if (write_file_synced(latest_tmp, text, (size_t)n) != 0) return -1;
+    if (rename(latest_tmp, latest) != 0)
+        return strata_fail("%s: cannot rename to %s: %s", latest_tmp, latest, strerror(errno));
+    if (fsync_dir(ckpt_dir) != 0) return -1;
+
+    prune(ckpt_dir, name, keep);
+    if (final_dir && final_len > 0 && fmt_path(final_dir, final_len, "%s", final) != 0) return -1;
+    STRATA_DEBUG("ckpt", "committed %s", final);
+    return 0;
+}
+
+int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
+                       const strata_ckpt_meta *meta, char *final_dir, size_t final_len) {
+    return strata_ckpt_commit_keep(run_dir, tmp_dir, L, meta, 0, final_dir, final_len);
+}
+
+/* ---- resolving what to load ---- */
+
+/* The checkpoint `latest` names in run_dir/ckpt; if that file is missing or names
+ * something incomplete, the newest complete step directory. */
+static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
+    char ckpt_dir[CKPT_PATH_MAX], latest[CKPT_PATH_MAX];
+    if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
+        fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
+        return -1;
+    if (!is_dir(ckpt_dir)) return strata_fail("no checkpoint in %s (no such directory)", ckpt_dir);
+    FILE *f = fopen(latest, "r");
+    if (f) {
+        char name[256] = {0};
+        size_t n = fread(name, 1, sizeof name - 1, f);
+        fclose(f);
+        name[n] = 0;
+        while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' ')) name[--n] = 0;
+        char dir[CKPT_PATH_MAX], man[CKPT_PATH_MAX];
+        /* Only a plain directory name inside ckpt/ is trusted. */
+        if (n > 0 && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") &&
+            fmt_path(dir, sizeof dir, "%s/%s", ckpt_dir, name) == 0 &&
+            fmt_path(man, sizeof man, "%s/manifest.yaml", dir) == 0 && is_file(man))
+            return fmt_path(out, outlen, "%s", dir);
+        STRATA_WARN("ckpt", "%s names '%s', which is not a complete checkpoint; using the newest complete one",
+                    latest, name);
+    } else if (errno != ENOENT) {
+        STRATA_WARN("ckpt", "%s: cannot read (%s); using the newest complete checkpoint", latest, strerror(errno));
+    }
+    step_entry *v;
+    int n;
+    if (list_steps(ckpt_dir, "", &v, &n) != 0) return -1;
+    int found = -1;
+    for (int i = 0; i < n && found < 0; i++)
+        if (v[i].complete) found = i;
+    int rc = found < 0 ? strata_fail("no checkpoint in %s", ckpt_dir)
+                       : fmt_path(out, outlen, "%s/%s", ckpt_dir, v[found].name);
+    free(v);
+    return rc;
+}
+
+int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t outlen) {
+    if (!what || !*what) return strata_fail("no checkpoint named (expected 'latest', a run or a checkpoint directory)");
+    if (!strcmp(what, "latest")) {
+        if (!run_dir || !*run_dir) return strata_fail("checkpoint 'latest': no run directory given to look in");
+        return resolve_latest(run_dir, out, outlen);
+    }
+    char p[CKPT_PATH_MAX];
+    if (fmt_path(p, sizeof p, "%s/manifest.yaml", what) != 0) return -1;
+    if (is_file(p)) return fmt_path(out, outlen, "%s", what);
+    if (fmt_path(p, sizeof p, "%s/ckpt", what) != 0) return -1;
+    if (is_dir(p)) return resolve_latest(what, out, outlen);
+    /* A bare step name ("step_00000120") inside the run's ckpt/. */
+    if (run_dir && *run_dir && !strchr(what, '/')) {
+        char q[CKPT_PATH_MAX];
+        if (fmt_path(p, sizeof p, "%s/ckpt/%s", run_dir, what) != 0 ||
+            fmt_path(q, sizeof q, "%s/manifest.yaml", p) != 0)
+            return -1;
+        if (is_file(q)) return fmt_path(out, outlen, "%s", p);
+    }
+    struct stat st;
+    if (stat(what, &st) != 0) return strata_fail("checkpoint %s: %s", what, strerror(errno));
+    return strata_fail("%s: neither a checkpoint directory (no manifest.yaml) nor a run directory (no ckpt/)", what);
+}
+
+/* ---- reading: YAML documents ---- */
+
+typedef struct ydoc {
+    yaml_document_t doc;
+    const char *path;
+} ydoc;
+
+static int ydoc_load(ydoc *d, const char *path) {
+    d->path = path;
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_fail("%s: cannot open: %s", path, strerror(errno));
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) {
+        fclose(f);
+        return strata_fail("%s: cannot initialise the YAML parser", path);
+    }
+    yaml_parser_set_input_file(&p, f);
+    int ok = yaml_parser_load(&p, &d->doc);
+    if (!ok) {
+        if (p.error == YAML_READER_ERROR)
+            strata_fail("%s: byte %zu: not YAML text: %s", path, p.problem_offset, p.problem ? p.problem : "read error");
+        else
+            strata_fail("%s: line %zu, column %zu: invalid YAML: %s%s%s", path, p.problem_mark.line + 1,
+                        p.problem_mark.column + 1, p.problem ? p.problem : "parse error", p.context ? " " : "",
+                        p.context ? p.context : "");
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    if (!ok) return -1;
+    yaml_node_t *root = yaml_document_get_root_node(&d->doc);
+    if (!root || root->type != YAML_MAPPING_NODE) {
+        yaml_document_delete(&d->doc);
+        return strata_fail("%s: not a Strata checkpoint file (%s)", path,
+                           root ? "the top level is not a mapping" : "empty");
+    }
+    return 0;
+}
+
+static yaml_node_t *yroot(ydoc *d) { return yaml_document_get_root_node(&d->doc); }
+
+static const char *type_name(yaml_node_type_t t) {
+    return t == YAML_SCALAR_NODE ? "scalar" : t == YAML_SEQUENCE_NODE ? "list" : "mapping";
+}
+
+/* The value of `key` in mapping `map`, of the given type; ctx ("tensors[3]") locates
+ * the mapping in messages. */
+static yaml_node_t *yget(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, yaml_node_type_t type) {
+    size_t klen = strlen(key);
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
+        if (!k || k->type != YAML_SCALAR_NODE || k->data.scalar.length != klen ||
+            memcmp(k->data.scalar.value, key, klen) != 0)
+            continue;
+        yaml_node_t *v = yaml_document_get_node(&d->doc, pr->value);
+        if (v->type != type) {
+            strata_fail("%s: line %zu: %s%skey '%s' should be a %s, found a %s", d->path, v->start_mark.line + 1, ctx,
+                        *ctx ? ": " : "", key, type_name(type), type_name(v->type));
+            return NULL;
+        }
+        return v;
+    }
+    strata_fail("%s: line %zu: %s%smissing key '%s'", d->path, map->start_mark.line + 1, ctx, *ctx ? ": " : "", key);
+    return NULL;
+}
+
+static const char *yscalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+static int parse_u64(const char *s, int base, uint64_t *out) {
+    if (base == 16) {
+        if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
+        s += 2;
+    }
+    if (!*s) return -1;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        unsigned dg;
+        if (*s >= '0' && *s <= '9') dg = (unsigned)(*s - '0');
+        else if (base == 16 && *s >= 'a' && *s <= 'f') dg = (unsigned)(*s - 'a' + 10);
+        else if (base == 16 && *s >= 'A' && *s <= 'F') dg = (unsigned)(*s - 'A' + 10);
+        else return -1;
+        if (v > (UINT64_MAX - dg) / (unsigned)base) return -1;
+        v = v * (unsigned)base + dg;
+    }
+    *out = v;
+    return 0;
+}
+
+static int bad_value(ydoc *d, yaml_node_t *n, const char *ctx, const char *key, const char *want) {
+    return strata_fail("%s: line %zu: %s%skey '%s': '%s' is not %s", d->path, n->start_mark.line + 1, ctx,
+                       *ctx ? ": " : "", key, yscalar(n), want);
+}
+
+/* An unsigned integer (base 10, or 16 with 0x) no larger than max. */
+static int yget_u64(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, int base, uint64_t max,
+                    uint64_t *out) {
+    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+    if (!n) return -1;
+    if (parse_u64(yscalar(n), base, out) != 0 || *out > max)
+        return bad_value(d, n, ctx, key, base == 16 ? "a 0x-prefixed hex number" : "an unsigned integer in range");
+    return 0;
+}
+
+static int yget_size(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, size_t *out) {
+    uint64_t v;
+    if (yget_u64(d, map, ctx, key, 10, SIZE_MAX / sizeof(float), &v) != 0) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int yget_int(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, int *out) {
+    uint64_t v;
+    if (yget_u64(d, map, ctx, key, 10, INT_MAX, &v) != 0) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int yget_double(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, double *out) {
+    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+    if (!n) return -1;
+    char *end;
+    errno = 0;
+    *out = strtod(yscalar(n), &end);
+    if (end == yscalar(n) || *end) return bad_value(d, n, ctx, key, "a number");
+    return 0;
+}
+
+static int yexpect(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, const char *want) {
+    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+    if (!n) return -1;
+    if (strcmp(yscalar(n), want) != 0) {
+        if (!strcmp(key, "format"))
+            return strata_fail("%s: format '%s' is not %s (written by another version of Strata?)", d->path,
+                               yscalar(n), want);
+        return strata_fail("%s: line %zu: %s%skey '%s' is '%s', expected '%s'", d->path, n->start_mark.line + 1, ctx,
+                           *ctx ? ": " : "", key, yscalar(n), want);
+    }
+    return 0;
+}
+
+/* ---- reading: the opened checkpoint ---- */
+
+typedef struct seg {
+    int rank, kind, unit, tensor;
+    size_t lo, hi;   /* elements of the unit's flat buffer */
+    uint64_t offset; /* bytes into the rank's .bin */
+    uint32_t crc;
+    int verified; /* checksum already matched once */
+} seg;
+
+/* read_range updates the verified flags and the scratch segment, so one strata_ckpt
+ * serves one thread at a time. */
+struct strata_ckpt {
+    char dir[CKPT_PATH_MAX - 32]; /* room for "/rankNNNNN.yaml" in CKPT_PATH_MAX */
+    strata_ckpt_meta meta;
+    char *config;
+    strata_ckpt_layout layout;
+    size_t *unit_numel, *unit_padded;
+    strata_ckpt_tensor *tensors;
+    int world;
+    int *fds;                 /* rank .bin files, open for pread */
+    seg *segs;                /* sorted by (unit, kind, lo) */
+    size_t n_segs, cap_segs;
+    size_t *uk_first;         /* segments of (unit u, kind k): [uk_first[u*3+k], uk_first[u*3+k+1]) */
+    float *scratch;           /* the last partly-read segment, verified */
+    size_t scratch_cap;
+    long scratch_seg;         /* index into segs, or -1 */
+};
+
+static void bin_path(const strata_ckpt *ck, int rank, char *out, size_t len) {
+    snprintf(out, len, "%s/rank%05d.bin", ck->dir, rank);
+}
+
+static int parse_manifest(strata_ckpt *ck) {
+    char path[CKPT_PATH_MAX];
+    if (fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
+    if (!is_file(path)) {
+        if (!is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
+        return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
+    }
+    ydoc d;
+    if (ydoc_load(&d, path) != 0) return -1;
+    yaml_node_t *root = yroot(&d), *n;
+    int rc = -1;
+    uint64_t v;
+    if (yexpect(&d, root, "", "format", CKPT_FORMAT) != 0) goto out;
+    if (yget_u64(&d, root, "", "step", 10, INT64_MAX, &v) != 0) goto out;
+    ck->meta.step = (int64_t)v;
+    if (yget_int(&d, root, "", "world", &ck->world) != 0 || yget_int(&d, root, "", "stage", &ck->meta.stage) != 0 ||
+        yget_u64(&d, root, "", "seed", 10, UINT64_MAX, &ck->meta.seed) != 0 ||
+        yget_u64(&d, root, "", "rng_state", 16, UINT64_MAX, &ck->meta.rng_state) != 0 ||
+        yget_double(&d, root, "", "tokens_seen", &ck->meta.tokens_seen) != 0 ||
+        yget_double(&d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
+        yexpect(&d, root, "", "dtype", "float32") != 0)
+        goto out;
+    if (ck->world < 1) {
+        strata_fail("%s: world %d must be at least 1", path, ck->world);
+        goto out;
+    }
+    ck->meta.world = ck->world;
+    if (!(n = yget(&d, root, "", "config", YAML_SCALAR_NODE))) goto out;
+    ck->config = strata_xmalloc(n->data.scalar.length + 1);
+    memcpy(ck->config, n->data.scalar.value, n->data.scalar.length);
+    ck->config[n->data.scalar.length] = 0;
+    ck->meta.config_yaml = ck->config;
+
+    yaml_node_t *units = yget(&d, root, "", "units", YAML_SEQUENCE_NODE);
+    if (!units) goto out;
+    int nu = (int)(units->data.sequence.items.top - units->data.sequence.items.start);
+    ck->unit_numel = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
+    ck->unit_padded = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
+    for (int u = 0; u < nu; u++) {
+        yaml_node_t *m = yaml_document_get_node(&d.doc, units->data.sequence.items.start[u]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "units[%d]", u);
+        if (m->type != YAML_MAPPING_NODE) {
+            strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
+            goto out;
+        }
+        if (yget_size(&d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
+            yget_size(&d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
+            goto out;
+    }
+    yaml_node_t *tens = yget(&d, root, "", "tensors", YAML_SEQUENCE_NODE);
+    if (!tens) goto out;
+    int nt = (int)(tens->data.sequence.items.top - tens->data.sequence.items.start);
+    ck->tensors = strata_xcalloc((size_t)nt + 1, sizeof *ck->tensors);
+    for (int i = 0; i < nt; i++) {
+        yaml_node_t *m = yaml_document_get_node(&d.doc, tens->data.sequence.items.start[i]);
+        strata_ckpt_tensor *t = &ck->tensors[i];
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "tensors[%d]", i);
+        if (m->type != YAML_MAPPING_NODE) {
+            strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
+            goto out;
+        }
+        if (!(n = yget(&d, m, ctx, "name", YAML_SCALAR_NODE))) goto out;
+        if (n->data.scalar.length == 0 || n->data.scalar.length >= sizeof t->name ||
+            strlen(yscalar(n)) != n->data.scalar.length) {
+            strata_fail("%s: line %zu: %s: name '%s' is empty, too long or holds a NUL byte", path,
+                        n->start_mark.line + 1, ctx, yscalar(n));
+            goto out;
+        }
+        memcpy(t->name, yscalar(n), n->data.scalar.length + 1);
+        snprintf(ctx, sizeof ctx, "tensor %.40s", t->name);
+        if (yget_int(&d, m, ctx, "unit", &t->unit) != 0 || yget_size(&d, m, ctx, "offset", &t->offset) != 0 ||
+            yget_size(&d, m, ctx, "numel", &t->numel) != 0 || yexpect(&d, m, ctx, "dtype", "float32") != 0)
+            goto out;
+        yaml_node_t *shape = yget(&d, m, ctx, "shape", YAML_SEQUENCE_NODE);
+        if (!shape) goto out;
+        int nd = (int)(shape->data.sequence.items.top - shape->data.sequence.items.start);
+        if (nd > STRATA_CKPT_MAX_DIMS) {
+            strata_fail("%s: line %zu: %s: %d dimensions (at most %d)", path, shape->start_mark.line + 1, ctx, nd,
+                        STRATA_CKPT_MAX_DIMS);
+            goto out;
+        }
+        t->ndim = nd;
+        for (int k = 0; k < nd; k++) {
+            yaml_node_t *dn = yaml_document_get_node(&d.doc, shape->data.sequence.items.start[k]);
+            if (dn->type != YAML_SCALAR_NODE || parse_u64(yscalar(dn), 10, &v) != 0 || v > INT64_MAX) {
+                strata_fail("%s: line %zu: %s: shape entry %d is not a non-negative integer", path,
+                            dn->start_mark.line + 1, ctx, k);
+                goto out;
+            }
+            t->shape[k] = (int64_t)v;
+        }
+    }
+    ck->layout = (strata_ckpt_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
+    int *order, *first;
+    if (layout_index(&ck->layout, path, &order, &first) != 0) goto out;
+    free(order);
+    free(first);
+    rc = 0;
+out:
+    yaml_document_delete(&d.doc);
+    return rc;
+}
+
+/* The tensor called `name`; segments come in layout order, so the one after `hint`
+ * is tried first. */
+static int find_tensor(const strata_ckpt *ck, const char *name, int hint) {
+    int nt = ck->layout.n_tensors;
+    for (int k = 0; k < nt; k++) {
+        int i = (hint + 1 + k) % nt;
+        if (!strcmp(ck->tensors[i].name, name)) return i;
+    }
+    return -1;
+}
+
+static int parse_rank(strata_ckpt *ck, int rank) {
+    char path[CKPT_PATH_MAX], bin[CKPT_PATH_MAX];
+    if (fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
+        fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
+        return -1;
+    ydoc d;
+    if (ydoc_load(&d, path) != 0) return -1;
+    yaml_node_t *root = yroot(&d);
+    int rc = -1, r, w;
+    uint64_t bin_bytes;
+    size_t first_seg = ck->n_segs;
+    if (yexpect(&d, root, "", "format", CKPT_FORMAT) != 0 || yget_int(&d, root, "", "rank", &r) != 0 ||
+        yget_int(&d, root, "", "world", &w) != 0 || yexpect(&d, root, "", "dtype", "float32") != 0 ||
+        yget_u64(&d, root, "", "bin_bytes", 10, INT64_MAX, &bin_bytes) != 0)
+        goto out;
+    if (r != rank || w != ck->world) {
+        strata_fail("%s: says rank %d of world %d, but the manifest expects rank %d of world %d", path, r, w, rank,
+                    ck->world);
+        goto out;
+    }
+    yaml_node_t *segs = yget(&d, root, "", "segments", YAML_SEQUENCE_NODE);
+    if (!segs) goto out;
+    int ns = (int)(segs->data.sequence.items.top - segs->data.sequence.items.start);
+    uint64_t running = 0;
+    int hint = -1;
+    for (int i = 0; i < ns; i++) {
+        yaml_node_t *m = yaml_document_get_node(&d.doc, segs->data.sequence.items.start[i]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "segments[%d]", i);
+        if (m->type != YAML_MAPPING_NODE) {
+            strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
+            goto out;
+        }
+        yaml_node_t *kn = yget(&d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = yget(&d, m, ctx, "tensor", YAML_SCALAR_NODE);
+        if (!kn || !tn) goto out;
+        seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), hint)};
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++)
+            if (!strcmp(yscalar(kn), kind_name[k])) s.kind = k;
+        if (s.kind < 0) {
+            bad_value(&d, kn, ctx, "kind", "one of param, m, v");
+            goto out;
+        }
+        if (s.tensor < 0) {
+            strata_fail("%s: line %zu: %s: tensor %s is not in the manifest", path, tn->start_mark.line + 1, ctx,
+                        yscalar(tn));
+            goto out;
+        }
+        hint = s.tensor;
+        uint64_t crc;
+        if (yget_int(&d, m, ctx, "unit", &s.unit) != 0 || yget_size(&d, m, ctx, "lo", &s.lo) != 0 ||
+            yget_size(&d, m, ctx, "hi", &s.hi) != 0 || yget_u64(&d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
+            yget_u64(&d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
+            goto out;
+        s.crc = (uint32_t)crc;
+        const strata_ckpt_tensor *t = &ck->tensors[s.tensor];
+        if (s.unit != t->unit || s.lo >= s.hi || s.lo < t->offset || s.hi > t->offset + t->numel) {
+            strata_fail("%s: line %zu: %s: elements [%zu, %zu) of unit %d are not inside tensor %s (unit %d, "
+                        "[%zu, %zu))",
+                        path, m->start_mark.line + 1, ctx, s.lo, s.hi, s.unit, t->name, t->unit, t->offset,
+                        t->offset + t->numel);
+            goto out;
+        }
+        if (s.offset != running) {
+            strata_fail("%s: line %zu: %s: byte offset %llu, expected %llu (segments are stored back to back)", path,
+                        m->start_mark.line + 1, ctx, (unsigned long long)s.offset, (unsigned long long)running);
+            goto out;
+        }
+        running += (uint64_t)(s.hi - s.lo) * sizeof(float);
+        if (ck->n_segs == ck->cap_segs) {
+            ck->cap_segs = ck->cap_segs ? ck->cap_segs * 2 : 256;
+            ck->segs = strata_xrealloc(ck->segs, sizeof *ck->segs * ck->cap_segs);
+        }
+        ck->segs[ck->n_segs++] = s;
+    }
+    if (running != bin_bytes) {
+        strata_fail("%s: segments hold %llu bytes, but bin_bytes says %llu", path, (unsigned long long)running,
+                    (unsigned long long)bin_bytes);
+        goto out;
+    }
+    int fd = open(bin, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        strata_fail("%s: cannot open: %s", bin, strerror(errno));
+        goto out;
+    }
+    ck->fds[rank] = fd;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        strata_fail("%s: cannot stat: %s", bin, strerror(errno));
+        goto out;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < bin_bytes) {
+        for (size_t i = first_seg; i < ck->n_segs; i++) {
+            const seg *s = &ck->segs[i];
+            if (s->offset + (uint64_t)(s->hi - s->lo) * sizeof(float) > size) {
+                strata_fail("%s: truncated: expected %llu bytes, found %llu (tensor %s, %s)", bin,
+                            (unsigned long long)bin_bytes, (unsigned long long)size, ck->tensors[s->tensor].name,
+                            kind_name[s->kind]);
+                goto out;
+            }
+        }
+    }
+    if (size != bin_bytes) {
+        strata_fail("%s: %llu bytes, but its index %s promises %llu (a file from another checkpoint?)", bin,
+                    (unsigned long long)size, path, (unsigned long long)bin_bytes);
+        goto out;
+    }
+    rc = 0;
+out:
+    yaml_document_delete(&d.doc);
+    return rc;
+}
+
+static int seg_cmp(const void *a, const void *b) {
+    const seg *x = a, *y = b;
+    if (x->unit != y->unit) return x->unit < y->unit ? -1 : 1;
+    if (x->kind != y->kind) return x->kind < y->kind ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Every (unit, kind) must be tiled exactly once by the segments of all ranks together. */
+static int check_coverage(strata_ckpt *ck) {
+    int nu = ck->layout.n_units;
+    qsort(ck->segs, ck->n_segs, sizeof *ck->segs, seg_cmp);
+    ck->uk_first = strata_xcalloc((size_t)nu * STRATA_CKPT_KINDS + 1, sizeof(size_t));
+    size_t i = 0;
+    for (int u = 0; u < nu; u++)
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
+            ck->uk_first[u * STRATA_CKPT_KINDS + k] = i;
+            size_t at = 0;
+            for (; i < ck->n_segs && ck->segs[i].unit == u && ck->segs[i].kind == k; i++) {
+                const seg *s = &ck->segs[i];
+                if (s->lo > at)
+                    return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir,
+                                       u, kind_name[k], at, s->lo);
+                if (s->lo < at)
+                    return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in both "
+                                       "rank%05d.bin and rank%05d.bin",
+                                       ck->dir, u, kind_name[k], s->lo, at < s->hi ? at : s->hi, ck->segs[i - 1].rank,
+                                       s->rank);
+                at = s->hi;
+            }
+            if (at != ck->unit_numel[u])
+                return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir, u,
+                                   kind_name[k], at, ck->unit_numel[u]);
+        }
+    ck->uk_first[(size_t)nu * STRATA_CKPT_KINDS] = i;
+    return 0;
+}
+
+strata_ckpt *strata_ckpt_open(const char *dir) {
+    strata_ckpt *ck = strata_xcalloc(1, sizeof *ck);
+    ck->scratch_seg = -1;
+    if (fmt_path(ck->dir, sizeof ck->dir, "%s", dir) != 0) goto fail;
+    for (size_t n = strlen(ck->dir); n > 1 && ck->dir[n - 1] == '/';) ck->dir[--n] = 0;
+    if (parse_manifest(ck) != 0) goto fail;
+    ck->fds = strata_xmalloc(sizeof *ck->fds * (size_t)ck->world);
+    for (int r = 0; r < ck->world; r++) ck->fds[r] = -1;
+    for (int r = 0; r < ck->world; r++)
+        if (parse_rank(ck, r) != 0) goto fail;
+    if (check_coverage(ck) != 0) goto fail;
+    return ck;
+fail:
+    strata_ckpt_close(ck);
+    return NULL;
+}
+
+void strata_ckpt_close(strata_ckpt *ck) {
+    if (!ck) return;
+    if (ck->fds)
+        for (int r = 0; r < ck->world; r++)
+            if (ck->fds[r] >= 0) close(ck->fds[r]);
+    free(ck->fds);
+    free(ck->config);
+    free(ck->unit_numel);
+    free(ck->unit_padded);
+    free(ck->tensors);
+    free(ck->segs);
+    free(ck->uk_first);
+    free(ck->scratch);
+    free(ck);
+}
+
+const strata_ckpt_meta *strata_ckpt_get_meta(const strata_ckpt *ck) { return &ck->meta; }
+const strata_ckpt_layout *strata_ckpt_get_layout(const strata_ckpt *ck) { return &ck->layout; }
+
+int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_ckpt_layout *L) {
+    const strata_ckpt_layout *C = &ck->layout;
+    int n = C->n_tensors < L->n_tensors ? C->n_tensors : L->n_tensors;
+    for (int i = 0; i < n; i++) {
+        const strata_ckpt_tensor *a = &C->tensors[i], *b = &L->tensors[i];
+        if (strcmp(a->name, b->name) != 0)
+            return strata_fail("checkpoint %s: tensor %d is %s, but the model's is %s", ck->dir, i, a->name, b->name);
+        int same_shape = a->ndim == b->ndim;
+        for (int d = 0; same_shape && d < a->ndim; d++) same_shape = a->shape[d] == b->shape[d];
+        if (!same_shape) {
+            char sa[128], sb[128];
+            shape_str(sa, sizeof sa, a);
+            shape_str(sb, sizeof sb, b);
+            return strata_fail("checkpoint %s: tensor %s has shape %s, but the model's has %s", ck->dir, a->name, sa,
+                               sb);
+        }
+        if (a->unit != b->unit || a->offset != b->offset || a->numel != b->numel)
+            return strata_fail("checkpoint %s: tensor %s is at unit %d offset %zu (%zu elements), but the model's "
+                               "is at unit %d offset %zu (%zu elements)",
+                               ck->dir, a->name, a->unit, a->offset, a->numel, b->unit, b->offset, b->numel);
+    }
+    if (C->n_tensors != L->n_tensors)
+        return strata_fail("checkpoint %s has %d tensors, the model %d (first unmatched: %s)", ck->dir, C->n_tensors,
+                           L->n_tensors, C->n_tensors > n ? C->tensors[n].name : L->tensors[n].name);
+    if (C->n_units != L->n_units)
+        return strata_fail("checkpoint %s has %d units, the model %d", ck->dir, C->n_units, L->n_units);
+    for (int u = 0; u < C->n_units; u++)
+        if (C->unit_numel[u] != L->unit_numel[u])
+            return strata_fail("checkpoint %s: unit %d has %zu elements, the model's has %zu", ck->dir, u,
+                               C->unit_numel[u], L->unit_numel[u]);
+    return 0;
+}
+
+/* Reads segment i whole into scratch and checks its CRC (then it stays there, so the
+ * neighbouring ranges a different world size asks for do not read it again). */
+static int load_segment(strata_ckpt *ck, size_t i) {
+    if (ck->scratch_seg == (long)i) return 0;
+    seg *s = &ck->segs[i];
+    size_t n = s->hi - s->lo;
+    if (n > ck->scratch_cap) {
+        free(ck->scratch);
+        ck->scratch = strata_xmalloc(n * sizeof(float));
+        ck->scratch_cap = n;
+    }
+    ck->scratch_seg = -1;
+    char bin[CKPT_PATH_MAX];
+    bin_path(ck, s->rank, bin, sizeof bin);
+    if (pread_all(ck->fds[s->rank], ck->scratch, n * sizeof(float), s->offset, bin) != 0) return -1;
+    uint32_t crc = strata_crc32c(0, ck->scratch, n * sizeof(float));
+    if (crc != s->crc)
+        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
+                           ck->tensors[s->tensor].name, kind_name[s->kind], s->crc, crc);
+    s->verified = 1;
+    ck->scratch_seg = (long)i;
+    return 0;
+}
+
+int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, float *dst) {
+    if (unit < 0 || unit >= ck->layout.n_units || kind < 0 || kind >= STRATA_CKPT_KINDS || lo > hi)
+        return strata_fail("checkpoint %s: invalid read of unit %d kind %d elements [%zu, %zu)", ck->dir, unit, kind,
+                           lo, hi);
+    size_t numel = ck->unit_numel[unit];
+    size_t real_hi = hi < numel ? hi : numel;
+    /* Padding beyond the real elements reads as zeros. */
+    if (hi > (lo > numel ? lo : numel)) {
+        size_t z0 = lo > numel ? lo : numel;
+        memset(dst + (z0 - lo), 0, (hi - z0) * sizeof(float));
+    }
+    if (lo >= real_hi) return 0;
+    size_t b = ck->uk_first[unit * STRATA_CKPT_KINDS + kind], e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    /* First segment that ends after lo. */
+    while (b < e) {
+        size_t mid = b + (e - b) / 2;
+        if (ck->segs[mid].hi <= lo) b = mid + 1;
+        else e = mid;
+    }
+    e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    for (size_t i = b; i < e && ck->segs[i].lo < real_hi; i++) {
+        seg *s = &ck->segs[i];
+        size_t a = s->lo > lo ? s->lo : lo, z = s->hi < real_hi ? s->hi : real_hi;
+        float *out = dst + (a - lo);
+        char bin[CKPT_PATH_MAX];
+        if (ck->scratch_seg == (long)i) {
+            memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
+        } else if (s->verified) {
+            bin_path(ck, s->rank, bin, sizeof bin);
+            if (pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset + (a - s->lo) * sizeof(float),
+                          bin) != 0)
+                return -1;
+        } else if (a == s->lo && z == s->hi) {
+            /* Whole segment wanted: read it straight into dst and check it there. */
+            bin_path(ck, s->rank, bin, sizeof bin);
+            if (pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset, bin) != 0) return -1;
+            uint32_t crc = strata_crc32c(0, out, (z - a) * sizeof(float));
+            if (crc != s->crc)
+                return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
+                                   ck->tensors[s->tensor].name, kind_name[s->kind], s->crc, crc);
+            s->verified = 1;
+        } else {
+            if (load_segment(ck, i) != 0) return -1;
+            memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,109 @@
+/* core/checkpoint.h: checkpoints that survive kills and load on any world size.
+ *
+ * On disk, a run directory holds
+ *   ckpt/step_00000120/manifest.yaml   global facts: format version, step, world and stage at
+ *                                      save, seed, RNG state, the config as YAML text, every
+ *                                      unit (numel, padded numel) and every tensor (HF name,
+ *                                      unit, element offset in the unit's flat buffer, shape,
+ *                                      dtype)
+ *   ckpt/step_00000120/rank00003.yaml  that rank's index: one segment per (kind, tensor part)
+ *                                      with file offset, element range, crc32c
+ *   ckpt/step_00000120/rank00003.bin   that rank's data: fp32
+ *   ckpt/latest                        text file naming the newest complete step directory
+ *
+ * Each rank's file holds the standard shard r of every unit's padded flat buffer, i.e.
+ * elements [r*S, (r+1)*S) with S = padded/world (clipped to numel), for each of the kinds
+ * param (fp32 master), m, v, in the order unit, kind. The segment boundaries are the
+ * tensor boundaries, so a checksum failure names the tensor. Any later world size reads
+ * any element range by visiting the rank files that overlap it: no offline conversion.
+ *
+ * Writing is crash-safe: every rank writes into step_XXXXXXXX.tmp/, fsyncs its files;
+ * rank 0 then writes manifest.yaml, fsyncs, renames the directory, fsyncs the parent and
+ * updates `latest` atomically. A kill at any moment leaves the previous checkpoint
+ * loadable; stale .tmp directories are removed by the next commit. */
+#ifndef STRATA_CHECKPOINT_H
+#define STRATA_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STRATA_CKPT_NAME_MAX 128
+#define STRATA_CKPT_MAX_DIMS 4
+
+enum { STRATA_CKPT_PARAM = 0, STRATA_CKPT_M = 1, STRATA_CKPT_V = 2, STRATA_CKPT_KINDS = 3 };
+
+typedef struct strata_ckpt_tensor {
+    char name[STRATA_CKPT_NAME_MAX]; /* "transformer.h.3.attn.c_attn.weight" */
+    int unit;
+    size_t offset; /* elements from the start of the unit's flat buffer */
+    size_t numel;
+    int ndim;
+    int64_t shape[STRATA_CKPT_MAX_DIMS];
+} strata_ckpt_tensor;
+
+/* The model's parameter layout: units of flat buffers, tensors inside them. The tensors
+ * of a unit tile [0, unit_numel) in offset order without gaps. */
+typedef struct strata_ckpt_layout {
+    int n_units;
+    const size_t *unit_numel;  /* real elements */
+    const size_t *unit_padded; /* padded elements (a multiple of every world size used) */
+    int n_tensors;
+    const strata_ckpt_tensor *tensors;
+} strata_ckpt_layout;
+
+/* What the trainer needs to continue exactly where it stopped. */
+typedef struct strata_ckpt_meta {
+    int64_t step;       /* optimizer steps completed */
+    int world, stage;   /* at save (informational: loading works at any) */
+    uint64_t seed;
+    uint64_t rng_state; /* the sampler's strata_rng */
+    double tokens_seen;
+    double last_loss;
+    const char *config_yaml; /* the effective config; on read, owned by strata_ckpt */
+} strata_ckpt_meta;
+
+/* ---- writing (every rank calls write_rank; rank 0 then calls commit) ---- */
+
+/* "<run_dir>/ckpt/step_%08lld.tmp": creates it (mkdir -p; rank 0 only makes it, others
+ * may race: EEXIST is fine). */
+int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t step);
+int strata_ckpt_make_dir(const char *dir);
+
+/* Writes rankNNNNN.bin and rankNNNNN.yaml for `rank` of `world` into tmp_dir and fsyncs
+ * both. shards[u][kind] points at that rank's standard shard of unit u for that kind
+ * (S = unit_padded[u] / world elements; only the first min(S, numel - r*S) are written). */
+int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int rank, int world,
+                           const float *const (*shards)[STRATA_CKPT_KINDS]);
+
+/* Rank 0, after every rank's write_rank finished: writes manifest.yaml, fsyncs, renames
+ * tmp_dir to its final name, fsyncs ckpt/, updates `latest`, then deletes all but the
+ * newest `keep` complete checkpoints (0 keeps all) and any stale *.tmp directories.
+ * final_dir (may be NULL) receives the final path. */
+int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
+                       const strata_ckpt_meta *meta, char *final_dir, size_t final_len);
+
+/* ---- reading ---- */
+
+/* Resolves what --resume or `strata sample` was given: "latest" (with run_dir), a run
+ * directory (its latest), or a checkpoint directory. Errors say what was looked for. */
+int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t outlen);
+
+typedef struct strata_ckpt strata_ckpt; /* an opened, structurally validated checkpoint */
+
+/* Parses manifest.yaml and every rank index; checks that files exist with the sizes the
+ * indices promise (a truncated file is refused here, naming file and tensor). */
+strata_ckpt *strata_ckpt_open(const char *dir);
+void strata_ckpt_close(strata_ckpt *ck);
+const strata_ckpt_meta *strata_ckpt_get_meta(const strata_ckpt *ck);
+/* The saved layout (for checking against the model: same tensors, names, shapes). */
+const strata_ckpt_layout *strata_ckpt_get_layout(const strata_ckpt *ck);
+/* Fails naming the first tensor whose name, shape or offset differs from L. */
+int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_ckpt_layout *L);
+
+/* Reads elements [lo, hi) of unit `unit`, kind `kind`, into dst (hi - lo floats), from
+ * whichever rank files hold them; every segment touched is checksummed first, and a
+ * mismatch fails with "file ...: tensor ... (m): checksum mismatch". Elements beyond the
+ * unit's numel (padding) read as 0. */
+int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, float *dst);
+
+#endif

@@ -1,0 +1,196 @@
+/* core/common.c: errors, logging, allocation, checksums and random numbers. */
+#include "core/common.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ERROR_MAX 2048
+
+static _Thread_local char error_buf[ERROR_MAX];
+
+int strata_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_buf, sizeof error_buf, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int strata_fail_wrap(const char *fmt, ...) {
+    char prev[ERROR_MAX], ctx[ERROR_MAX / 2];
+    memcpy(prev, error_buf, sizeof prev);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof ctx, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(ctx);
+    memcpy(error_buf, ctx, n);
+    snprintf(error_buf + n, sizeof error_buf - n, ": %s", prev);
+    return -1;
+}
+
+const char *strata_error(void) { return error_buf[0] ? error_buf : "unknown error"; }
+void strata_clear_error(void) { error_buf[0] = 0; }
+
+/* ---- logging ---- */
+
+static strata_log_level log_level = STRATA_LOG_INFO;
+static int log_rank = 0, log_world = 1;
+
+void strata_log_init(int rank, int world) {
+    log_rank = rank;
+    log_world = world;
+    const char *env = getenv("STRATA_LOG");
+    if (!env) return;
+    if (!strcmp(env, "debug")) log_level = STRATA_LOG_DEBUG;
+    else if (!strcmp(env, "info")) log_level = STRATA_LOG_INFO;
+    else if (!strcmp(env, "warn")) log_level = STRATA_LOG_WARN;
+    else if (!strcmp(env, "error")) log_level = STRATA_LOG_ERROR;
+}
+void strata_log_set_level(strata_log_level level) { log_level = level; }
+strata_log_level strata_log_level_get(void) { return log_level; }
+int strata_log_rank(void) { return log_rank; }
+
+void strata_log(strata_log_level level, const char *tag, const char *fmt, ...) {
+    if (level > log_level) return;
+    char line[4096];
+    int n = 0;
+    if (log_world > 1) n += snprintf(line + n, sizeof line - n, "[rank %d] ", log_rank);
+    if (level == STRATA_LOG_ERROR) n += snprintf(line + n, sizeof line - n, "error: ");
+    else if (level == STRATA_LOG_WARN) n += snprintf(line + n, sizeof line - n, "warning: ");
+    if (tag && *tag) n += snprintf(line + n, sizeof line - n, "[%s] ", tag);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n < (int)sizeof line) vsnprintf(line + n, sizeof line - n, fmt, ap);
+    va_end(ap);
+    /* One write per line so ranks sharing a terminal do not interleave mid-line. */
+    FILE *f = level <= STRATA_LOG_WARN ? stderr : stdout;
+    fprintf(f, "%s\n", line);
+    fflush(f);
+}
+
+_Noreturn void strata_panic(const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "[rank %d] internal error at %s:%d: %s\n", log_rank, file, line, msg);
+    fflush(stderr);
+    abort();
+}
+
+/* ---- allocation ---- */
+
+void *strata_xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) strata_panic(__FILE__, __LINE__, "out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+void *strata_xcalloc(size_t n, size_t bytes) {
+    void *p = calloc(n ? n : 1, bytes ? bytes : 1);
+    if (!p) strata_panic(__FILE__, __LINE__, "out of host memory allocating %zu x %zu bytes", n, bytes);
+    return p;
+}
+void *strata_xrealloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) strata_panic(__FILE__, __LINE__, "out of host memory reallocating %zu bytes", bytes);
+    return q;
+}
+char *strata_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = strata_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+/* ---- small helpers ---- */
+
+double strata_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+size_t strata_round_up(size_t x, size_t multiple) {
+    return multiple ? (x + multiple - 1) / multiple * multiple : x;
+}
+size_t strata_min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+const char *strata_fmt_bytes(char *buf, size_t buflen, double bytes) {
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    double v = bytes < 0 ? -bytes : bytes;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (bytes < 0) v = -v;
+    if (u == 0) snprintf(buf, buflen, "%.0f B", v);
+    else snprintf(buf, buflen, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+/* CRC-32C, slicing by one byte with a table built once (checkpoint verification reads
+ * at disk speed, so this is not the bottleneck worth more code). */
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int t = 1; t < 8; t++)
+        for (uint32_t i = 0; i < 256; i++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+uint32_t strata_crc32c(uint32_t crc, const void *data, size_t bytes) {
+    pthread_once(&crc_once, crc_init);
+    const unsigned char *p = data;
+    crc = ~crc;
+    /* slicing-by-8: eight table lookups per 8 bytes */
+    while (bytes >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+              crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^
+              crc_table[2][p[5]] ^ crc_table[1][p[6]] ^ crc_table[0][p[7]];
+        p += 8;
+        bytes -= 8;
+    }
+    while (bytes--) crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
+    return ~crc;
+}
+
+/* ---- random numbers ---- */
+
+uint64_t strata_hash64(uint64_t x) { /* splitmix64 finaliser */
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+static uint64_t key3(uint64_t seed, uint64_t stream, uint64_t index) {
+    return strata_hash64(strata_hash64(strata_hash64(seed) ^ stream) ^ index);
+}
+float strata_rand_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+    return (float)(key3(seed, stream, index) >> 40) * (1.0f / 16777216.0f);
+}
+float strata_rand_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+    /* Box-Muller on two independent draws derived from the same counter. */
+    uint64_t h = key3(seed, stream, index);
+    double u1 = ((h >> 11) + 1) * (1.0 / 9007199254740993.0); /* (0,1] */
+    double u2 = (strata_hash64(h) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void strata_rng_seed(strata_rng *r, uint64_t seed) { r->state = strata_hash64(seed ^ 0x5EEDull); }
+uint64_t strata_rng_next(strata_rng *r) {
+    r->state += 0x9E3779B97F4A7C15ull;
+    return strata_hash64(r->state);
+}
+float strata_rng_uniform(strata_rng *r) { return (float)(strata_rng_next(r) >> 40) * (1.0f / 16777216.0f); }

@@ -1,0 +1,90 @@
+/* core/common.h: status codes, the per-thread error buffer, logging with rank and
+ * subsystem tags, and small helpers every layer uses.
+ *
+ * Functions that can fail return int (0 ok, nonzero failure) or a pointer that is NULL
+ * on failure; the reason is left in a per-thread buffer (strata_error()) by
+ * strata_fail(). Callers add context with strata_fail() again ("while loading X: ...")
+ * and the top level prints it once. */
+#ifndef STRATA_COMMON_H
+#define STRATA_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Process exit codes shared by every subcommand. */
+enum {
+    STRATA_EXIT_OK = 0,
+    STRATA_EXIT_ERROR = 1,  /* run-time failure: I/O, NaN, a rank died, corrupt checkpoint */
+    STRATA_EXIT_USAGE = 2,  /* bad command line or config: nothing was started */
+    STRATA_EXIT_NOFIT = 3,  /* the memory plan does not fit: nothing was allocated */
+};
+
+/* Records a formatted message as this thread's error and returns -1, so
+ * `return strata_fail("...")` reads naturally. */
+int strata_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Layers context over the current error: "<formatted>: <previous error>". */
+int strata_fail_wrap(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *strata_error(void);
+void strata_clear_error(void);
+
+typedef enum strata_log_level {
+    STRATA_LOG_ERROR = 0,
+    STRATA_LOG_WARN = 1,
+    STRATA_LOG_INFO = 2,
+    STRATA_LOG_DEBUG = 3,
+} strata_log_level;
+
+/* The one piece of process state: log level and this process's rank, set once at
+ * start-up (STRATA_LOG=debug|info|warn|error overrides the level). */
+void strata_log_init(int rank, int world);
+void strata_log_set_level(strata_log_level level);
+strata_log_level strata_log_level_get(void);
+int strata_log_rank(void);
+/* Lines look like "[rank 1] [zero] message"; single-rank runs drop the rank prefix. */
+void strata_log(strata_log_level level, const char *tag, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define STRATA_INFO(tag, ...) strata_log(STRATA_LOG_INFO, tag, __VA_ARGS__)
+#define STRATA_WARN(tag, ...) strata_log(STRATA_LOG_WARN, tag, __VA_ARGS__)
+#define STRATA_DEBUG(tag, ...) strata_log(STRATA_LOG_DEBUG, tag, __VA_ARGS__)
+#define STRATA_ERROR(tag, ...) strata_log(STRATA_LOG_ERROR, tag, __VA_ARGS__)
+
+/* An invariant broken by our own code (not by input): print where and abort. */
+#define STRATA_ASSERT(cond)                                                              \
+    do {                                                                                 \
+        if (!(cond)) strata_panic(__FILE__, __LINE__, "assertion failed: %s", #cond);    \
+    } while (0)
+_Noreturn void strata_panic(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Allocation of host bookkeeping memory (not training buffers, which come from the
+ * arena): aborts with a message on failure, since nothing sensible follows. */
+void *strata_xmalloc(size_t bytes);
+void *strata_xcalloc(size_t n, size_t bytes);
+void *strata_xrealloc(void *p, size_t bytes);
+char *strata_xstrdup(const char *s);
+
+double strata_now_ms(void); /* monotonic clock */
+size_t strata_round_up(size_t x, size_t multiple);
+size_t strata_min_size(size_t a, size_t b);
+
+/* Human-readable byte counts ("1.50 GiB") into buf, which is returned. */
+const char *strata_fmt_bytes(char *buf, size_t buflen, double bytes);
+
+/* CRC-32C (Castagnoli) of a buffer, chained through `crc` (start with 0). */
+uint32_t strata_crc32c(uint32_t crc, const void *data, size_t bytes);
+
+/* Counter-based random numbers: the value for (seed, stream, index) never depends on
+ * what was drawn before, so any rank can produce any slice of a tensor's init. */
+uint64_t strata_hash64(uint64_t x);
+float strata_rand_uniform(uint64_t seed, uint64_t stream, uint64_t index); /* [0,1) */
+float strata_rand_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
+/* A small sequential generator for sampling and shuffling (state is checkpointed). */
+typedef struct strata_rng {
+    uint64_t state;
+} strata_rng;
+void strata_rng_seed(strata_rng *r, uint64_t seed);
+uint64_t strata_rng_next(strata_rng *r);
+float strata_rng_uniform(strata_rng *r); /* [0,1) */
+
+#endif

@@ -1,0 +1,869 @@
+/* core/config.c: the run configuration: one schema table, a strict YAML reader (libyaml),
+ * `--set section.key=value` overrides, cross-key rules, and printing.
+ *
+ * Every key is one row of `schema` below; defaults are YAML text parsed by the same code
+ * that parses files and overrides, so a value is accepted or rejected the same way
+ * everywhere. Loading works on a copy and only writes the caller's struct on success.
+ *
+ * Error messages (returned through strata_fail; the CLI prints them and exits 2). WHERE is
+ * `FILE:LINE` for a key in a file, `FILE` for whole-file problems and cross-key rules, and
+ * `--set` for an override. LINE and COL count from 1.
+ *   FILE: cannot read: STRERROR
+ *   FILE: empty config; expected a mapping of sections (model, data, train, ...)
+ *   FILE:LINE:COL: invalid YAML: PROBLEM[ (CONTEXT)]
+ *   FILE: invalid YAML: PROBLEM at byte N        (bad UTF-8 / UTF-16 input)
+ *   FILE:LINE: expected a mapping of sections at the top level, got a KIND
+ *   FILE:LINE: a second YAML document starts here; a config is one document
+ *   FILE:LINE: keys must be scalars, got a KIND
+ *   WHERE: unknown section 'S'[ (did you mean 'N'?)]
+ *   WHERE: unknown key 'S.K'[ (did you mean 'N'?)]
+ *   WHERE: section 'S' must be a mapping of keys, got a KIND
+ *   FILE:LINE: duplicate section 'S' (first at line N)
+ *   FILE:LINE: duplicate key 'S.K' (first at line N)
+ *   WHERE: key 'S.K': expected a scalar value, got a KIND
+ *   WHERE: key 'S.K': expected an integer, got 'V'
+ *   WHERE: key 'S.K': expected a number, got 'V'
+ *   WHERE: key 'S.K': expected true or false, got 'V'
+ *   WHERE: key 'S.K': expected one of A, B, C; got 'V'
+ *   WHERE: key 'S.K': expected none, blocks or every:K with K between 1 and 1024, got 'V'
+ *   WHERE: key 'S.K': must be between MIN and MAX, got V
+ *           (or "must be greater than MIN and at most MAX", "must be at least MIN and less
+ *           than MAX" where a bound is exclusive)
+ *   WHERE: key 'S.K': must not be empty
+ *   WHERE: key 'S.K': longer than 1023 bytes
+ *   --set: expected section.key=value, got 'TEXT'
+ *   FILE: missing required key 'S.K'
+ *   FILE: model.n_head (H) must be at least 1      (only for a struct never loaded)
+ *   FILE: model.n_embd (E) must be divisible by model.n_head (H)
+ *   FILE: train.seq_len (T) must not exceed model.seq_len (M)
+ *   FILE: model.padded_vocab_size (P) must be 0 or at least model.vocab_size (V)
+ *   FILE: optim.min_lr (A) must not exceed optim.lr (B)
+ *   FILE: offload.S is nvme, which needs offload.nvme_path
+ *   FILE: offload.block_kb (N) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)
+ * FILE is "<built-in>" for the compiled-in quickstart config. */
+#include "core/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "core/common.h"
+
+/* configs/quickstart.yaml, byte for byte (tests/test_config.c compares them). */
+static const char builtin_yaml[] =
+    "# configs/quickstart.yaml: a 0.8M-parameter byte-level GPT-2 small enough to train on a\n"
+    "# CPU in minutes. `strata train` with no config uses exactly this text (it is\n"
+    "# compiled into core/config.c; a test keeps the two identical). Every key not named here\n"
+    "# takes its default: `strata config` prints them all.\n"
+    "\n"
+    "device: auto             # cuda when a GPU is present, else cpu\n"
+    "\n"
+    "model:\n"
+    "  n_layer: 4\n"
+    "  n_head: 4\n"
+    "  n_embd: 128            # 32 per head\n"
+    "  seq_len: 128           # longest context the position table holds\n"
+    "  vocab_size: 256        # byte-level: one token per byte, no tokenizer needed\n"
+    "\n"
+    "data:\n"
+    "  train: \"data/quickstart/train_*.bin\"   # llm.c-format uint16 token shards\n"
+    "  val: \"data/quickstart/val_*.bin\"\n"
+    "\n"
+    "train:\n"
+    "  steps: 600\n"
+    "  micro_batch: 16        # 16 x 128 = 2048 tokens per step\n"
+    "  grad_accum: 1\n"
+    "  eval_every: 100\n"
+    "  eval_batches: 8\n"
+    "  log_every: 10\n"
+    "  sample_tokens: 300     # text printed at the end of the run\n"
+    "\n"
+    "optim:\n"
+    "  lr: 2e-3               # a small model tolerates a high learning rate\n"
+    "  min_lr: 2e-4           # cosine decays to this\n"
+    "  warmup_steps: 50\n"
+    "  weight_decay: 0.1\n"
+    "  grad_clip: 1.0\n"
+    "\n"
+    "run:\n"
+    "  dir: runs/quickstart\n"
+    "  checkpoint_every: 200\n"
+    "  keep: 2\n";
+
+#define BUILTIN_NAME "<built-in>"
+
+const char *strata_config_builtin_yaml(void) { return builtin_yaml; }
+
+/* ---- the schema ---- */
+
+typedef enum { K_INT, K_INT64, K_UINT64, K_DOUBLE, K_BOOL, K_STRING, K_ENUM, K_CKPT } key_type;
+
+enum {
+    F_REQUIRED = 1,
+    F_MIN_EXCL = 2, /* value must be > min */
+    F_MAX_EXCL = 4, /* value must be < max */
+    F_NONEMPTY = 8, /* strings */
+};
+
+typedef struct key_spec {
+    const char *section; /* "" for top-level keys */
+    const char *key;
+    key_type type;
+    size_t offset;
+    double min, max; /* K_INT, K_INT64, K_DOUBLE; integer bounds are exact below 2^53 */
+    const char *const *names; /* K_ENUM: NULL-terminated; value = index */
+    const char *def;          /* default as YAML scalar text; NULL when required */
+    unsigned flags;
+    const char *help;
+} key_spec;
+
+static const char *const sections[] = {"model", "data",    "train", "optim", "run",
+                                       "zero",  "comm",    "offload", "memory"};
+static const char *const section_help[] = {
+    "the GPT-2 shape",
+    "token shards in llm.c's format (uint16 tokens)",
+    "the training loop",
+    "AdamW and the learning-rate schedule",
+    "where results go",
+    "ZeRO sharding across ranks",
+    "collectives between ranks",
+    "optimizer state and parameters outside GPU memory",
+    "the memory plan",
+};
+#define N_SECTIONS ((int)(sizeof sections / sizeof sections[0]))
+
+static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const dtype_names[] = {"auto", "fp32", "bf16", NULL};
+static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
+static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
+static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
+
+#define OFF(field) offsetof(strata_config, field)
+#define ROW(sec, key, type, field, lo, hi, names, def, flags, help) \
+    {sec, key, type, OFF(field), lo, hi, names, def, flags, help}
+#define INT_(s, k, f, lo, hi, def, help) ROW(s, k, K_INT, f, lo, hi, NULL, def, 0, help)
+#define REQ_INT(s, k, f, lo, hi, help) ROW(s, k, K_INT, f, lo, hi, NULL, NULL, F_REQUIRED, help)
+#define DBL(s, k, f, lo, hi, def, flags, help) ROW(s, k, K_DOUBLE, f, lo, hi, NULL, def, flags, help)
+#define BOOL_(s, k, f, def, help) ROW(s, k, K_BOOL, f, 0, 1, NULL, def, 0, help)
+#define STR(s, k, f, def, flags, help) ROW(s, k, K_STRING, f, 0, 0, NULL, def, flags, help)
+#define ENUM_(s, k, f, names, def, help) ROW(s, k, K_ENUM, f, 0, 0, names, def, 0, help)
+
+#define BIG 2147483647.0 /* INT_MAX */
+
+static const key_spec schema[] = {
+    ENUM_("", "device", device, backend_names, "auto", "where kernels run; auto = cuda if a GPU is found"),
+
+    REQ_INT("model", "n_layer", model.n_layer, 1, 1024, "transformer blocks"),
+    REQ_INT("model", "n_head", model.n_head, 1, 1024, "attention heads; must divide n_embd"),
+    REQ_INT("model", "n_embd", model.n_embd, 1, 65536, "channels C"),
+    REQ_INT("model", "seq_len", model.seq_len, 1, 1048576, "maximum context T (rows of wpe)"),
+    REQ_INT("model", "vocab_size", model.vocab_size, 1, 65536,
+            "V; at most 65536 since tokens are uint16 (256 byte-level, 50257 GPT-2 BPE)"),
+    INT_("model", "padded_vocab_size", model.padded_vocab_size, 0, 1048576, "0",
+         "Vp >= V; 0 = V rounded up to a multiple of 128"),
+    DBL("model", "init_std", model.init_std, 0, 1, "0.02", 0, "std of the normal weight init"),
+
+    STR("data", "train", data.train, NULL, F_REQUIRED | F_NONEMPTY, "glob of training token shards"),
+    STR("data", "val", data.val, "", 0, "glob of validation shards; empty = no validation"),
+    BOOL_("data", "shuffle", data.shuffle, "true", "shuffle shard order and sequences each epoch"),
+
+    ROW("train", "steps", K_INT64, train.steps, 1, 1e12, NULL, NULL, F_REQUIRED, "optimizer steps"),
+    INT_("train", "micro_batch", train.micro_batch, 1, 65536, "8", "B, sequences per rank per micro-step"),
+    INT_("train", "seq_len", train.seq_len, 0, 1048576, "0", "T per sequence; 0 = model.seq_len"),
+    INT_("train", "grad_accum", train.grad_accum, 1, 65536, "1", "micro-steps per optimizer step"),
+    ROW("train", "seed", K_UINT64, train.seed, 0, 0, NULL, "1337", 0, "seed for init, data order, sampling"),
+    INT_("train", "eval_every", train.eval_every, 0, BIG, "100", "steps between validation passes; 0 = never"),
+    INT_("train", "eval_batches", train.eval_batches, 1, 1000000, "8", "micro-batches per validation pass"),
+    INT_("train", "log_every", train.log_every, 1, BIG, "1", "steps between log lines"),
+    INT_("train", "sample_every", train.sample_every, 0, BIG, "0",
+         "steps between text samples; 0 = only at the end"),
+    INT_("train", "sample_tokens", train.sample_tokens, 0, 1048576, "200", "tokens per sample; 0 = no samples"),
+    ROW("train", "activation_checkpointing", K_CKPT, train.activation_checkpointing, 0, 0, NULL, "none", 0,
+        "none | blocks | every:K: keep every K-th block's activations, recompute the rest"),
+    ENUM_("train", "dtype", train.dtype, dtype_names, "auto", "compute dtype; auto = bf16 on cuda, fp32 on cpu"),
+    ENUM_("train", "grad_reduce_dtype", train.grad_reduce_dtype, dtype_names, "auto",
+          "dtype of gradient reduction between ranks; auto = the compute dtype"),
+    INT_("train", "threads", train.threads, 0, 4096, "0", "OpenMP threads for CPU kernels; 0 = runtime default"),
+
+    DBL("optim", "lr", optim.lr, 0, 10, "3e-4", 0, "peak learning rate"),
+    DBL("optim", "min_lr", optim.min_lr, 0, 10, "3e-5", 0, "learning rate at the end of the decay"),
+    INT_("optim", "warmup_steps", optim.warmup_steps, 0, BIG, "0", "linear warmup from 0 to lr"),
+    ENUM_("optim", "schedule", optim.schedule, schedule_names, "cosine", "decay from lr to min_lr after warmup"),
+    DBL("optim", "beta1", optim.beta1, 0, 1, "0.9", F_MAX_EXCL, "AdamW first-moment decay"),
+    DBL("optim", "beta2", optim.beta2, 0, 1, "0.95", F_MAX_EXCL, "AdamW second-moment decay"),
+    DBL("optim", "eps", optim.eps, 0, 1, "1e-8", 0, "AdamW denominator epsilon"),
+    DBL("optim", "weight_decay", optim.weight_decay, 0, 10, "0.1", 0, "decoupled decay on matrices only"),
+    DBL("optim", "grad_clip", optim.grad_clip, 0, 1e6, "1.0", 0, "global gradient-norm clip; 0 = off"),
+
+    STR("run", "dir", run.dir, "runs/default", F_NONEMPTY, "run directory: metrics, checkpoints, plots"),
+    INT_("run", "checkpoint_every", run.checkpoint_every, 0, BIG, "0",
+         "steps between checkpoints; 0 = only at the end and on a stop"),
+    INT_("run", "keep", run.keep, 0, 1000000, "3", "checkpoints kept; 0 = all"),
+
+    INT_("zero", "stage", zero.stage, 0, 3, "0", "0 none, 1 optimizer state, 2 + gradients, 3 + parameters"),
+    DBL("zero", "reduce_bucket_mb", zero.reduce_bucket_mb, 0, 1e6, "25", F_MIN_EXCL,
+        "gradient bucket size for reduce-scatter"),
+    BOOL_("zero", "overlap_comm", zero.overlap_comm, "true", "overlap gradient reduction with backward"),
+    INT_("zero", "prefetch_units", zero.prefetch_units, 0, 1024, "1", "stage 3: blocks gathered ahead"),
+
+    ENUM_("comm", "backend", comm.backend, comm_names, "auto", "auto = nccl on cuda, mpi on cpu"),
+    DBL("comm", "timeout_s", comm.timeout_s, 0, 604800, "300", F_MIN_EXCL,
+        "a collective that takes longer ends the job"),
+
+    ENUM_("offload", "optimizer", offload.optimizer, offload_names, "none", "where optimizer state lives"),
+    ENUM_("offload", "params", offload.params, offload_names, "none", "where fp32 master parameters live"),
+    STR("offload", "nvme_path", offload.nvme_path, "", 0, "directory for nvme offload files"),
+    DBL("offload", "pinned_budget_gb", offload.pinned_budget_gb, 0, 1e6, "0", 0,
+        "pinned host memory; 0 = what the plan needs"),
+    INT_("offload", "buffer_count", offload.buffer_count, 1, 1024, "4", "staging buffers in flight"),
+    INT_("offload", "block_kb", offload.block_kb, 4, 1048576, "1024", "nvme I/O size; a multiple of 4"),
+    INT_("offload", "queue_depth", offload.queue_depth, 1, 4096, "32", "io_uring submission queue depth"),
+
+    BOOL_("memory", "auto", memory.auto_fit, "false",
+          "pick micro_batch, checkpointing and offload to fit the budgets"),
+    DBL("memory", "gpu_gb", memory.gpu_gb, 0, 1e6, "0", 0, "GPU memory budget; 0 = query the device"),
+    DBL("memory", "host_gb", memory.host_gb, 0, 1e6, "0", 0, "host memory budget; 0 = query the machine"),
+    DBL("memory", "nvme_gb", memory.nvme_gb, 0, 1e6, "0", 0, "nvme budget; 0 = query nvme_path's file system"),
+};
+#define N_KEYS ((int)(sizeof schema / sizeof schema[0]))
+
+#define CKPT_MAX 1024
+
+/* Per-load bookkeeping: the line where each key and section was first set (0 = not yet;
+ * -1 = set by --set), for duplicate and missing-key errors. */
+typedef struct load_state {
+    int key_line[N_KEYS];
+    int section_line[N_SECTIONS];
+} load_state;
+
+static void full_name(const key_spec *k, char *buf, size_t n) {
+    if (k->section[0]) snprintf(buf, n, "%s.%s", k->section, k->key);
+    else snprintf(buf, n, "%s", k->key);
+}
+
+static int find_section(const char *name) {
+    for (int i = 0; i < N_SECTIONS; i++)
+        if (!strcmp(sections[i], name)) return i;
+    return -1;
+}
+
+static int find_key(const char *section, const char *key) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (!strcmp(schema[i].section, section) && !strcmp(schema[i].key, key)) return i;
+    return -1;
+}
+
+/* ---- did you mean ---- */
+
+/* Optimal-string-alignment distance: Levenshtein plus adjacent transpositions, so
+ * "trian" is one edit from "train". */
+static int edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 64 || m > 64) return 1000;
+    int d[65][65];
+    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        for (size_t j = 1; j <= m; j++) {
+            int cost = a[i - 1] != b[j - 1];
+            int best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < best) best = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[n][m];
+}
+
+static int close_enough(int dist, const char *query) {
+    int limit = (int)strlen(query) / 3;
+    if (limit < 2) limit = 2;
+    return dist <= limit;
+}
+
+/* Writes " (did you mean 'X'?)" into out, or "" when nothing is close. `query` is the
+ * full dotted name; a key that exists verbatim in another section is the best guess. */
+static void suggest_key(const char *query, const char *bare_key, char *out, size_t n) {
+    int best = 1000;
+    char best_name[96] = "";
+    for (int i = 0; i < N_KEYS; i++) {
+        char name[96];
+        full_name(&schema[i], name, sizeof name);
+        int d = edit_distance(query, name);
+        if (bare_key && !strcmp(schema[i].key, bare_key)) d = 1;
+        if (d < best) {
+            best = d;
+            snprintf(best_name, sizeof best_name, "%s", name);
+        }
+    }
+    out[0] = 0;
+    if (best_name[0] && close_enough(best, query)) snprintf(out, n, " (did you mean '%s'?)", best_name);
+}
+
+static void suggest_section(const char *query, char *out, size_t n) {
+    int best = 1000;
+    const char *best_name = NULL;
+    for (int i = 0; i < N_SECTIONS; i++) {
+        int d = edit_distance(query, sections[i]);
+        if (d < best) best = d, best_name = sections[i];
+    }
+    out[0] = 0;
+    if (best_name && close_enough(best, query)) {
+        snprintf(out, n, " (did you mean '%s'?)", best_name);
+        return;
+    }
+    /* A key written at the top level instead of inside its section, or a misspelt
+     * top-level key. */
+    suggest_key(query, query, out, n);
+}
+
+/* ---- values ---- */
+
+/* The shortest %g form that reads back to the same double, with a tidy exponent
+ * ("1e-08" -> "1e-8"), so printed configs round-trip exactly and stay readable. */
+static void format_double(double v, char *buf, size_t n) {
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(buf, n, "%.0f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    char *e = strchr(buf, 'e');
+    if (!e) return;
+    char *src = e + 1, *dst = e + 1;
+    if (*src == '+') src++;
+    else if (*src == '-') *dst++ = *src++;
+    while (*src == '0' && src[1]) src++;
+    memmove(dst, src, strlen(src) + 1);
+}
+
+static int is_integer_text(const char *s) {
+    if (*s == '+' || *s == '-') s++;
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return 0;
+    return 1;
+}
+
+static int is_number_text(const char *s) {
+    int digits = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p >= '0' && *p <= '9') digits++;
+        else if (!strchr("+-.eE", *p)) return 0;
+    }
+    if (!digits) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    return *end == 0 && !isnan(v);
+}
+
+static int range_error(const char *where, const char *name, const key_spec *k, const char *text) {
+    char lo[64], hi[64];
+    format_double(k->min, lo, sizeof lo);
+    format_double(k->max, hi, sizeof hi);
+    if (k->flags & F_MIN_EXCL)
+        return strata_fail("%s: key '%s': must be greater than %s and at most %s, got %s", where, name, lo, hi,
+                           text);
+    if (k->flags & F_MAX_EXCL)
+        return strata_fail("%s: key '%s': must be at least %s and less than %s, got %s", where, name, lo, hi,
+                           text);
+    return strata_fail("%s: key '%s': must be between %s and %s, got %s", where, name, lo, hi, text);
+}
+
+static int in_range(const key_spec *k, double v) {
+    if (k->flags & F_MIN_EXCL ? !(v > k->min) : !(v >= k->min)) return 0;
+    if (k->flags & F_MAX_EXCL ? !(v < k->max) : !(v <= k->max)) return 0;
+    return 1;
+}
+
+/* Parses `text` as key k's type and stores it in c. `where` prefixes messages. */
+static int set_value(strata_config *c, const key_spec *k, const char *text, const char *where) {
+    char name[96];
+    full_name(k, name, sizeof name);
+    void *field = (char *)c + k->offset;
+    switch (k->type) {
+    case K_INT:
+    case K_INT64: {
+        if (!is_integer_text(text))
+            return strata_fail("%s: key '%s': expected an integer, got '%s'", where, name, text);
+        errno = 0;
+        long long v = strtoll(text, NULL, 10);
+        if (errno == ERANGE || !in_range(k, (double)v)) return range_error(where, name, k, text);
+        if (k->type == K_INT) *(int *)field = (int)v;
+        else *(int64_t *)field = (int64_t)v;
+        return 0;
+    }
+    case K_UINT64: {
+        if (!is_integer_text(text))
+            return strata_fail("%s: key '%s': expected an integer, got '%s'", where, name, text);
+        errno = 0;
+        unsigned long long v = strtoull(text, NULL, 10);
+        /* strtoull wraps negative input around; reject it instead. */
+        if (errno == ERANGE || text[0] == '-')
+            return strata_fail("%s: key '%s': must be between 0 and %llu, got %s", where, name,
+                               (unsigned long long)UINT64_MAX, text);
+        *(uint64_t *)field = (uint64_t)v;
+        return 0;
+    }
+    case K_DOUBLE: {
+        if (!is_number_text(text))
+            return strata_fail("%s: key '%s': expected a number, got '%s'", where, name, text);
+        double v = strtod(text, NULL);
+        if (!in_range(k, v)) return range_error(where, name, k, text);
+        *(double *)field = v;
+        return 0;
+    }
+    case K_BOOL:
+        if (!strcmp(text, "true")) *(int *)field = 1;
+        else if (!strcmp(text, "false")) *(int *)field = 0;
+        else return strata_fail("%s: key '%s': expected true or false, got '%s'", where, name, text);
+        return 0;
+    case K_STRING: {
+        size_t len = strlen(text);
+        if (len >= STRATA_PATH_MAX)
+            return strata_fail("%s: key '%s': longer than %d bytes", where, name, STRATA_PATH_MAX - 1);
+        if (len == 0 && (k->flags & F_NONEMPTY)) return strata_fail("%s: key '%s': must not be empty", where, name);
+        memcpy(field, text, len + 1);
+        return 0;
+    }
+    case K_ENUM: {
+        for (int i = 0; k->names[i]; i++) {
+            if (!strcmp(text, k->names[i])) {
+                *(int *)field = i;
+                return 0;
+            }
+        }
+        char allowed[256] = "";
+        for (int i = 0; k->names[i]; i++) {
+            if (i) strncat(allowed, ", ", sizeof allowed - strlen(allowed) - 1);
+            strncat(allowed, k->names[i], sizeof allowed - strlen(allowed) - 1);
+        }
+        return strata_fail("%s: key '%s': expected one of %s; got '%s'", where, name, allowed, text);
+    }
+    case K_CKPT: {
+        int v = -1;
+        if (!strcmp(text, "none")) v = 0;
+        else if (!strcmp(text, "blocks")) v = 1;
+        else if (!strncmp(text, "every:", 6)) {
+            const char *num = text + 6;
+            if (num[0] >= '1' && num[0] <= '9' && strlen(num) <= 4 && is_integer_text(num)) {
+                long k_every = strtol(num, NULL, 10);
+                if (k_every >= 1 && k_every <= CKPT_MAX) v = (int)k_every;
+            }
+        }
+        if (v < 0)
+            return strata_fail("%s: key '%s': expected none, blocks or every:K with K between 1 and %d, got '%s'",
+                               where, name, CKPT_MAX, text);
+        *(int *)field = v;
+        return 0;
+    }
+    }
+    return strata_fail("%s: key '%s': unhandled type", where, name);
+}
+
+/* The text that set_value() would read back to the same value. */
+static void value_text(const strata_config *c, const key_spec *k, char *buf, size_t n) {
+    const void *field = (const char *)c + k->offset;
+    switch (k->type) {
+    case K_INT: snprintf(buf, n, "%d", *(const int *)field); return;
+    case K_INT64: snprintf(buf, n, "%lld", (long long)*(const int64_t *)field); return;
+    case K_UINT64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)field); return;
+    case K_DOUBLE:
+        /* "1.0" rather than "1", so a printed config shows which keys take fractions. */
+        format_double(*(const double *)field, buf, n);
+        if (!strpbrk(buf, ".en")) strncat(buf, ".0", n - strlen(buf) - 1);
+        return;
+    case K_BOOL: snprintf(buf, n, "%s", *(const int *)field ? "true" : "false"); return;
+    case K_STRING: snprintf(buf, n, "%s", (const char *)field); return;
+    case K_ENUM: {
+        int v = *(const int *)field, count = 0;
+        while (k->names[count]) count++;
+        snprintf(buf, n, "%s", v >= 0 && v < count ? k->names[v] : "?");
+        return;
+    }
+    case K_CKPT: {
+        int v = *(const int *)field;
+        if (v == 0) snprintf(buf, n, "none");
+        else if (v == 1) snprintf(buf, n, "blocks");
+        else snprintf(buf, n, "every:%d", v);
+        return;
+    }
+    }
+}
+
+void strata_config_defaults(strata_config *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < N_KEYS; i++) {
+        if (!schema[i].def) continue;
+        if (set_value(c, &schema[i], schema[i].def, "default"))
+            strata_panic(__FILE__, __LINE__, "schema default rejected: %s", strata_error());
+    }
+}
+
+/* ---- YAML ---- */
+
+static const char *node_kind(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_SCALAR_NODE: return "scalar";
+    case YAML_SEQUENCE_NODE: return "sequence";
+    case YAML_MAPPING_NODE: return "mapping";
+    default: return "empty node";
+    }
+}
+
+static int node_line(const yaml_node_t *n) { return (int)n->start_mark.line + 1; }
+
+/* A plain `key:` with nothing after it, `~` or `null`. */
+static int is_null_scalar(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return 0;
+    const char *s = (const char *)n->data.scalar.value;
+    return !s[0] || !strcmp(s, "~") || !strcmp(s, "null");
+}
+
+static const char *scalar_text(const yaml_node_t *n) {
+    return is_null_scalar(n) ? "" : (const char *)n->data.scalar.value;
+}
+
+static int apply_key(strata_config *c, load_state *st, const char *name, int idx, const yaml_node_t *key,
+                     const yaml_node_t *value) {
+    char full[96], where[STRATA_PATH_MAX + 32];
+    full_name(&schema[idx], full, sizeof full);
+    int line = node_line(key);
+    if (st->key_line[idx] > 0)
+        return strata_fail("%s:%d: duplicate key '%s' (first at line %d)", name, line, full, st->key_line[idx]);
+    st->key_line[idx] = line;
+    snprintf(where, sizeof where, "%s:%d", name, line);
+    if (value->type != YAML_SCALAR_NODE)
+        return strata_fail("%s: key '%s': expected a scalar value, got a %s", where, full, node_kind(value));
+    return set_value(c, &schema[idx], scalar_text(value), where);
+}
+
+static int apply_section(strata_config *c, load_state *st, const char *name, int sec, yaml_document_t *doc,
+                         const yaml_node_t *key, const yaml_node_t *value) {
+    int line = node_line(key);
+    if (st->section_line[sec] > 0)
+        return strata_fail("%s:%d: duplicate section '%s' (first at line %d)", name, line, sections[sec],
+                           st->section_line[sec]);
+    st->section_line[sec] = line;
+    if (is_null_scalar(value)) return 0; /* every key commented out */
+    if (value->type != YAML_MAPPING_NODE)
+        return strata_fail("%s:%d: section '%s' must be a mapping of keys, got a %s", name, line, sections[sec],
+                           node_kind(value));
+    for (yaml_node_pair_t *p = value->data.mapping.pairs.start; p < value->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(doc, p->value);
+        if (k->type != YAML_SCALAR_NODE)
+            return strata_fail("%s:%d: keys must be scalars, got a %s", name, node_line(k), node_kind(k));
+        const char *kname = (const char *)k->data.scalar.value;
+        int idx = find_key(sections[sec], kname);
+        if (idx < 0) {
+            char full[256], hint[160];
+            snprintf(full, sizeof full, "%s.%s", sections[sec], kname);
+            suggest_key(full, kname, hint, sizeof hint);
+            return strata_fail("%s:%d: unknown key '%s'%s", name, node_line(k), full, hint);
+        }
+        if (apply_key(c, st, name, idx, k, v)) return -1;
+    }
+    return 0;
+}
+
+static int apply_document(strata_config *c, load_state *st, const char *name, yaml_document_t *doc) {
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root) return strata_fail("%s: empty config; expected a mapping of sections (model, data, train, ...)", name);
+    if (root->type != YAML_MAPPING_NODE)
+        return strata_fail("%s:%d: expected a mapping of sections at the top level, got a %s", name,
+                           node_line(root), node_kind(root));
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(doc, p->value);
+        if (k->type != YAML_SCALAR_NODE)
+            return strata_fail("%s:%d: keys must be scalars, got a %s", name, node_line(k), node_kind(k));
+        const char *kname = (const char *)k->data.scalar.value;
+        int idx = find_key("", kname);
+        int sec = find_section(kname);
+        if (idx >= 0) {
+            if (apply_key(c, st, name, idx, k, v)) return -1;
+        } else if (sec >= 0) {
+            if (apply_section(c, st, name, sec, doc, k, v)) return -1;
+        } else {
+            char hint[160];
+            suggest_section(kname, hint, sizeof hint);
+            return strata_fail("%s:%d: unknown section '%s'%s", name, node_line(k), kname, hint);
+        }
+    }
+    return 0;
+}
+
+static int yaml_problem(const yaml_parser_t *p, const char *name) {
+    const char *problem = p->problem ? p->problem : "unknown error";
+    if (p->error == YAML_READER_ERROR)
+        return strata_fail("%s: invalid YAML: %s at byte %zu", name, problem, p->problem_offset);
+    if (p->error == YAML_MEMORY_ERROR) return strata_fail("%s: invalid YAML: out of memory", name);
+    char context[160] = "";
+    if (p->context) snprintf(context, sizeof context, " (%s)", p->context);
+    return strata_fail("%s:%zu:%zu: invalid YAML: %s%s", name, p->problem_mark.line + 1, p->problem_mark.column + 1,
+                       problem, context);
+}
+
+static int parse_yaml(strata_config *c, load_state *st, const char *name, const char *text, size_t len) {
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) return strata_fail("%s: cannot start the YAML parser", name);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    int rc;
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = yaml_problem(&parser, name);
+    } else {
+        rc = apply_document(c, st, name, &doc);
+        yaml_document_delete(&doc);
+        /* A second `---` document would be silently ignored; refuse it instead. */
+        if (rc == 0) {
+            if (!yaml_parser_load(&parser, &doc)) {
+                rc = yaml_problem(&parser, name);
+            } else {
+                yaml_node_t *root = yaml_document_get_root_node(&doc);
+                if (root)
+                    rc = strata_fail("%s:%d: a second YAML document starts here; a config is one document", name,
+                                     (int)doc.start_mark.line + 1);
+                yaml_document_delete(&doc);
+            }
+        }
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+/* ---- overrides ---- */
+
+static void trim(char *s) {
+    size_t n = strlen(s), start = 0;
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
+    while (s[start] == ' ' || s[start] == '\t') start++;
+    memmove(s, s + start, n - start + 1);
+}
+
+static int apply_set(strata_config *c, load_state *st, const char *assignment) {
+    const char *eq = strchr(assignment, '=');
+    if (!eq) return strata_fail("--set: expected section.key=value, got '%s'", assignment);
+    size_t klen = (size_t)(eq - assignment);
+    char name[256];
+    if (klen >= sizeof name) klen = sizeof name - 1;
+    memcpy(name, assignment, klen);
+    name[klen] = 0;
+    trim(name);
+    char *value = strata_xstrdup(eq + 1);
+    trim(value);
+
+    int rc;
+    char *dot = strchr(name, '.');
+    if (!name[0]) {
+        rc = strata_fail("--set: expected section.key=value, got '%s'", assignment);
+    } else if (!dot) {
+        int idx = find_key("", name);
+        if (idx >= 0) {
+            rc = set_value(c, &schema[idx], value, "--set");
+            if (rc == 0 && st) st->key_line[idx] = -1;
+        } else if (find_section(name) >= 0) {
+            rc = strata_fail("--set: section '%s' must be a mapping of keys, got a scalar", name);
+        } else {
+            char hint[160];
+            suggest_section(name, hint, sizeof hint);
+            rc = strata_fail("--set: unknown section '%s'%s", name, hint);
+        }
+    } else {
+        *dot = 0;
+        const char *sec = name, *key = dot + 1;
+        char hint[160];
+        if (find_section(sec) < 0) {
+            suggest_section(sec, hint, sizeof hint);
+            rc = strata_fail("--set: unknown section '%s'%s", sec, hint);
+        } else {
+            int idx = find_key(sec, key);
+            if (idx < 0) {
+                char full[sizeof name + 2];
+                snprintf(full, sizeof full, "%s.%s", sec, key);
+                suggest_key(full, key, hint, sizeof hint);
+                rc = strata_fail("--set: unknown key '%s'%s", full, hint);
+            } else {
+                rc = set_value(c, &schema[idx], value, "--set");
+                if (rc == 0 && st) st->key_line[idx] = -1;
+            }
+        }
+    }
+    free(value);
+    return rc;
+}
+
+int strata_config_set(strata_config *c, const char *assignment) {
+    /* Work on a copy so a rejected override leaves c as it was. */
+    strata_config tmp = *c;
+    if (apply_set(&tmp, NULL, assignment)) return -1;
+    *c = tmp;
+    return 0;
+}
+
+/* ---- cross-key rules ---- */
+
+int strata_config_check(const strata_config *c, const char *name) {
+    if (c->model.n_head < 1) return strata_fail("%s: model.n_head (%d) must be at least 1", name, c->model.n_head);
+    if (c->model.n_embd % c->model.n_head)
+        return strata_fail("%s: model.n_embd (%d) must be divisible by model.n_head (%d)", name, c->model.n_embd,
+                           c->model.n_head);
+    if (c->train.seq_len > c->model.seq_len)
+        return strata_fail("%s: train.seq_len (%d) must not exceed model.seq_len (%d)", name, c->train.seq_len,
+                           c->model.seq_len);
+    if (c->model.padded_vocab_size != 0 && c->model.padded_vocab_size < c->model.vocab_size)
+        return strata_fail("%s: model.padded_vocab_size (%d) must be 0 or at least model.vocab_size (%d)", name,
+                           c->model.padded_vocab_size, c->model.vocab_size);
+    if (c->optim.min_lr > c->optim.lr) {
+        char a[64], b[64];
+        format_double(c->optim.min_lr, a, sizeof a);
+        format_double(c->optim.lr, b, sizeof b);
+        return strata_fail("%s: optim.min_lr (%s) must not exceed optim.lr (%s)", name, a, b);
+    }
+    if (!c->offload.nvme_path[0]) {
+        if (c->offload.optimizer == STRATA_OFFLOAD_NVME)
+            return strata_fail("%s: offload.optimizer is nvme, which needs offload.nvme_path", name);
+        if (c->offload.params == STRATA_OFFLOAD_NVME)
+            return strata_fail("%s: offload.params is nvme, which needs offload.nvme_path", name);
+    }
+    if (c->offload.block_kb % 4)
+        return strata_fail("%s: offload.block_kb (%d) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)",
+                           name, c->offload.block_kb);
+    return 0;
+}
+
+/* ---- loading ---- */
+
+static int load_text(strata_config *c, const char *name, const char *path_field, const char *text, size_t len,
+                     const char *const *sets, int n_sets) {
+    strata_config tmp;
+    strata_config_defaults(&tmp);
+    snprintf(tmp.path, sizeof tmp.path, "%s", path_field);
+    load_state st;
+    memset(&st, 0, sizeof st);
+    if (parse_yaml(&tmp, &st, name, text, len)) return -1;
+    for (int i = 0; i < n_sets; i++)
+        if (apply_set(&tmp, &st, sets[i])) return -1;
+    for (int i = 0; i < N_KEYS; i++) {
+        if ((schema[i].flags & F_REQUIRED) && st.key_line[i] == 0) {
+            char full[96];
+            full_name(&schema[i], full, sizeof full);
+            return strata_fail("%s: missing required key '%s'", name, full);
+        }
+    }
+    if (strata_config_check(&tmp, name)) return -1;
+    *c = tmp;
+    return 0;
+}
+
+int strata_config_load_string(strata_config *c, const char *name, const char *yaml, const char *const *sets,
+                              int n_sets) {
+    return load_text(c, name, name, yaml, strlen(yaml), sets, n_sets);
+}
+
+int strata_config_load(strata_config *c, const char *path, const char *const *sets, int n_sets) {
+    if (!path) return load_text(c, BUILTIN_NAME, "", builtin_yaml, sizeof builtin_yaml - 1, sets, n_sets);
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_fail("%s: cannot read: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = strata_xmalloc(cap);
+    int read_errno = 0;
+    for (;;) {
+        if (len == cap) buf = strata_xrealloc(buf, cap *= 2);
+        errno = 0;
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) read_errno = errno ? errno : EIO;
+            break;
+        }
+    }
+    fclose(f);
+    if (read_errno) {
+        free(buf);
+        return strata_fail("%s: cannot read: %s", path, strerror(read_errno));
+    }
+    int rc = load_text(c, path, path, buf, len, sets, n_sets);
+    free(buf);
+    return rc;
+}
+
+/* ---- printing ---- */
+
+/* Strings are always double-quoted so globs, "" and look-alikes of numbers survive. */
+static void quote_string(const char *text, char *out, size_t n) {
+    size_t o = 0;
+    out[o++] = '"';
+    for (const unsigned char *p = (const unsigned char *)text; *p && o + 6 < n; p++) {
+        if (*p == '"' || *p == '\\') o += (size_t)snprintf(out + o, n - o, "\\%c", *p);
+        else if (*p == '\n') o += (size_t)snprintf(out + o, n - o, "\\n");
+        else if (*p == '\t') o += (size_t)snprintf(out + o, n - o, "\\t");
+        else if (*p < 0x20 || *p == 0x7f) o += (size_t)snprintf(out + o, n - o, "\\x%02x", *p);
+        else out[o++] = (char)*p;
+    }
+    out[o++] = '"';
+    out[o] = 0;
+}
+
+#define COMMENT_COLUMN 34
+
+static void write_key(FILE *f, const strata_config *c, const key_spec *k, int with_comments) {
+    char text[STRATA_PATH_MAX + 64], quoted[4 * STRATA_PATH_MAX + 8], line[4 * STRATA_PATH_MAX + 128];
+    value_text(c, k, text, sizeof text);
+    if (k->type == K_STRING) quote_string(text, quoted, sizeof quoted);
+    else snprintf(quoted, sizeof quoted, "%s", text);
+    int width = snprintf(line, sizeof line, "%s%s: %s", k->section[0] ? "  " : "", k->key, quoted);
+    fputs(line, f);
+    if (with_comments) {
+        int pad = width < COMMENT_COLUMN ? COMMENT_COLUMN - width : 2;
+        fprintf(f, "%*s# %s", pad, "", k->help);
+        if (k->type == K_ENUM) {
+            fputs(" (", f);
+            for (int i = 0; k->names[i]; i++) fprintf(f, "%s%s", i ? "|" : "", k->names[i]);
+            fputc(')', f);
+        }
+        if (k->flags & F_REQUIRED) fputs(" [required]", f);
+    }
+    fputc('\n', f);
+}
+
+void strata_config_write(const strata_config *c, FILE *f, int with_comments) {
+    if (with_comments)
+        fprintf(f, "# Strata config%s%s: every key, defaults filled in.\n", c->path[0] ? " from " : " (built-in)",
+                c->path);
+    for (int i = 0; i < N_KEYS; i++)
+        if (!schema[i].section[0]) write_key(f, c, &schema[i], with_comments);
+    for (int s = 0; s < N_SECTIONS; s++) {
+        fputc('\n', f);
+        if (with_comments) fprintf(f, "%s:%*s# %s\n", sections[s], COMMENT_COLUMN - 1 - (int)strlen(sections[s]), "",
+                                    section_help[s]);
+        else fprintf(f, "%s:\n", sections[s]);
+        for (int i = 0; i < N_KEYS; i++)
+            if (!strcmp(schema[i].section, sections[s])) write_key(f, c, &schema[i], with_comments);
+    }
+}
+
+/* ---- derived values and names ---- */
+
+int strata_config_seq_len(const strata_config *c) { return c->train.seq_len > 0 ? c->train.seq_len : c->model.seq_len; }
+
+int strata_config_padded_vocab(const strata_config *c) {
+    if (c->model.padded_vocab_size > 0) return c->model.padded_vocab_size;
+    return (c->model.vocab_size + 127) / 128 * 128;
+}
+
+const char *strata_schedule_name(strata_schedule s) {
+    return (unsigned)s < 3 ? schedule_names[s] : "?";
+}
+const char *strata_offload_name(strata_offload_choice o) { return (unsigned)o < 3 ? offload_names[o] : "?"; }
+const char *strata_dtype_choice_name(strata_dtype_choice d) { return (unsigned)d < 3 ? dtype_names[d] : "?"; }

@@ -1,0 +1,141 @@
+/* core/config.h: the run configuration, read from YAML by libyaml, strictly.
+ *
+ * Every key lives in one schema table (core/config.c): its section, name, type, range,
+ * default and help. Parsing, `--set section.key=value` overrides, defaults and
+ * `strata config` printing all go through that table, so a key cannot be accepted in one
+ * place and rejected in another. Errors name the file, the line and the key, and the
+ * caller exits with STRATA_EXIT_USAGE (2) before any work starts. */
+#ifndef STRATA_CONFIG_H
+#define STRATA_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define STRATA_PATH_MAX 1024
+
+typedef enum { STRATA_SCHEDULE_COSINE = 0, STRATA_SCHEDULE_LINEAR, STRATA_SCHEDULE_CONSTANT } strata_schedule;
+typedef enum { STRATA_DTYPE_AUTO = 0, STRATA_DTYPE_FP32, STRATA_DTYPE_BF16 } strata_dtype_choice;
+typedef enum { STRATA_BACKEND_AUTO = 0, STRATA_BACKEND_CPU, STRATA_BACKEND_CUDA } strata_backend_choice;
+typedef enum { STRATA_COMM_AUTO = 0, STRATA_COMM_MPI, STRATA_COMM_NCCL } strata_comm_choice;
+typedef enum { STRATA_OFFLOAD_NONE = 0, STRATA_OFFLOAD_CPU, STRATA_OFFLOAD_NVME } strata_offload_choice;
+
+typedef struct strata_config {
+    char path[STRATA_PATH_MAX]; /* the YAML file it came from ("" for built-in) */
+
+    strata_backend_choice device; /* top-level `device: auto|cpu|cuda` */
+
+    struct {
+        int n_layer, n_head, n_embd;
+        int seq_len;           /* maximum context T (rows of wpe) */
+        int vocab_size;        /* V: 256 for byte-level, 50257 for GPT-2 BPE */
+        int padded_vocab_size; /* Vp >= V; 0 = V rounded up to a multiple of 128 */
+        double init_std;
+    } model;
+
+    struct {
+        char train[STRATA_PATH_MAX]; /* glob of token shards (llm.c format) */
+        char val[STRATA_PATH_MAX];   /* glob; "" = no validation */
+        int shuffle;
+    } data;
+
+    struct {
+        int64_t steps;
+        int micro_batch; /* B, sequences per rank per micro-step */
+        int seq_len;     /* T per sequence; 0 = model.seq_len */
+        int grad_accum;  /* micro-steps per optimizer step */
+        uint64_t seed;
+        int eval_every; /* steps between validation passes; 0 = never */
+        int eval_batches;
+        int log_every;
+        int sample_every; /* steps between text samples; 0 = only at the end */
+        int sample_tokens;
+        int activation_checkpointing; /* 0 none, K: keep only every K-th block's activations
+                                         ("blocks" = 1, "every:K" = K) */
+        strata_dtype_choice dtype;
+        strata_dtype_choice grad_reduce_dtype;
+        int threads; /* OpenMP threads for CPU kernels; 0 = the runtime's default */
+    } train;
+
+    struct {
+        double lr, min_lr;
+        int warmup_steps;
+        strata_schedule schedule;
+        double beta1, beta2, eps, weight_decay, grad_clip;
+    } optim;
+
+    struct {
+        char dir[STRATA_PATH_MAX]; /* run directory: metrics, checkpoints, plots */
+        int checkpoint_every;      /* steps; 0 = only at the end and on a stop */
+        int keep;                  /* checkpoints kept; 0 = all */
+    } run;
+
+    struct {
+        int stage; /* 0..3 */
+        double reduce_bucket_mb;
+        int overlap_comm;
+        int prefetch_units;
+    } zero;
+
+    struct {
+        strata_comm_choice backend;
+        double timeout_s; /* a collective that takes longer ends the job */
+    } comm;
+
+    struct {
+        strata_offload_choice optimizer;
+        strata_offload_choice params;
+        char nvme_path[STRATA_PATH_MAX];
+        double pinned_budget_gb; /* 0 = what the plan needs */
+        int buffer_count;
+        int block_kb;
+        int queue_depth;
+    } offload;
+
+    struct {
+        int auto_fit;   /* `memory.auto` */
+        double gpu_gb;  /* 0 = query the device */
+        double host_gb; /* 0 = query the machine */
+        double nvme_gb; /* 0 = query nvme_path's file system */
+    } memory;
+} strata_config;
+
+/* Fills every key with its default (required keys are left unset). */
+void strata_config_defaults(strata_config *c);
+
+/* Reads `path` over the defaults, then applies `n_sets` overrides "section.key=value",
+ * then checks cross-key rules (n_embd divisible by n_head, ...). Returns 0, or -1 with a
+ * message like "configs/x.yaml:12: key 'train.micro_batch': expected an integer, got 'abc'"
+ * in strata_error(). path may be NULL for the built-in default (configs/quickstart.yaml's
+ * contents compiled in). */
+int strata_config_load(strata_config *c, const char *path, const char *const *sets, int n_sets);
+
+/* Parses YAML text as if it were the file `name` (tests use this). */
+int strata_config_load_string(strata_config *c, const char *name, const char *yaml,
+                              const char *const *sets, int n_sets);
+
+/* One override "section.key=value" with the same checks as the file. Cross-key rules
+ * are not checked here (several overrides may be needed to reach a valid config); call
+ * strata_config_check() after the last one. On error c is unchanged. */
+int strata_config_set(strata_config *c, const char *assignment);
+
+/* The cross-key rules (n_embd % n_head, train.seq_len <= model.seq_len, ...); `name`
+ * is the file named in the message. strata_config_load() runs it. */
+int strata_config_check(const strata_config *c, const char *name);
+
+/* The built-in default config: configs/quickstart.yaml, byte for byte. */
+const char *strata_config_builtin_yaml(void);
+
+/* Writes the effective config as YAML, every key, defaults filled in, with a
+ * comment per key. The output parses back to the same config. */
+void strata_config_write(const strata_config *c, FILE *f, int with_comments);
+
+/* Derived values. */
+int strata_config_seq_len(const strata_config *c);     /* train.seq_len or model.seq_len */
+int strata_config_padded_vocab(const strata_config *c); /* Vp */
+
+/* Names of enum values, for logs and printing. */
+const char *strata_schedule_name(strata_schedule s);
+const char *strata_offload_name(strata_offload_choice o);
+const char *strata_dtype_choice_name(strata_dtype_choice d);
+
+#endif

@@ -1,0 +1,529 @@
+/* core/data.c: llm.c-format token shards (write, mmap, validate), byte-level text
+ * preparation, the chunked batch reader with per-epoch seeded shuffling, and llm.c's
+ * GPT-2 tokenizer file for decoding samples. See core/data.h for the formats. */
+#include "core/data.h"
+
+#include "core/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Shards and tokenizer files are little-endian; we read and write them by memcpy. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "core/data.c assumes a little-endian host (llm.c shard format)"
+#endif
+
+#define HEADER_BYTES (STRATA_SHARD_HEADER_INTS * sizeof(int32_t))
+#define TOKENIZER_MAGIC 20240328u
+/* Stream id that separates the shuffle's random numbers from every other use of a seed. */
+#define SHUFFLE_STREAM 0x53485546464C45ull /* "SHUFFLE" */
+
+/* ---- small file helpers ---- */
+
+static int write_all(int fd, const void *buf, size_t bytes, const char *path) {
+    const char *p = buf;
+    while (bytes > 0) {
+        ssize_t w = write(fd, p, bytes);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return strata_fail("%s: write failed: %s", path, strerror(errno));
+        }
+        p += w;
+        bytes -= (size_t)w;
+    }
+    return 0;
+}
+
+/* fsync the directory holding `path`, so a rename into it survives a crash. */
+static int fsync_parent_dir(const char *path) {
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return strata_fail("%s: cannot open directory to sync it: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    /* Some file systems refuse fsync on directories; the data itself is already synced. */
+    if (rc != 0 && err != EINVAL && err != EROFS)
+        return strata_fail("%s: directory fsync failed: %s", dir, strerror(err));
+    return 0;
+}
+
+static int mkdir_p(const char *path) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return strata_fail("%s: directory path too long", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return strata_fail("%s: cannot create directory: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return strata_fail("%s: cannot create directory: %s", buf, strerror(errno));
+    struct stat st;
+    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+        return strata_fail("%s: exists but is not a directory", buf);
+    return 0;
+}
+
+/* ---- shards ---- */
+
+int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens) {
+    if (n_tokens > (size_t)INT32_MAX)
+        return strata_fail("%s: %zu tokens do not fit one shard (the header counts in int32; "
+                           "split into shards of at most %d tokens)",
+                           path, n_tokens, INT32_MAX);
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return strata_fail("%s: path too long", path);
+    int32_t header[STRATA_SHARD_HEADER_INTS] = {0};
+    header[0] = STRATA_SHARD_MAGIC;
+    header[1] = STRATA_SHARD_VERSION;
+    header[2] = (int32_t)n_tokens;
+
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return strata_fail("%s: cannot create: %s", tmp, strerror(errno));
+    if (write_all(fd, header, sizeof header, tmp) != 0 ||
+        write_all(fd, tokens, n_tokens * sizeof(uint16_t), tmp) != 0) {
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    if (fsync(fd) != 0) {
+        int err = errno;
+        close(fd);
+        unlink(tmp);
+        return strata_fail("%s: fsync failed: %s", tmp, strerror(err));
+    }
+    if (close(fd) != 0) {
+        unlink(tmp);
+        return strata_fail("%s: close failed: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        return strata_fail("%s: cannot rename %s into place: %s", path, tmp, strerror(err));
+    }
+    return fsync_parent_dir(path);
+}
+
+int strata_shard_open(strata_shard *sh, const char *path) {
+    memset(sh, 0, sizeof *sh);
+    if (snprintf(sh->path, sizeof sh->path, "%s", path) >= (int)sizeof sh->path)
+        return strata_fail("%s: path longer than %zu bytes", path, sizeof sh->path - 1);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return strata_fail("%s: cannot open token shard: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return strata_fail("%s: cannot stat: %s", path, strerror(err));
+    }
+    size_t bytes = (size_t)st.st_size;
+    if (bytes < HEADER_BYTES) {
+        close(fd);
+        return strata_fail("%s: file is %zu bytes, shorter than the %zu-byte shard header "
+                           "(not a token shard, or truncated)",
+                           path, bytes, (size_t)HEADER_BYTES);
+    }
+    void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd); /* the mapping keeps the file alive */
+    if (map == MAP_FAILED) return strata_fail("%s: mmap failed: %s", path, strerror(err));
+
+    int32_t h[3];
+    memcpy(h, map, sizeof h);
+    const char *why = NULL;
+    char msg[256];
+    size_t payload = bytes - HEADER_BYTES;
+    if (h[0] != STRATA_SHARD_MAGIC) {
+        snprintf(msg, sizeof msg, "bad magic %d (expected %d; not a token shard)", h[0],
+                 STRATA_SHARD_MAGIC);
+        why = msg;
+    } else if (h[1] != STRATA_SHARD_VERSION) {
+        snprintf(msg, sizeof msg, "unsupported shard version %d (expected %d)", h[1],
+                 STRATA_SHARD_VERSION);
+        why = msg;
+    } else if (h[2] < 0) {
+        snprintf(msg, sizeof msg, "header says %d tokens (negative; corrupt header)", h[2]);
+        why = msg;
+    } else if (payload / 2 != (size_t)h[2]) {
+        snprintf(msg, sizeof msg, "header says %d tokens but the file holds %zu", h[2], payload / 2);
+        why = msg;
+    } else if (payload % 2 != 0) {
+        snprintf(msg, sizeof msg, "%zu bytes after the header are not a whole number of uint16 tokens",
+                 payload);
+        why = msg;
+    }
+    if (why) {
+        munmap(map, bytes);
+        return strata_fail("%s: %s", path, why);
+    }
+    sh->map = map;
+    sh->map_bytes = bytes;
+    sh->tokens = (const uint16_t *)((const char *)map + HEADER_BYTES);
+    sh->n_tokens = (size_t)h[2];
+    return 0;
+}
+
+void strata_shard_close(strata_shard *sh) {
+    if (sh->map) munmap(sh->map, sh->map_bytes);
+    memset(sh, 0, sizeof *sh);
+}
+
+/* ---- text preparation ---- */
+
+/* Accumulates one split's tokens and writes a shard each time max_tokens is reached. */
+typedef struct shard_stream {
+    const char *out_dir;
+    const char *prefix; /* "train" or "val" */
+    size_t max_tokens;
+    uint16_t *buf;
+    size_t len, cap;
+    int n_shards;
+    size_t total;
+} shard_stream;
+
+static int stream_flush(shard_stream *s) {
+    if (s->len == 0) return 0;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s_%06d.bin", s->out_dir, s->prefix, s->n_shards);
+    if (strata_shard_write(path, s->buf, s->len) != 0) return -1;
+    STRATA_DEBUG("data", "%s: %zu tokens", path, s->len);
+    s->n_shards++;
+    s->total += s->len;
+    s->len = 0;
+    return 0;
+}
+
+static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
+    while (n > 0) {
+        if (s->len == s->cap) {
+            /* Grow toward max_tokens rather than allocating it up front: small inputs
+             * with a large shard limit stay small. */
+            size_t cap = s->cap ? s->cap * 2 : 1 << 16;
+            if (cap > s->max_tokens) cap = s->max_tokens;
+            s->buf = strata_xrealloc(s->buf, cap * sizeof(uint16_t));
+            s->cap = cap;
+        }
+        size_t take = s->cap - s->len;
+        if (take > n) take = n;
+        for (size_t i = 0; i < take; i++) s->buf[s->len + i] = bytes[i];
+        s->len += take;
+        bytes += take;
+        n -= take;
+        if (s->len == s->max_tokens && stream_flush(s) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Removes shards named like ours but numbered past what this run wrote, so a glob over
+ * out_dir does not mix a previous, larger preparation into this one. */
+static void remove_stale_shards(const char *out_dir, const char *prefix, int n_written) {
+    char pat[PATH_MAX];
+    snprintf(pat, sizeof pat, "%s/%s_[0-9][0-9][0-9][0-9][0-9][0-9].bin", out_dir, prefix);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) != 0) return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *base = strrchr(g.gl_pathv[i], '/');
+        base = base ? base + 1 : g.gl_pathv[i];
+        int idx = atoi(base + strlen(prefix) + 1);
+        if (idx >= n_written) {
+            STRATA_WARN("data", "%s: removing stale shard from an earlier preparation", g.gl_pathv[i]);
+            unlink(g.gl_pathv[i]);
+        }
+    }
+    globfree(&g);
+}
+
+static int read_whole_file(const char *path, unsigned char **out, size_t *out_len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_fail("%s: cannot read text file: %s", path, strerror(errno));
+    size_t cap = 1 << 20, len = 0;
+    unsigned char *buf = strata_xmalloc(cap);
+    for (;;) {
+        if (len == cap) buf = strata_xrealloc(buf, cap *= 2);
+        size_t r = fread(buf + len, 1, cap - len, f);
+        len += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return strata_fail("%s: read error in text file", path);
+    }
+    if (len == 0) {
+        free(buf);
+        return strata_fail("%s: text file is empty (nothing to tokenise)", path);
+    }
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
+                        double val_fraction, size_t max_shard_tokens) {
+    if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+        return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
+    if (max_shard_tokens == 0 || max_shard_tokens > (size_t)INT32_MAX)
+        return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
+                           INT32_MAX);
+    if (mkdir_p(out_dir) != 0) return -1;
+
+    shard_stream train = {.out_dir = out_dir, .prefix = "train", .max_tokens = max_shard_tokens};
+    shard_stream val = {.out_dir = out_dir, .prefix = "val", .max_tokens = max_shard_tokens};
+    int rc = 0;
+    for (int i = 0; i < n_files && rc == 0; i++) {
+        unsigned char *bytes = NULL;
+        size_t len = 0;
+        if (read_whole_file(text_files[i], &bytes, &len) != 0) {
+            rc = -1;
+            break;
+        }
+        /* The tail of each file is held out, so val text is never seen in training even
+         * when files are concatenated. */
+        size_t n_val = (size_t)((double)len * val_fraction);
+        size_t n_train = len - n_val;
+        STRATA_DEBUG("data", "%s: %zu bytes -> %zu train, %zu val", text_files[i], len, n_train,
+                     n_val);
+        rc = stream_push(&train, bytes, n_train);
+        if (rc == 0) rc = stream_push(&val, bytes + n_train, n_val);
+        free(bytes);
+    }
+    if (rc == 0) rc = stream_flush(&train);
+    if (rc == 0) rc = stream_flush(&val);
+    free(train.buf);
+    free(val.buf);
+    if (rc != 0) return -1;
+    remove_stale_shards(out_dir, "train", train.n_shards);
+    remove_stale_shards(out_dir, "val", val.n_shards);
+    STRATA_INFO("data", "%s: %zu train tokens in %d shard%s, %zu val tokens in %d shard%s "
+                "(byte-level, vocab 256, from %d file%s)",
+                out_dir, train.total, train.n_shards, train.n_shards == 1 ? "" : "s", val.total,
+                val.n_shards, val.n_shards == 1 ? "" : "s", n_files, n_files == 1 ? "" : "s");
+    return 0;
+}
+
+/* ---- the batch reader ---- */
+
+void strata_loader_close(strata_loader *L) {
+    for (int i = 0; i < L->n_shards; i++) strata_shard_close(&L->shards[i]);
+    free(L->shards);
+    free(L->chunk_start);
+    free(L->perm);
+    memset(L, 0, sizeof *L);
+    L->perm_epoch = UINT64_MAX;
+}
+
+int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vocab_size,
+                       int shuffle, uint64_t seed) {
+    memset(L, 0, sizeof *L);
+    L->perm_epoch = UINT64_MAX;
+    if (T < 1) return strata_fail("data %s: sequence length T = %d must be at least 1", glob_pattern, T);
+    if (vocab_size < 1 || vocab_size > 65536)
+        return strata_fail("data %s: vocab_size %d is outside [1, 65536] (shards hold uint16 tokens)",
+                           glob_pattern, vocab_size);
+    glob_t g;
+    int grc = glob(glob_pattern, 0, NULL, &g); /* glob(3) sorts unless GLOB_NOSORT */
+    if (grc == GLOB_NOMATCH) return strata_fail("no token shards match '%s'", glob_pattern);
+    if (grc != 0) return strata_fail("'%s': glob failed (code %d)", glob_pattern, grc);
+    if (g.gl_pathc > INT_MAX) {
+        globfree(&g);
+        return strata_fail("'%s' matches too many files (%zu)", glob_pattern, g.gl_pathc);
+    }
+
+    L->T = T;
+    L->vocab_size = vocab_size;
+    L->shuffle = shuffle != 0;
+    L->seed = seed;
+    L->shards = strata_xcalloc(g.gl_pathc, sizeof *L->shards);
+    L->chunk_start = strata_xcalloc(g.gl_pathc + 1, sizeof *L->chunk_start);
+    uint64_t n_tokens = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        if (strata_shard_open(&L->shards[i], g.gl_pathv[i]) != 0) {
+            globfree(&g);
+            strata_loader_close(L);
+            return -1;
+        }
+        L->n_shards++;
+        size_t n = L->shards[i].n_tokens;
+        /* Chunks never cross a shard boundary: shard i yields floor((n-1)/T) chunks of T+1
+         * tokens starting at multiples of T (consecutive chunks share one token). */
+        uint64_t chunks = n > 0 ? (uint64_t)(n - 1) / (uint64_t)T : 0;
+        L->chunk_start[i + 1] = L->chunk_start[i] + chunks;
+        n_tokens += n;
+    }
+    globfree(&g);
+    L->n_chunks = L->chunk_start[L->n_shards];
+    if (L->n_chunks == 0) {
+        int n_sh = L->n_shards;
+        strata_loader_close(L);
+        return strata_fail("'%s': %d shard%s holding %llu tokens, but none holds a sequence of "
+                           "T+1 = %d tokens (use more data or a shorter seq_len)",
+                           glob_pattern, n_sh, n_sh == 1 ? "" : "s", (unsigned long long)n_tokens,
+                           T + 1);
+    }
+    if (L->shuffle) {
+        if (L->n_chunks > UINT32_MAX) {
+            unsigned long long n = (unsigned long long)L->n_chunks;
+            strata_loader_close(L);
+            return strata_fail("'%s': %llu sequences are too many to shuffle (limit %u); "
+                               "set data.shuffle: false",
+                               glob_pattern, n, UINT32_MAX);
+        }
+        L->perm = strata_xmalloc((size_t)L->n_chunks * sizeof *L->perm);
+    }
+    STRATA_DEBUG("data", "'%s': %d shards, %llu tokens, %llu sequences of T=%d%s", glob_pattern,
+                 L->n_shards, (unsigned long long)n_tokens, (unsigned long long)L->n_chunks, T,
+                 L->shuffle ? ", shuffled per epoch" : "");
+    return 0;
+}
+
+/* Fisher-Yates with draws from the counter RNG keyed by (seed, epoch): the order of an
+ * epoch depends on nothing else, so resuming at any step reproduces it. */
+static void build_perm(strata_loader *L, uint64_t epoch) {
+    uint32_t n = (uint32_t)L->n_chunks;
+    for (uint32_t i = 0; i < n; i++) L->perm[i] = i;
+    uint64_t key = strata_hash64(strata_hash64(L->seed ^ SHUFFLE_STREAM) ^ epoch);
+    for (uint32_t i = n - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(strata_hash64(key ^ i) % ((uint64_t)i + 1));
+        uint32_t t = L->perm[i];
+        L->perm[i] = L->perm[j];
+        L->perm[j] = t;
+    }
+    L->perm_epoch = epoch;
+}
+
+/* The shard holding global chunk c: the last i with chunk_start[i] <= c. */
+static int shard_of_chunk(const strata_loader *L, uint64_t c) {
+    int lo = 0, hi = L->n_shards - 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (L->chunk_start[mid] <= c) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t *inputs,
+                       int32_t *targets) {
+    const int T = L->T;
+    for (int r = 0; r < n_seq; r++) {
+        uint64_t seq = first_seq + (uint64_t)r;
+        uint64_t epoch = seq / L->n_chunks;
+        uint64_t c = seq % L->n_chunks;
+        if (L->shuffle) {
+            if (L->perm_epoch != epoch) build_perm(L, epoch);
+            c = L->perm[c];
+        }
+        int s = shard_of_chunk(L, c);
+        const strata_shard *sh = &L->shards[s];
+        size_t off = (size_t)(c - L->chunk_start[s]) * (size_t)T;
+        const uint16_t *tok = sh->tokens + off;
+        for (int t = 0; t <= T; t++) {
+            if (tok[t] >= L->vocab_size)
+                return strata_fail("%s: token %u at position %zu is >= vocab_size %d "
+                                   "(data tokenised for a larger vocabulary?)",
+                                   sh->path, (unsigned)tok[t], off + (size_t)t, L->vocab_size);
+        }
+        int32_t *in = inputs + (size_t)r * T, *tg = targets + (size_t)r * T;
+        for (int t = 0; t < T; t++) {
+            in[t] = tok[t];
+            tg[t] = tok[t + 1];
+        }
+    }
+    return 0;
+}
+
+uint64_t strata_batch_seq(int64_t step, int micro, int rank, int row, int world, int grad_accum,
+                          int B) {
+    uint64_t G = (uint64_t)world * (uint64_t)grad_accum * (uint64_t)B;
+    return (uint64_t)step * G + (uint64_t)micro * ((uint64_t)world * B) + (uint64_t)rank * B +
+           (uint64_t)row;
+}
+
+/* ---- llm.c tokenizer ---- */
+
+void strata_tokenizer_free(strata_tokenizer *tk) {
+    if (tk->pieces)
+        for (int i = 0; i < tk->vocab_size; i++) free(tk->pieces[i]);
+    free(tk->pieces);
+    free(tk->lens);
+    memset(tk, 0, sizeof *tk);
+}
+
+int strata_tokenizer_load(strata_tokenizer *tk, const char *path) {
+    memset(tk, 0, sizeof *tk);
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_fail("%s: cannot open tokenizer: %s", path, strerror(errno));
+    uint32_t h[256];
+    if (fread(h, sizeof h, 1, f) != 1) {
+        fclose(f);
+        return strata_fail("%s: shorter than the 1024-byte tokenizer header (truncated?)", path);
+    }
+    if (h[0] != TOKENIZER_MAGIC) {
+        fclose(f);
+        return strata_fail("%s: bad magic %u (expected %u; not an llm.c tokenizer file)", path,
+                           h[0], TOKENIZER_MAGIC);
+    }
+    if (h[1] != 1 && h[1] != 2) {
+        fclose(f);
+        return strata_fail("%s: unsupported tokenizer version %u (expected 1 or 2)", path, h[1]);
+    }
+    if (h[2] == 0 || h[2] > 65536) {
+        fclose(f);
+        return strata_fail("%s: vocab size %u is outside [1, 65536]", path, h[2]);
+    }
+    /* Version 2 adds the end-of-text id in h[3]; decoding needs only the pieces. */
+    if (h[1] == 2 && h[3] >= h[2]) {
+        fclose(f);
+        return strata_fail("%s: end-of-text token %u is outside the vocabulary of %u", path, h[3],
+                           h[2]);
+    }
+    int n = (int)h[2];
+    tk->pieces = strata_xcalloc((size_t)n, sizeof *tk->pieces);
+    tk->lens = strata_xcalloc((size_t)n, sizeof *tk->lens);
+    tk->vocab_size = n;
+    for (int i = 0; i < n; i++) {
+        unsigned char len;
+        char *piece = NULL;
+        int ok = fread(&len, 1, 1, f) == 1;
+        if (ok) {
+            piece = strata_xmalloc((size_t)len + 1);
+            ok = len == 0 || fread(piece, len, 1, f) == 1;
+        }
+        if (!ok) {
+            free(piece);
+            fclose(f);
+            strata_tokenizer_free(tk);
+            return strata_fail("%s: truncated at token %d of %d", path, i, n);
+        }
+        piece[len] = 0;
+        tk->pieces[i] = piece;
+        tk->lens[i] = len;
+    }
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (extra) {
+        strata_tokenizer_free(tk);
+        return strata_fail("%s: trailing bytes after the %d tokens the header declares", path, n);
+    }
+    return 0;
+}

@@ -1,0 +1,85 @@
+/* core/data.h: token shards and the batch reader.
+ *
+ * Shard format (llm.c's, so its data scripts feed Strata unchanged): a header of 256
+ * little-endian int32 (header[0] = 20240520 magic, header[1] = 1 version, header[2] =
+ * number of tokens), then that many uint16 tokens.
+ *
+ * The reader treats the shards matched by a glob, in sorted order, as one sequence of
+ * chunks of T+1 tokens (inputs and next-token targets). Chunks are consumed in order, or
+ * in a seeded permutation per epoch when shuffling. Sequence g of step s, for the global
+ * batch of G = world * grad_accum * B sequences, is chunk number s*G + g of that order.
+ * Rank r, micro-step a, row b reads g = a*(world*B) + r*B + b, so world N with micro-batch
+ * B sees exactly the tokens world 1 sees with micro-batch N*B: the basis of the
+ * equivalence tests. The position is a pure function of the step, which is what the
+ * checkpoint records. */
+#ifndef STRATA_DATA_H
+#define STRATA_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STRATA_SHARD_MAGIC 20240520
+#define STRATA_SHARD_VERSION 1
+#define STRATA_SHARD_HEADER_INTS 256
+
+/* Writes tokens as one shard file (atomically: temp name, fsync, rename). */
+int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens);
+
+/* A memory-mapped, validated shard. */
+typedef struct strata_shard {
+    char path[1024];
+    const uint16_t *tokens;
+    size_t n_tokens;
+    void *map;
+    size_t map_bytes;
+} strata_shard;
+/* Checks magic, version, token count against the file size; errors name the file. */
+int strata_shard_open(strata_shard *sh, const char *path);
+void strata_shard_close(strata_shard *sh);
+
+/* Splits text files into byte-level train and val shards in out_dir
+ * (train_000000.bin ..., val_000000.bin), val_fraction of each file's bytes going to val
+ * (taken from the end). max_shard_tokens bounds a shard's size. Reports counts through
+ * the info log. */
+int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
+                        double val_fraction, size_t max_shard_tokens);
+
+typedef struct strata_loader {
+    strata_shard *shards;
+    int n_shards;
+    int T;            /* tokens per sequence; a chunk is T+1 tokens */
+    int vocab_size;   /* tokens must be below it: checked when a chunk is read */
+    uint64_t *chunk_start; /* per shard: first global chunk index (prefix sums), n_shards+1 */
+    uint64_t n_chunks;
+    int shuffle;
+    uint64_t seed;
+    uint32_t *perm;        /* the current epoch's permutation when shuffling */
+    uint64_t perm_epoch;   /* which epoch perm holds; UINT64_MAX = none yet */
+} strata_loader;
+
+/* Opens every shard matching `glob_pattern`; errors name the pattern or the file. */
+int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vocab_size,
+                       int shuffle, uint64_t seed);
+void strata_loader_close(strata_loader *L);
+
+/* Fills inputs[n_seq*T] and targets[n_seq*T] (host int32) with the consecutive global
+ * sequences first_seq .. first_seq+n_seq-1 of the stream (wrapping over epochs). */
+int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t *inputs,
+                       int32_t *targets);
+
+/* The global sequence index of row b of micro-step a on rank r at step `step`. */
+uint64_t strata_batch_seq(int64_t step, int micro, int rank, int row, int world, int grad_accum,
+                          int B);
+
+/* GPT-2 BPE decoding for samples of llm.c-tokenised data: llm.c's tokenizer file
+ * (header 256 uint32: magic 20240328, version, vocab size, [eot]; then per token a uint8
+ * length and its bytes). Byte-level models need no tokenizer. */
+typedef struct strata_tokenizer {
+    int vocab_size;
+    char **pieces;
+    unsigned char *lens;
+} strata_tokenizer;
+int strata_tokenizer_load(strata_tokenizer *tk, const char *path);
+void strata_tokenizer_free(strata_tokenizer *tk);
+
+#endif

@@ -1,0 +1,90 @@
+/* core/device.c: what the backends share: dtype facts, opening a backend by name, and
+ * the memory counters every backend's alloc/free report to. */
+#include "core/device.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/common.h"
+
+size_t strata_dtype_size(strata_dtype t) {
+    switch (t) {
+    case STRATA_F32: return 4;
+    case STRATA_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *strata_dtype_name(strata_dtype t) {
+    switch (t) {
+    case STRATA_F32: return "f32";
+    case STRATA_BF16: return "bf16";
+    }
+    return "unknown-dtype";
+}
+
+#ifndef STRATA_HAVE_CUDA
+/* Without nvcc the CUDA backend is absent; these two keep the table's callers free of
+ * #ifdefs. With STRATA_HAVE_CUDA they come from core/device_cuda.cu. */
+int strata_cuda_available(void) { return 0; }
+
+strata_device *strata_device_cuda_open(int ordinal) {
+    strata_fail("cuda device %d: this strata was built without CUDA (no nvcc at configure "
+                "time); rebuild with the CUDA toolkit installed or use device \"cpu\"",
+                ordinal);
+    return NULL;
+}
+#endif
+
+strata_device *strata_device_open(const char *backend, int ordinal) {
+    if (!backend) backend = "auto";
+    strata_device *d = NULL;
+    if (!strcmp(backend, "cpu")) {
+        d = strata_device_cpu_open();
+    } else if (!strcmp(backend, "cuda")) {
+        d = strata_device_cuda_open(ordinal);
+    } else if (!strcmp(backend, "auto")) {
+        d = strata_cuda_available() ? strata_device_cuda_open(ordinal) : strata_device_cpu_open();
+    } else {
+        strata_fail("device backend \"%s\" is unknown: use \"cpu\", \"cuda\" or \"auto\"", backend);
+        return NULL;
+    }
+    if (!d) {
+        /* Copy first: strata_fail formats into the buffer it would be reading. */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", strata_error());
+        strata_fail("opening device \"%s\" (ordinal %d): %s", backend, ordinal, why);
+        return NULL;
+    }
+    STRATA_DEBUG("device", "opened %s", d->description);
+    return d;
+}
+
+void strata_device_close(strata_device *d) {
+    if (d) d->ops->destroy(d);
+}
+
+/* Allocations are rare (start-up, plan changes) but may come from several threads (the
+ * offload workers), so one lock for the counters of every device is plenty. */
+static pthread_mutex_t mem_count_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void strata_mem_count_alloc(strata_device *d, strata_mem_kind k, size_t bytes) {
+    STRATA_ASSERT(k >= 0 && k < STRATA_MEM_KINDS);
+    pthread_mutex_lock(&mem_count_lock);
+    strata_mem_counters *m = &d->mem[k];
+    m->live_bytes += bytes;
+    if (m->live_bytes > m->peak_bytes) m->peak_bytes = m->live_bytes;
+    m->n_alloc++;
+    pthread_mutex_unlock(&mem_count_lock);
+}
+
+void strata_mem_count_free(strata_device *d, strata_mem_kind k, size_t bytes) {
+    STRATA_ASSERT(k >= 0 && k < STRATA_MEM_KINDS);
+    pthread_mutex_lock(&mem_count_lock);
+    strata_mem_counters *m = &d->mem[k];
+    STRATA_ASSERT(m->live_bytes >= bytes);
+    m->live_bytes -= bytes;
+    m->n_free++;
+    pthread_mutex_unlock(&mem_count_lock);
+}

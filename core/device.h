@@ -1,0 +1,131 @@
+/* core/device.h: the device interface. One table of functions, two backends: CPU
+ * (core/device_cpu.c, always built) and CUDA (core/device_cuda.cu, built when nvcc is
+ * found). Callers never #ifdef; they call through the table.
+ *
+ * Semantics follow CUDA's:
+ *  - memory kinds: device memory, pinned host memory (fast transfers), plain host memory;
+ *  - streams run their work in the order it was enqueued; different streams run
+ *    concurrently and meet only through events;
+ *  - event_record(e, s) marks "everything enqueued on s so far"; stream_wait_event(s2, e)
+ *    makes later work on s2 wait for that mark; waiting on a never-recorded event
+ *    returns at once.
+ *
+ * On the CPU backend the compute stream runs its work on the calling thread, at once;
+ * every other stream is a worker thread with an ordered queue, and events are real
+ * cross-thread signals. A missing wait is therefore a real data race on the CPU too,
+ * which ThreadSanitizer reports in CI.
+ *
+ * Streams come in two kinds. DEVICE streams run copies, memsets and kernels (on CUDA,
+ * a cudaStream_t). HOST streams run host functions in order on a worker thread (the MPI
+ * collectives, NVMe I/O and CPU AdamW use them); their copies are done by that thread. */
+#ifndef STRATA_DEVICE_H
+#define STRATA_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum strata_dtype {
+    STRATA_F32 = 0,
+    STRATA_BF16 = 1,
+} strata_dtype;
+size_t strata_dtype_size(strata_dtype t);
+const char *strata_dtype_name(strata_dtype t);
+
+typedef enum strata_mem_kind {
+    STRATA_MEM_DEVICE = 0,
+    STRATA_MEM_PINNED = 1,
+    STRATA_MEM_HOST = 2,
+    STRATA_MEM_KINDS = 3,
+} strata_mem_kind;
+
+typedef enum strata_stream_kind {
+    STRATA_STREAM_DEVICE = 0,
+    STRATA_STREAM_HOST = 1,
+} strata_stream_kind;
+
+typedef struct strata_device strata_device;
+typedef struct strata_stream strata_stream;
+typedef struct strata_event strata_event;
+typedef struct strata_kernels strata_kernels;
+
+/* Live and peak bytes per memory kind, and the number of allocation calls: the tests
+ * use these to prove a training step allocates nothing and that the plan is exact. */
+typedef struct strata_mem_counters {
+    size_t live_bytes;
+    size_t peak_bytes;
+    uint64_t n_alloc;
+    uint64_t n_free;
+} strata_mem_counters;
+
+typedef struct strata_device_ops {
+    const char *name; /* "cpu" or "cuda" */
+    void (*destroy)(strata_device *d);
+
+    void *(*alloc)(strata_device *d, strata_mem_kind kind, size_t bytes); /* NULL + error */
+    void (*free)(strata_device *d, strata_mem_kind kind, void *p);
+
+    strata_stream *(*stream_create)(strata_device *d, const char *name, strata_stream_kind kind);
+    void (*stream_destroy)(strata_stream *s);
+    int (*stream_sync)(strata_stream *s); /* host waits until s is idle */
+
+    /* Any direction between any memory kinds of this device. */
+    int (*memcpy_async)(strata_stream *s, void *dst, const void *src, size_t bytes);
+    int (*memset_async)(strata_stream *s, void *dst, int value, size_t bytes);
+    /* Runs fn(arg) in stream order (on the worker of a HOST stream). */
+    int (*host_task)(strata_stream *s, void (*fn)(void *arg), void *arg);
+
+    strata_event *(*event_create)(strata_device *d);
+    void (*event_destroy)(strata_event *e);
+    int (*event_record)(strata_event *e, strata_stream *s);
+    int (*stream_wait_event)(strata_stream *s, strata_event *e);
+    int (*event_sync)(strata_event *e);  /* host waits for the last record */
+    int (*event_query)(strata_event *e); /* 1 complete, 0 pending */
+
+    /* Free and total bytes of device memory, as the backend sees them. */
+    int (*mem_info)(strata_device *d, size_t *free_bytes, size_t *total_bytes);
+    /* The host waits until all streams are idle (start-up and shutdown only). */
+    int (*sync_all)(strata_device *d);
+} strata_device_ops;
+
+struct strata_device {
+    const strata_device_ops *ops;
+    const strata_kernels *k; /* the backend's kernels (core/kernels.h) */
+    strata_stream *compute;  /* made by the backend at open */
+    strata_dtype compute_dtype;
+    int ordinal; /* GPU index, 0 on the CPU */
+    char description[128];
+    strata_mem_counters mem[STRATA_MEM_KINDS];
+    void *impl;
+};
+
+/* Opens a backend by name ("cpu" or "cuda"); "auto" picks cuda when a GPU is present.
+ * ordinal selects the GPU (ignored on the CPU). NULL + error when unavailable. */
+strata_device *strata_device_open(const char *backend, int ordinal);
+void strata_device_close(strata_device *d);
+int strata_cuda_available(void); /* 1 when built with CUDA and a GPU answers */
+
+/* Thin, readable wrappers over the table. */
+static inline void *strata_alloc(strata_device *d, strata_mem_kind k, size_t n) { return d->ops->alloc(d, k, n); }
+static inline void strata_free(strata_device *d, strata_mem_kind k, void *p) { d->ops->free(d, k, p); }
+static inline strata_stream *strata_stream_create(strata_device *d, const char *name, strata_stream_kind k) { return d->ops->stream_create(d, name, k); }
+static inline void strata_stream_destroy(strata_device *d, strata_stream *s) { if (s) d->ops->stream_destroy(s); }
+static inline int strata_stream_sync(strata_device *d, strata_stream *s) { return d->ops->stream_sync(s); }
+static inline int strata_memcpy_async(strata_device *d, strata_stream *s, void *dst, const void *src, size_t n) { return d->ops->memcpy_async(s, dst, src, n); }
+static inline int strata_memset_async(strata_device *d, strata_stream *s, void *dst, int v, size_t n) { return d->ops->memset_async(s, dst, v, n); }
+static inline int strata_host_task(strata_device *d, strata_stream *s, void (*fn)(void *), void *arg) { return d->ops->host_task(s, fn, arg); }
+static inline strata_event *strata_event_create(strata_device *d) { return d->ops->event_create(d); }
+static inline void strata_event_destroy(strata_device *d, strata_event *e) { if (e) d->ops->event_destroy(e); }
+static inline int strata_event_record(strata_device *d, strata_event *e, strata_stream *s) { return d->ops->event_record(e, s); }
+static inline int strata_stream_wait_event(strata_device *d, strata_stream *s, strata_event *e) { return d->ops->stream_wait_event(s, e); }
+static inline int strata_event_sync(strata_device *d, strata_event *e) { return d->ops->event_sync(e); }
+static inline int strata_event_query(strata_device *d, strata_event *e) { return d->ops->event_query(e); }
+
+/* Backend constructors (registered in core/device.c). */
+strata_device *strata_device_cpu_open(void);
+strata_device *strata_device_cuda_open(int ordinal);
+
+/* Bookkeeping shared by the backends. */
+void strata_mem_count_alloc(strata_device *d, strata_mem_kind k, size_t bytes);
+void strata_mem_count_free(strata_device *d, strata_mem_kind k, size_t bytes);
+
+#endif

@@ -1,0 +1,516 @@
+/* core/device_cpu.c: the CPU backend of core/device.h.
+ *
+ * Memory of every kind is ordinary host memory, 64-byte aligned. The compute stream runs
+ * each operation on the calling thread as it is enqueued (the kernels parallelise with
+ * OpenMP themselves). Every other stream owns one worker thread that runs its queue in
+ * FIFO order, so two streams really do run concurrently and a missing event wait is a
+ * real data race that ThreadSanitizer sees.
+ *
+ * An event is a pair of generation counters under a mutex: recording it on a stream
+ * takes the next generation g at enqueue time and the marker completes g when the
+ * stream reaches it; a wait captures the newest recorded generation at enqueue time and
+ * blocks until that one has completed. Markers complete in order within a stream, so
+ * "completed >= target" is exact for the usual one-stream-per-event use; if an event is
+ * re-recorded on a second stream while an older record is still pending elsewhere, a
+ * waiter may be released by the newer record, as the newest record is the one that
+ * counts. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/common.h"
+#include "core/device.h"
+#include "core/kernels.h"
+
+#define CPU_ALIGN 64
+/* Every allocation carries a header of one alignment unit recording its size and kind,
+ * so free() can keep the counters exact and catch a free with the wrong kind. */
+#define CPU_MAGIC 0x53545241u /* "STRA" */
+
+typedef struct cpu_alloc_header {
+    size_t bytes;
+    uint32_t magic;
+    uint32_t kind;
+} cpu_alloc_header;
+_Static_assert(sizeof(cpu_alloc_header) <= CPU_ALIGN, "allocation header fits one alignment unit");
+
+typedef enum cpu_task_type {
+    TASK_MEMCPY,
+    TASK_MEMSET,
+    TASK_HOST_FN,
+    TASK_RECORD,
+    TASK_WAIT,
+} cpu_task_type;
+
+typedef struct cpu_task {
+    cpu_task_type type;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int value;
+    void (*fn)(void *arg);
+    void *arg;
+    strata_event *event;
+    uint64_t generation;
+} cpu_task;
+
+struct strata_stream {
+    strata_device *d;
+    char name[64];
+    strata_stream_kind kind;
+    int is_inline; /* the compute stream: no worker, runs on the caller */
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t has_work; /* the worker waits here for tasks */
+    pthread_cond_t progress; /* stream_sync waits here for `done` to advance */
+    cpu_task *ring;          /* FIFO of `count` tasks starting at `head` */
+    size_t cap, head, count;
+    uint64_t enqueued, done; /* task tickets: sync waits until done reaches enqueued */
+    int stop;
+
+    strata_stream *next_in_device; /* the device's list, for sync_all */
+};
+
+struct strata_event {
+    strata_device *d;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t recorded;  /* generations handed out by event_record */
+    uint64_t completed; /* newest generation whose marker was reached */
+    int refs;           /* the owner plus each queued task naming this event */
+};
+
+typedef struct cpu_device {
+    pthread_mutex_t streams_mu;
+    strata_stream *streams; /* every stream, compute included */
+} cpu_device;
+
+/* ---- events ---- */
+
+static void event_unref(strata_event *e) {
+    pthread_mutex_lock(&e->mu);
+    int left = --e->refs;
+    pthread_mutex_unlock(&e->mu);
+    if (left == 0) {
+        pthread_cond_destroy(&e->cv);
+        pthread_mutex_destroy(&e->mu);
+        free(e);
+    }
+}
+
+static void event_complete(strata_event *e, uint64_t generation) {
+    pthread_mutex_lock(&e->mu);
+    if (e->completed < generation) e->completed = generation;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void event_wait_generation(strata_event *e, uint64_t target) {
+    pthread_mutex_lock(&e->mu);
+    while (e->completed < target) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- running tasks ---- */
+
+static void task_run(const cpu_task *t) {
+    switch (t->type) {
+    case TASK_MEMCPY:
+        if (t->bytes && t->dst != t->src) memmove(t->dst, t->src, t->bytes);
+        break;
+    case TASK_MEMSET:
+        if (t->bytes) memset(t->dst, t->value, t->bytes);
+        break;
+    case TASK_HOST_FN:
+        t->fn(t->arg);
+        break;
+    case TASK_RECORD:
+        event_complete(t->event, t->generation);
+        event_unref(t->event);
+        break;
+    case TASK_WAIT:
+        event_wait_generation(t->event, t->generation);
+        event_unref(t->event);
+        break;
+    }
+}
+
+static void *stream_worker(void *arg) {
+    strata_stream *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->count == 0 && !s->stop) pthread_cond_wait(&s->has_work, &s->mu);
+        if (s->count == 0) break; /* stop requested and the queue is drained */
+        cpu_task t = s->ring[s->head];
+        s->head = (s->head + 1) % s->cap;
+        s->count--;
+        pthread_mutex_unlock(&s->mu);
+        task_run(&t);
+        pthread_mutex_lock(&s->mu);
+        s->done++;
+        pthread_cond_broadcast(&s->progress);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Runs the task now on the compute stream, queues it on a worker stream. */
+static int stream_submit(strata_stream *s, const cpu_task *t) {
+    if (s->is_inline) {
+        task_run(t);
+        return 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return strata_fail("stream \"%s\": enqueue after the stream was destroyed", s->name);
+    }
+    if (s->count == s->cap) {
+        size_t cap = s->cap * 2;
+        cpu_task *ring = strata_xmalloc(cap * sizeof *ring);
+        for (size_t i = 0; i < s->count; i++) ring[i] = s->ring[(s->head + i) % s->cap];
+        free(s->ring);
+        s->ring = ring;
+        s->cap = cap;
+        s->head = 0;
+    }
+    s->ring[(s->head + s->count) % s->cap] = *t;
+    s->count++;
+    s->enqueued++;
+    pthread_cond_signal(&s->has_work);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* ---- memory ---- */
+
+static void *cpu_alloc(strata_device *d, strata_mem_kind kind, size_t bytes) {
+    if (kind < 0 || kind >= STRATA_MEM_KINDS) {
+        strata_fail("cpu alloc of %zu bytes: memory kind %d is not one of device, pinned, host",
+                    bytes, (int)kind);
+        return NULL;
+    }
+    if (bytes > (size_t)-1 - 2 * CPU_ALIGN) {
+        strata_fail("cpu alloc of %zu bytes: the size overflows", bytes);
+        return NULL;
+    }
+    size_t body = strata_round_up(bytes ? bytes : 1, CPU_ALIGN);
+    unsigned char *base = aligned_alloc(CPU_ALIGN, body + CPU_ALIGN);
+    if (!base) {
+        char want[32];
+        strata_fail("cpu alloc of %s (kind %d) failed: out of host memory",
+                    strata_fmt_bytes(want, sizeof want, (double)bytes), (int)kind);
+        return NULL;
+    }
+    cpu_alloc_header *h = (cpu_alloc_header *)base;
+    h->bytes = bytes;
+    h->magic = CPU_MAGIC;
+    h->kind = (uint32_t)kind;
+    strata_mem_count_alloc(d, kind, bytes);
+    return base + CPU_ALIGN;
+}
+
+static void cpu_free(strata_device *d, strata_mem_kind kind, void *p) {
+    if (!p) return;
+    unsigned char *base = (unsigned char *)p - CPU_ALIGN;
+    cpu_alloc_header *h = (cpu_alloc_header *)base;
+    if (h->magic != CPU_MAGIC)
+        strata_panic(__FILE__, __LINE__, "cpu free of %p: not a live allocation of this device", p);
+    if (h->kind != (uint32_t)kind)
+        strata_panic(__FILE__, __LINE__, "cpu free of %p: allocated as kind %u, freed as kind %d",
+                     p, h->kind, (int)kind);
+    strata_mem_count_free(d, kind, h->bytes);
+    h->magic = 0; /* a second free of the same pointer panics instead of corrupting */
+    free(base);
+}
+
+/* ---- streams ---- */
+
+static strata_stream *stream_new(strata_device *d, const char *name, strata_stream_kind kind,
+                                 int is_inline) {
+    strata_stream *s = strata_xcalloc(1, sizeof *s);
+    s->d = d;
+    snprintf(s->name, sizeof s->name, "%s", name ? name : "unnamed");
+    s->kind = kind;
+    s->is_inline = is_inline;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->has_work, NULL);
+    pthread_cond_init(&s->progress, NULL);
+    if (!is_inline) {
+        s->cap = 64;
+        s->ring = strata_xmalloc(s->cap * sizeof *s->ring);
+        int rc = pthread_create(&s->thread, NULL, stream_worker, s);
+        if (rc) {
+            strata_fail("stream \"%s\": cannot start its worker thread: %s", s->name, strerror(rc));
+            free(s->ring);
+            pthread_cond_destroy(&s->progress);
+            pthread_cond_destroy(&s->has_work);
+            pthread_mutex_destroy(&s->mu);
+            free(s);
+            return NULL;
+        }
+        /* Thread names show up in gdb and perf; Linux allows 15 characters. */
+        char tname[16] = "st:";
+        size_t n = strnlen(s->name, sizeof tname - 4);
+        memcpy(tname + 3, s->name, n);
+        tname[3 + n] = 0;
+        pthread_setname_np(s->thread, tname);
+    }
+    cpu_device *cd = d->impl;
+    pthread_mutex_lock(&cd->streams_mu);
+    s->next_in_device = cd->streams;
+    cd->streams = s;
+    pthread_mutex_unlock(&cd->streams_mu);
+    return s;
+}
+
+static strata_stream *cpu_stream_create(strata_device *d, const char *name, strata_stream_kind kind) {
+    if (kind != STRATA_STREAM_DEVICE && kind != STRATA_STREAM_HOST) {
+        strata_fail("stream \"%s\": kind %d is neither device nor host", name ? name : "unnamed",
+                    (int)kind);
+        return NULL;
+    }
+    return stream_new(d, name, kind, 0);
+}
+
+static int cpu_stream_sync(strata_stream *s) {
+    if (!s) return strata_fail("stream sync: stream is NULL");
+    if (s->is_inline) return 0;
+    pthread_mutex_lock(&s->mu);
+    uint64_t ticket = s->enqueued; /* work enqueued after this call is not waited for */
+    while (s->done < ticket) pthread_cond_wait(&s->progress, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static void cpu_stream_destroy(strata_stream *s) {
+    cpu_device *cd = s->d->impl;
+    pthread_mutex_lock(&cd->streams_mu);
+    for (strata_stream **p = &cd->streams; *p; p = &(*p)->next_in_device) {
+        if (*p == s) {
+            *p = s->next_in_device;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cd->streams_mu);
+    if (!s->is_inline) {
+        /* The worker drains what is queued before it sees `stop`, as cudaStreamDestroy
+         * lets pending work finish. */
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->has_work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+        free(s->ring);
+    }
+    pthread_cond_destroy(&s->progress);
+    pthread_cond_destroy(&s->has_work);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static int cpu_memcpy_async(strata_stream *s, void *dst, const void *src, size_t bytes) {
+    if (!s) return strata_fail("memcpy of %zu bytes: stream is NULL", bytes);
+    if (bytes && (!dst || !src))
+        return strata_fail("memcpy of %zu bytes on stream \"%s\": NULL %s", bytes, s->name,
+                           dst ? "source" : "destination");
+    cpu_task t = {.type = TASK_MEMCPY, .dst = dst, .src = src, .bytes = bytes};
+    return stream_submit(s, &t);
+}
+
+static int cpu_memset_async(strata_stream *s, void *dst, int value, size_t bytes) {
+    if (!s) return strata_fail("memset of %zu bytes: stream is NULL", bytes);
+    if (bytes && !dst)
+        return strata_fail("memset of %zu bytes on stream \"%s\": NULL destination", bytes, s->name);
+    cpu_task t = {.type = TASK_MEMSET, .dst = dst, .value = value, .bytes = bytes};
+    return stream_submit(s, &t);
+}
+
+static int cpu_host_task(strata_stream *s, void (*fn)(void *arg), void *arg) {
+    if (!s) return strata_fail("host task: stream is NULL");
+    if (!fn) return strata_fail("host task on stream \"%s\": function is NULL", s->name);
+    cpu_task t = {.type = TASK_HOST_FN, .fn = fn, .arg = arg};
+    return stream_submit(s, &t);
+}
+
+/* ---- events ---- */
+
+static strata_event *cpu_event_create(strata_device *d) {
+    strata_event *e = strata_xcalloc(1, sizeof *e);
+    e->d = d;
+    e->refs = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    return e;
+}
+
+/* Tasks still queued keep the event alive; the last of them frees it, as CUDA lets an
+ * event be destroyed while its record is pending. */
+static void cpu_event_destroy(strata_event *e) { event_unref(e); }
+
+static int cpu_event_record(strata_event *e, strata_stream *s) {
+    if (!e || !s) return strata_fail("event record: %s is NULL", e ? "stream" : "event");
+    pthread_mutex_lock(&e->mu);
+    uint64_t g = ++e->recorded;
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    cpu_task t = {.type = TASK_RECORD, .event = e, .generation = g};
+    if (stream_submit(s, &t)) {
+        /* Nothing will ever complete g: complete it here so waiters do not hang. */
+        event_complete(e, g);
+        event_unref(e);
+        return -1;
+    }
+    return 0;
+}
+
+static int cpu_stream_wait_event(strata_stream *s, strata_event *e) {
+    if (!e || !s) return strata_fail("stream wait: %s is NULL", e ? "stream" : "event");
+    pthread_mutex_lock(&e->mu);
+    uint64_t target = e->recorded;
+    int done = e->completed >= target; /* also true for a never-recorded event */
+    if (!done) e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    if (done) return 0;
+    cpu_task t = {.type = TASK_WAIT, .event = e, .generation = target};
+    if (stream_submit(s, &t)) {
+        event_unref(e);
+        return -1;
+    }
+    return 0;
+}
+
+static int cpu_event_sync(strata_event *e) {
+    if (!e) return strata_fail("event sync: event is NULL");
+    pthread_mutex_lock(&e->mu);
+    uint64_t target = e->recorded;
+    while (e->completed < target) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+static int cpu_event_query(strata_event *e) {
+    if (!e) return strata_fail("event query: event is NULL");
+    pthread_mutex_lock(&e->mu);
+    int complete = e->completed >= e->recorded;
+    pthread_mutex_unlock(&e->mu);
+    return complete;
+}
+
+/* ---- device ---- */
+
+/* Free host memory: MemAvailable counts reclaimable page cache, which is what a large
+ * allocation can really get; sysconf's free pages are the fallback. */
+static int cpu_mem_info(strata_device *d, size_t *free_bytes, size_t *total_bytes) {
+    long page = sysconf(_SC_PAGESIZE);
+    long total_pages = sysconf(_SC_PHYS_PAGES);
+    if (page <= 0 || total_pages <= 0) return strata_fail("cpu mem_info: sysconf cannot tell the RAM size");
+    size_t total = (size_t)page * (size_t)total_pages, avail = 0;
+    int found = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kib;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+                avail = (size_t)kib * 1024;
+                found = 1;
+                break;
+            }
+        }
+        fclose(f);
+    }
+    if (!found) {
+        long avail_pages = sysconf(_SC_AVPHYS_PAGES);
+        avail = avail_pages > 0 ? (size_t)page * (size_t)avail_pages : 0;
+    }
+    if (free_bytes) *free_bytes = avail < total ? avail : total;
+    if (total_bytes) *total_bytes = total;
+    return 0;
+}
+
+static int cpu_sync_all(strata_device *d) {
+    cpu_device *cd = d->impl;
+    /* Snapshot the list so a worker's host task may create streams without deadlock;
+     * streams are destroyed only by their owner, never during sync_all. */
+    pthread_mutex_lock(&cd->streams_mu);
+    size_t n = 0;
+    for (strata_stream *s = cd->streams; s; s = s->next_in_device) n++;
+    strata_stream **list = strata_xmalloc((n ? n : 1) * sizeof *list);
+    n = 0;
+    for (strata_stream *s = cd->streams; s; s = s->next_in_device) list[n++] = s;
+    pthread_mutex_unlock(&cd->streams_mu);
+    for (size_t i = 0; i < n; i++) cpu_stream_sync(list[i]);
+    free(list);
+    return 0;
+}
+
+static void cpu_destroy(strata_device *d) {
+    cpu_device *cd = d->impl;
+    cpu_sync_all(d);
+    for (;;) {
+        pthread_mutex_lock(&cd->streams_mu);
+        strata_stream *s = cd->streams;
+        pthread_mutex_unlock(&cd->streams_mu);
+        if (!s) break;
+        if (s != d->compute)
+            STRATA_WARN("device", "cpu device closed with stream \"%s\" still open", s->name);
+        cpu_stream_destroy(s);
+    }
+    for (int k = 0; k < STRATA_MEM_KINDS; k++) {
+        if (d->mem[k].live_bytes)
+            STRATA_WARN("device", "cpu device closed with %zu bytes of kind %d still allocated",
+                        d->mem[k].live_bytes, k);
+    }
+    pthread_mutex_destroy(&cd->streams_mu);
+    free(cd);
+    free(d);
+}
+
+static const strata_device_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync = cpu_stream_sync,
+    .memcpy_async = cpu_memcpy_async,
+    .memset_async = cpu_memset_async,
+    .host_task = cpu_host_task,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_sync = cpu_event_sync,
+    .event_query = cpu_event_query,
+    .mem_info = cpu_mem_info,
+    .sync_all = cpu_sync_all,
+};
+
+strata_device *strata_device_cpu_open(void) {
+    strata_device *d = strata_xcalloc(1, sizeof *d);
+    cpu_device *cd = strata_xcalloc(1, sizeof *cd);
+    pthread_mutex_init(&cd->streams_mu, NULL);
+    d->ops = &cpu_ops;
+    d->impl = cd;
+    d->k = &strata_kernels_cpu;
+    d->compute_dtype = STRATA_F32;
+    d->ordinal = 0;
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+#else
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    snprintf(d->description, sizeof d->description, "cpu (%d thread%s)", threads,
+             threads == 1 ? "" : "s");
+    d->compute = stream_new(d, "compute", STRATA_STREAM_DEVICE, 1);
+    return d;
+}

@@ -1,0 +1,118 @@
+/* core/kernels.h: the math a GPT-2 step needs, as a table each backend fills in.
+ * core/kernels_cpu.c is the fp32 OpenMP reference (the oracle); core/kernels_cuda.cu
+ * computes in bf16 with fp32 accumulation. The model calls only through this table.
+ *
+ * Conventions, for every kernel:
+ *  - `s` is the stream to run on; the CPU backend runs on the calling thread.
+ *  - "act" tensors (activations, their gradients) and parameters are in the device's
+ *    compute dtype (fp32 on the CPU, bf16 on CUDA) and passed as void*.
+ *  - weight gradients (dw, db, dwte, ...) are always fp32 and ACCUMULATED (+=), so
+ *    micro-batches add up and the tied embedding gets both of its contributions.
+ *  - LayerNorm statistics, attention log-sum-exp and losses are fp32.
+ *  - Shapes are given as (rows, cols), row-major; B batch, T time, C channels,
+ *    NH heads, hs = C/NH, V vocabulary, Vp padded vocabulary (V <= Vp).
+ *  - "dinp (+=)" accumulates into dinp; "dinp (=)" overwrites it. */
+#ifndef STRATA_KERNELS_H
+#define STRATA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device.h"
+
+/* AdamW hyperparameters for one update; bias corrections are precomputed by the caller
+ * (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t) so every backend does identical arithmetic. */
+typedef struct strata_adamw_args {
+    float lr;
+    float beta1, beta2, eps;
+    float weight_decay; /* 0 for tensors that are not decayed */
+    float bc1, bc2;
+    float grad_scale; /* multiplies the gradient first (clipping and averaging) */
+} strata_adamw_args;
+
+struct strata_kernels {
+    /* out (B,T,C) = wte[tok[b,t]] (V,C) + wpe[t] (maxT,C) */
+    void (*encoder_forward)(strata_stream *s, void *out, const int32_t *tok, const void *wte,
+                            const void *wpe, int B, int T, int C);
+    /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over b of dout[b,t] */
+    void (*encoder_backward)(strata_stream *s, float *dwte, float *dwpe, const void *dout,
+                             const int32_t *tok, int B, int T, int C);
+
+    /* out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) saved for backward; eps 1e-5 */
+    void (*layernorm_forward)(strata_stream *s, void *out, float *mean, float *rstd,
+                              const void *inp, const void *w, const void *b, int N, int C);
+    /* dinp (N,C) (+=), dw (C) (+=), db (C) (+=) */
+    void (*layernorm_backward)(strata_stream *s, void *dinp, float *dw, float *db,
+                               const void *dout, const void *inp, const void *w,
+                               const float *mean, const float *rstd, int N, int C);
+
+    /* out (M,N) = inp (M,K) @ W + bias (N). W is (K,N) when w_nk == 0 (Hugging Face
+     * Conv1D layout) and (N,K) when w_nk == 1 (the tied head reads wte (Vp,C) this way).
+     * bias may be NULL. gelu_out, when not NULL, also receives gelu(out) (M,N): the
+     * fused bias+GELU epilogue of the MLP's first layer (out keeps the pre-activation
+     * that GELU's backward needs). */
+    void (*matmul_forward)(strata_stream *s, void *out, void *gelu_out, const void *inp,
+                           const void *w, const void *bias, int M, int K, int N, int w_nk);
+    /* dinp (M,K) (=) = dout @ W^T (skipped when dinp is NULL); dw (+=) = inp^T @ dout in
+     * W's layout; dbias (N) (+=) = column sums of dout (skipped when NULL). */
+    void (*matmul_backward)(strata_stream *s, void *dinp, float *dw, float *dbias,
+                            const void *dout, const void *inp, const void *w, int M, int K,
+                            int N, int w_nk);
+
+    /* Causal self-attention. qkv (B,T,3C) holds q, k, v as C-wide blocks, each split into
+     * NH heads of hs (Hugging Face's c_attn order). out (B,T,C) = softmax(q k^T / sqrt(hs))
+     * v per head; lse (B,NH,T) saves each row's log-sum-exp of the scaled scores so the
+     * backward never needs a stored T x T matrix. */
+    void (*attention_forward)(strata_stream *s, void *out, float *lse, const void *qkv, int B,
+                              int T, int C, int NH);
+    /* dqkv (B,T,3C) (=) from dout (B,T,C), given the forward's qkv, out and lse. */
+    void (*attention_backward)(strata_stream *s, void *dqkv, const void *dout, const void *qkv,
+                               const void *out, const float *lse, int B, int T, int C, int NH);
+
+    /* GELU, tanh approximation: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    void (*gelu_forward)(strata_stream *s, void *out, const void *inp, size_t n);
+    /* dinp (=) = dout * gelu'(inp) */
+    void (*gelu_backward)(strata_stream *s, void *dinp, const void *inp, const void *dout,
+                          size_t n);
+
+    /* out = a + b (residual connection; out may alias a) */
+    void (*residual_forward)(strata_stream *s, void *out, const void *a, const void *b,
+                             size_t n);
+    /* dst += src (the residual stream's gradient collects both branches) */
+    void (*add_inplace)(strata_stream *s, void *dst, const void *src, size_t n);
+
+    /* Softmax cross-entropy over the first V of Vp logits per row. losses (N) = -log p[target];
+     * rows whose target is negative are ignored (loss 0, gradient 0).
+     * When dlogits is not NULL it receives (softmax - onehot) * dloss, and 0 in the padded
+     * columns V..Vp-1; dlogits may alias logits (the step overwrites logits in place). */
+    void (*crossentropy)(strata_stream *s, float *losses, void *dlogits, const void *logits,
+                         const int32_t *targets, int N, int V, int Vp, float dloss);
+    /* *acc += scale * sum(losses[0..n)) on the device (the step reads one scalar at the end) */
+    void (*loss_accumulate)(strata_stream *s, float *acc, const float *losses, int n, float scale);
+
+    /* One AdamW update of n elements. master, m, v are fp32; grad is fp32. When param_out
+     * is not NULL it receives the updated master in the compute dtype (the copy forward
+     * reads). Element-wise, in this exact order, so backends agree:
+     *   g = grad * grad_scale
+     *   m = beta1 * m + (1 - beta1) * g
+     *   v = beta2 * v + (1 - beta2) * g * g
+     *   mhat = m / bc1;  vhat = v / bc2
+     *   master -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * master) */
+    void (*adamw)(strata_stream *s, float *master, void *param_out, const float *grad, float *m,
+                  float *v, size_t n, const strata_adamw_args *a);
+
+    /* *out += sum of x[i]^2 (fp32 x; accumulated in double on the CPU) */
+    void (*sumsq)(strata_stream *s, double *out, const float *x, size_t n);
+    /* dst (fp32) += src (compute dtype when src_dtype says so) */
+    void (*accumulate_f32)(strata_stream *s, float *dst, const void *src, strata_dtype src_dtype,
+                           size_t n);
+    /* dtype conversions (identical memcpy when the dtypes agree) */
+    void (*convert)(strata_stream *s, void *dst, strata_dtype dst_dtype, const void *src,
+                    strata_dtype src_dtype, size_t n);
+    /* x *= scale (fp32) */
+    void (*scale_f32)(strata_stream *s, float *x, float scale, size_t n);
+};
+
+extern const strata_kernels strata_kernels_cpu;
+
+#endif

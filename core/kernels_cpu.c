@@ -1,0 +1,947 @@
+/* core/kernels_cpu.c: the fp32 OpenMP backend of core/kernels.h, the oracle the CUDA
+ * kernels are tested against and the speed reference for CPU training.
+ *
+ * Determinism: every output element is computed by exactly one thread, summing its
+ * terms in an order fixed by the shapes alone (never by the thread count, never with
+ * atomics), so results are bitwise identical run to run and for any OMP_NUM_THREADS.
+ * Reductions that span rows (weight and bias gradients) are parallelised over the
+ * output columns and walk the rows in order.
+ *
+ * Speed: all matrix products, including those inside attention, go through one packed,
+ * register-blocked GEMM (gemm_block) whose 8x32 micro-kernel GCC keeps in registers
+ * and vectorises to fused multiply-adds. Exponentials use exp_fast, a branch-free
+ * polynomial that vectorises (libm's expf does not without -ffast-math).
+ *
+ * Every function ignores its stream: the CPU compute stream runs work inline. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/common.h"
+#include "core/device.h"
+#include "core/kernels.h"
+
+/* Fused multiply-add where the hardware has it (one rounding, vectorises to vfmadd);
+ * a plain multiply-add elsewhere, where fmaf would be a slow library call. The choice
+ * is fixed at build time, so a given binary is still deterministic. */
+#ifdef FP_FAST_FMAF
+#define FMADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define FMADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* Below this many elements an OpenMP team costs more than it saves. */
+#define PAR_MIN 16384
+
+static int max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static void *scratch_alloc(size_t floats)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, floats * sizeof(float) + 64) != 0)
+        strata_panic(__FILE__, __LINE__, "kernels_cpu: out of memory for %zu bytes of scratch",
+                     floats * sizeof(float));
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Vectorisable scalar helpers                                                          */
+
+/* e^x with about 1 ulp of error for x in [-87.3, 88]; inputs are clamped to that range
+ * (e^-87.3 ~ 1e-38 stands in for smaller results) and NaN propagates. Written without
+ * branches or library calls so GCC vectorises loops that use it. */
+static inline float exp_fast(float x)
+{
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.0f ? 88.0f : x;
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick (round-to-nearest mode) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = FMADD(-n, 0.693145751953125f, x); /* Cody-Waite: ln2 split in two parts */
+    r = FMADD(-n, 1.428606765330187e-06f, r);   /* |r| <= ln2 / 2 */
+    /* Taylor polynomial of degree 7: truncation error below 5e-9 on |r| <= 0.347 */
+    float p = 1.0f / 5040.0f;
+    p = FMADD(p, r, 1.0f / 720.0f);
+    p = FMADD(p, r, 1.0f / 120.0f);
+    p = FMADD(p, r, 1.0f / 24.0f);
+    p = FMADD(p, r, 1.0f / 6.0f);
+    p = FMADD(p, r, 0.5f);
+    p = FMADD(p, r, 1.0f);
+    p = FMADD(p, r, 1.0f);
+    union {
+        uint32_t u;
+        float f;
+    } s = {.u = (uint32_t)((int32_t)n + 127) << 23}; /* 2^n, n in [-126, 127] */
+    return p * s.f;
+}
+
+#define LANES 16 /* float lanes of the blocked reductions (one AVX-512 register) */
+#define DLANES 8 /* double lanes */
+
+/* max of x[0..n), n >= 1; exact, so the lane order does not matter for the value */
+static float max_f32(const float *x, int n)
+{
+    float m = x[0];
+    int i = 0;
+    if (n >= LANES) {
+        float acc[LANES];
+        for (int l = 0; l < LANES; l++) acc[l] = x[l];
+        for (i = LANES; i + LANES <= n; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+        for (int l = 0; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    }
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* sum of x[0..n) in double, in DLANES interleaved partial sums combined in order */
+static double sum_f64(const float *x, size_t n)
+{
+    double acc[DLANES] = {0};
+    size_t i = 0;
+    for (; i + DLANES <= n; i += DLANES)
+        for (int l = 0; l < DLANES; l++) acc[l] += (double)x[i + l];
+    double s = 0.0;
+    for (int l = 0; l < DLANES; l++) s += acc[l];
+    for (; i < n; i++) s += (double)x[i];
+    return s;
+}
+
+/* sum of x[i] * y[i] in double, blocked as sum_f64 */
+static double dot_f64(const float *x, const float *y, size_t n)
+{
+    double acc[DLANES] = {0};
+    size_t i = 0;
+    for (; i + DLANES <= n; i += DLANES)
+        for (int l = 0; l < DLANES; l++) acc[l] += (double)x[i + l] * (double)y[i + l];
+    double s = 0.0;
+    for (int l = 0; l < DLANES; l++) s += acc[l];
+    for (; i < n; i++) s += (double)x[i] * (double)y[i];
+    return s;
+}
+
+/* sum of (x[i] - c)^2 in double, blocked as sum_f64 */
+static double sqdev_f64(const float *x, double c, size_t n)
+{
+    double acc[DLANES] = {0};
+    size_t i = 0;
+    for (; i + DLANES <= n; i += DLANES)
+        for (int l = 0; l < DLANES; l++) {
+            double d = (double)x[i + l] - c;
+            acc[l] += d * d;
+        }
+    double s = 0.0;
+    for (int l = 0; l < DLANES; l++) s += acc[l];
+    for (; i < n; i++) {
+        double d = (double)x[i] - c;
+        s += d * d;
+    }
+    return s;
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+
+/* round to nearest, ties to even; NaN stays a (quiet) NaN */
+static inline uint16_t f32_to_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* GELU, tanh form, written as x * sigmoid(2u) since 0.5 (1 + tanh u) = sigmoid(2u):
+ * no cancellation near zero and no tanhf call. */
+#define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_K1 0.044715f
+
+static inline float gelu_f(float x)
+{
+    float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+    return x / (1.0f + exp_fast(-2.0f * u));
+}
+
+static inline float gelu_grad_f(float x)
+{
+    float x2 = x * x;
+    float u = GELU_K0 * (x + GELU_K1 * x2 * x);
+    float s = 1.0f / (1.0f + exp_fast(-2.0f * u));
+    float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x2);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* GEMM: C (M,N) = init + A (M,K) @ B (K,N)                                             */
+/*
+ * A's element (i, r) is a[i * a_rs + r * a_cs] and B's (r, j) is b[r * b_rs + j * b_cs],
+ * so one routine serves plain and transposed operands; C is row-major with row stride
+ * ldc. init is C itself when accumulate is set, else the bias row (broadcast) or zero.
+ *
+ * Blocking: a task owns a block of C (<= MB x NB) and walks K in KC slices. Each slice of
+ * B is packed into NR-wide panels (KC x NR = 32 KiB, L1-resident) and each slice of A
+ * into MR-tall slivers, zero-padded at the edges. The micro-kernel keeps an MR x NR tile
+ * of C in 16 vector registers; every C element therefore receives its K products one by
+ * one in increasing r, whatever the blocking or thread count. */
+#define MR 8
+#define NR 32
+#define KC 256
+#define MB_MAX 128 /* multiple of MR */
+#define NB_MAX 128 /* multiple of NR */
+
+typedef struct gemm_args {
+    int M, N, K;
+    const float *a;
+    size_t a_rs, a_cs;
+    const float *b;
+    size_t b_rs, b_cs;
+    float *c;
+    size_t ldc;
+    const float *bias; /* (N) or NULL; used when !accumulate */
+    int accumulate;
+    float *gelu_out; /* (M,N) with row stride ldc, or NULL: receives gelu(C) */
+} gemm_args;
+
+static const float zero_row[NR]; /* the init row of a bias-free, non-accumulating tile */
+
+/* c (MR,NR) = init (MR,NR, row stride ldi; ldi 0 broadcasts one row) + ap @ bp, with ap
+ * (kc,MR) and bp (kc,NR) packed. init may equal c. */
+static void micro_kernel(int kc, const float *restrict ap, const float *restrict bp,
+                         const float *init, size_t ldi, float *c, size_t ldc)
+{
+    float acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = init[i * ldi + j];
+    for (int r = 0; r < kc; r++) {
+        const float *a = ap + (size_t)r * MR, *b = bp + (size_t)r * NR;
+        for (int i = 0; i < MR; i++) {
+            float ai = a[i];
+            for (int j = 0; j < NR; j++) acc[i][j] = FMADD(ai, b[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
+}
+
+/* A rows [i0, i0+mb), columns [k0, k0+kc) -> slivers of (kc, MR), rows past M zero */
+static void pack_a(const gemm_args *g, int i0, int mb, int k0, int kc, float *ap)
+{
+    for (int s = 0; s < mb; s += MR) {
+        float *dst = ap + (size_t)s * kc;
+        int rows = mb - s < MR ? mb - s : MR;
+        if (g->a_rs == 1) { /* transposed A: MR contiguous values per r */
+            for (int r = 0; r < kc; r++) {
+                const float *src = g->a + (size_t)(k0 + r) * g->a_cs + (size_t)(i0 + s);
+                for (int i = 0; i < rows; i++) dst[r * MR + i] = src[i];
+                for (int i = rows; i < MR; i++) dst[r * MR + i] = 0.0f;
+            }
+        } else {
+            for (int i = 0; i < rows; i++) {
+                const float *src = g->a + (size_t)(i0 + s + i) * g->a_rs + (size_t)k0 * g->a_cs;
+                for (int r = 0; r < kc; r++) dst[r * MR + i] = src[(size_t)r * g->a_cs];
+            }
+            for (int i = rows; i < MR; i++)
+                for (int r = 0; r < kc; r++) dst[r * MR + i] = 0.0f;
+        }
+    }
+}
+
+/* B rows [k0, k0+kc), columns [j0, j0+nb) -> panels of (kc, NR), columns past N zero */
+static void pack_b(const gemm_args *g, int k0, int kc, int j0, int nb, float *bp)
+{
+    for (int p = 0; p < nb; p += NR) {
+        float *dst = bp + (size_t)p * kc;
+        int cols = nb - p < NR ? nb - p : NR;
+        if (g->b_cs == 1) {
+            for (int r = 0; r < kc; r++) {
+                const float *src = g->b + (size_t)(k0 + r) * g->b_rs + (size_t)(j0 + p);
+                for (int j = 0; j < cols; j++) dst[r * NR + j] = src[j];
+                for (int j = cols; j < NR; j++) dst[r * NR + j] = 0.0f;
+            }
+        } else { /* transposed B: each column is contiguous in r */
+            for (int j = 0; j < cols; j++) {
+                const float *src = g->b + (size_t)(j0 + p + j) * g->b_cs + (size_t)k0 * g->b_rs;
+                for (int r = 0; r < kc; r++) dst[r * NR + j] = src[(size_t)r * g->b_rs];
+            }
+            for (int j = cols; j < NR; j++)
+                for (int r = 0; r < kc; r++) dst[r * NR + j] = 0.0f;
+        }
+    }
+}
+
+/* One MR x NR tile of C at (i, j); edge tiles go through a padded copy so the
+ * micro-kernel, and hence the arithmetic, is the same for every element. */
+static void gemm_tile(const gemm_args *g, int i, int j, int kc, int first, const float *ap,
+                      const float *bp)
+{
+    float *c = g->c + (size_t)i * g->ldc + j;
+    int rows = g->M - i < MR ? g->M - i : MR;
+    int cols = g->N - j < NR ? g->N - j : NR;
+    const float *init = c;
+    size_t ldi = g->ldc;
+    if (first && !g->accumulate) {
+        init = g->bias ? g->bias + j : zero_row;
+        ldi = 0;
+    }
+    if (rows == MR && cols == NR) {
+        micro_kernel(kc, ap, bp, init, ldi, c, g->ldc);
+        return;
+    }
+    float tmp[MR * NR];
+    for (int ii = 0; ii < MR; ii++)
+        for (int jj = 0; jj < NR; jj++)
+            tmp[ii * NR + jj] = (ii < rows && jj < cols) ? init[ii * ldi + jj] : 0.0f;
+    micro_kernel(kc, ap, bp, tmp, NR, tmp, NR);
+    for (int ii = 0; ii < rows; ii++)
+        for (int jj = 0; jj < cols; jj++) c[(size_t)ii * g->ldc + jj] = tmp[ii * NR + jj];
+}
+
+/* C rows [i0,i1), columns [j0,j1), complete over K, with one thread's pack buffers
+ * ap (MB_MAX * KC) and bp (KC * NB_MAX). */
+static void gemm_block(const gemm_args *g, int i0, int i1, int j0, int j1, float *ap, float *bp)
+{
+    for (int jb = j0; jb < j1; jb += NB_MAX) {
+        int nb = j1 - jb < NB_MAX ? j1 - jb : NB_MAX;
+        for (int ib = i0; ib < i1; ib += MB_MAX) {
+            int mb = i1 - ib < MB_MAX ? i1 - ib : MB_MAX;
+            for (int k0 = 0; k0 < g->K || k0 == 0; k0 += KC) {
+                int kc = g->K - k0 < KC ? g->K - k0 : KC;
+                pack_b(g, k0, kc, jb, nb, bp);
+                pack_a(g, ib, mb, k0, kc, ap);
+                for (int p = 0; p < nb; p += NR)
+                    for (int s = 0; s < mb; s += MR)
+                        gemm_tile(g, ib + s, jb + p, kc, k0 == 0, ap + (size_t)s * kc,
+                                  bp + (size_t)p * kc);
+                if (g->K == 0) break;
+            }
+            if (g->gelu_out)
+                for (int i = ib; i < ib + mb; i++) {
+                    const float *c = g->c + (size_t)i * g->ldc;
+                    float *o = g->gelu_out + (size_t)i * g->ldc;
+                    for (int j = jb; j < jb + nb; j++) o[j] = gelu_f(c[j]);
+                }
+        }
+    }
+}
+
+/* The parallel driver: C is split into blocks, each computed by one thread. Block
+ * sizes shrink for small products so every thread gets work; they never change the
+ * arithmetic. */
+static void gemm(const gemm_args *g)
+{
+    if (g->M <= 0 || g->N <= 0) return;
+    int nt = max_threads();
+    int mb = MB_MAX, nb = NB_MAX;
+    for (;;) {
+        long tasks = (long)((g->M + mb - 1) / mb) * ((g->N + nb - 1) / nb);
+        if (tasks >= 4L * nt || (mb == MR && nb == NR)) break;
+        if (mb > MR && mb >= nb) mb /= 2;
+        else if (nb > NR) nb /= 2;
+        else mb /= 2;
+    }
+    int tm = (g->M + mb - 1) / mb, tn = (g->N + nb - 1) / nb;
+    long tasks = (long)tm * tn;
+    double flops = 2.0 * g->M * g->N * (double)g->K;
+#pragma omp parallel if (tasks > 1 && flops > 1e6)
+    {
+        float *ap = scratch_alloc((size_t)MB_MAX * KC);
+        float *bp = scratch_alloc((size_t)KC * NB_MAX);
+#pragma omp for schedule(static)
+        for (long t = 0; t < tasks; t++) {
+            int i0 = (int)(t / tn) * mb, j0 = (int)(t % tn) * nb;
+            int i1 = i0 + mb < g->M ? i0 + mb : g->M;
+            int j1 = j0 + nb < g->N ? j0 + nb : g->N;
+            gemm_block(g, i0, i1, j0, j1, ap, bp);
+        }
+        free(ap);
+        free(bp);
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Encoder                                                                               */
+
+static void cpu_encoder_forward(strata_stream *s, void *out_, const int32_t *tok,
+                                const void *wte_, const void *wpe_, int B, int T, int C)
+{
+    float *out = out_;
+    const float *wte = wte_, *wpe = wpe_;
+#pragma omp parallel for schedule(static) if ((long)B * T * C > PAR_MIN)
+    for (long bt = 0; bt < (long)B * T; bt++) {
+        const float *e = wte + (size_t)tok[bt] * C, *p = wpe + (size_t)(bt % T) * C;
+        float *o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+/* Channel blocks are the unit of parallelism: a thread owns columns [c0, c1) of dwte
+ * and dwpe and adds the (b,t) rows in order, so repeated tokens never race. */
+#define CH_BLOCK 16
+
+static void cpu_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout_,
+                                 const int32_t *tok, int B, int T, int C)
+{
+    const float *dout = dout_;
+    int nblk = (C + CH_BLOCK - 1) / CH_BLOCK;
+#pragma omp parallel for schedule(static) if ((long)B * T * C > PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * CH_BLOCK, c1 = c0 + CH_BLOCK < C ? c0 + CH_BLOCK : C;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const float *d = dout + ((size_t)b * T + t) * C;
+                float *we = dwte + (size_t)tok[(size_t)b * T + t] * C;
+                float *wp = dwpe + (size_t)t * C;
+                for (int c = c0; c < c1; c++) {
+                    we[c] += d[c];
+                    wp[c] += d[c];
+                }
+            }
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* LayerNorm                                                                             */
+
+static void cpu_layernorm_forward(strata_stream *s, void *out_, float *mean, float *rstd,
+                                  const void *inp_, const void *w_, const void *b_, int N, int C)
+{
+    float *out = out_;
+    const float *inp = inp_, *w = w_, *b = b_;
+#pragma omp parallel for schedule(static) if ((long)N * C > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double m = sum_f64(x, (size_t)C) / C;
+        double var = sqdev_f64(x, m, (size_t)C) / C;
+        float mf = (float)m, rs = (float)(1.0 / sqrt(var + 1e-5));
+        for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rs * w[c] + b[c];
+        mean[n] = mf;
+        rstd[n] = rs;
+    }
+}
+
+static void cpu_layernorm_backward(strata_stream *s, void *dinp_, float *dw, float *db,
+                                   const void *dout_, const void *inp_, const void *w_,
+                                   const float *mean, const float *rstd, int N, int C)
+{
+    float *dinp = dinp_;
+    const float *dout = dout_, *inp = inp_, *w = w_;
+    int par = (long)N * C > PAR_MIN;
+    /* dinp, row by row */
+#pragma omp parallel for schedule(static) if (par)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        float *di = dinp + (size_t)n * C;
+        float m = mean[n], rs = rstd[n];
+        double acc_d[DLANES] = {0}, acc_dn[DLANES] = {0};
+        int c = 0;
+        for (; c + DLANES <= C; c += DLANES)
+            for (int l = 0; l < DLANES; l++) {
+                float norm = (x[c + l] - m) * rs, dnorm = w[c + l] * d[c + l];
+                acc_d[l] += dnorm;
+                acc_dn[l] += (double)dnorm * norm;
+            }
+        double sd = 0.0, sdn = 0.0;
+        for (int l = 0; l < DLANES; l++) {
+            sd += acc_d[l];
+            sdn += acc_dn[l];
+        }
+        for (; c < C; c++) {
+            float norm = (x[c] - m) * rs, dnorm = w[c] * d[c];
+            sd += dnorm;
+            sdn += (double)dnorm * norm;
+        }
+        float dmean = (float)(sd / C), dnmean = (float)(sdn / C);
+        for (c = 0; c < C; c++) {
+            float norm = (x[c] - m) * rs, dnorm = w[c] * d[c];
+            di[c] += (dnorm - dmean - norm * dnmean) * rs;
+        }
+    }
+    /* dw, db: a thread owns a block of channels and walks the rows in order */
+    int nblk = (C + CH_BLOCK - 1) / CH_BLOCK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * CH_BLOCK, c1 = c0 + CH_BLOCK < C ? c0 + CH_BLOCK : C;
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+            float m = mean[n], rs = rstd[n];
+            for (int c = c0; c < c1; c++) {
+                dw[c] += (x[c] - m) * rs * d[c];
+                db[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Matmul                                                                                */
+
+static void cpu_matmul_forward(strata_stream *s, void *out, void *gelu_out, const void *inp,
+                               const void *w, const void *bias, int M, int K, int N, int w_nk)
+{
+    gemm_args g = {
+        .M = M, .N = N, .K = K,
+        .a = inp, .a_rs = (size_t)K, .a_cs = 1,
+        .b = w, .b_rs = w_nk ? 1 : (size_t)N, .b_cs = w_nk ? (size_t)K : 1,
+        .c = out, .ldc = (size_t)N,
+        .bias = bias, .accumulate = 0, .gelu_out = gelu_out,
+    };
+    gemm(&g);
+}
+
+/* column sums of x (M,N) added to out (N): column blocks in parallel, rows in order */
+static void colsum_add(float *out, const float *x, int M, int N)
+{
+    int nblk = (N + CH_BLOCK - 1) / CH_BLOCK;
+#pragma omp parallel for schedule(static) if ((long)M * N > PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        int j0 = blk * CH_BLOCK, j1 = j0 + CH_BLOCK < N ? j0 + CH_BLOCK : N;
+        float acc[CH_BLOCK];
+        for (int j = j0; j < j1; j++) acc[j - j0] = out[j];
+        for (int m = 0; m < M; m++) {
+            const float *row = x + (size_t)m * N;
+            for (int j = j0; j < j1; j++) acc[j - j0] += row[j];
+        }
+        for (int j = j0; j < j1; j++) out[j] = acc[j - j0];
+    }
+}
+
+static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *dbias,
+                                const void *dout, const void *inp, const void *w, int M, int K,
+                                int N, int w_nk)
+{
+    if (dinp) { /* dinp (M,K) = dout (M,N) @ W^T, W^T (N,K) read in place */
+        gemm_args g = {
+            .M = M, .N = K, .K = N,
+            .a = dout, .a_rs = (size_t)N, .a_cs = 1,
+            .b = w, .b_rs = w_nk ? (size_t)K : 1, .b_cs = w_nk ? 1 : (size_t)N,
+            .c = dinp, .ldc = (size_t)K,
+        };
+        gemm(&g);
+    }
+    if (w_nk == 0) { /* dW (K,N) += inp^T (K,M) @ dout (M,N) */
+        gemm_args g = {
+            .M = K, .N = N, .K = M,
+            .a = inp, .a_rs = 1, .a_cs = (size_t)K,
+            .b = dout, .b_rs = (size_t)N, .b_cs = 1,
+            .c = dw, .ldc = (size_t)N, .accumulate = 1,
+        };
+        gemm(&g);
+    } else { /* dW (N,K) += dout^T (N,M) @ inp (M,K) */
+        gemm_args g = {
+            .M = N, .N = K, .K = M,
+            .a = dout, .a_rs = 1, .a_cs = (size_t)N,
+            .b = inp, .b_rs = (size_t)K, .b_cs = 1,
+            .c = dw, .ldc = (size_t)K, .accumulate = 1,
+        };
+        gemm(&g);
+    }
+    if (dbias) colsum_add(dbias, dout, M, N);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Attention                                                                             */
+/*
+ * One (batch, head) is one task, run by one thread, so dK and dV accumulate over query
+ * blocks in a fixed order. Queries go in blocks of QB rows; for a block the scores
+ * against keys [0, t1) live in a per-thread (QB, T) scratch (never B*NH*T*T), and the
+ * products are serial gemm_block calls reading q, k, v in place (row stride 3C). */
+#define QB 64
+
+typedef struct attn_scratch {
+    float *s, *dp; /* (QB, T) each */
+    float *ap, *bp; /* gemm packs */
+} attn_scratch;
+
+static void attn_scratch_init(attn_scratch *w, int T, int backward)
+{
+    w->s = scratch_alloc((size_t)QB * T);
+    w->dp = backward ? scratch_alloc((size_t)QB * T) : NULL;
+    w->ap = scratch_alloc((size_t)MB_MAX * KC);
+    w->bp = scratch_alloc((size_t)KC * NB_MAX);
+}
+
+static void attn_scratch_free(attn_scratch *w)
+{
+    free(w->s);
+    free(w->dp);
+    free(w->ap);
+    free(w->bp);
+}
+
+/* s (nq, nk; row stride T) = q[t0..t0+nq) @ k[0..nk)^T, unscaled */
+static void attn_scores(attn_scratch *w, const float *q, const float *k, int t0, int nq, int nk,
+                        int T, int C3, int hs)
+{
+    gemm_args g = {
+        .M = nq, .N = nk, .K = hs,
+        .a = q + (size_t)t0 * C3, .a_rs = (size_t)C3, .a_cs = 1,
+        .b = k, .b_rs = 1, .b_cs = (size_t)C3,
+        .c = w->s, .ldc = (size_t)T,
+    };
+    gemm_block(&g, 0, nq, 0, nk, w->ap, w->bp);
+}
+
+static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, const void *qkv_,
+                                  int B, int T, int C, int NH)
+{
+    float *out = out_;
+    const float *qkv = qkv_;
+    int hs = C / NH, C3 = 3 * C;
+    float scale = (float)(1.0 / sqrt((double)hs));
+#pragma omp parallel if (B * NH > 1 && (long)T * C > 4096)
+    {
+        attn_scratch w;
+        attn_scratch_init(&w, T, 0);
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *o = out + (size_t)b * T * C + (size_t)h * hs;
+            float *l = lse + (size_t)bh * T;
+            for (int t0 = 0; t0 < T; t0 += QB) {
+                int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
+                attn_scores(&w, q, k, t0, nq, nk, T, C3, hs);
+                for (int i = 0; i < nq; i++) {
+                    float *row = w.s + (size_t)i * T;
+                    int n = t0 + i + 1; /* causal: keys 0..t */
+                    for (int j = 0; j < n; j++) row[j] *= scale;
+                    float m = max_f32(row, n);
+                    for (int j = 0; j < n; j++) row[j] = exp_fast(row[j] - m);
+                    double sum = sum_f64(row, (size_t)n);
+                    float inv = (float)(1.0 / sum);
+                    for (int j = 0; j < n; j++) row[j] *= inv;
+                    for (int j = n; j < nk; j++) row[j] = 0.0f;
+                    l[t0 + i] = (float)((double)m + log(sum));
+                }
+                /* o[t0..t0+nq) (=) p (nq, nk) @ v[0..nk) */
+                gemm_args g = {
+                    .M = nq, .N = hs, .K = nk,
+                    .a = w.s, .a_rs = (size_t)T, .a_cs = 1,
+                    .b = v, .b_rs = (size_t)C3, .b_cs = 1,
+                    .c = o + (size_t)t0 * C, .ldc = (size_t)C,
+                };
+                gemm_block(&g, 0, nq, 0, hs, w.ap, w.bp);
+            }
+        }
+        attn_scratch_free(&w);
+    }
+}
+
+static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *dout_,
+                                   const void *qkv_, const void *out_, const float *lse, int B,
+                                   int T, int C, int NH)
+{
+    float *dqkv = dqkv_;
+    const float *dout = dout_, *qkv = qkv_, *out = out_;
+    int hs = C / NH, C3 = 3 * C;
+    float scale = (float)(1.0 / sqrt((double)hs));
+#pragma omp parallel if (B * NH > 1 && (long)T * C > 4096)
+    {
+        attn_scratch w;
+        attn_scratch_init(&w, T, 1);
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs, ooff = (size_t)b * T * C + (size_t)h * hs;
+            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+            const float *o = out + ooff, *dout_bh = dout + ooff;
+            const float *l = lse + (size_t)bh * T;
+            for (int t = 0; t < T; t++) { /* dK and dV accumulate below */
+                memset(dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+                memset(dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+            }
+            for (int t0 = 0; t0 < T; t0 += QB) {
+                int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
+                const float *dob = dout_bh + (size_t)t0 * C;
+                /* probabilities from the saved log-sum-exp */
+                attn_scores(&w, q, k, t0, nq, nk, T, C3, hs);
+                for (int i = 0; i < nq; i++) {
+                    float *row = w.s + (size_t)i * T;
+                    int n = t0 + i + 1;
+                    float li = l[t0 + i];
+                    for (int j = 0; j < n; j++) row[j] = exp_fast(row[j] * scale - li);
+                    for (int j = n; j < nk; j++) row[j] = 0.0f;
+                }
+                /* dp (nq, nk) = dout block @ v[0..nk)^T */
+                gemm_args gdp = {
+                    .M = nq, .N = nk, .K = hs,
+                    .a = dob, .a_rs = (size_t)C, .a_cs = 1,
+                    .b = v, .b_rs = 1, .b_cs = (size_t)C3,
+                    .c = w.dp, .ldc = (size_t)T,
+                };
+                gemm_block(&gdp, 0, nq, 0, nk, w.ap, w.bp);
+                /* dv[0..nk) += p^T @ dout block */
+                gemm_args gdv = {
+                    .M = nk, .N = hs, .K = nq,
+                    .a = w.s, .a_rs = 1, .a_cs = (size_t)T,
+                    .b = dob, .b_rs = (size_t)C, .b_cs = 1,
+                    .c = dv, .ldc = (size_t)C3, .accumulate = 1,
+                };
+                gemm_block(&gdv, 0, nk, 0, hs, w.ap, w.bp);
+                /* ds = scale * p * (dp - rowsum(dout * out)), in place of p */
+                for (int i = 0; i < nq; i++) {
+                    float *row = w.s + (size_t)i * T;
+                    const float *dpr = w.dp + (size_t)i * T;
+                    float D = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C,
+                                             (size_t)hs);
+                    for (int j = 0; j < nk; j++) row[j] = scale * row[j] * (dpr[j] - D);
+                }
+                /* dq block (=) ds @ k[0..nk) */
+                gemm_args gdq = {
+                    .M = nq, .N = hs, .K = nk,
+                    .a = w.s, .a_rs = (size_t)T, .a_cs = 1,
+                    .b = k, .b_rs = (size_t)C3, .b_cs = 1,
+                    .c = dq + (size_t)t0 * C3, .ldc = (size_t)C3,
+                };
+                gemm_block(&gdq, 0, nq, 0, hs, w.ap, w.bp);
+                /* dk[0..nk) += ds^T @ q block */
+                gemm_args gdk = {
+                    .M = nk, .N = hs, .K = nq,
+                    .a = w.s, .a_rs = 1, .a_cs = (size_t)T,
+                    .b = q + (size_t)t0 * C3, .b_rs = (size_t)C3, .b_cs = 1,
+                    .c = dk, .ldc = (size_t)C3, .accumulate = 1,
+                };
+                gemm_block(&gdk, 0, nk, 0, hs, w.ap, w.bp);
+            }
+        }
+        attn_scratch_free(&w);
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Element-wise                                                                          */
+
+static void cpu_gelu_forward(strata_stream *s, void *out_, const void *inp_, size_t n)
+{
+    float *out = out_;
+    const float *inp = inp_;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = gelu_f(inp[i]);
+}
+
+/* dinp may alias dout (the model computes the gradient in place) */
+static void cpu_gelu_backward(strata_stream *s, void *dinp_, const void *inp_, const void *dout_,
+                              size_t n)
+{
+    float *dinp = dinp_;
+    const float *inp = inp_, *dout = dout_;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) dinp[i] = dout[i] * gelu_grad_f(inp[i]);
+}
+
+static void cpu_residual_forward(strata_stream *s, void *out_, const void *a_, const void *b_,
+                                 size_t n)
+{
+    float *out = out_;
+    const float *a = a_, *b = b_;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_add_inplace(strata_stream *s, void *dst_, const void *src_, size_t n)
+{
+    float *dst = dst_;
+    const float *src = src_;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Cross-entropy                                                                         */
+
+static void cpu_crossentropy(strata_stream *s, float *losses, void *dlogits_,
+                             const void *logits_, const int32_t *targets, int N, int V, int Vp,
+                             float dloss)
+{
+    float *dlogits = dlogits_;
+    const float *logits = logits_;
+#pragma omp parallel for schedule(static) if ((long)N * Vp > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vp;
+        float *d = dlogits ? dlogits + (size_t)n * Vp : NULL;
+        int tgt = targets[n];
+        if (tgt < 0) {
+            losses[n] = 0.0f;
+            if (d) memset(d, 0, (size_t)Vp * sizeof(float));
+            continue;
+        }
+        float xt = x[tgt]; /* read before d (possibly x itself) is overwritten */
+        float m = max_f32(x, V);
+        double sum;
+        if (d) {
+            for (int i = 0; i < V; i++) d[i] = exp_fast(x[i] - m);
+            sum = sum_f64(d, (size_t)V);
+        } else {
+            double acc[DLANES] = {0};
+            int i = 0;
+            for (; i + DLANES <= V; i += DLANES)
+                for (int l = 0; l < DLANES; l++) acc[l] += (double)exp_fast(x[i + l] - m);
+            sum = 0.0;
+            for (int l = 0; l < DLANES; l++) sum += acc[l];
+            for (; i < V; i++) sum += (double)exp_fast(x[i] - m);
+        }
+        losses[n] = (float)((double)m + log(sum) - (double)xt);
+        if (d) {
+            float f = (float)((double)dloss / sum);
+            double pt = (double)d[tgt] / sum;
+            for (int i = 0; i < V; i++) d[i] *= f;
+            d[tgt] = (float)((pt - 1.0) * (double)dloss);
+            for (int i = V; i < Vp; i++) d[i] = 0.0f;
+        }
+    }
+}
+
+static void cpu_loss_accumulate(strata_stream *s, float *acc, const float *losses, int n,
+                                float scale)
+{
+    *acc += (float)((double)scale * sum_f64(losses, n > 0 ? (size_t)n : 0));
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Optimizer and utilities                                                               */
+
+/* Elements [i0, i1) in the documented order. sqrtf keeps its loop scalar (its errno
+ * path blocks vectorisation without -fno-math-errno), so it runs alone in the middle
+ * pass over a small block and the arithmetic around it vectorises; every operation
+ * is still one IEEE operation in the same order, so the results are unchanged. */
+#define ADAMW_BLOCK 256
+
+static void adamw_span(float *restrict master, float *restrict m, float *restrict v,
+                       const float *restrict grad, size_t i0, size_t i1,
+                       const strata_adamw_args *a)
+{
+    const float lr = a->lr, b1 = a->beta1, b2 = a->beta2, eps = a->eps, wd = a->weight_decay;
+    const float bc1 = a->bc1, bc2 = a->bc2, gs = a->grad_scale;
+    float mhat[ADAMW_BLOCK], root[ADAMW_BLOCK];
+    for (size_t j0 = i0; j0 < i1; j0 += ADAMW_BLOCK) {
+        int nb = i1 - j0 < ADAMW_BLOCK ? (int)(i1 - j0) : ADAMW_BLOCK;
+        float *mb = m + j0, *vb = v + j0, *pb = master + j0;
+        const float *gb = grad + j0;
+        for (int i = 0; i < nb; i++) {
+            float g = gb[i] * gs;
+            float mi = b1 * mb[i] + (1.0f - b1) * g;
+            float vi = b2 * vb[i] + (1.0f - b2) * g * g;
+            mb[i] = mi;
+            vb[i] = vi;
+            mhat[i] = mi / bc1;
+            root[i] = vi / bc2; /* vhat */
+        }
+        for (int i = 0; i < nb; i++) root[i] = sqrtf(root[i]);
+        for (int i = 0; i < nb; i++) pb[i] -= lr * (mhat[i] / (root[i] + eps) + wd * pb[i]);
+    }
+}
+
+#define ADAMW_SPAN 8192
+
+/* exactly the order documented in core/kernels.h; -ffp-contract=off keeps it */
+static void cpu_adamw(strata_stream *s, float *master, void *param_out_, const float *grad,
+                      float *m, float *v, size_t n, const strata_adamw_args *a)
+{
+    float *param_out = param_out_;
+    size_t spans = (n + ADAMW_SPAN - 1) / ADAMW_SPAN;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t k = 0; k < spans; k++) {
+        size_t i0 = k * ADAMW_SPAN, i1 = i0 + ADAMW_SPAN < n ? i0 + ADAMW_SPAN : n;
+        adamw_span(master, m, v, grad, i0, i1, a);
+        if (param_out) memcpy(param_out + i0, master + i0, (i1 - i0) * sizeof(float));
+    }
+}
+
+/* sumsq splits x into SUMSQ_CHUNKS pieces whose bounds depend only on n, so the
+ * partial sums, and their in-order total, do not depend on the thread count. */
+#define SUMSQ_CHUNKS 64
+
+static void cpu_sumsq(strata_stream *s, double *out, const float *x, size_t n)
+{
+    double part[SUMSQ_CHUNKS];
+    size_t chunk = (n + SUMSQ_CHUNKS - 1) / SUMSQ_CHUNKS;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int c = 0; c < SUMSQ_CHUNKS; c++) {
+        size_t i0 = (size_t)c * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+        part[c] = i0 < i1 ? dot_f64(x + i0, x + i0, i1 - i0) : 0.0;
+    }
+    double total = 0.0;
+    for (int c = 0; c < SUMSQ_CHUNKS; c++) total += part[c];
+    *out += total;
+}
+
+static void cpu_accumulate_f32(strata_stream *s, float *dst, const void *src,
+                               strata_dtype src_dtype, size_t n)
+{
+    if (src_dtype == STRATA_BF16) {
+        const uint16_t *h = src;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+        for (size_t i = 0; i < n; i++) dst[i] += bf16_to_f32(h[i]);
+    } else {
+        const float *f = src;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+        for (size_t i = 0; i < n; i++) dst[i] += f[i];
+    }
+}
+
+static void cpu_convert(strata_stream *s, void *dst, strata_dtype dst_dtype, const void *src,
+                        strata_dtype src_dtype, size_t n)
+{
+    if (dst_dtype == src_dtype) {
+        if (dst != src) memcpy(dst, src, n * (dst_dtype == STRATA_BF16 ? 2 : 4));
+    } else if (dst_dtype == STRATA_BF16) {
+        uint16_t *h = dst;
+        const float *f = src;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+        for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(f[i]);
+    } else {
+        float *f = dst;
+        const uint16_t *h = src;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+        for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(h[i]);
+    }
+}
+
+static void cpu_scale_f32(strata_stream *s, float *x, float scale, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+const strata_kernels strata_kernels_cpu = {
+    .encoder_forward = cpu_encoder_forward,
+    .encoder_backward = cpu_encoder_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .residual_forward = cpu_residual_forward,
+    .add_inplace = cpu_add_inplace,
+    .crossentropy = cpu_crossentropy,
+    .loss_accumulate = cpu_loss_accumulate,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+    .accumulate_f32 = cpu_accumulate_f32,
+    .convert = cpu_convert,
+    .scale_f32 = cpu_scale_f32,
+};

@@ -1,0 +1,22 @@
+/* launcher/commands.h: the subcommands of the `strata` program. Each returns a process
+ * exit code (core/common.h). Every rank runs the same command under mpirun. */
+#ifndef STRATA_COMMANDS_H
+#define STRATA_COMMANDS_H
+
+#include "core/config.h"
+
+/* Shared command-line parsing: CONFIG (or none for the built-in default) and
+ * --set section.key=value overrides. Returns 0, or prints the error and returns 2. */
+typedef struct strata_cli {
+    const char *config_path; /* NULL: built-in default */
+    const char *sets[64];
+    int n_sets;
+    const char *resume;      /* --resume latest|DIR */
+    int world;               /* --world N (strata plan) */
+} strata_cli;
+
+int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank);
+int strata_cmd_plan(int argc, char **argv);
+int strata_cmd_sample(int argc, char **argv);
+
+#endif

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what Strata needs from Debian's packages (only what is missing). The CUDA
+# toolkit is optional: with nvcc on PATH the CUDA backend is built too.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libyaml-dev liburing-dev libopenmpi-dev openmpi-bin fortunes)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+fi

@@ -1,0 +1,150 @@
+/* launcher/main.c: the `strata` program. One binary, subcommands; under mpirun every
+ * rank runs the same subcommand. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/config.h"
+#include "core/data.h"
+#include "launcher/commands.h"
+#include "launcher/plot.h"
+#include "shard/comm.h"
+
+static const char *usage_text =
+    "usage: strata COMMAND [ARGS]\n"
+    "\n"
+    "  train [CONFIG] [--set section.key=value]... [--resume latest|DIR]\n"
+    "        train a model (no CONFIG: the built-in quickstart); under mpirun, on every rank\n"
+    "  prepare --text FILE... --out DIR [--val-fraction F] [--shard-tokens N]\n"
+    "        turn text files into byte-level token shards (llm.c's format)\n"
+    "  config [CONFIG] [--set ...]     print the effective config, every key, with defaults\n"
+    "  plan [CONFIG] [--world N] [--set ...]\n"
+    "        print the memory plan per rank without training\n"
+    "  sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+    "        generate text from a checkpoint\n"
+    "  plot RUNDIR [--out FILE]        draw loss and learning rate as an SVG\n"
+    "\n"
+    "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit.\n";
+
+static int cmd_config(int argc, char **argv) {
+    const char *path = NULL;
+    const char *sets[64];
+    int n_sets = 0;
+    for (int i = 0; i < argc; i++) {
+        if ((!strcmp(argv[i], "--set") || !strcmp(argv[i], "-s")) && i + 1 < argc && n_sets < 64) sets[n_sets++] = argv[++i];
+        else if (argv[i][0] != '-' && !path) path = argv[i];
+        else {
+            fprintf(stderr, "strata config: unexpected argument '%s'\n", argv[i]);
+            return STRATA_EXIT_USAGE;
+        }
+    }
+    strata_config c;
+    if (strata_config_load(&c, path, sets, n_sets)) {
+        fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    strata_config_write(&c, stdout, 1);
+    return STRATA_EXIT_OK;
+}
+
+static int cmd_prepare(int argc, char **argv) {
+    const char **files = calloc(argc + 1, sizeof *files);
+    int n = 0;
+    const char *out = NULL;
+    double val_fraction = 0.1;
+    long long shard_tokens = 100000000;
+    int in_text = 0;
+    for (int i = 0; i < argc; i++) {
+        char *end = NULL;
+        if (!strcmp(argv[i], "--text")) in_text = 1;
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) { out = argv[++i]; in_text = 0; }
+        else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) {
+            val_fraction = strtod(argv[++i], &end);
+            if (*end || !(val_fraction >= 0 && val_fraction < 1)) {
+                fprintf(stderr, "strata prepare: --val-fraction expects a number in [0, 1), got '%s'\n", argv[i]);
+                free(files);
+                return STRATA_EXIT_USAGE;
+            }
+            in_text = 0;
+        } else if (!strcmp(argv[i], "--shard-tokens") && i + 1 < argc) {
+            shard_tokens = strtoll(argv[++i], &end, 10);
+            if (*end || shard_tokens < 1) {
+                fprintf(stderr, "strata prepare: --shard-tokens expects a positive integer, got '%s'\n", argv[i]);
+                free(files);
+                return STRATA_EXIT_USAGE;
+            }
+            in_text = 0;
+        } else if (in_text && argv[i][0] != '-') files[n++] = argv[i];
+        else {
+            fprintf(stderr, "strata prepare: unexpected argument '%s'\n", argv[i]);
+            free(files);
+            return STRATA_EXIT_USAGE;
+        }
+    }
+    if (!n || !out) {
+        fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--val-fraction F] [--shard-tokens N]\n");
+        free(files);
+        return STRATA_EXIT_USAGE;
+    }
+    int rc = strata_prepare_text(files, n, out, val_fraction, (size_t)shard_tokens);
+    free(files);
+    if (rc) {
+        fprintf(stderr, "strata prepare: %s\n", strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    return STRATA_EXIT_OK;
+}
+
+static int cmd_plot(int argc, char **argv) {
+    const char *dir = NULL, *out = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (argv[i][0] != '-' && !dir) dir = argv[i];
+        else {
+            fprintf(stderr, "usage: strata plot RUNDIR [--out FILE]\n");
+            return STRATA_EXIT_USAGE;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: strata plot RUNDIR [--out FILE]\n");
+        return STRATA_EXIT_USAGE;
+    }
+    if (strata_plot_run(dir, out)) {
+        fprintf(stderr, "strata plot: %s\n", strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    printf("wrote %s\n", out ? out : "plot.svg in the run directory");
+    return STRATA_EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(usage_text, argc < 2 ? stderr : stdout);
+        return argc < 2 ? STRATA_EXIT_USAGE : STRATA_EXIT_OK;
+    }
+    const char *cmd = argv[1];
+    int sub_argc = argc - 2;
+    char **sub_argv = argv + 2;
+    if (!strcmp(cmd, "train")) {
+        int rank = 0, world = 1, local_rank = 0;
+        if (strata_mpi_init(&argc, &argv, &rank, &world, &local_rank)) {
+            fprintf(stderr, "strata: %s\n", strata_error());
+            return STRATA_EXIT_ERROR;
+        }
+        strata_log_init(rank, world);
+        int rc = strata_cmd_train(sub_argc, sub_argv, rank, world, local_rank);
+        /* a rank that fails alone must not leave the others waiting in MPI_Finalize */
+        if (rc != STRATA_EXIT_OK && world > 1) strata_mpi_abort(rc);
+        strata_mpi_finalize();
+        return rc;
+    }
+    strata_log_init(0, 1);
+    if (!strcmp(cmd, "prepare")) return cmd_prepare(sub_argc, sub_argv);
+    if (!strcmp(cmd, "config")) return cmd_config(sub_argc, sub_argv);
+    if (!strcmp(cmd, "plan")) return strata_cmd_plan(sub_argc, sub_argv);
+    if (!strcmp(cmd, "sample")) return strata_cmd_sample(sub_argc, sub_argv);
+    if (!strcmp(cmd, "plot")) return cmd_plot(sub_argc, sub_argv);
+    fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd, usage_text);
+    return STRATA_EXIT_USAGE;
+}

@@ -1,0 +1,208 @@
+/* launcher/sample.c: sampling, and `strata sample CKPT`. */
+#include "launcher/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/arena.h"
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "launcher/commands.h"
+#include "shard/comm.h"
+#include "shard/engine.h"
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct { float p; int id; } cand;
+static int cand_desc(const void *a, const void *b) {
+    float x = ((const cand *)a)->p, y = ((const cand *)b)->p;
+    if (x != y) return x < y ? 1 : -1;
+    return ((const cand *)a)->id - ((const cand *)b)->id;
+}
+
+int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, float temperature,
+                    int top_k, strata_rng *rng) {
+    int V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size, T = m->T;
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    void *row = strata_xmalloc((size_t)Vp * es);
+    cand *c = strata_xmalloc((size_t)V * sizeof *c);
+    for (int i = 0; i < n_new; i++) {
+        int n = n_prompt + i;
+        int start = n > T ? n - T : 0, t = n - start;
+        if (t == 0) { /* empty prompt on a byte-level model: start from a newline */
+            tokens[n] = '\n' < V ? '\n' : 0;
+            continue;
+        }
+        strata_model_forward_logits(m, tokens + start, 1, t);
+        strata_memcpy_async(m->dev, m->dev->compute, row, (char *)m->logits + (size_t)(t - 1) * Vp * es, (size_t)Vp * es);
+        strata_stream_sync(m->dev, m->dev->compute);
+        float maxv = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            float x = es == 4 ? ((float *)row)[v] : bf16_to_f32(((uint16_t *)row)[v]);
+            c[v] = (cand){x, v};
+            if (x > maxv) maxv = x;
+        }
+        int next = 0;
+        if (temperature <= 0.0f) {
+            for (int v = 1; v < V; v++) if (c[v].p > c[next].p) next = v;
+        } else {
+            double sum = 0;
+            for (int v = 0; v < V; v++) {
+                c[v].p = expf((c[v].p - maxv) / temperature);
+                sum += c[v].p;
+            }
+            int k = V;
+            if (top_k > 0 && top_k < V) {
+                qsort(c, V, sizeof *c, cand_desc);
+                k = top_k;
+                sum = 0;
+                for (int v = 0; v < k; v++) sum += c[v].p;
+            }
+            double r = strata_rng_uniform(rng) * sum, acc = 0;
+            next = c[k - 1].id;
+            for (int v = 0; v < k; v++) {
+                acc += c[v].p;
+                if (r < acc) {
+                    next = c[v].id;
+                    break;
+                }
+            }
+        }
+        tokens[n] = next;
+    }
+    free(row);
+    free(c);
+    return 0;
+}
+
+void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk) {
+    for (int i = 0; i < n; i++) {
+        int t = tokens[i];
+        if (tk && t >= 0 && t < tk->vocab_size) {
+            fwrite(tk->pieces[t], 1, tk->lens[t], f);
+        } else if (vocab_size <= 256) {
+            unsigned char ch = (unsigned char)t;
+            if (ch == '\n' || ch == '\t' || (ch >= 32 && ch != 127)) fputc(ch, f);
+            else fprintf(f, "\\x%02x", ch);
+        } else {
+            fprintf(f, "<%d>", t);
+        }
+    }
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T]\n"
+                    "                     [--top-k K] [--seed S] [--tokenizer FILE]\n");
+    return STRATA_EXIT_USAGE;
+}
+
+int strata_cmd_sample(int argc, char **argv) {
+    const char *what = NULL, *prompt = "", *tok_path = NULL;
+    int n_tokens = 200, top_k = 0;
+    double temperature = 1.0;
+    uint64_t seed = 1337;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(a, "--prompt") && v) prompt = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && v) tok_path = argv[++i];
+        else if (!strcmp(a, "--tokens") && v) {
+            n_tokens = (int)strtol(argv[++i], &end, 10);
+            if (*end || n_tokens < 1) { fprintf(stderr, "strata sample: --tokens expects a positive integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        } else if (!strcmp(a, "--top-k") && v) {
+            top_k = (int)strtol(argv[++i], &end, 10);
+            if (*end || top_k < 0) { fprintf(stderr, "strata sample: --top-k expects an integer >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        } else if (!strcmp(a, "--temperature") && v) {
+            temperature = strtod(argv[++i], &end);
+            if (*end || !(temperature >= 0)) { fprintf(stderr, "strata sample: --temperature expects a number >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        } else if (!strcmp(a, "--seed") && v) {
+            seed = strtoull(argv[++i], &end, 10);
+            if (*end) { fprintf(stderr, "strata sample: --seed expects an integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        } else if (a[0] != '-' && !what) what = a;
+        else { fprintf(stderr, "strata sample: unexpected argument '%s'\n", a); return usage(); }
+    }
+    if (!what) return usage();
+
+    char dir[STRATA_PATH_MAX];
+    if (strata_ckpt_resolve(what, ".", dir, sizeof dir)) {
+        fprintf(stderr, "strata sample: %s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    strata_ckpt *ck = strata_ckpt_open(dir);
+    if (!ck) {
+        fprintf(stderr, "strata sample: %s\n", strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    const strata_ckpt_meta *meta = strata_ckpt_get_meta(ck);
+    strata_config cfg;
+    char name[STRATA_PATH_MAX + 32];
+    snprintf(name, sizeof name, "%s/manifest.yaml", dir);
+    /* the checkpoint's own model, on one rank and replicated: any saved world and stage load */
+    const char *sets[] = {"zero.stage=0", "train.micro_batch=1", "train.grad_accum=1"};
+    if (strata_config_load_string(&cfg, name, meta->config_yaml, sets, 3)) {
+        fprintf(stderr, "strata sample: %s\n", strata_error());
+        strata_ckpt_close(ck);
+        return STRATA_EXIT_ERROR;
+    }
+    int rc = STRATA_EXIT_ERROR;
+    strata_tokenizer tk = {0};
+    int have_tk = 0;
+    if (tok_path) {
+        if (strata_tokenizer_load(&tk, tok_path)) {
+            fprintf(stderr, "strata sample: %s\n", strata_error());
+            strata_ckpt_close(ck);
+            return STRATA_EXIT_USAGE;
+        }
+        have_tk = 1;
+    }
+    if (prompt[0] && cfg.model.vocab_size > 256) {
+        fprintf(stderr, "strata sample: --prompt text needs a byte-level model (vocab_size 256); this "
+                        "checkpoint has vocab_size %d, so sampling starts from token 0 instead\n", cfg.model.vocab_size);
+        prompt = "";
+    }
+    strata_device *dev = strata_device_open(cfg.device == STRATA_BACKEND_CUDA ? "cuda" : cfg.device == STRATA_BACKEND_CPU ? "cpu" : "auto", 0);
+    if (!dev) {
+        fprintf(stderr, "strata sample: %s\n", strata_error());
+        strata_ckpt_close(ck);
+        return STRATA_EXIT_ERROR;
+    }
+    strata_stream *cs = strata_stream_create(dev, "comm", STRATA_STREAM_HOST);
+    strata_comm *comm = strata_comm_open(dev, cs, cfg.comm.timeout_s);
+    strata_model_shape shape = {cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.seq_len,
+                                cfg.model.vocab_size, strata_config_padded_vocab(&cfg), (float)cfg.model.init_std};
+    strata_model m;
+    strata_model_init(&m, &shape);
+    strata_arena arena;
+    strata_arena_init(&arena, dev);
+    strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, 0, 1);
+    int n_prompt = (int)strlen(prompt);
+    int32_t *tokens = strata_xcalloc((size_t)n_prompt + n_tokens + 1, sizeof(int32_t));
+    for (int i = 0; i < n_prompt; i++) tokens[i] = (unsigned char)prompt[i];
+    strata_rng rng;
+    strata_rng_seed(&rng, seed);
+    if (strata_arena_commit(&arena) || strata_engine_load(e, ck) || strata_engine_params_resident(e) ||
+        strata_generate(&m, tokens, n_prompt, n_tokens, (float)temperature, top_k, &rng)) {
+        fprintf(stderr, "strata sample: %s\n", strata_error());
+    } else {
+        strata_write_tokens(stdout, tokens, n_prompt + n_tokens, cfg.model.vocab_size, have_tk ? &tk : NULL);
+        fputc('\n', stdout);
+        rc = STRATA_EXIT_OK;
+    }
+    free(tokens);
+    strata_engine_destroy(e);
+    strata_arena_release(&arena);
+    strata_model_free(&m);
+    strata_comm_close(comm);
+    strata_stream_destroy(dev, cs);
+    strata_device_close(dev);
+    strata_ckpt_close(ck);
+    if (have_tk) strata_tokenizer_free(&tk);
+    return rc;
+}

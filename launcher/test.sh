@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The second README command: build and run the whole test suite, then the unit tests
+# again under AddressSanitizer and the stream/collective tests under ThreadSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs" --timeout 900)
+echo "[test] AddressSanitizer build: unit tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address -DSTRATA_CUDA=OFF > /dev/null
+cmake --build build-asan -j"$jobs" > /dev/null
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" -L unit --timeout 900)
+echo "[test] ThreadSanitizer build: streams, events, collectives, engine"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=thread -DSTRATA_CUDA=OFF > /dev/null
+cmake --build build-tsan -j"$jobs" > /dev/null
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1" ctest --output-on-failure -j"$jobs" -L tsan --timeout 900)
+echo "[test] all passed"

@@ -1,0 +1,344 @@
+/* launcher/train.c: `strata train` and `strata plan`. */
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/arena.h"
+#include "core/checkpoint.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "core/data.h"
+#include "core/model.h"
+#include "launcher/commands.h"
+#include "launcher/sample.h"
+#include "shard/comm.h"
+#include "shard/engine.h"
+
+static volatile sig_atomic_t stop_requested;
+static void on_stop_signal(int sig) { stop_requested = sig; }
+
+static int parse_cli(int argc, char **argv, strata_cli *cli, const char *cmd, int allow_resume, int allow_world) {
+    memset(cli, 0, sizeof *cli);
+    cli->world = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--set") || !strcmp(a, "-s")) {
+            if (i + 1 >= argc) { fprintf(stderr, "strata %s: --set needs section.key=value\n", cmd); return STRATA_EXIT_USAGE; }
+            if (cli->n_sets == 64) { fprintf(stderr, "strata %s: at most 64 --set overrides\n", cmd); return STRATA_EXIT_USAGE; }
+            cli->sets[cli->n_sets++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            if (cli->n_sets == 64) { fprintf(stderr, "strata %s: at most 64 --set overrides\n", cmd); return STRATA_EXIT_USAGE; }
+            cli->sets[cli->n_sets++] = a + 6;
+        } else if (allow_resume && !strcmp(a, "--resume")) {
+            if (i + 1 >= argc) { fprintf(stderr, "strata %s: --resume needs 'latest' or a checkpoint directory\n", cmd); return STRATA_EXIT_USAGE; }
+            cli->resume = argv[++i];
+        } else if (allow_world && !strcmp(a, "--world")) {
+            char *end = NULL;
+            if (i + 1 >= argc || (cli->world = (int)strtol(argv[i + 1], &end, 10), *end) || cli->world < 1) {
+                fprintf(stderr, "strata %s: --world expects a positive integer\n", cmd);
+                return STRATA_EXIT_USAGE;
+            }
+            i++;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "strata %s: unknown option '%s'\n", cmd, a);
+            return STRATA_EXIT_USAGE;
+        } else if (!cli->config_path) {
+            cli->config_path = a;
+        } else {
+            fprintf(stderr, "strata %s: unexpected argument '%s' (one CONFIG file)\n", cmd, a);
+            return STRATA_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+static strata_model_shape shape_of(const strata_config *c) {
+    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
+                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
+}
+
+static void print_memory(const strata_engine *e, const strata_model *m, int world, int stage, FILE *f) {
+    strata_engine_memory mem = strata_engine_get_memory(e);
+    char b[6][32];
+    double total = (double)mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers;
+    fprintf(f, "memory per rank (world %d, zero stage %d, %zu parameters):\n", world, stage, strata_model_num_params(m));
+    fprintf(f, "  parameters %12s | gradients %12s | optimizer %12s | activations %12s | buffers %12s | total %12s\n",
+            strata_fmt_bytes(b[0], 32, (double)mem.params), strata_fmt_bytes(b[1], 32, (double)mem.grads),
+            strata_fmt_bytes(b[2], 32, (double)mem.optimizer), strata_fmt_bytes(b[3], 32, (double)mem.activations),
+            strata_fmt_bytes(b[4], 32, (double)mem.buffers), strata_fmt_bytes(b[5], 32, total));
+}
+
+int strata_cmd_plan(int argc, char **argv) {
+    strata_cli cli;
+    int rc = parse_cli(argc, argv, &cli, "plan", 0, 1);
+    if (rc) return rc;
+    strata_config cfg;
+    if (strata_config_load(&cfg, cli.config_path, cli.sets, cli.n_sets)) {
+        fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    strata_model_shape shape = shape_of(&cfg);
+    strata_model m;
+    strata_model_init(&m, &shape);
+    strata_arena arena;
+    strata_arena_init(&arena, NULL);
+    strata_engine *e = strata_engine_create(&cfg, &m, &arena, NULL, NULL, 0, cli.world);
+    print_memory(e, &m, cli.world, cfg.zero.stage, stdout);
+    strata_arena_print(&arena, stdout);
+    strata_engine_destroy(e);
+    strata_arena_release(&arena);
+    strata_model_free(&m);
+    return STRATA_EXIT_OK;
+}
+
+/* ---- metrics ---- */
+
+/* On resume, drops rows for steps after the checkpoint (a run that went further and was
+ * killed) so the file describes one history. */
+static void metrics_truncate(const char *path, int64_t last_step) {
+    FILE *in = fopen(path, "r");
+    if (!in) return;
+    char tmp[STRATA_PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) { fclose(in); return; }
+    char line[4096];
+    while (fgets(line, sizeof line, in)) {
+        const char *s = strstr(line, "\"step\":");
+        if (s && atoll(s + 7) > last_step) continue;
+        fputs(line, out);
+    }
+    fclose(in);
+    if (fclose(out) == 0) rename(tmp, path);
+}
+
+static void fmt_eta(char *buf, size_t n, double seconds) {
+    if (seconds < 0 || !isfinite(seconds)) seconds = 0;
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, n, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+    else if (s >= 60) snprintf(buf, n, "%ldm%02lds", s / 60, s % 60);
+    else snprintf(buf, n, "%lds", s);
+}
+
+/* ---- train ---- */
+
+typedef struct trainer {
+    strata_config cfg;
+    strata_cli cli;
+    int rank, world;
+    strata_device *dev;
+    strata_stream *comm_stream;
+    strata_comm *comm;
+    strata_model m;
+    strata_arena arena;
+    strata_engine *engine;
+    strata_loader train, val;
+    int have_val;
+    FILE *metrics;
+    char config_yaml[65536];
+} trainer;
+
+/* A rank that cannot continue ends the whole job at once with its message: the other
+ * ranks may be inside a collective that would otherwise wait for it until the timeout. */
+static _Noreturn void fatal(const trainer *t, const char *what) {
+    strata_log(STRATA_LOG_ERROR, "train", "%s: %s", what, strata_error());
+    if (t->world > 1) strata_mpi_abort(STRATA_EXIT_ERROR);
+    exit(STRATA_EXIT_ERROR);
+}
+
+static void config_to_yaml(const strata_config *c, char *buf, size_t n) {
+    FILE *f = fmemopen(buf, n, "w");
+    if (!f) { buf[0] = 0; return; }
+    strata_config_write(c, f, 0);
+    fclose(f);
+    buf[n - 1] = 0;
+}
+
+static int save_checkpoint(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng) {
+    strata_ckpt_meta meta = {.step = step, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
+                             .rng_state = rng->state, .tokens_seen = tokens, .last_loss = loss,
+                             .config_yaml = t->config_yaml};
+    char dir[STRATA_PATH_MAX];
+    double t0 = strata_now_ms();
+    if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, sizeof dir)) return -1;
+    if (t->rank == 0) STRATA_INFO("ckpt", "saved %s (%.0f ms)", dir, strata_now_ms() - t0);
+    return 0;
+}
+
+int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank) {
+    trainer *t = strata_xcalloc(1, sizeof *t);
+    t->rank = rank;
+    t->world = world;
+    int rc = parse_cli(argc, argv, &t->cli, "train", 1, 0);
+    if (rc) return rc;
+    strata_config *cfg = &t->cfg;
+    if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) {
+        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+
+    const char *backend = cfg->device == STRATA_BACKEND_CUDA ? "cuda" : cfg->device == STRATA_BACKEND_CPU ? "cpu" : "auto";
+    t->dev = strata_device_open(backend, local_rank);
+    if (!t->dev) fatal(t, "opening the device");
+    t->comm_stream = strata_stream_create(t->dev, "comm", STRATA_STREAM_HOST);
+    t->comm = strata_comm_open(t->dev, t->comm_stream, cfg->comm.timeout_s);
+    if (!t->comm) fatal(t, "opening the collectives");
+    int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
+    if (rank == 0)
+        STRATA_INFO("train", "%s | device %s | comm %s, world %d | zero stage %d", cfg->path[0] ? cfg->path : "(built-in quickstart)",
+                    t->dev->description, strata_comm_backend_name(t->comm), world, cfg->zero.stage);
+
+    strata_model_shape shape = shape_of(cfg);
+    strata_model_init(&t->m, &shape);
+    strata_arena_init(&t->arena, t->dev);
+    t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+    if (rank == 0) {
+        STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
+                    shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab_size,
+                    strata_model_num_params(&t->m));
+        STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A, world,
+                    (long long)B * T * A * world);
+        print_memory(t->engine, &t->m, world, cfg->zero.stage, stdout);
+    }
+    if (strata_arena_commit(&t->arena)) fatal(t, "allocating the memory plan");
+
+    if (strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed))
+        fatal(t, "opening the training data (data.train)");
+    if (cfg->data.val[0]) {
+        if (strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed))
+            fatal(t, "opening the validation data (data.val)");
+        t->have_val = 1;
+    }
+
+    int64_t start = 0;
+    double tokens_seen = 0;
+    strata_rng rng;
+    strata_rng_seed(&rng, cfg->train.seed);
+    if (t->cli.resume) {
+        char dir[STRATA_PATH_MAX];
+        if (strata_ckpt_resolve(t->cli.resume, cfg->run.dir, dir, sizeof dir)) fatal(t, "resolving --resume");
+        strata_ckpt *ck = strata_ckpt_open(dir);
+        if (!ck) fatal(t, "opening the checkpoint");
+        if (strata_engine_load(t->engine, ck)) fatal(t, "loading the checkpoint");
+        const strata_ckpt_meta *meta = strata_ckpt_get_meta(ck);
+        start = meta->step;
+        tokens_seen = meta->tokens_seen;
+        rng.state = meta->rng_state;
+        if (rank == 0)
+            STRATA_INFO("train", "resumed from %s (step %lld, saved at world %d stage %d)", dir, (long long)start,
+                        meta->world, meta->stage);
+        strata_ckpt_close(ck);
+    } else if (strata_engine_init_params(t->engine, cfg->train.seed)) {
+        fatal(t, "initialising parameters");
+    }
+
+    char metrics_path[STRATA_PATH_MAX + 32];
+    if (rank == 0) {
+        char cmd[STRATA_PATH_MAX + 16];
+        snprintf(cmd, sizeof cmd, "%s", cfg->run.dir);
+        for (char *p = cmd + 1; *p; p++) /* mkdir -p */
+            if (*p == '/') { *p = 0; mkdir(cmd, 0755); *p = '/'; }
+        if (mkdir(cmd, 0755) && errno != EEXIST) { strata_fail("run.dir '%s': %s", cfg->run.dir, strerror(errno)); fatal(t, "creating the run directory"); }
+        snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg->run.dir);
+        if (t->cli.resume) metrics_truncate(metrics_path, start);
+        t->metrics = fopen(metrics_path, t->cli.resume ? "a" : "w");
+        if (!t->metrics) { strata_fail("%s: %s", metrics_path, strerror(errno)); fatal(t, "opening metrics"); }
+    }
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    int64_t steps = cfg->train.steps;
+    double tokens_per_step = (double)B * T * A * world;
+    double loss = NAN, run_t0 = strata_now_ms();
+    int64_t last_saved = t->cli.resume ? start : -1;
+    int exit_code = STRATA_EXIT_OK;
+    for (int64_t step = start; step < steps; step++) {
+        double t0 = strata_now_ms();
+        strata_step_result r;
+        if (strata_engine_step(t->engine, &t->train, step, &r)) fatal(t, "training step");
+        double ms = strata_now_ms() - t0;
+        if (r.nonfinite) {
+            if (rank == 0)
+                STRATA_ERROR("train", "step %lld: loss %g, gradient norm %g: not finite, so the update was skipped "
+                             "and the run stops here; the last good checkpoint is %s. Lower optim.lr or set "
+                             "optim.grad_clip.", (long long)step + 1, r.loss, r.grad_norm,
+                             last_saved >= 0 ? "intact" : "absent (none was saved yet)");
+            exit_code = STRATA_EXIT_ERROR;
+            break;
+        }
+        loss = r.loss;
+        tokens_seen += tokens_per_step;
+        int64_t done = step + 1;
+        double val_loss = NAN;
+        int eval_now = t->have_val && ((cfg->train.eval_every > 0 && done % cfg->train.eval_every == 0) || done == steps);
+        if (eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &val_loss)) fatal(t, "validation");
+        if (rank == 0) {
+            double tok_s = tokens_per_step / (ms / 1e3);
+            double eta_s = (strata_now_ms() - run_t0) / 1e3 / (double)(done - start) * (double)(steps - done);
+            char eta[32];
+            fmt_eta(eta, sizeof eta, eta_s);
+            if (done % cfg->train.log_every == 0 || done == steps || done == start + 1 || eval_now) {
+                char vbuf[48] = "";
+                if (eval_now) snprintf(vbuf, sizeof vbuf, " | val %.4f", val_loss);
+                printf("step %6lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | eta %s\n",
+                       (long long)done, (long long)steps, loss, vbuf, r.lr, r.grad_norm, tok_s, ms, eta);
+                fflush(stdout);
+            }
+            strata_engine_memory mem = strata_engine_get_memory(t->engine);
+            fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.9g, ", (long long)done, loss);
+            if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
+            fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
+                    "\"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
+                    "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu}\n",
+                    r.lr, r.grad_norm, tok_s, ms, tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
+                    mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers);
+            fflush(t->metrics);
+        }
+        /* every rank must agree to stop, or some would wait in a collective for the others */
+        double stop = stop_requested ? 1.0 : 0.0;
+        if (world > 1 && strata_allreduce_host_f64(t->comm, &stop, 1)) fatal(t, "agreeing on a stop");
+        int periodic = cfg->run.checkpoint_every > 0 && done % cfg->run.checkpoint_every == 0;
+        if (periodic || done == steps || stop > 0) {
+            if (save_checkpoint(t, done, loss, tokens_seen, &rng)) fatal(t, "saving a checkpoint");
+            last_saved = done;
+        }
+        if (stop > 0) {
+            if (rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)done);
+            break;
+        }
+    }
+
+    if (exit_code == STRATA_EXIT_OK && !stop_requested && rank == 0 && cfg->train.sample_tokens > 0 &&
+        strata_engine_params_resident(t->engine) == 0) {
+        int n = cfg->train.sample_tokens;
+        int32_t *tokens = strata_xcalloc((size_t)n + 2, sizeof(int32_t));
+        int n_prompt = 0;
+        if (cfg->model.vocab_size <= 256) tokens[n_prompt++] = '\n';
+        strata_generate(&t->m, tokens, n_prompt, n, 0.8f, 40, &rng);
+        printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
+        strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL);
+        printf("\n----\n");
+        free(tokens);
+    }
+    if (t->metrics) fclose(t->metrics);
+    strata_engine_destroy(t->engine);
+    strata_arena_release(&t->arena);
+    strata_model_free(&t->m);
+    strata_loader_close(&t->train);
+    if (t->have_val) strata_loader_close(&t->val);
+    strata_comm_close(t->comm);
+    strata_stream_destroy(t->dev, t->comm_stream);
+    strata_device_close(t->dev);
+    free(t);
+    return exit_code;
+}

@@ -1,0 +1,90 @@
+/* shard/comm.h: collectives between ranks, enqueued on a stream.
+ *
+ * Every collective is enqueued on a stream of the device interface (on the CPU backend a
+ * HOST stream, whose worker thread drives the non-blocking MPI calls), so it overlaps
+ * compute and meets it only through events. Two backends today:
+ *  - single: world size 1 without mpirun; collectives are copies (or nothing);
+ *  - mpi: MPI_Iallreduce / MPI_Ireduce_scatter_block / MPI_Iallgather / MPI_Ibcast driven by
+ *    an MPI_Test loop with a watchdog: a collective that does not finish within
+ *    comm.timeout_s ends the whole job (MPI_Abort) with a message, never a hang.
+ * NCCL (issue 5) fills in the same table.
+ *
+ * Every call is counted: calls and bytes per kind. "Bytes" is what one rank sends under
+ * the ring algorithm, the ZeRO paper's accounting: all-reduce 2(N-1)/N S, reduce-scatter
+ * and all-gather (N-1)/N S, broadcast S (root) where S is the full buffer size. */
+#ifndef STRATA_COMM_H
+#define STRATA_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/device.h"
+
+typedef enum strata_coll_kind {
+    STRATA_COLL_ALLREDUCE = 0,
+    STRATA_COLL_REDUCE_SCATTER,
+    STRATA_COLL_ALLGATHER,
+    STRATA_COLL_BROADCAST,
+    STRATA_COLL_BARRIER,
+    STRATA_COLL_KINDS,
+} strata_coll_kind;
+const char *strata_coll_name(strata_coll_kind k);
+
+typedef struct strata_comm_stats {
+    uint64_t calls[STRATA_COLL_KINDS];
+    uint64_t bytes[STRATA_COLL_KINDS];
+} strata_comm_stats;
+
+/* One finished collective's wall-clock interval (strata_now_ms), for overlap tests. */
+typedef struct strata_comm_span {
+    strata_coll_kind kind;
+    double start_ms, end_ms;
+} strata_comm_span;
+
+typedef struct strata_comm strata_comm;
+
+/* MPI start-up: call first thing in main. Initialises MPI (with MPI_THREAD_MULTIPLE, at
+ * least MPI_THREAD_SERIALIZED required) only when launched by mpirun (OMPI_COMM_WORLD_SIZE
+ * or PMI_SIZE in the environment), so plain `strata` runs as world size 1 without MPI.
+ * Sets *rank, *world, *local_rank. */
+int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_rank);
+void strata_mpi_finalize(void);
+int strata_mpi_active(void);
+/* Ends every rank of the job at once (MPI_Abort when MPI is active, else exit). */
+_Noreturn void strata_mpi_abort(int code);
+
+/* Opens the backend for this process: "mpi" when MPI is active, "single" otherwise.
+ * `stream` is where collectives run; it must be a HOST stream for the mpi backend. */
+strata_comm *strata_comm_open(strata_device *d, strata_stream *stream, double timeout_s);
+/* A world of one, even inside an MPI job (tests compute their single-rank reference so). */
+strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream);
+void strata_comm_close(strata_comm *c);
+int strata_comm_rank(const strata_comm *c);
+int strata_comm_world(const strata_comm *c);
+const char *strata_comm_backend_name(const strata_comm *c);
+strata_stream *strata_comm_stream(const strata_comm *c);
+
+/* Enqueued on the comm stream; return 0 or -1 when the enqueue itself fails. Errors of
+ * the collective itself (MPI error, timeout) abort the job with the message. fp32 sums. */
+int strata_allreduce(strata_comm *c, float *buf, size_t n);
+/* in (n_per_rank * world) summed across ranks; out (n_per_rank) gets this rank's block.
+ * out may alias in + rank * n_per_rank. */
+int strata_reduce_scatter(strata_comm *c, float *out, const float *in, size_t n_per_rank);
+/* out (bytes_per_rank * world) gets every rank's in, in rank order; in may alias
+ * out + rank * bytes_per_rank. */
+int strata_allgather(strata_comm *c, void *out, const void *in, size_t bytes_per_rank);
+int strata_broadcast(strata_comm *c, void *buf, size_t bytes, int root);
+int strata_barrier(strata_comm *c);
+
+/* Blocking, on the calling thread's behalf: enqueue, then wait. For the small step-end
+ * agreement (loss, stop flag, NaN flag) and start-up checks. Sum of doubles. */
+int strata_allreduce_host_f64(strata_comm *c, double *buf, int n);
+
+/* Counters since open (or the last reset), and an optional trace of spans. */
+strata_comm_stats strata_comm_get_stats(const strata_comm *c);
+void strata_comm_reset_stats(strata_comm *c);
+/* Starts recording spans into a buffer of `capacity` (0 stops); returns recorded count. */
+void strata_comm_trace(strata_comm *c, int capacity);
+int strata_comm_spans(const strata_comm *c, const strata_comm_span **spans);
+
+#endif

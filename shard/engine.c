@@ -1,0 +1,637 @@
+/* shard/engine.c: ZeRO stages 0-3 over the collectives of shard/comm.h.
+ * The stage decides where each of params / grads / optimizer state lives; the step is
+ * one schedule of unit operations with the collectives the stage needs in between. */
+#include "shard/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/kernels.h"
+#include "core/optim.h"
+
+#define PAD_ALIGN 64 /* elements; shards start on 256-byte boundaries for fp32 */
+
+/* One unit operation of a micro-step: forward or backward of unit u, reading the
+ * parameters of gather number g (stage 3; -1: the embedding's own buffer or none). */
+typedef struct unit_op {
+    int backward;
+    int unit;
+    int gather;
+} unit_op;
+
+/* A gradient reduce-scattered on the collective stream, then added into the shard
+ * accumulator by the same stream's worker (host task), so compute never waits for it. */
+typedef struct accumulate_task {
+    float *dst;
+    const float *src;
+    size_t n;
+    int overwrite;
+} accumulate_task;
+
+struct strata_engine {
+    const strata_config *cfg;
+    strata_model *m;
+    strata_device *dev;
+    strata_comm *comm;
+    int rank, world, stage, A, B, T, U;
+    int overlap;
+    size_t es; /* bytes per parameter in the compute dtype */
+    size_t *padded, *shard;
+    size_t max_block_padded; /* largest non-embedding unit */
+
+    void **params_full;  /* stages 0-2: full padded, compute dtype */
+    void **params_shard; /* stage 3 */
+    float **grads_full;  /* stages 0-1: full padded fp32 */
+    float **grad_acc;    /* stages 2-3: fp32 shard accumulators */
+    float **master, **mom1, **mom2; /* stage 0: full padded; stages 1-3: shard */
+
+    float *grad_slot[2]; /* stages 2-3: a non-embedding unit's full gradient, double-buffered */
+    float *embed_grad;   /* stages 2-3: the embedding's gradient (head and embed add to it) */
+    accumulate_task slot_task[2], embed_task;
+    int next_grad_slot;
+
+    int n_slots;         /* stage 3: gather ring, prefetch_units + 1 */
+    void **slot;
+    void *embed_param;
+    strata_event **ev_gathered, **ev_slot_free;
+    strata_event *ev_embed_gathered, *ev_embed_free;
+    unit_op *ops;        /* schedule of one training micro-step */
+    int n_ops;
+    int *gather_unit;    /* gather number -> unit */
+    int n_gathers, issued;
+
+    strata_event *ev_compute, *ev_grad_slot_free[2], *ev_embed_grad_free;
+    float *loss_sum_host;
+    int32_t *inputs, *targets; /* host (B,T) */
+    strata_engine_memory mem;
+};
+
+/* ---- plan ---- */
+
+static void reserve(strata_engine *e, strata_arena *a, strata_mem_category cat, const char *what,
+                    int u, size_t bytes, void **dst) {
+    char name[64];
+    if (u >= 0) snprintf(name, sizeof name, "%s.%d", what, u);
+    else snprintf(name, sizeof name, "%s", what);
+    strata_arena_reserve(a, STRATA_MEM_DEVICE, cat, name, bytes, dst);
+    size_t *slot = cat == STRATA_CAT_PARAMS ? &e->mem.params : cat == STRATA_CAT_GRADS ? &e->mem.grads
+                 : cat == STRATA_CAT_OPTIMIZER ? &e->mem.optimizer : cat == STRATA_CAT_BUFFERS ? &e->mem.buffers
+                 : &e->mem.activations;
+    *slot += bytes;
+}
+
+static void build_schedule(strata_engine *e) {
+    int L = e->m->shape.n_layer, head = L + 1;
+    e->ops = strata_xcalloc(2 * e->U, sizeof *e->ops);
+    e->gather_unit = strata_xcalloc(2 * e->U, sizeof *e->gather_unit);
+    int g = 0;
+    e->ops[e->n_ops++] = (unit_op){0, 0, -1};
+    for (int u = 1; u <= head; u++) {
+        e->gather_unit[g] = u;
+        e->ops[e->n_ops++] = (unit_op){0, u, g++};
+    }
+    e->ops[e->n_ops++] = (unit_op){1, head, g - 1}; /* the head's backward follows its forward */
+    for (int u = L; u >= 1; u--) {
+        e->gather_unit[g] = u;
+        e->ops[e->n_ops++] = (unit_op){1, u, g++};
+    }
+    e->ops[e->n_ops++] = (unit_op){1, 0, -1}; /* the embedding's backward reads no parameters */
+    e->n_gathers = g;
+}
+
+strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, strata_arena *arena,
+                                    strata_device *dev, strata_comm *comm, int rank, int world) {
+    strata_engine *e = strata_xcalloc(1, sizeof *e);
+    e->cfg = cfg;
+    e->m = m;
+    e->dev = dev;
+    e->comm = comm;
+    e->rank = rank;
+    e->world = world;
+    e->stage = cfg->zero.stage;
+    e->A = cfg->train.grad_accum;
+    e->B = cfg->train.micro_batch;
+    e->T = strata_config_seq_len(cfg);
+    e->U = m->n_units;
+    e->overlap = cfg->zero.overlap_comm;
+    e->es = strata_dtype_size(dev ? dev->compute_dtype : STRATA_F32);
+    e->padded = strata_xcalloc(e->U, sizeof *e->padded);
+    e->shard = strata_xcalloc(e->U, sizeof *e->shard);
+    for (int u = 0; u < e->U; u++) {
+        e->padded[u] = strata_round_up(m->units[u].numel, (size_t)world * PAD_ALIGN);
+        e->shard[u] = e->padded[u] / world;
+        if (u > 0 && e->padded[u] > e->max_block_padded) e->max_block_padded = e->padded[u];
+    }
+    e->params_full = strata_xcalloc(e->U, sizeof(void *));
+    e->params_shard = strata_xcalloc(e->U, sizeof(void *));
+    e->grads_full = strata_xcalloc(e->U, sizeof(float *));
+    e->grad_acc = strata_xcalloc(e->U, sizeof(float *));
+    e->master = strata_xcalloc(e->U, sizeof(float *));
+    e->mom1 = strata_xcalloc(e->U, sizeof(float *));
+    e->mom2 = strata_xcalloc(e->U, sizeof(float *));
+
+    for (int u = 0; u < e->U; u++) {
+        size_t P = e->padded[u], S = e->shard[u];
+        if (e->stage <= 2) reserve(e, arena, STRATA_CAT_PARAMS, "params", u, P * e->es, &e->params_full[u]);
+        else reserve(e, arena, STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
+        if (e->stage <= 1) reserve(e, arena, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
+        else reserve(e, arena, STRATA_CAT_GRADS, "grad_shard", u, S * 4, (void **)&e->grad_acc[u]);
+        size_t n = e->stage == 0 ? P : S;
+        reserve(e, arena, STRATA_CAT_OPTIMIZER, "master", u, n * 4, (void **)&e->master[u]);
+        reserve(e, arena, STRATA_CAT_OPTIMIZER, "adam_m", u, n * 4, (void **)&e->mom1[u]);
+        reserve(e, arena, STRATA_CAT_OPTIMIZER, "adam_v", u, n * 4, (void **)&e->mom2[u]);
+    }
+    if (e->stage >= 2) {
+        for (int k = 0; k < 2; k++)
+            reserve(e, arena, STRATA_CAT_BUFFERS, k ? "grad_slot.1" : "grad_slot.0", -1,
+                    e->max_block_padded * 4, (void **)&e->grad_slot[k]);
+        reserve(e, arena, STRATA_CAT_BUFFERS, "embed_grad", -1, e->padded[0] * 4, (void **)&e->embed_grad);
+    }
+    build_schedule(e);
+    if (e->stage == 3) {
+        e->n_slots = cfg->zero.prefetch_units + 1;
+        e->slot = strata_xcalloc(e->n_slots, sizeof(void *));
+        for (int k = 0; k < e->n_slots; k++)
+            reserve(e, arena, STRATA_CAT_BUFFERS, "gather_slot", k, e->max_block_padded * e->es, &e->slot[k]);
+        reserve(e, arena, STRATA_CAT_BUFFERS, "embed_params", -1, e->padded[0] * e->es, &e->embed_param);
+    }
+    size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
+    strata_model_plan(m, arena, dev, e->B, e->T, cfg->train.activation_checkpointing);
+    e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
+
+    if (dev) {
+        e->ev_compute = strata_event_create(dev);
+        e->ev_grad_slot_free[0] = strata_event_create(dev);
+        e->ev_grad_slot_free[1] = strata_event_create(dev);
+        e->ev_embed_grad_free = strata_event_create(dev);
+        e->ev_embed_gathered = strata_event_create(dev);
+        e->ev_embed_free = strata_event_create(dev);
+        e->ev_gathered = strata_xcalloc(e->n_slots + 1, sizeof *e->ev_gathered);
+        e->ev_slot_free = strata_xcalloc(e->n_slots + 1, sizeof *e->ev_slot_free);
+        for (int k = 0; k < e->n_slots; k++) {
+            e->ev_gathered[k] = strata_event_create(dev);
+            e->ev_slot_free[k] = strata_event_create(dev);
+        }
+    }
+    e->loss_sum_host = strata_xcalloc(1, sizeof(float));
+    e->inputs = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
+    e->targets = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
+    return e;
+}
+
+void strata_engine_destroy(strata_engine *e) {
+    if (!e) return;
+    if (e->dev) {
+        strata_device *d = e->dev;
+        d->ops->sync_all(d);
+        strata_event_destroy(d, e->ev_compute);
+        strata_event_destroy(d, e->ev_grad_slot_free[0]);
+        strata_event_destroy(d, e->ev_grad_slot_free[1]);
+        strata_event_destroy(d, e->ev_embed_grad_free);
+        strata_event_destroy(d, e->ev_embed_gathered);
+        strata_event_destroy(d, e->ev_embed_free);
+        for (int k = 0; k < e->n_slots; k++) {
+            strata_event_destroy(d, e->ev_gathered[k]);
+            strata_event_destroy(d, e->ev_slot_free[k]);
+        }
+    }
+    free(e->ev_gathered);
+    free(e->ev_slot_free);
+    free(e->padded);
+    free(e->shard);
+    free(e->params_full);
+    free(e->params_shard);
+    free(e->grads_full);
+    free(e->grad_acc);
+    free(e->master);
+    free(e->mom1);
+    free(e->mom2);
+    free(e->slot);
+    free(e->ops);
+    free(e->gather_unit);
+    free(e->loss_sum_host);
+    free(e->inputs);
+    free(e->targets);
+    free(e);
+}
+
+strata_engine_memory strata_engine_get_memory(const strata_engine *e) { return e->mem; }
+const size_t *strata_engine_padded(const strata_engine *e) { return e->padded; }
+
+/* ---- small helpers ---- */
+
+static strata_stream *comm_stream(strata_engine *e) { return strata_comm_stream(e->comm); }
+
+/* Makes the collective stream wait for everything enqueued on compute so far. */
+static void comm_after_compute(strata_engine *e) {
+    strata_event_record(e->dev, e->ev_compute, e->dev->compute);
+    strata_stream_wait_event(e->dev, comm_stream(e), e->ev_compute);
+}
+
+/* Without overlap, each collective completes before compute goes on (the baseline the
+ * overlap benchmark compares against). */
+static void maybe_serialize(strata_engine *e) {
+    if (!e->overlap) strata_stream_sync(e->dev, comm_stream(e));
+}
+
+static void accumulate_run(void *arg) {
+    accumulate_task *t = arg;
+    if (t->overwrite) memcpy(t->dst, t->src, t->n * sizeof(float));
+    else
+        for (size_t i = 0; i < t->n; i++) t->dst[i] += t->src[i];
+}
+
+/* Reduce-scatters unit u's full gradient `full` in place and adds this rank's block into
+ * the shard accumulator, all on the collective stream; `done` is recorded after. */
+static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_task *task, int first_micro,
+                            strata_event *done) {
+    comm_after_compute(e);
+    float *mine = full + (size_t)e->rank * e->shard[u];
+    if (strata_reduce_scatter(e->comm, mine, full, e->shard[u])) return -1;
+    *task = (accumulate_task){e->grad_acc[u], mine, e->shard[u], first_micro};
+    if (strata_host_task(e->dev, comm_stream(e), accumulate_run, task)) return -1;
+    strata_event_record(e->dev, done, comm_stream(e));
+    maybe_serialize(e);
+    return 0;
+}
+
+/* Publishes the master weights as the compute-dtype parameters forward reads: convert
+ * this rank's part, then (stages 1-2) all-gather the full buffers. */
+static int publish_params(strata_engine *e) {
+    const strata_kernels *k = e->dev->k;
+    for (int u = 0; u < e->U; u++) {
+        size_t S = e->shard[u];
+        if (e->stage == 0) {
+            k->convert(e->dev->compute, e->params_full[u], e->dev->compute_dtype, e->master[u], STRATA_F32, e->padded[u]);
+        } else if (e->stage <= 2) {
+            void *mine = (char *)e->params_full[u] + (size_t)e->rank * S * e->es;
+            k->convert(e->dev->compute, mine, e->dev->compute_dtype, e->master[u], STRATA_F32, S);
+            comm_after_compute(e);
+            if (strata_allgather(e->comm, e->params_full[u], mine, S * e->es)) return -1;
+        } else {
+            k->convert(e->dev->compute, e->params_shard[u], e->dev->compute_dtype, e->master[u], STRATA_F32, S);
+        }
+    }
+    strata_stream_sync(e->dev, comm_stream(e));
+    return 0;
+}
+
+/* Element range of unit u this rank's optimizer state covers. */
+static size_t opt_lo(const strata_engine *e, int u) { return e->stage == 0 ? 0 : (size_t)e->rank * e->shard[u]; }
+static size_t opt_n(const strata_engine *e, int u) { return e->stage == 0 ? e->padded[u] : e->shard[u]; }
+
+int strata_engine_init_params(strata_engine *e, uint64_t seed) {
+    size_t max_n = 0;
+    for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
+    float *host = strata_xmalloc(max_n * sizeof(float));
+    for (int u = 0; u < e->U; u++) {
+        size_t lo = opt_lo(e, u), n = opt_n(e, u);
+        strata_model_init_params(e->m, u, seed, lo, lo + n, host);
+        strata_memcpy_async(e->dev, e->dev->compute, e->master[u], host, n * 4);
+        strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4);
+        strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4);
+        strata_stream_sync(e->dev, e->dev->compute); /* host buffer is reused next unit */
+    }
+    free(host);
+    return publish_params(e);
+}
+
+/* ---- stage 3 gathers ---- */
+
+static int issue_gathers(strata_engine *e, int upto) {
+    if (upto >= e->n_gathers) upto = e->n_gathers - 1;
+    while (e->issued <= upto) {
+        int g = e->issued++, s = g % e->n_slots, u = e->gather_unit[g];
+        strata_stream_wait_event(e->dev, comm_stream(e), e->ev_slot_free[s]);
+        if (strata_allgather(e->comm, e->slot[s], e->params_shard[u], e->shard[u] * e->es)) return -1;
+        strata_event_record(e->dev, e->ev_gathered[s], comm_stream(e));
+    }
+    return 0;
+}
+
+static int gather_embed(strata_engine *e) {
+    strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_free);
+    if (strata_allgather(e->comm, e->embed_param, e->params_shard[0], e->shard[0] * e->es)) return -1;
+    strata_event_record(e->dev, e->ev_embed_gathered, comm_stream(e));
+    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_embed_gathered);
+    e->m->params[0] = e->embed_param;
+    return 0;
+}
+
+/* Points m->params[u] at unit u's parameters for op `op`, gathering ahead under stage 3. */
+static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) {
+    if (e->stage < 3) {
+        e->m->params[op->unit] = e->params_full[op->unit];
+        return 0;
+    }
+    if (prev && prev->gather >= 0 && prev->gather != op->gather) /* release the previous slot */
+        strata_event_record(e->dev, e->ev_slot_free[prev->gather % e->n_slots], e->dev->compute);
+    if (op->gather < 0) return 0;
+    if (issue_gathers(e, op->gather + e->cfg->zero.prefetch_units)) return -1;
+    int s = op->gather % e->n_slots;
+    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_gathered[s]);
+    e->m->params[op->unit] = e->slot[s];
+    return 0;
+}
+
+/* ---- the step ---- */
+
+static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) {
+    if (strata_loader_read(L, first, e->B, e->inputs, e->targets)) return -1;
+    strata_model_set_batch(e->m, e->inputs, e->targets);
+    return 0;
+}
+
+/* Gradient destination for unit u's backward in this micro-step (stages 2-3 hand out a
+ * zeroed slot once the collective stream is done with its previous contents). */
+static void grads_for(strata_engine *e, int u, int micro) {
+    strata_model *m = e->m;
+    if (e->stage <= 1) {
+        m->grads[u] = e->grads_full[u];
+        return;
+    }
+    if (u == 0) return; /* the embedding's buffer was set up at the micro-step's start */
+    int k = e->next_grad_slot;
+    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_grad_slot_free[k]);
+    strata_memset_async(e->dev, e->dev->compute, e->grad_slot[k], 0, e->padded[u] * 4);
+    m->grads[u] = e->grad_slot[k];
+}
+
+static int after_backward(strata_engine *e, int u, int micro) {
+    int last = micro == e->A - 1;
+    if (e->stage == 0) {
+        if (!last) return 0;
+        comm_after_compute(e);
+        if (strata_allreduce(e->comm, e->grads_full[u], e->padded[u])) return -1;
+        maybe_serialize(e);
+        return 0;
+    }
+    if (e->stage == 1) {
+        if (!last) return 0;
+        comm_after_compute(e);
+        float *mine = e->grads_full[u] + (size_t)e->rank * e->shard[u];
+        if (strata_reduce_scatter(e->comm, mine, e->grads_full[u], e->shard[u])) return -1;
+        maybe_serialize(e);
+        return 0;
+    }
+    if (u == 0) return reduce_unit_grad(e, 0, e->embed_grad, &e->embed_task, micro == 0, e->ev_embed_grad_free);
+    int k = e->next_grad_slot;
+    e->next_grad_slot ^= 1;
+    return reduce_unit_grad(e, u, e->grad_slot[k], &e->slot_task[k], micro == 0, e->ev_grad_slot_free[k]);
+}
+
+static float *opt_grad(strata_engine *e, int u) {
+    if (e->stage == 0) return e->grads_full[u];
+    if (e->stage == 1) return e->grads_full[u] + (size_t)e->rank * e->shard[u];
+    return e->grad_acc[u];
+}
+
+static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int micro, float dloss,
+                          float loss_scale, strata_step_result *r) {
+    strata_model *m = e->m;
+    strata_device *d = e->dev;
+    if (load_micro_batch(e, L, strata_batch_seq(step, micro, e->rank, 0, e->world, e->A, e->B))) return -1;
+    if (e->stage <= 1) /* the head's backward adds to the embedding's gradient: set it up front */
+        for (int u = 0; u < e->U; u++) m->grads[u] = e->grads_full[u];
+    if (e->stage >= 2) {
+        strata_stream_wait_event(d, d->compute, e->ev_embed_grad_free);
+        strata_memset_async(d, d->compute, e->embed_grad, 0, e->padded[0] * 4);
+        m->grads[0] = e->embed_grad;
+    }
+    if (e->stage == 3) {
+        e->issued = 0;
+        if (gather_embed(e)) return -1;
+    }
+    const unit_op *prev = NULL;
+    for (int i = 0; i < e->n_ops; i++) {
+        const unit_op *op = &e->ops[i];
+        if (op->backward && !prev->backward) r->backward_start_ms = strata_now_ms();
+        if (params_for(e, op, prev)) return -1;
+        if (!op->backward) {
+            strata_model_forward_unit(m, op->unit, 1, dloss, loss_scale);
+        } else {
+            grads_for(e, op->unit, micro);
+            strata_model_backward_unit(m, op->unit);
+            if (after_backward(e, op->unit, micro)) return -1;
+        }
+        prev = op;
+    }
+    r->backward_end_ms = strata_now_ms();
+    if (e->stage == 3) strata_event_record(d, e->ev_embed_free, d->compute);
+    return 0;
+}
+
+/* AdamW over elements [lo, lo+n) of unit u, split at tensor boundaries so weight decay
+ * applies to matrices only. */
+static void adamw_unit(strata_engine *e, int u, size_t lo, size_t n, void *param_out, const strata_adamw_args *base) {
+    const strata_kernels *k = e->dev->k;
+    const strata_model *m = e->m;
+    const strata_unit *unit = &m->units[u];
+    size_t hi = lo + n;
+    float *w = e->master[u], *g = opt_grad(e, u), *m1 = e->mom1[u], *m2 = e->mom2[u];
+    size_t pos = lo;
+    while (pos < hi) {
+        /* the segment [pos, end) lies inside one tensor, or in the padding after the last */
+        size_t end = hi;
+        int decay = 0;
+        for (int i = 0; i < unit->n_tensors; i++) {
+            const strata_ckpt_tensor *t = &m->tensors[unit->first_tensor + i];
+            if (pos >= t->offset && pos < t->offset + t->numel) {
+                end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+                decay = m->decay[unit->first_tensor + i];
+                break;
+            }
+        }
+        strata_adamw_args a = *base;
+        if (!decay) a.weight_decay = 0.0f;
+        size_t off = pos - lo;
+        void *out = param_out ? (char *)param_out + off * e->es : NULL;
+        k->adamw(e->dev->compute, w + off, out, g + off, m1 + off, m2 + off, end - pos, &a);
+        pos = end;
+    }
+}
+
+int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
+    strata_device *d = e->dev;
+    memset(r, 0, sizeof *r);
+    strata_model *m = e->m;
+    size_t BT = (size_t)e->B * e->T;
+    /* each token's weight in the step's mean loss over all ranks and micro-steps */
+    float dloss = 1.0f / (float)(BT * (size_t)e->world * (size_t)e->A);
+    float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
+    if (e->stage <= 1)
+        for (int u = 0; u < e->U; u++) strata_memset_async(d, d->compute, e->grads_full[u], 0, e->padded[u] * 4);
+    strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
+    for (int micro = 0; micro < e->A; micro++)
+        if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
+    strata_stream_sync(d, comm_stream(e));
+
+    /* global gradient norm: each rank sums squares over the elements it owns */
+    double sums[2] = {0.0, 0.0};
+    double *dsum = &sums[0];
+    for (int u = 0; u < e->U; u++) {
+        size_t lo = (size_t)e->rank * e->shard[u], n = e->shard[u];
+        const float *g = e->stage == 0 ? e->grads_full[u] + lo : opt_grad(e, u);
+        d->k->sumsq(d->compute, dsum, g, n);
+    }
+    strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
+    strata_stream_sync(d, d->compute);
+    sums[1] = *e->loss_sum_host;
+    if (strata_allreduce_host_f64(e->comm, sums, 2)) return -1;
+    r->grad_norm = sqrt(sums[0]);
+    r->loss = sums[1] / e->world;
+    r->lr = strata_lr_at(e->cfg, step);
+    if (!isfinite(r->grad_norm) || !isfinite(r->loss)) {
+        r->nonfinite = 1; /* every rank saw the same sums, so every rank skips the update */
+        return 0;
+    }
+    float clip = (float)e->cfg->optim.grad_clip;
+    float scale = clip > 0 && r->grad_norm > clip ? (float)(clip / (r->grad_norm + 1e-6)) : 1.0f;
+    strata_adamw_args args = strata_adamw_args_at(e->cfg, step, scale);
+    for (int u = 0; u < e->U; u++) {
+        size_t S = e->shard[u];
+        if (e->stage == 0) {
+            adamw_unit(e, u, 0, e->padded[u], e->params_full[u], &args);
+        } else if (e->stage <= 2) {
+            void *mine = (char *)e->params_full[u] + (size_t)e->rank * S * e->es;
+            adamw_unit(e, u, (size_t)e->rank * S, S, mine, &args);
+            comm_after_compute(e);
+            if (strata_allgather(e->comm, e->params_full[u], mine, S * e->es)) return -1;
+        } else {
+            adamw_unit(e, u, (size_t)e->rank * S, S, e->params_shard[u], &args);
+        }
+    }
+    strata_stream_sync(d, comm_stream(e));
+    return 0;
+}
+
+int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double *loss) {
+    strata_device *d = e->dev;
+    strata_model *m = e->m;
+    size_t BT = (size_t)e->B * e->T;
+    strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
+    for (int b = 0; b < n_batches; b++) {
+        uint64_t first = ((uint64_t)b * e->world + e->rank) * e->B;
+        if (load_micro_batch(e, L, first)) return -1;
+        if (e->stage == 3) {
+            e->issued = 0;
+            if (gather_embed(e)) return -1;
+        }
+        const unit_op *prev = NULL;
+        for (int i = 0; i < e->n_ops && !e->ops[i].backward; i++) {
+            if (params_for(e, &e->ops[i], prev)) return -1;
+            strata_model_forward_unit(m, e->ops[i].unit, 0, 0.0f, 1.0f / (float)(BT * n_batches));
+            prev = &e->ops[i];
+        }
+        if (e->stage == 3) {
+            /* release the last slot and the embedding; skip the gathers the backward would use */
+            strata_event_record(d, e->ev_slot_free[prev->gather % e->n_slots], d->compute);
+            strata_event_record(d, e->ev_embed_free, d->compute);
+            strata_stream_sync(d, comm_stream(e));
+            for (int k = 0; k < e->n_slots; k++) strata_event_record(d, e->ev_slot_free[k], d->compute);
+        }
+    }
+    strata_stream_sync(d, comm_stream(e));
+    strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
+    strata_stream_sync(d, d->compute);
+    double sum = *e->loss_sum_host;
+    if (strata_allreduce_host_f64(e->comm, &sum, 1)) return -1;
+    *loss = sum / e->world;
+    return 0;
+}
+
+/* ---- checkpoints ---- */
+
+/* Host copies of this rank's standard shards (the optimizer state may live on a GPU). */
+static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA_CKPT_KINDS]) {
+    size_t total = 0;
+    for (int u = 0; u < e->U; u++) total += 3 * e->shard[u];
+    float *host = strata_xmalloc(total * sizeof(float));
+    float *p = host;
+    for (int u = 0; u < e->U; u++) {
+        size_t lo = e->stage == 0 ? (size_t)e->rank * e->shard[u] : 0, S = e->shard[u];
+        float *src[3] = {e->master[u] + lo, e->mom1[u] + lo, e->mom2[u] + lo};
+        for (int k = 0; k < 3; k++) {
+            strata_memcpy_async(e->dev, e->dev->compute, p, src[k], S * 4);
+            ptrs[u][k] = p;
+            p += S;
+        }
+    }
+    strata_stream_sync(e->dev, e->dev->compute);
+    return host;
+}
+
+int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_meta *meta,
+                       char *final_dir, size_t final_len) {
+    char tmp[STRATA_PATH_MAX];
+    int64_t step = meta->step;
+    double failed = 0;
+    if (strata_ckpt_tmp_dir(tmp, sizeof tmp, run_dir, step) || strata_ckpt_make_dir(tmp)) failed = 1;
+    const float *(*ptrs)[STRATA_CKPT_KINDS] = strata_xcalloc(e->U, sizeof *ptrs);
+    float *host = NULL;
+    strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
+    if (!failed) {
+        host = copy_standard_shards(e, ptrs);
+        if (strata_ckpt_write_rank(tmp, &layout, e->rank, e->world, (const float *const(*)[STRATA_CKPT_KINDS])ptrs))
+            failed = 1;
+    }
+    char err[1024] = "";
+    if (failed) snprintf(err, sizeof err, "%s", strata_error());
+    free(host);
+    free(ptrs);
+    /* every rank's files are on disk (or someone failed) before rank 0 commits */
+    if (strata_allreduce_host_f64(e->comm, &failed, 1)) return -1;
+    if (failed) return strata_fail("checkpoint of step %lld not written: %s", (long long)step,
+                                   err[0] ? err : "another rank failed to write its shard");
+    double commit_failed = 0;
+    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, meta, final_dir, final_len)) {
+        commit_failed = 1;
+        snprintf(err, sizeof err, "%s", strata_error());
+    }
+    if (strata_allreduce_host_f64(e->comm, &commit_failed, 1)) return -1;
+    if (commit_failed) return strata_fail("checkpoint of step %lld not committed: %s", (long long)step,
+                                          err[0] ? err : "rank 0 failed to commit it");
+    return 0;
+}
+
+int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
+    strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
+    if (strata_ckpt_check_layout(ck, &layout)) return -1;
+    size_t max_n = 0;
+    for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
+    float *host = strata_xmalloc(max_n * sizeof(float));
+    int rc = 0;
+    for (int u = 0; u < e->U && !rc; u++) {
+        size_t lo = opt_lo(e, u), n = opt_n(e, u);
+        float *dst[3] = {e->master[u], e->mom1[u], e->mom2[u]};
+        for (int k = 0; k < 3 && !rc; k++) {
+            rc = strata_ckpt_read_range(ck, u, k, lo, lo + n, host);
+            if (rc) break;
+            strata_memcpy_async(e->dev, e->dev->compute, dst[k], host, n * 4);
+            strata_stream_sync(e->dev, e->dev->compute);
+        }
+    }
+    free(host);
+    /* every rank must agree it loaded before anyone trains */
+    double failed = rc != 0;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", rc ? strata_error() : "");
+    if (strata_allreduce_host_f64(e->comm, &failed, 1)) return -1;
+    if (failed) return strata_fail("%s", rc ? err : "another rank could not read the checkpoint");
+    return publish_params(e);
+}
+
+int strata_engine_params_resident(strata_engine *e) {
+    if (e->stage == 3) return strata_fail("zero.stage 3 keeps no full copy of the parameters");
+    for (int u = 0; u < e->U; u++) e->m->params[u] = e->params_full[u];
+    return 0;
+}
+
+const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *lo, size_t *n) {
+    *lo = (size_t)e->rank * e->shard[u];
+    *n = e->shard[u];
+    return e->stage == 0 ? e->master[u] + *lo : e->master[u];
+}
+int strata_engine_stage(const strata_engine *e) { return e->stage; }

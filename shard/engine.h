@@ -1,0 +1,78 @@
+/* shard/engine.h: the ZeRO engine. It owns parameters, gradients and optimizer state,
+ * partitioned across ranks by zero.stage, and schedules the model's units:
+ *
+ *   stage 0  every rank holds everything; gradients all-reduced (last micro-step)
+ *   stage 1  fp32 master + Adam moments only for the rank's shard; gradients
+ *            reduce-scattered at the last micro-step; updated shards all-gathered
+ *   stage 2  gradients partitioned too: each unit's gradient is reduce-scattered as soon
+ *            as its backward is done (every micro-step), into an fp32 shard accumulator,
+ *            on the collective stream while the backward of earlier units runs
+ *   stage 3  parameters partitioned too: a unit is all-gathered into a ring slot before
+ *            its forward and its backward, zero.prefetch_units ahead, released after use.
+ *            The embedding (tied to the LM head) is gathered once per micro-step into a
+ *            buffer of its own and kept until the head's backward has used it.
+ *
+ * Partition: unit u's flat buffer is padded to a multiple of world * 64 elements; rank r
+ * owns elements [r*S, (r+1)*S), S = padded / world. Checkpoints store exactly those
+ * standard shards, which is what lets any world size and stage read any other's. */
+#ifndef STRATA_ENGINE_H
+#define STRATA_ENGINE_H
+
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/config.h"
+#include "core/data.h"
+#include "core/model.h"
+#include "shard/comm.h"
+
+typedef struct strata_engine strata_engine;
+
+/* Bytes held per rank, by what they are (the ZeRO paper's accounting, plus buffers). */
+typedef struct strata_engine_memory {
+    size_t params, grads, optimizer, activations, buffers;
+} strata_engine_memory;
+
+typedef struct strata_step_result {
+    double loss;       /* mean over the step's global tokens */
+    double grad_norm;  /* global L2 norm before clipping */
+    double lr;
+    int nonfinite;     /* loss or gradient norm was NaN/inf on some rank: nothing was updated */
+    double backward_start_ms, backward_end_ms; /* last micro-step's backward, strata_now_ms */
+} strata_step_result;
+
+/* Plans everything (model activations included) into `arena` for world size `world`;
+ * dev and comm may be NULL for a plan that will only be printed (`strata plan`). */
+strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, strata_arena *arena,
+                                    strata_device *dev, strata_comm *comm, int rank, int world);
+void strata_engine_destroy(strata_engine *e);
+strata_engine_memory strata_engine_get_memory(const strata_engine *e);
+const size_t *strata_engine_padded(const strata_engine *e);
+
+/* After strata_arena_commit: initial parameters from the seed (a pure function of the
+ * element index, so every world size and stage starts from identical weights). */
+int strata_engine_init_params(strata_engine *e, uint64_t seed);
+
+/* One optimizer step: grad_accum micro-batches of this rank's slice of the global batch,
+ * reductions, clipping, AdamW, gathers. */
+int strata_engine_step(strata_engine *e, strata_loader *train, int64_t step, strata_step_result *r);
+
+/* Mean validation loss over n_batches global batches (every rank evaluates its slice). */
+int strata_engine_eval(strata_engine *e, strata_loader *val, int n_batches, double *loss);
+
+/* Checkpoint I/O of this rank's standard shards (collective: every rank calls them). */
+int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_meta *meta,
+                       char *final_dir, size_t final_len);
+int strata_engine_load(strata_engine *e, strata_ckpt *ck);
+
+/* Makes every unit's full parameters resident in m->params (gathering under stage 3) for
+ * sampling; returns an error when the plan has no room for that (stage 3 gathers into
+ * slots, so sampling under stage 3 is done from a checkpoint by `strata sample`). */
+int strata_engine_params_resident(strata_engine *e);
+
+/* This rank's standard shard of unit u's fp32 master weights: elements [*lo, *lo + *n) of
+ * the padded flat buffer, in device memory (host-readable on the CPU backend; tests use it). */
+const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *lo, size_t *n);
+int strata_engine_stage(const strata_engine *e);
+
+#endif

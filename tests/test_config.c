@@ -1,0 +1,417 @@
+/* tests/test_config.c: the YAML config reader. A catalogue of bad configs, each with the
+ * exact message a user sees, then the good paths: defaults, overrides, the write/parse
+ * round trip, the built-in config against configs/quickstart.yaml, and every shipped
+ * config loading cleanly. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "core/config.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                                 \
+    do {                                                                 \
+        checks++;                                                        \
+        if (!(cond)) {                                                   \
+            failures++;                                                  \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                  \
+            printf(__VA_ARGS__);                                         \
+            printf("\n");                                                \
+        }                                                                \
+    } while (0)
+
+/* A valid model and data section: lines 1-8 of every catalogue entry that uses it. */
+#define HEAD                                                                             \
+    "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n" \
+    "data:\n  train: \"t_*.bin\"\n"
+#define TRAIN "train:\n  steps: 10\n" /* lines 9-10 after HEAD */
+
+typedef struct bad_case {
+    const char *what;
+    const char *yaml;
+    const char *set; /* one --set, or NULL */
+    const char *expect;
+} bad_case;
+
+static const bad_case bad_cases[] = {
+    {"unknown key, did you mean", HEAD TRAIN "  micro_bach: 4\n", NULL,
+     "bad.yaml:11: unknown key 'train.micro_bach' (did you mean 'train.micro_batch'?)"},
+    {"key in the wrong section", HEAD TRAIN "  lr: 0.1\n", NULL,
+     "bad.yaml:11: unknown key 'train.lr' (did you mean 'optim.lr'?)"},
+    {"unknown key, nothing close", HEAD TRAIN "  banana: 1\n", NULL, "bad.yaml:11: unknown key 'train.banana'"},
+    {"unknown section, did you mean", HEAD "trian:\n  steps: 10\n", NULL,
+     "bad.yaml:9: unknown section 'trian' (did you mean 'train'?)"},
+    {"section key at top level", HEAD "steps: 10\n", NULL,
+     "bad.yaml:9: unknown section 'steps' (did you mean 'train.steps'?)"},
+    {"integer: letters", HEAD TRAIN "  micro_batch: abc\n", NULL,
+     "bad.yaml:11: key 'train.micro_batch': expected an integer, got 'abc'"},
+    {"integer: fraction", HEAD TRAIN "  micro_batch: 2.5\n", NULL,
+     "bad.yaml:11: key 'train.micro_batch': expected an integer, got '2.5'"},
+    {"integer: empty value", HEAD TRAIN "  micro_batch:\n", NULL,
+     "bad.yaml:11: key 'train.micro_batch': expected an integer, got ''"},
+    {"integer: below range", HEAD TRAIN "  micro_batch: 0\n", NULL,
+     "bad.yaml:11: key 'train.micro_batch': must be between 1 and 65536, got 0"},
+    {"int64: overflow", HEAD "train:\n  steps: 99999999999999999999\n", NULL,
+     "bad.yaml:10: key 'train.steps': must be between 1 and 1000000000000, got 99999999999999999999"},
+    {"uint64: negative seed", HEAD TRAIN "  seed: -1\n", NULL,
+     "bad.yaml:11: key 'train.seed': must be between 0 and 18446744073709551615, got -1"},
+    {"vocab above uint16", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 70000\n",
+     NULL, "bad.yaml:6: key 'model.vocab_size': must be between 1 and 65536, got 70000"},
+    {"double: not a number", HEAD TRAIN "optim:\n  lr: fast\n", NULL,
+     "bad.yaml:12: key 'optim.lr': expected a number, got 'fast'"},
+    {"double: nan", HEAD TRAIN "optim:\n  eps: nan\n", NULL, "bad.yaml:12: key 'optim.eps': expected a number, got 'nan'"},
+    {"double: exclusive upper bound", HEAD TRAIN "optim:\n  beta2: 1\n", NULL,
+     "bad.yaml:12: key 'optim.beta2': must be at least 0 and less than 1, got 1"},
+    {"double: exclusive lower bound", HEAD TRAIN "comm:\n  timeout_s: 0\n", NULL,
+     "bad.yaml:12: key 'comm.timeout_s': must be greater than 0 and at most 604800, got 0"},
+    {"bool: yes is not a boolean", HEAD TRAIN "zero:\n  overlap_comm: yes\n", NULL,
+     "bad.yaml:12: key 'zero.overlap_comm': expected true or false, got 'yes'"},
+    {"enum: bad value", HEAD TRAIN "optim:\n  schedule: cosin\n", NULL,
+     "bad.yaml:12: key 'optim.schedule': expected one of cosine, linear, constant; got 'cosin'"},
+    {"enum: top-level device", "device: gpu\n" HEAD TRAIN, NULL,
+     "bad.yaml:1: key 'device': expected one of auto, cpu, cuda; got 'gpu'"},
+    {"activation checkpointing every:0", HEAD TRAIN "  activation_checkpointing: every:0\n", NULL,
+     "bad.yaml:11: key 'train.activation_checkpointing': expected none, blocks or every:K with K between 1 and "
+     "1024, got 'every:0'"},
+    {"empty required string", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n"
+                              "data:\n  train: \"\"\n" TRAIN,
+     NULL, "bad.yaml:8: key 'data.train': must not be empty"},
+    {"missing required key", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n" TRAIN,
+     NULL, "bad.yaml: missing required key 'data.train'"},
+    {"duplicate key", HEAD TRAIN "  steps: 20\n", NULL, "bad.yaml:11: duplicate key 'train.steps' (first at line 10)"},
+    {"duplicate section", HEAD TRAIN "train:\n  micro_batch: 4\n", NULL,
+     "bad.yaml:11: duplicate section 'train' (first at line 9)"},
+    {"malformed YAML: bad indentation", HEAD TRAIN "   micro_batch: 4\n", NULL,
+     "bad.yaml:11:15: invalid YAML: mapping values are not allowed in this context"},
+    {"malformed YAML: tab", HEAD "train:\n\tsteps: 10\n", NULL,
+     "bad.yaml:10:1: invalid YAML: found character that cannot start any token (while scanning for the next token)"},
+    {"malformed YAML: open flow sequence", HEAD "train: [1, 2\n", NULL,
+     "bad.yaml:10:1: invalid YAML: did not find expected ',' or ']' (while parsing a flow sequence)"},
+    {"section is a scalar", HEAD "train: 5\n", NULL, "bad.yaml:9: section 'train' must be a mapping of keys, got a scalar"},
+    {"section is a sequence", HEAD "train:\n  - steps\n", NULL,
+     "bad.yaml:9: section 'train' must be a mapping of keys, got a sequence"},
+    {"mapping where a scalar is expected", HEAD "train:\n  steps:\n    value: 10\n", NULL,
+     "bad.yaml:10: key 'train.steps': expected a scalar value, got a mapping"},
+    {"top level is a scalar", "just some text\n", NULL,
+     "bad.yaml:1: expected a mapping of sections at the top level, got a scalar"},
+    {"top level is a sequence", "- model\n- data\n", NULL,
+     "bad.yaml:1: expected a mapping of sections at the top level, got a sequence"},
+    {"empty file", "", NULL, "bad.yaml: empty config; expected a mapping of sections (model, data, train, ...)"},
+    {"only comments", "# nothing here\n\n", NULL,
+     "bad.yaml: empty config; expected a mapping of sections (model, data, train, ...)"},
+    {"two documents", HEAD TRAIN "---\ntrain:\n  steps: 5\n", NULL,
+     "bad.yaml:11: a second YAML document starts here; a config is one document"},
+    {"sequence as a key", HEAD "? [a, b]\n: 1\n", NULL, "bad.yaml:9: keys must be scalars, got a sequence"},
+    {"n_embd not divisible by n_head",
+     "model:\n  n_layer: 2\n  n_head: 3\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\ndata:\n  train: t\n" TRAIN,
+     NULL, "bad.yaml: model.n_embd (8) must be divisible by model.n_head (3)"},
+    {"train.seq_len above model.seq_len", HEAD TRAIN "  seq_len: 32\n", NULL,
+     "bad.yaml: train.seq_len (32) must not exceed model.seq_len (16)"},
+    {"padded vocab below vocab",
+     "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n  padded_vocab_size: 200\n"
+     "data:\n  train: t\n" TRAIN,
+     NULL, "bad.yaml: model.padded_vocab_size (200) must be 0 or at least model.vocab_size (256)"},
+    {"min_lr above lr", HEAD TRAIN "optim:\n  lr: 1e-4\n  min_lr: 1e-3\n", NULL,
+     "bad.yaml: optim.min_lr (0.001) must not exceed optim.lr (0.0001)"},
+    {"nvme offload without a path", HEAD TRAIN "offload:\n  optimizer: nvme\n", NULL,
+     "bad.yaml: offload.optimizer is nvme, which needs offload.nvme_path"},
+    {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,
+     "bad.yaml: offload.block_kb (1026) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)"},
+
+    /* --set overrides: the file is fine, the override is not. */
+    {"--set: not an integer", HEAD TRAIN, "train.steps=x", "--set: key 'train.steps': expected an integer, got 'x'"},
+    {"--set: missing '='", HEAD TRAIN, "train.steps", "--set: expected section.key=value, got 'train.steps'"},
+    {"--set: unknown key", HEAD TRAIN, "train.stepz=5", "--set: unknown key 'train.stepz' (did you mean 'train.steps'?)"},
+    {"--set: unknown section", HEAD TRAIN, "optimm.lr=1", "--set: unknown section 'optimm' (did you mean 'optim'?)"},
+    {"--set: whole section", HEAD TRAIN, "train=5", "--set: section 'train' must be a mapping of keys, got a scalar"},
+    {"--set: out of range", HEAD TRAIN, "zero.stage=4", "--set: key 'zero.stage': must be between 0 and 3, got 4"},
+    {"--set: breaks a cross-key rule", HEAD TRAIN, "optim.min_lr=1",
+     "bad.yaml: optim.min_lr (1) must not exceed optim.lr (0.0003)"},
+};
+
+static void test_bad_catalogue(void) {
+    int n = (int)(sizeof bad_cases / sizeof bad_cases[0]);
+    for (int i = 0; i < n; i++) {
+        const bad_case *b = &bad_cases[i];
+        strata_config c;
+        strata_clear_error();
+        const char *sets[1] = {b->set};
+        int rc = strata_config_load_string(&c, "bad.yaml", b->yaml, sets, b->set ? 1 : 0);
+        int ok = rc == -1 && !strcmp(strata_error(), b->expect);
+        CHECK(ok, "%s:\n  want: %s\n  got (rc %d): %s", b->what, b->expect, rc, strata_error());
+        if (ok) printf("ok   bad config rejected: %s\n", b->what);
+    }
+    CHECK(n >= 24, "catalogue has %d bad configs", n);
+}
+
+static char *source_path(const char *rel) {
+    const char *dir = getenv("STRATA_SOURCE_DIR");
+    if (!dir || !*dir) dir = ".";
+    size_t n = strlen(dir) + strlen(rel) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", dir, rel);
+    return p;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    *len = got;
+    return buf;
+}
+
+static void test_bad_file_on_disk(void) {
+    char path[256], expect[512];
+    snprintf(path, sizeof path, "/tmp/strata_test_config_%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot create %s", path);
+    if (!f) return;
+    fputs(HEAD TRAIN "optim:\n  lr: 3e-4\n  warmup_steps: 1.5\n", f);
+    fclose(f);
+    strata_config c;
+    int rc = strata_config_load(&c, path, NULL, 0);
+    snprintf(expect, sizeof expect, "%s:13: key 'optim.warmup_steps': expected an integer, got '1.5'", path);
+    CHECK(rc == -1 && !strcmp(strata_error(), expect), "file on disk: want '%s', got '%s'", expect, strata_error());
+    unlink(path);
+
+    rc = strata_config_load(&c, path, NULL, 0);
+    snprintf(expect, sizeof expect, "%s: cannot read: No such file or directory", path);
+    CHECK(rc == -1 && !strcmp(strata_error(), expect), "missing file: want '%s', got '%s'", expect, strata_error());
+    printf("ok   bad file on disk and missing file name the path\n");
+}
+
+static void test_defaults(void) {
+    strata_config c;
+    strata_config_defaults(&c);
+    CHECK(c.device == STRATA_BACKEND_AUTO, "device");
+    CHECK(c.model.n_layer == 0 && c.model.vocab_size == 0, "required keys stay unset");
+    CHECK(c.model.padded_vocab_size == 0 && c.model.init_std == 0.02, "model defaults");
+    CHECK(!strcmp(c.data.val, "") && c.data.shuffle == 1 && !strcmp(c.data.train, ""), "data defaults");
+    CHECK(c.train.micro_batch == 8 && c.train.seq_len == 0 && c.train.grad_accum == 1 && c.train.seed == 1337,
+          "train defaults 1");
+    CHECK(c.train.eval_every == 100 && c.train.eval_batches == 8 && c.train.log_every == 1 &&
+              c.train.sample_every == 0 && c.train.sample_tokens == 200,
+          "train defaults 2");
+    CHECK(c.train.activation_checkpointing == 0 && c.train.dtype == STRATA_DTYPE_AUTO &&
+              c.train.grad_reduce_dtype == STRATA_DTYPE_AUTO && c.train.threads == 0,
+          "train defaults 3");
+    CHECK(c.optim.lr == 3e-4 && c.optim.min_lr == 3e-5 && c.optim.warmup_steps == 0 &&
+              c.optim.schedule == STRATA_SCHEDULE_COSINE,
+          "optim defaults 1");
+    CHECK(c.optim.beta1 == 0.9 && c.optim.beta2 == 0.95 && c.optim.eps == 1e-8 && c.optim.weight_decay == 0.1 &&
+              c.optim.grad_clip == 1.0,
+          "optim defaults 2");
+    CHECK(!strcmp(c.run.dir, "runs/default") && c.run.checkpoint_every == 0 && c.run.keep == 3, "run defaults");
+    CHECK(c.zero.stage == 0 && c.zero.reduce_bucket_mb == 25 && c.zero.overlap_comm == 1 && c.zero.prefetch_units == 1,
+          "zero defaults");
+    CHECK(c.comm.backend == STRATA_COMM_AUTO && c.comm.timeout_s == 300, "comm defaults");
+    CHECK(c.offload.optimizer == STRATA_OFFLOAD_NONE && c.offload.params == STRATA_OFFLOAD_NONE &&
+              !strcmp(c.offload.nvme_path, "") && c.offload.pinned_budget_gb == 0 && c.offload.buffer_count == 4 &&
+              c.offload.block_kb == 1024 && c.offload.queue_depth == 32,
+          "offload defaults");
+    CHECK(c.memory.auto_fit == 0 && c.memory.gpu_gb == 0 && c.memory.host_gb == 0 && c.memory.nvme_gb == 0,
+          "memory defaults");
+    printf("ok   defaults\n");
+}
+
+static void test_minimal_and_derived(void) {
+    strata_config c;
+    int rc = strata_config_load_string(&c, "min.yaml", HEAD TRAIN, NULL, 0);
+    CHECK(rc == 0, "minimal config: %s", strata_error());
+    CHECK(c.model.n_layer == 2 && c.model.n_embd == 8 && !strcmp(c.data.train, "t_*.bin") && c.train.steps == 10,
+          "required keys read");
+    CHECK(c.train.micro_batch == 8 && c.optim.lr == 3e-4 && !strcmp(c.path, "min.yaml"), "defaults kept");
+    CHECK(strata_config_seq_len(&c) == 16, "seq_len falls back to model.seq_len");
+    CHECK(strata_config_padded_vocab(&c) == 256, "256 stays 256");
+    c.model.vocab_size = 50257;
+    CHECK(strata_config_padded_vocab(&c) == 50304, "50257 pads to 50304, got %d", strata_config_padded_vocab(&c));
+    c.model.padded_vocab_size = 50560;
+    CHECK(strata_config_padded_vocab(&c) == 50560, "explicit padded vocab wins");
+
+    /* Flow style, an empty section, quoted scalars and each checkpointing form. */
+    const char *flow = "device: cpu\nmodel: {n_layer: 1, n_head: 1, n_embd: 4, seq_len: 8, vocab_size: 10}\n"
+                       "data: {train: 'a b.bin', val: ~}\ntrain: {steps: 3, seq_len: 4, activation_checkpointing: "
+                       "every:3}\nzero:\noptim: {lr: 1e-3, min_lr: 0, schedule: linear}\n";
+    rc = strata_config_load_string(&c, "flow.yaml", flow, NULL, 0);
+    CHECK(rc == 0, "flow config: %s", strata_error());
+    CHECK(c.device == STRATA_BACKEND_CPU && !strcmp(c.data.train, "a b.bin") && !strcmp(c.data.val, ""),
+          "flow values");
+    CHECK(c.train.activation_checkpointing == 3 && strata_config_seq_len(&c) == 4, "every:3 and train.seq_len");
+    CHECK(c.optim.schedule == STRATA_SCHEDULE_LINEAR && c.optim.lr == 1e-3 && c.optim.min_lr == 0, "optim values");
+    const char *sets_blocks[] = {"train.activation_checkpointing=blocks"};
+    rc = strata_config_load_string(&c, "flow.yaml", flow, sets_blocks, 1);
+    CHECK(rc == 0 && c.train.activation_checkpointing == 1, "blocks = 1");
+    const char *sets_none[] = {"train.activation_checkpointing=none"};
+    rc = strata_config_load_string(&c, "flow.yaml", flow, sets_none, 1);
+    CHECK(rc == 0 && c.train.activation_checkpointing == 0, "none = 0");
+    printf("ok   minimal config, flow style, derived values\n");
+}
+
+static void test_overrides(void) {
+    strata_config c;
+    const char *sets[] = {"train.micro_batch=32", " device = cuda ", "data.val=v_*.bin", "optim.lr=6e-4",
+                          "train.seed=18446744073709551615", "memory.auto=true", "offload.params=nvme",
+                          "offload.nvme_path=/mnt/nvme"};
+    int rc = strata_config_load_string(&c, "o.yaml", "device: cpu\n" HEAD TRAIN "  micro_batch: 4\n", sets, 8);
+    CHECK(rc == 0, "overrides: %s", strata_error());
+    CHECK(c.train.micro_batch == 32, "--set beats the file (%d)", c.train.micro_batch);
+    CHECK(c.device == STRATA_BACKEND_CUDA, "top-level --set, spaces trimmed");
+    CHECK(!strcmp(c.data.val, "v_*.bin") && c.optim.lr == 6e-4 && c.train.seed == UINT64_MAX && c.memory.auto_fit == 1,
+          "other overrides");
+    CHECK(c.offload.params == STRATA_OFFLOAD_NVME && !strcmp(c.offload.nvme_path, "/mnt/nvme"), "nvme with path");
+
+    /* A required key may come from --set alone. */
+    const char *need[] = {"data.train=x_*.bin"};
+    rc = strata_config_load_string(&c, "o.yaml", "model: {n_layer: 1, n_head: 1, n_embd: 4, seq_len: 8, vocab_size: 10}\n"
+                                                 TRAIN, need, 1);
+    CHECK(rc == 0 && !strcmp(c.data.train, "x_*.bin"), "required key from --set: %s", strata_error());
+
+    /* A failed load or set leaves the struct untouched. */
+    strata_config before = c;
+    rc = strata_config_set(&c, "train.micro_batch=zero");
+    CHECK(rc == -1 && !memcmp(&before, &c, sizeof c), "failed set leaves c unchanged");
+    rc = strata_config_load_string(&c, "bad.yaml", "nope: 1\n", NULL, 0);
+    CHECK(rc == -1 && !memcmp(&before, &c, sizeof c), "failed load leaves c unchanged");
+    rc = strata_config_set(&c, "train.seq_len=1000");
+    CHECK(rc == 0 && c.train.seq_len == 1000, "set skips cross-key rules");
+    rc = strata_config_check(&c, "o.yaml");
+    CHECK(rc == -1 && !strcmp(strata_error(), "o.yaml: train.seq_len (1000) must not exceed model.seq_len (8)"),
+          "check after set: %s", strata_error());
+    printf("ok   overrides win over the file; failures leave the config unchanged\n");
+}
+
+static void round_trip(const strata_config *c, int with_comments, const char *what) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    strata_config_write(c, f, with_comments);
+    fclose(f);
+    strata_config back;
+    memset(&back, 0, sizeof back);
+    int rc = strata_config_load_string(&back, c->path, text, NULL, 0);
+    CHECK(rc == 0, "%s: written config does not parse: %s\n%s", what, strata_error(), text);
+    CHECK(rc != 0 || !memcmp(&back, c, sizeof back), "%s: parsed config differs\n%s", what, text);
+    /* Every key is printed: count "key:" lines against the sections and keys. */
+    int lines = 0;
+    for (const char *p = text; *p; p++) lines += *p == '\n';
+    CHECK(lines >= 60, "%s: only %d lines", what, lines);
+    free(text);
+}
+
+static void test_round_trip(void) {
+    strata_config c;
+    memset(&c, 0, sizeof c);
+    const char *sets[] = {"data.val=say \"hi\"\\ and \t tab", "optim.lr=3e-4", "optim.min_lr=1.2345678901234567e-7",
+                          "optim.eps=1e-300", "train.seed=18446744073709551615", "train.activation_checkpointing=every:7",
+                          "train.steps=1000000000000", "zero.stage=3", "comm.timeout_s=0.5", "train.dtype=bf16",
+                          "train.grad_reduce_dtype=fp32", "offload.optimizer=cpu", "data.shuffle=false",
+                          "run.dir=runs/with: colon # hash", "model.padded_vocab_size=384"};
+    int rc = strata_config_load_string(&c, "rt.yaml", HEAD TRAIN, sets, (int)(sizeof sets / sizeof sets[0]));
+    CHECK(rc == 0, "round-trip source: %s", strata_error());
+    round_trip(&c, 1, "with comments");
+    round_trip(&c, 0, "without comments");
+    printf("ok   write -> parse round trip is exact\n");
+}
+
+static void test_builtin_matches_file(void) {
+    char *path = source_path("configs/quickstart.yaml");
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (text) {
+        const char *builtin = strata_config_builtin_yaml();
+        CHECK(len == strlen(builtin) && !memcmp(text, builtin, len),
+              "%s differs from the built-in copy in core/config.c", path);
+    }
+    strata_config a, b;
+    int rc = strata_config_load(&a, NULL, NULL, 0);
+    CHECK(rc == 0, "built-in config: %s", strata_error());
+    rc = strata_config_load(&b, path, NULL, 0);
+    CHECK(rc == 0, "quickstart file: %s", strata_error());
+    memcpy(b.path, a.path, sizeof b.path);
+    CHECK(!memcmp(&a, &b, sizeof a), "built-in and file load to different configs");
+    CHECK(a.path[0] == 0, "built-in config has an empty path");
+    CHECK(a.model.n_layer == 4 && a.model.n_embd == 128 && a.model.vocab_size == 256 && a.train.steps == 600 &&
+              a.train.micro_batch == 16 && a.train.log_every == 10 && a.train.sample_tokens == 300 &&
+              a.optim.lr == 2e-3 && a.optim.min_lr == 2e-4 && a.optim.warmup_steps == 50 &&
+              !strcmp(a.run.dir, "runs/quickstart") && a.run.checkpoint_every == 200 && a.run.keep == 2 &&
+              !strcmp(a.data.train, "data/quickstart/train_*.bin"),
+          "quickstart values");
+    const char *sets[] = {"train.seq_len=256"};
+    rc = strata_config_load(&a, NULL, sets, 1);
+    CHECK(rc == -1 && !strcmp(strata_error(), "<built-in>: train.seq_len (256) must not exceed model.seq_len (128)"),
+          "built-in name in messages: %s", strata_error());
+    free(text);
+    free(path);
+    printf("ok   built-in config == configs/quickstart.yaml\n");
+}
+
+static void test_shipped_configs(void) {
+    static const struct {
+        const char *file;
+        int n_layer, n_head, n_embd, zero_stage;
+    } shipped[] = {
+        {"configs/quickstart.yaml", 4, 4, 128, 0},   {"configs/tinyshakespeare.yaml", 4, 4, 128, 0},
+        {"configs/gpt2-124m.yaml", 12, 12, 768, 0},  {"configs/gpt2-350m.yaml", 24, 16, 1024, 0},
+        {"configs/gpt2-774m.yaml", 36, 20, 1280, 0}, {"configs/gpt2-1.5b.yaml", 48, 25, 1600, 2},
+    };
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+        char *path = source_path(shipped[i].file);
+        strata_config c;
+        int rc = strata_config_load(&c, path, NULL, 0);
+        CHECK(rc == 0, "%s: %s", path, strata_error());
+        CHECK(rc != 0 || (c.model.n_layer == shipped[i].n_layer && c.model.n_head == shipped[i].n_head &&
+                          c.model.n_embd == shipped[i].n_embd && c.zero.stage == shipped[i].zero_stage),
+              "%s: shape", path);
+        if (rc == 0) round_trip(&c, 1, shipped[i].file);
+        free(path);
+    }
+    strata_config c;
+    char *path = source_path("configs/gpt2-124m.yaml");
+    int rc = strata_config_load(&c, path, NULL, 0);
+    CHECK(rc == 0 && c.device == STRATA_BACKEND_CUDA && c.train.dtype == STRATA_DTYPE_BF16 &&
+              c.model.vocab_size == 50257 && c.model.seq_len == 1024 && c.train.micro_batch == 16 &&
+              c.train.steps == 5000 && c.optim.lr == 6e-4 && c.optim.warmup_steps == 700 &&
+              !strcmp(c.data.train, "data/fineweb10B/fineweb_train_*.bin"),
+          "gpt2-124m values");
+    free(path);
+    path = source_path("configs/tinyshakespeare.yaml");
+    rc = strata_config_load(&c, path, NULL, 0);
+    CHECK(rc == 0 && c.device == STRATA_BACKEND_CPU && c.train.steps == 400 && c.optim.lr == 2e-3 &&
+              c.train.eval_every == 100 && !strcmp(c.data.train, "data/tinyshakespeare/train_*.bin"),
+          "tinyshakespeare values");
+    free(path);
+    printf("ok   every shipped config loads and round-trips\n");
+}
+
+static void test_names(void) {
+    CHECK(!strcmp(strata_schedule_name(STRATA_SCHEDULE_CONSTANT), "constant"), "schedule name");
+    CHECK(!strcmp(strata_offload_name(STRATA_OFFLOAD_NVME), "nvme"), "offload name");
+    CHECK(!strcmp(strata_dtype_choice_name(STRATA_DTYPE_BF16), "bf16"), "dtype name");
+    printf("ok   enum names\n");
+}
+
+int main(void) {
+    test_bad_catalogue();
+    test_bad_file_on_disk();
+    test_defaults();
+    test_minimal_and_derived();
+    test_overrides();
+    test_round_trip();
+    test_builtin_matches_file();
+    test_shipped_configs();
+    test_names();
+    printf("%s: %d checks, %d failures\n", failures ? "FAIL" : "PASS", checks, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,422 @@
+/* tests/test_data.c: token shards, the batch reader, the batch index formula, byte-level
+ * text preparation and the llm.c tokenizer file, each against hand-computed results. */
+#include "core/common.h"
+#include "core/data.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                                 \
+    do {                                                                                 \
+        int ok_ = (cond);                                                                \
+        printf("%s: ", ok_ ? "ok" : "FAIL");                                             \
+        printf(__VA_ARGS__);                                                             \
+        printf("\n");                                                                    \
+        if (!ok_) {                                                                      \
+            printf("  at %s:%d: %s\n", __FILE__, __LINE__, #cond);                       \
+            failures++;                                                                  \
+        }                                                                                \
+    } while (0)
+
+static char tmpdir[256];
+
+static const char *tpath(char *buf, const char *name) {
+    snprintf(buf, 1024, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+/* Writes a shard the way llm.c's Python does: 256 int32 header, then uint16 tokens,
+ * with the header fields given explicitly so tests can corrupt them. */
+static void write_raw_shard(const char *path, int32_t magic, int32_t version, int32_t n_header,
+                            const uint16_t *tokens, size_t n_tokens) {
+    int32_t header[256] = {0};
+    header[0] = magic;
+    header[1] = version;
+    header[2] = n_header;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    fwrite(header, sizeof(int32_t), 256, f);
+    if (n_tokens) fwrite(tokens, sizeof(uint16_t), n_tokens, f);
+    fclose(f);
+}
+
+static int error_is(const char *expected) {
+    if (strcmp(strata_error(), expected) == 0) return 1;
+    printf("  got:      %s\n  expected: %s\n", strata_error(), expected);
+    return 0;
+}
+
+static void test_shard_round_trip(void) {
+    char p[1024];
+    uint16_t tok[1000];
+    for (int i = 0; i < 1000; i++) tok[i] = (uint16_t)(i * 977 + 13);
+    tpath(p, "round.bin");
+    CHECK(strata_shard_write(p, tok, 1000) == 0, "shard_write 1000 tokens");
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    CHECK(access(tmp, F_OK) != 0, "no .tmp file left behind after the rename");
+    struct stat st;
+    CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 2000, "file is 1024 + 2*1000 bytes");
+    strata_shard sh;
+    CHECK(strata_shard_open(&sh, p) == 0, "shard_open of the written shard");
+    CHECK(sh.n_tokens == 1000 && memcmp(sh.tokens, tok, sizeof tok) == 0,
+          "tokens read back equal tokens written");
+    strata_shard_close(&sh);
+    CHECK(sh.map == NULL && sh.tokens == NULL, "close clears the shard");
+}
+
+static void test_bad_shards(void) {
+    char p[1024], msg[2048];
+    uint16_t tok[1000] = {0};
+
+    write_raw_shard(tpath(p, "badmagic.bin"), 123, 1, 10, tok, 10);
+    strata_shard sh;
+    CHECK(strata_shard_open(&sh, p) != 0, "bad magic refused");
+    snprintf(msg, sizeof msg, "%s: bad magic 123 (expected 20240520; not a token shard)", p);
+    CHECK(error_is(msg), "bad magic message names the file and the value");
+
+    write_raw_shard(tpath(p, "trunc.bin"), STRATA_SHARD_MAGIC, 1, 1000, tok, 998);
+    CHECK(strata_shard_open(&sh, p) != 0, "truncated shard refused");
+    snprintf(msg, sizeof msg, "%s: header says 1000 tokens but the file holds 998", p);
+    CHECK(error_is(msg), "truncated message gives both counts");
+
+    write_raw_shard(tpath(p, "ver.bin"), STRATA_SHARD_MAGIC, 2, 10, tok, 10);
+    CHECK(strata_shard_open(&sh, p) != 0, "wrong version refused");
+    snprintf(msg, sizeof msg, "%s: unsupported shard version 2 (expected 1)", p);
+    CHECK(error_is(msg), "version message names the version");
+
+    FILE *f = fopen(tpath(p, "tiny.bin"), "wb");
+    fwrite("hello", 1, 5, f);
+    fclose(f);
+    CHECK(strata_shard_open(&sh, p) != 0, "file shorter than the header refused");
+    snprintf(msg, sizeof msg,
+             "%s: file is 5 bytes, shorter than the 1024-byte shard header (not a token shard, "
+             "or truncated)",
+             p);
+    CHECK(error_is(msg), "short file message gives the size");
+
+    CHECK(strata_shard_open(&sh, tpath(p, "absent.bin")) != 0, "missing shard refused");
+    snprintf(msg, sizeof msg, "%s: cannot open token shard: No such file or directory", p);
+    CHECK(error_is(msg), "missing shard message names the file");
+}
+
+/* Two hand-built llm.c shards, created in reverse name order to check the glob is sorted:
+ * shard_00 holds 0..10 (11 tokens -> 2 chunks of 5: [0..4], [4..8]; 9, 10 unused),
+ * shard_01 holds 100..108 (9 tokens -> 2 chunks: [100..104], [104..108]). */
+static void make_llmc_dir(char *dir_out) {
+    snprintf(dir_out, 1024, "%s/llmc", tmpdir);
+    mkdir(dir_out, 0755);
+    char p[1100];
+    uint16_t b[9], a[11];
+    for (int i = 0; i < 9; i++) b[i] = (uint16_t)(100 + i);
+    for (int i = 0; i < 11; i++) a[i] = (uint16_t)i;
+    snprintf(p, sizeof p, "%s/shard_01.bin", dir_out);
+    write_raw_shard(p, STRATA_SHARD_MAGIC, 1, 9, b, 9);
+    snprintf(p, sizeof p, "%s/shard_00.bin", dir_out);
+    write_raw_shard(p, STRATA_SHARD_MAGIC, 1, 11, a, 11);
+}
+
+static void test_loader_sequences(void) {
+    char dir[1024], pat[1100];
+    make_llmc_dir(dir);
+    snprintf(pat, sizeof pat, "%s/*.bin", dir);
+    strata_loader L;
+    CHECK(strata_loader_open(&L, pat, 4, 256, 0, 0) == 0, "loader opens hand-built llm.c shards");
+    CHECK(L.n_shards == 2 && L.n_chunks == 4, "2 shards give 2 + 2 chunks of T+1 = 5 (got %d, %llu)",
+          L.n_shards, (unsigned long long)L.n_chunks);
+    /* seq 1..5: within shard 0, across the boundary into shard 1, then the epoch wraps
+     * back to seq 0 and 1. */
+    int32_t in[5 * 4], tg[5 * 4];
+    CHECK(strata_loader_read(&L, 1, 5, in, tg) == 0, "read seq 1..5");
+    const int32_t want_in[5 * 4] = {4, 5, 6, 7, 100, 101, 102, 103, 104, 105,
+                                    106, 107, 0, 1, 2, 3, 4, 5, 6, 7};
+    const int32_t want_tg[5 * 4] = {5, 6, 7, 8, 101, 102, 103, 104, 105, 106,
+                                    107, 108, 1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK(memcmp(in, want_in, sizeof in) == 0, "inputs across shard boundary and epoch wrap");
+    CHECK(memcmp(tg, want_tg, sizeof tg) == 0, "targets are inputs shifted by one");
+    /* A late epoch gives the same chunk as epoch 0 without shuffling. */
+    int32_t in1[4], tg1[4];
+    CHECK(strata_loader_read(&L, 4 * 1000 + 2, 1, in1, tg1) == 0 && in1[0] == 100 && tg1[3] == 104,
+          "seq 4002 (epoch 1000) is chunk 2");
+    strata_loader_close(&L);
+
+    /* Vocabulary check names the shard and the position. */
+    char msg[2048];
+    CHECK(strata_loader_open(&L, pat, 4, 105, 0, 0) == 0, "open with vocab 105");
+    CHECK(strata_loader_read(&L, 0, 3, in, tg) == 0, "chunks below the vocabulary read fine");
+    CHECK(strata_loader_read(&L, 3, 1, in, tg) != 0, "token 105 refused with vocab 105");
+    snprintf(msg, sizeof msg,
+             "%s/shard_01.bin: token 105 at position 5 is >= vocab_size 105 (data tokenised for a "
+             "larger vocabulary?)",
+             dir);
+    CHECK(error_is(msg), "vocab error names shard and position");
+    strata_loader_close(&L);
+
+    snprintf(pat, sizeof pat, "%s/none/*.bin", tmpdir);
+    CHECK(strata_loader_open(&L, pat, 4, 256, 0, 0) != 0, "glob with no match refused");
+    snprintf(msg, sizeof msg, "no token shards match '%s'", pat);
+    CHECK(error_is(msg), "no-match message names the pattern");
+
+    /* A shard too short for one chunk. */
+    char p[1100];
+    uint16_t few[4] = {1, 2, 3, 4};
+    snprintf(p, sizeof p, "%s/short_shard.bin", tmpdir);
+    write_raw_shard(p, STRATA_SHARD_MAGIC, 1, 4, few, 4);
+    CHECK(strata_loader_open(&L, p, 4, 256, 0, 0) != 0, "shards with no full chunk refused");
+    snprintf(msg, sizeof msg,
+             "'%s': 1 shard holding 4 tokens, but none holds a sequence of T+1 = 5 tokens (use "
+             "more data or a shorter seq_len)",
+             p);
+    CHECK(error_is(msg), "too-short message gives counts");
+}
+
+/* Shard of tokens 0..48 with T=4: 12 chunks; chunk c starts with token 4c, which
+ * identifies it. */
+static void read_epoch(strata_loader *L, uint64_t epoch, int *chunk_ids) {
+    int n = (int)L->n_chunks;
+    int32_t *in = malloc(sizeof(int32_t) * 4 * n), *tg = malloc(sizeof(int32_t) * 4 * n);
+    if (strata_loader_read(L, epoch * (uint64_t)n, n, in, tg) != 0) {
+        printf("read failed: %s\n", strata_error());
+        exit(1);
+    }
+    for (int i = 0; i < n; i++) chunk_ids[i] = in[4 * i] / 4;
+    free(in);
+    free(tg);
+}
+
+static int is_permutation(const int *ids, int n) {
+    int seen[64] = {0};
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n || seen[ids[i]]) return 0;
+        seen[ids[i]] = 1;
+    }
+    return 1;
+}
+
+static void test_shuffle(void) {
+    char p[1024];
+    uint16_t tok[49];
+    for (int i = 0; i < 49; i++) tok[i] = (uint16_t)i;
+    tpath(p, "shuf.bin");
+    strata_shard_write(p, tok, 49);
+    strata_loader L, L2, L3;
+    CHECK(strata_loader_open(&L, p, 4, 256, 1, 1234) == 0 && L.n_chunks == 12, "shuffled loader, 12 chunks");
+    int e0[12], e1[12], e0b[12], e0c[12], e1c[12];
+    read_epoch(&L, 1, e1); /* out of order on purpose: the order is a function of (seed, seq) */
+    read_epoch(&L, 0, e0);
+    CHECK(is_permutation(e0, 12), "epoch 0 visits every chunk once");
+    CHECK(is_permutation(e1, 12), "epoch 1 visits every chunk once");
+    CHECK(memcmp(e0, e1, sizeof e0) != 0, "epochs 0 and 1 are ordered differently");
+    int identity = 1;
+    for (int i = 0; i < 12; i++) identity &= e0[i] == i;
+    CHECK(!identity, "epoch 0 is not the identity order");
+
+    CHECK(strata_loader_open(&L2, p, 4, 256, 1, 1234) == 0, "second loader, same seed");
+    read_epoch(&L2, 0, e0b);
+    CHECK(memcmp(e0, e0b, sizeof e0) == 0, "same seed gives the same order");
+    /* One sequence read alone on a fresh loader equals its place in the full epoch. */
+    int32_t in[4], tg[4];
+    strata_loader_read(&L2, 12 + 7, 1, in, tg);
+    CHECK(in[0] / 4 == e1[7] && tg[3] == in[3] + 1, "seq 19 alone equals epoch 1 position 7");
+
+    CHECK(strata_loader_open(&L3, p, 4, 256, 1, 99) == 0, "third loader, seed 99");
+    read_epoch(&L3, 0, e0c);
+    read_epoch(&L3, 1, e1c);
+    CHECK(is_permutation(e0c, 12), "seed 99 epoch 0 is a permutation");
+    CHECK(memcmp(e0, e0c, sizeof e0) != 0 || memcmp(e1, e1c, sizeof e1) != 0,
+          "a different seed gives a different order");
+    strata_loader_close(&L);
+    strata_loader_close(&L2);
+    strata_loader_close(&L3);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_batch_seq(void) {
+    const int B = 2;
+    int all_ok = 1, same_order = 1;
+    for (int N = 1; N <= 4; N++)
+        for (int A = 1; A <= 3; A++)
+            for (int64_t step = 0; step < 3; step++) {
+                int G = N * B * A;
+                uint64_t dist[64], one[64];
+                int k = 0;
+                for (int a = 0; a < A; a++)
+                    for (int r = 0; r < N; r++)
+                        for (int b = 0; b < B; b++) {
+                            dist[k++] = strata_batch_seq(step, a, r, b, N, A, B);
+                            /* World N micro-batch B equals world 1 micro-batch N*B, micro by micro. */
+                            if (strata_batch_seq(step, a, r, b, N, A, B) !=
+                                strata_batch_seq(step, a, 0, r * B + b, 1, A, N * B))
+                                same_order = 0;
+                        }
+                for (int b = 0; b < G; b++) one[b] = strata_batch_seq(step, 0, 0, b, 1, 1, G);
+                qsort(dist, G, sizeof *dist, cmp_u64);
+                qsort(one, G, sizeof *one, cmp_u64);
+                /* Oracle: step s covers exactly [s*G, (s+1)*G), each once. */
+                for (int i = 0; i < G; i++)
+                    if (dist[i] != (uint64_t)(step * G + i) || one[i] != dist[i]) all_ok = 0;
+            }
+    CHECK(all_ok, "world N x micro-batch B x accum A covers the same sequences per step as world 1 "
+                  "x micro-batch N*B*A (N 1..4, A 1..3)");
+    CHECK(same_order, "each micro-step of world N equals that micro-step of world 1 with N*B rows");
+    CHECK(strata_batch_seq(5, 1, 2, 1, 4, 3, 2) == 5 * 24 + 1 * 8 + 2 * 2 + 1, "formula spot check");
+}
+
+static void write_file(const char *path, const unsigned char *bytes, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(bytes, 1, n, f);
+    fclose(f);
+}
+
+static void test_prepare_text(void) {
+    char f1[1024], f2[1024], out[1024], p[1100], msg[2048];
+    unsigned char t1[1000], t2[300];
+    for (int i = 0; i < 1000; i++) t1[i] = (unsigned char)(i * 7);
+    for (int i = 0; i < 300; i++) t2[i] = (unsigned char)(255 - i);
+    write_file(tpath(f1, "a.txt"), t1, sizeof t1);
+    write_file(tpath(f2, "b.txt"), t2, sizeof t2);
+    tpath(out, "prep/nested/dir");
+    /* A stale shard from an earlier, larger preparation must not survive. */
+    mkdir(tpath(p, "prep"), 0755);
+    mkdir(tpath(p, "prep/nested"), 0755);
+    mkdir(tpath(p, "prep/nested/dir"), 0755);
+    snprintf(p, sizeof p, "%s/train_000009.bin", out);
+    uint16_t z = 0;
+    strata_shard_write(p, &z, 1);
+
+    const char *files[2] = {f1, f2};
+    CHECK(strata_prepare_text(files, 2, out, 0.1, 256) == 0, "prepare_text on two files");
+    CHECK(access(p, F_OK) != 0, "stale train_000009.bin removed");
+    /* train: 900 + 270 = 1170 bytes -> 256*4 + 146; val: 100 + 30 = 130 -> one shard. */
+    unsigned char want_train[1170], want_val[130];
+    memcpy(want_train, t1, 900);
+    memcpy(want_train + 900, t2, 270);
+    memcpy(want_val, t1 + 900, 100);
+    memcpy(want_val + 100, t2 + 270, 30);
+    size_t expect_sizes[5] = {256, 256, 256, 256, 146};
+    size_t pos = 0;
+    int contents_ok = 1, sizes_ok = 1;
+    for (int s = 0; s < 5; s++) {
+        strata_shard sh;
+        snprintf(p, sizeof p, "%s/train_%06d.bin", out, s);
+        if (strata_shard_open(&sh, p) != 0) {
+            printf("  %s\n", strata_error());
+            sizes_ok = 0;
+            continue;
+        }
+        if (sh.n_tokens != expect_sizes[s]) sizes_ok = 0;
+        for (size_t i = 0; i < sh.n_tokens && pos + i < 1170; i++)
+            if (sh.tokens[i] != want_train[pos + i]) contents_ok = 0;
+        pos += sh.n_tokens;
+        strata_shard_close(&sh);
+    }
+    snprintf(p, sizeof p, "%s/train_000005.bin", out);
+    CHECK(sizes_ok && access(p, F_OK) != 0, "train: 5 shards of 256,256,256,256,146 tokens");
+    CHECK(contents_ok && pos == 1170, "train tokens are the bytes of each file's first 90%%");
+    strata_shard sh;
+    snprintf(p, sizeof p, "%s/val_000000.bin", out);
+    int val_ok = strata_shard_open(&sh, p) == 0 && sh.n_tokens == 130;
+    for (size_t i = 0; val_ok && i < 130; i++)
+        if (sh.tokens[i] != want_val[i]) val_ok = 0;
+    if (sh.map) strata_shard_close(&sh);
+    CHECK(val_ok, "val: one shard of 130 tokens, the last 10%% of each file");
+    snprintf(p, sizeof p, "%s/val_000001.bin", out);
+    CHECK(access(p, F_OK) != 0, "no second val shard");
+
+    write_file(tpath(p, "empty.txt"), t1, 0);
+    const char *bad[1] = {p};
+    CHECK(strata_prepare_text(bad, 1, out, 0.1, 256) != 0, "empty text file refused");
+    snprintf(msg, sizeof msg, "%s: text file is empty (nothing to tokenise)", p);
+    CHECK(error_is(msg), "empty-file message names the file");
+    tpath(p, "missing.txt");
+    CHECK(strata_prepare_text(bad, 1, out, 0.1, 256) != 0, "missing text file refused");
+    snprintf(msg, sizeof msg, "%s: cannot read text file: No such file or directory", p);
+    CHECK(error_is(msg), "missing-file message names the file");
+    CHECK(strata_prepare_text(files, 2, out, 1.5, 256) != 0 &&
+              error_is("prepare: val_fraction 1.5 is outside [0, 1)"),
+          "val_fraction 1.5 refused");
+}
+
+static void write_tokenizer(const char *path, uint32_t magic, uint32_t version, uint32_t vocab,
+                            uint32_t eot, const char *const *pieces, int n_pieces) {
+    uint32_t h[256] = {0};
+    h[0] = magic;
+    h[1] = version;
+    h[2] = vocab;
+    h[3] = eot;
+    FILE *f = fopen(path, "wb");
+    fwrite(h, sizeof h, 1, f);
+    for (int i = 0; i < n_pieces; i++) {
+        unsigned char len = (unsigned char)strlen(pieces[i]);
+        fwrite(&len, 1, 1, f);
+        fwrite(pieces[i], 1, len, f);
+    }
+    fclose(f);
+}
+
+static void test_tokenizer(void) {
+    char p[1024], msg[2048];
+    const char *pieces[3] = {"a", " bc", "<|endoftext|>"};
+    write_tokenizer(tpath(p, "tok_v2.bin"), 20240328, 2, 3, 2, pieces, 3);
+    strata_tokenizer tk;
+    CHECK(strata_tokenizer_load(&tk, p) == 0, "load a v2 tokenizer of 3 pieces");
+    CHECK(tk.vocab_size == 3 && tk.lens[0] == 1 && tk.lens[1] == 3 && tk.lens[2] == 13,
+          "vocab size and piece lengths");
+    CHECK(!strcmp(tk.pieces[1], " bc") && !strcmp(tk.pieces[2], "<|endoftext|>"), "piece bytes");
+    strata_tokenizer_free(&tk);
+    CHECK(tk.pieces == NULL && tk.vocab_size == 0, "free clears the tokenizer");
+
+    write_tokenizer(tpath(p, "tok_v1.bin"), 20240328, 1, 2, 0, pieces, 2);
+    CHECK(strata_tokenizer_load(&tk, p) == 0 && tk.vocab_size == 2, "load a v1 tokenizer");
+    strata_tokenizer_free(&tk);
+
+    write_tokenizer(tpath(p, "tok_magic.bin"), 7, 2, 3, 2, pieces, 3);
+    CHECK(strata_tokenizer_load(&tk, p) != 0, "tokenizer with bad magic refused");
+    snprintf(msg, sizeof msg, "%s: bad magic 7 (expected 20240328; not an llm.c tokenizer file)", p);
+    CHECK(error_is(msg), "tokenizer bad-magic message");
+
+    write_tokenizer(tpath(p, "tok_ver.bin"), 20240328, 3, 3, 2, pieces, 3);
+    CHECK(strata_tokenizer_load(&tk, p) != 0, "tokenizer version 3 refused");
+    snprintf(msg, sizeof msg, "%s: unsupported tokenizer version 3 (expected 1 or 2)", p);
+    CHECK(error_is(msg), "tokenizer version message");
+
+    write_tokenizer(tpath(p, "tok_trunc.bin"), 20240328, 2, 4, 2, pieces, 3);
+    CHECK(strata_tokenizer_load(&tk, p) != 0, "tokenizer with a missing piece refused");
+    snprintf(msg, sizeof msg, "%s: truncated at token 3 of 4", p);
+    CHECK(error_is(msg), "tokenizer truncation message");
+}
+
+int main(void) {
+    strata_log_set_level(STRATA_LOG_WARN);
+    /* mkdtemp template: the prefix, then six placeholder characters it replaces. */
+    int len = snprintf(tmpdir, sizeof tmpdir, "/tmp/strata_test_data_");
+    memset(tmpdir + len, 'X', 6);
+    tmpdir[len + 6] = 0;
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_shard_round_trip();
+    test_bad_shards();
+    test_loader_sequences();
+    test_shuffle();
+    test_batch_seq();
+    test_prepare_text();
+    test_tokenizer();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) printf("warning: could not remove %s\n", tmpdir);
+    printf("%s: %d failure%s\n", failures ? "FAILED" : "PASSED", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,430 @@
+/* tests/test_device.c: the CPU backend keeps CUDA's stream and event semantics:
+ * FIFO order per stream, cross-stream ordering only through events, exact memory
+ * counters, and no lost work at sync or destroy. Hangs turn into failures via alarm(). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "core/device.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (cond) {                                                                       \
+            printf("ok   ");                                                              \
+        } else {                                                                          \
+            printf("FAIL ");                                                              \
+            failures++;                                                                   \
+        }                                                                                 \
+        printf(__VA_ARGS__);                                                              \
+        printf("\n");                                                                     \
+    } while (0)
+
+/* A host task that blocks its stream until the test opens it: lets a test hold work
+ * pending for as long as it needs without guessing at sleep lengths. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+} gate;
+static void gate_init(gate *g) {
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->open = 0;
+}
+static void gate_open(gate *g) {
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+static void gate_wait(void *arg) {
+    gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+static void gate_destroy(gate *g) {
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+}
+
+static void count_fn(void *arg) { (*(int *)arg)++; }
+
+static void test_open_and_dtypes(void) {
+    CHECK(strata_dtype_size(STRATA_F32) == 4 && strata_dtype_size(STRATA_BF16) == 2,
+          "dtype sizes f32=4 bf16=2");
+    CHECK(!strcmp(strata_dtype_name(STRATA_F32), "f32") && !strcmp(strata_dtype_name(STRATA_BF16), "bf16"),
+          "dtype names");
+
+    strata_device *d = strata_device_open("cpu", 0);
+    CHECK(d && !strcmp(d->ops->name, "cpu") && !strncmp(d->description, "cpu (", 5) &&
+              d->compute && d->compute_dtype == STRATA_F32 && d->k,
+          "open cpu: %s", d ? d->description : strata_error());
+    strata_device_close(d);
+
+    strata_device *bad = strata_device_open("tpu", 0);
+    CHECK(!bad && strstr(strata_error(), "\"tpu\""), "unknown backend fails naming it: %s",
+          strata_error());
+
+    if (!strata_cuda_available()) {
+        strata_device *c = strata_device_open("cuda", 0);
+        CHECK(!c, "cuda without a usable GPU fails: %s", strata_error());
+#ifndef STRATA_HAVE_CUDA
+        CHECK(strstr(strata_error(), "built without CUDA") != NULL,
+              "the message says this build has no CUDA");
+#endif
+        strata_device *a = strata_device_open("auto", 0);
+        CHECK(a && !strcmp(a->ops->name, "cpu"), "auto falls back to cpu without a GPU");
+        strata_device_close(a);
+    }
+}
+
+static void test_alloc_counters(strata_device *d) {
+    strata_mem_counters before = d->mem[STRATA_MEM_DEVICE];
+    void *a = strata_alloc(d, STRATA_MEM_DEVICE, 1000);
+    void *b = strata_alloc(d, STRATA_MEM_DEVICE, 3000);
+    void *p = strata_alloc(d, STRATA_MEM_PINNED, 100);
+    void *h = strata_alloc(d, STRATA_MEM_HOST, 7);
+    CHECK(a && b && p && h, "four allocations succeed");
+    CHECK(((uintptr_t)a | (uintptr_t)b | (uintptr_t)p | (uintptr_t)h) % 64 == 0,
+          "every allocation is 64-byte aligned");
+    memset(a, 1, 1000);
+    memset(b, 2, 3000);
+    memset(p, 3, 100);
+    memset(h, 4, 7);
+    strata_mem_counters m = d->mem[STRATA_MEM_DEVICE];
+    CHECK(m.live_bytes == before.live_bytes + 4000 && m.peak_bytes >= 4000 &&
+              m.n_alloc == before.n_alloc + 2,
+          "device live %zu peak %zu allocs %llu", m.live_bytes, m.peak_bytes,
+          (unsigned long long)m.n_alloc);
+    CHECK(d->mem[STRATA_MEM_PINNED].live_bytes == 100 && d->mem[STRATA_MEM_PINNED].n_alloc == 1,
+          "pinned counted apart: live %zu", d->mem[STRATA_MEM_PINNED].live_bytes);
+    CHECK(d->mem[STRATA_MEM_HOST].live_bytes == 7 && d->mem[STRATA_MEM_HOST].n_alloc == 1,
+          "host counted apart: live %zu", d->mem[STRATA_MEM_HOST].live_bytes);
+    strata_free(d, STRATA_MEM_DEVICE, b);
+    void *c = strata_alloc(d, STRATA_MEM_DEVICE, 500);
+    m = d->mem[STRATA_MEM_DEVICE];
+    CHECK(m.live_bytes == 1500 && m.peak_bytes == 4000 && m.n_free == 1 && m.n_alloc == 3,
+          "after free+alloc: live %zu peak %zu (peak keeps the high-water mark)", m.live_bytes,
+          m.peak_bytes);
+    strata_free(d, STRATA_MEM_DEVICE, a);
+    strata_free(d, STRATA_MEM_DEVICE, c);
+    strata_free(d, STRATA_MEM_PINNED, p);
+    strata_free(d, STRATA_MEM_HOST, h);
+    strata_free(d, STRATA_MEM_HOST, NULL);
+    int all_zero = 1;
+    for (int k = 0; k < STRATA_MEM_KINDS; k++) all_zero &= d->mem[k].live_bytes == 0;
+    CHECK(all_zero && d->mem[STRATA_MEM_DEVICE].n_free == 3, "everything freed: live 0 for every kind");
+
+    void *z = strata_alloc(d, STRATA_MEM_HOST, 0);
+    CHECK(z != NULL && d->mem[STRATA_MEM_HOST].live_bytes == 0, "zero-byte alloc gives a pointer, counts 0 bytes");
+    strata_free(d, STRATA_MEM_HOST, z);
+
+    void *huge = strata_alloc(d, STRATA_MEM_DEVICE, (size_t)-1);
+    CHECK(!huge && strstr(strata_error(), "bytes"), "impossible size fails: %s", strata_error());
+    void *badkind = strata_alloc(d, (strata_mem_kind)7, 16);
+    CHECK(!badkind && strstr(strata_error(), "kind 7"), "bad kind fails: %s", strata_error());
+
+    size_t fr = 0, tot = 0;
+    int rc = d->ops->mem_info(d, &fr, &tot);
+    CHECK(rc == 0 && tot > 0 && fr <= tot, "mem_info free %zu <= total %zu", fr, tot);
+}
+
+typedef struct order_log {
+    int seen[2048];
+    int n;
+} order_log;
+typedef struct order_item {
+    order_log *log;
+    int id;
+} order_item;
+static void log_append(void *arg) {
+    order_item *it = arg;
+    it->log->seen[it->log->n++] = it->id;
+}
+
+static void test_fifo_order(strata_device *d) {
+    strata_stream *s = strata_stream_create(d, "fifo", STRATA_STREAM_HOST);
+    static order_log log;
+    static order_item items[1000];
+    log.n = 0;
+    for (int i = 0; i < 1000; i++) {
+        items[i] = (order_item){&log, i};
+        strata_host_task(d, s, log_append, &items[i]);
+    }
+    strata_stream_sync(d, s);
+    int in_order = log.n == 1000;
+    for (int i = 0; i < log.n && in_order; i++) in_order = log.seen[i] == i;
+    CHECK(in_order, "1000 host tasks ran in enqueue order (%d ran)", log.n);
+
+    /* Copies and memsets keep their place in the queue too: each copy must see exactly
+     * the memset before it, never one enqueued later. */
+    unsigned char *src = strata_alloc(d, STRATA_MEM_PINNED, 64);
+    unsigned char *dst = strata_alloc(d, STRATA_MEM_HOST, 64 * 8);
+    for (int v = 0; v < 8; v++) {
+        strata_memset_async(d, s, src, v + 1, 64);
+        strata_memcpy_async(d, s, dst + 64 * v, src, 64);
+    }
+    strata_stream_sync(d, s);
+    int ok = 1;
+    for (int v = 0; v < 8; v++)
+        for (int i = 0; i < 64; i++) ok &= dst[64 * v + i] == v + 1;
+    CHECK(ok, "memset/memcpy interleaving keeps FIFO order (8 rounds)");
+    strata_free(d, STRATA_MEM_PINNED, src);
+    strata_free(d, STRATA_MEM_HOST, dst);
+    strata_stream_destroy(d, s);
+}
+
+typedef struct slow_fill {
+    float *buf;
+    int n;
+    float base;
+} slow_fill;
+static void slow_fill_fn(void *arg) {
+    slow_fill *f = arg;
+    usleep(20000); /* widens the window a missing wait would race through */
+    for (int i = 0; i < f->n; i++) f->buf[i] = f->base + (float)i;
+}
+typedef struct sum_task {
+    const float *buf;
+    int n;
+    double sum;
+} sum_task;
+static void sum_fn(void *arg) {
+    sum_task *t = arg;
+    t->sum = 0;
+    for (int i = 0; i < t->n; i++) t->sum += t->buf[i];
+}
+
+static void test_cross_stream_event(strata_device *d) {
+    enum { N = 4096 };
+    strata_stream *prod = strata_stream_create(d, "producer", STRATA_STREAM_HOST);
+    strata_stream *cons = strata_stream_create(d, "consumer", STRATA_STREAM_DEVICE);
+    strata_event *e = strata_event_create(d);
+    float *buf = strata_alloc(d, STRATA_MEM_DEVICE, N * sizeof(float));
+    float *copy = strata_alloc(d, STRATA_MEM_HOST, N * sizeof(float));
+    memset(buf, 0, N * sizeof(float));
+    slow_fill f = {buf, N, 5.0f};
+    sum_task st = {buf, N, 0};
+    strata_host_task(d, prod, slow_fill_fn, &f);
+    strata_event_record(d, e, prod);
+    strata_stream_wait_event(d, cons, e);
+    strata_host_task(d, cons, sum_fn, &st);
+    strata_memcpy_async(d, cons, copy, buf, N * sizeof(float));
+    strata_stream_sync(d, cons);
+    double want = 5.0 * N + (double)N * (N - 1) / 2;
+    CHECK(st.sum == want, "consumer waited on the producer's event: sum %.0f == %.0f", st.sum, want);
+    CHECK(copy[0] == 5.0f && copy[N - 1] == 5.0f + (N - 1), "consumer's copy saw the produced data");
+
+    /* The same event recorded again: the wait captures the newer generation. */
+    slow_fill f2 = {buf, N, 100.0f};
+    strata_host_task(d, prod, slow_fill_fn, &f2);
+    strata_event_record(d, e, prod);
+    strata_stream_wait_event(d, cons, e);
+    strata_host_task(d, cons, sum_fn, &st);
+    strata_stream_sync(d, cons);
+    want = 100.0 * N + (double)N * (N - 1) / 2;
+    CHECK(st.sum == want, "re-recorded event: consumer saw the second fill, sum %.0f", st.sum);
+
+    strata_free(d, STRATA_MEM_DEVICE, buf);
+    strata_free(d, STRATA_MEM_HOST, copy);
+    strata_event_destroy(d, e);
+    strata_stream_destroy(d, prod);
+    strata_stream_destroy(d, cons);
+}
+
+static void test_event_query_and_unrecorded(strata_device *d) {
+    strata_stream *s = strata_stream_create(d, "gated", STRATA_STREAM_HOST);
+    strata_event *e = strata_event_create(d);
+    CHECK(strata_event_query(d, e) == 1, "a never-recorded event queries complete");
+    CHECK(strata_event_sync(d, e) == 0, "event_sync on a never-recorded event returns at once");
+    CHECK(strata_stream_wait_event(d, d->compute, e) == 0,
+          "the compute stream waiting on a never-recorded event returns at once");
+    /* The unrecorded wait must not block the worker: a later task still runs. */
+    int ran = 0;
+    strata_stream_wait_event(d, s, e);
+    strata_host_task(d, s, count_fn, &ran);
+    strata_stream_sync(d, s);
+    CHECK(ran == 1, "a worker stream waiting on a never-recorded event keeps going");
+
+    gate g;
+    gate_init(&g);
+    strata_host_task(d, s, gate_wait, &g);
+    strata_event_record(d, e, s);
+    CHECK(strata_event_query(d, e) == 0, "event recorded behind a closed gate queries pending");
+    gate_open(&g);
+    strata_event_sync(d, e);
+    CHECK(strata_event_query(d, e) == 1, "after the gate opens and event_sync, it queries complete");
+    gate_destroy(&g);
+
+    /* Destroying an event whose record is still queued is allowed, as in CUDA. */
+    strata_event *e2 = strata_event_create(d);
+    gate_init(&g);
+    strata_host_task(d, s, gate_wait, &g);
+    strata_event_record(d, e2, s);
+    strata_event_destroy(d, e2);
+    strata_host_task(d, s, count_fn, &ran);
+    gate_open(&g);
+    strata_stream_sync(d, s);
+    CHECK(ran == 2, "event destroyed with its record pending: stream still drains");
+    gate_destroy(&g);
+
+    strata_event_destroy(d, e);
+    strata_stream_destroy(d, s);
+}
+
+typedef struct delayed_store {
+    int *slot;
+    int value;
+} delayed_store;
+static void delayed_store_fn(void *arg) {
+    delayed_store *ds = arg;
+    usleep(20000);
+    *ds->slot = ds->value;
+}
+
+static void test_compute_waits_for_worker(strata_device *d) {
+    strata_stream *w = strata_stream_create(d, "worker", STRATA_STREAM_DEVICE);
+    strata_event *e = strata_event_create(d);
+    int *x = strata_alloc(d, STRATA_MEM_DEVICE, sizeof(int));
+    int *y = strata_alloc(d, STRATA_MEM_DEVICE, sizeof(int));
+    *x = 0;
+    delayed_store ds = {x, 42};
+    strata_host_task(d, w, delayed_store_fn, &ds);
+    strata_event_record(d, e, w);
+    strata_stream_wait_event(d, d->compute, e); /* blocks this thread: compute is inline */
+    strata_memcpy_async(d, d->compute, y, x, sizeof(int));
+    CHECK(*y == 42, "compute stream waited for the worker's event: copied %d", *y);
+
+    /* And the other way: a worker waits for work done on the compute stream. */
+    strata_memset_async(d, d->compute, x, 0x11, sizeof(int));
+    strata_event_record(d, e, d->compute);
+    CHECK(strata_event_query(d, e) == 1, "a record on the compute stream completes at once");
+    strata_stream_wait_event(d, w, e);
+    strata_memcpy_async(d, w, y, x, sizeof(int));
+    strata_stream_sync(d, w);
+    CHECK(*y == 0x11111111, "worker copy after waiting on compute sees 0x%x", *y);
+    strata_free(d, STRATA_MEM_DEVICE, x);
+    strata_free(d, STRATA_MEM_DEVICE, y);
+    strata_event_destroy(d, e);
+    strata_stream_destroy(d, w);
+}
+
+static void test_stream_sync_and_destroy(strata_device *d) {
+    strata_stream *s = strata_stream_create(d, "sync", STRATA_STREAM_HOST);
+    int count = 0;
+    gate g;
+    gate_init(&g);
+    strata_host_task(d, s, gate_wait, &g);
+    for (int i = 0; i < 500; i++) strata_host_task(d, s, count_fn, &count);
+    gate_open(&g);
+    strata_stream_sync(d, s);
+    CHECK(count == 500, "stream_sync waited for all 500 queued tasks (ran %d)", count);
+    gate_destroy(&g);
+
+    int c2 = 0;
+    strata_stream *a = strata_stream_create(d, "all-a", STRATA_STREAM_HOST);
+    strata_stream *b = strata_stream_create(d, "all-b", STRATA_STREAM_DEVICE);
+    slow_fill f = {NULL, 0, 0};
+    strata_host_task(d, a, slow_fill_fn, &f);
+    for (int i = 0; i < 200; i++) strata_host_task(d, a, count_fn, &count);
+    strata_host_task(d, b, slow_fill_fn, &f);
+    for (int i = 0; i < 300; i++) strata_host_task(d, b, count_fn, &c2);
+    d->ops->sync_all(d);
+    CHECK(count == 700 && c2 == 300, "sync_all drained every stream (%d, %d)", count, c2);
+    strata_stream_destroy(d, a);
+    strata_stream_destroy(d, b);
+
+    /* Destroy with work still queued behind a slow task: it drains first. */
+    count = 0;
+    strata_host_task(d, s, slow_fill_fn, &f);
+    for (int i = 0; i < 1000; i++) strata_host_task(d, s, count_fn, &count);
+    strata_stream_destroy(d, s);
+    CHECK(count == 1000, "stream_destroy ran the %d pending tasks before returning", count);
+}
+
+/* Stress: K streams in a ring; each writes its own slots in order and, every STEP
+ * tasks, records an event the next stream waits on, then reads the slot the previous
+ * stream wrote just before that record. The reads are plain loads, so only the event
+ * orders them: a broken event is both a wrong value and a ThreadSanitizer report. */
+enum { K = 8, TASKS = 1250, STEP = 25 };
+typedef struct stress_ctx {
+    int slots[K][TASKS];
+    int bad;
+} stress_ctx;
+typedef struct stress_item {
+    stress_ctx *ctx;
+    int stream, index;      /* write slots[stream][index] */
+    int check_stream;       /* -1, or read slots[check_stream][check_index] */
+    int check_index;
+} stress_item;
+static void stress_fn(void *arg) {
+    stress_item *it = arg;
+    stress_ctx *c = it->ctx;
+    if (it->index > 0 && c->slots[it->stream][it->index - 1] != it->index) c->bad++;
+    c->slots[it->stream][it->index] = it->index + 1;
+    if (it->check_stream >= 0 &&
+        c->slots[it->check_stream][it->check_index] != it->check_index + 1)
+        c->bad++;
+}
+
+static void test_stress(strata_device *d) {
+    static stress_ctx ctx;
+    static stress_item items[K][TASKS];
+    memset(&ctx, 0, sizeof ctx);
+    strata_stream *s[K];
+    strata_event *ev[K][TASKS / STEP];
+    char name[32];
+    for (int k = 0; k < K; k++) {
+        snprintf(name, sizeof name, "stress-%d", k);
+        s[k] = strata_stream_create(d, name, k % 2 ? STRATA_STREAM_HOST : STRATA_STREAM_DEVICE);
+        for (int j = 0; j < TASKS / STEP; j++) ev[k][j] = strata_event_create(d);
+    }
+    /* Enqueue round-robin so the streams' progress interleaves. */
+    for (int i = 0; i < TASKS; i++) {
+        for (int k = 0; k < K; k++) {
+            int prev = (k + K - 1) % K;
+            int after_wait = i % STEP == STEP - 1 && i >= STEP;
+            if (after_wait) strata_stream_wait_event(d, s[k], ev[prev][i / STEP - 1]);
+            items[k][i] = (stress_item){&ctx, k, i, after_wait ? prev : -1,
+                                        after_wait ? (i / STEP) * STEP - 1 : 0};
+            strata_host_task(d, s[k], stress_fn, &items[k][i]);
+            if (i % STEP == STEP - 1) strata_event_record(d, ev[k][i / STEP], s[k]);
+        }
+    }
+    d->ops->sync_all(d);
+    int complete = 1;
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < TASKS; i++) complete &= ctx.slots[k][i] == i + 1;
+    CHECK(complete && ctx.bad == 0, "%d streams x %d tasks with %d cross-stream waits: %d violations",
+          K, TASKS, K * (TASKS / STEP - 1), ctx.bad);
+    for (int k = 0; k < K; k++) {
+        for (int j = 0; j < TASKS / STEP; j++) strata_event_destroy(d, ev[k][j]);
+        strata_stream_destroy(d, s[k]);
+    }
+}
+
+int main(void) {
+    alarm(60); /* a lost wake-up must fail the test, not hang CI */
+    strata_log_init(0, 1);
+    test_open_and_dtypes();
+    strata_device *d = strata_device_open("cpu", 0);
+    if (!d) {
+        fprintf(stderr, "cannot open the cpu device: %s\n", strata_error());
+        return 1;
+    }
+    test_alloc_counters(d);
+    test_fifo_order(d);
+    test_cross_stream_event(d);
+    test_event_query_and_unrecorded(d);
+    test_compute_waits_for_worker(d);
+    test_stream_sync_and_destroy(d);
+    test_stress(d);
+    strata_device_close(d);
+    printf("%s: %d failure%s\n", failures ? "FAILED" : "passed", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}

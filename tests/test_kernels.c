@@ -1,0 +1,869 @@
+/* tests/test_kernels.c: the CPU kernels (core/kernels_cpu.c) against double-precision
+ * references written out plainly here.
+ *
+ * For every kernel with a backward: the fp32 forward is compared with the double
+ * reference forward, and the fp32 backward with central finite differences of the
+ * double reference of L = sum(out * R) for a fixed random R. Destinations are pre-filled
+ * with nonzero values so (=) and (+=) semantics are checked too. The rest (AdamW,
+ * sumsq, conversions, ...) are compared with exact or double oracles, and matmul and
+ * attention backward are checked to be bitwise identical on 1 and 2 threads.
+ * A matmul timing is printed for information only. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/common.h"
+#include "core/kernels.h"
+
+static int g_fail;
+#define CHECK(cond, ...)                                                                 \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                  \
+            printf(__VA_ARGS__);                                                         \
+            printf("\n");                                                                \
+            g_fail++;                                                                    \
+        }                                                                                \
+    } while (0)
+
+static const strata_kernels *K = &strata_kernels_cpu;
+#define S NULL /* the CPU kernels ignore their stream */
+
+/* ---------------------------------------------------------------------------------- */
+/* helpers                                                                               */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double rnd(void) /* uniform [0, 1) */
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+
+static float *randf(size_t n, double lo, double hi)
+{
+    float *x = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rnd());
+    return x;
+}
+
+static float *filled(size_t n, float v)
+{
+    float *x = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) x[i] = v;
+    return x;
+}
+
+static float *copyf(const float *x, size_t n)
+{
+    float *y = malloc(n * sizeof(float) + 1);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double *to_f64(const float *x, size_t n)
+{
+    double *y = malloc(n * sizeof(double) + 1);
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+static double *rand_f64(size_t n) /* values that are exact floats, in [-1, 1) */
+{
+    double *y = malloc(n * sizeof(double) + 1);
+    for (size_t i = 0; i < n; i++) y[i] = (float)(2.0 * rnd() - 1.0);
+    return y;
+}
+
+static float *f64_to_f32(const double *x, size_t n)
+{
+    float *y = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+    return y;
+}
+
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* max over i of |got - want| / (|want| + floor), floor = floor_frac * max |want| + 1e-30 */
+static double max_rel_err(const float *got, const float *base, const double *want, size_t n,
+                          double floor_frac)
+{
+    double mx = 0.0, err = 0.0;
+    for (size_t i = 0; i < n; i++) mx = fabs(want[i]) > mx ? fabs(want[i]) : mx;
+    double fl = floor_frac * mx + 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)got[i] - (base ? (double)base[i] : 0.0);
+        double e = fabs(g - want[i]) / (fabs(want[i]) + fl);
+        if (!(e <= err)) err = e; /* NaN counts as the worst */
+    }
+    return err;
+}
+
+/* forward output against the double reference */
+static void check_fwd(const char *name, const float *got, const double *want, size_t n)
+{
+    double e = max_rel_err(got, NULL, want, n, 1e-3);
+    printf("%-44s max rel err %.2e\n", name, e);
+    CHECK(e < 1e-5, "%s: forward error %.3e vs the double reference", name, e);
+}
+
+/* backward result (minus the pre-filled base for +=) against finite differences */
+static void check_grad(const char *name, const float *got, const float *base, const double *fd,
+                       size_t n)
+{
+    double e = max_rel_err(got, base, fd, n, 1e-2);
+    printf("%-44s max rel err %.2e vs finite differences\n", name, e);
+    CHECK(e < 1e-4, "%s: gradient error %.3e vs finite differences", name, e);
+}
+
+/* central differences of loss() with respect to x[0..n) */
+#define FD_EPS 1e-6
+typedef double (*loss_fn)(void *ctx);
+static double *fd_grad(loss_fn loss, void *ctx, double *x, size_t n)
+{
+    double *g = malloc(n * sizeof(double) + 1);
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        x[i] = v + FD_EPS;
+        double lp = loss(ctx);
+        x[i] = v - FD_EPS;
+        double lm = loss(ctx);
+        x[i] = v;
+        g[i] = (lp - lm) / (2.0 * FD_EPS);
+    }
+    return g;
+}
+
+static int bitwise_equal(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+static void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* double references                                                                    */
+
+static double ref_gelu(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static void ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe,
+                        int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                out[((size_t)b * T + t) * C + c] =
+                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+}
+
+static void ref_layernorm(double *out, double *mean, double *rstd, const double *inp,
+                          const double *w, const double *b, int N, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = inp + (size_t)n * C;
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        double rs = 1.0 / sqrt(v + 1e-5);
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (x[c] - m) * rs * w[c] + b[c];
+        if (mean) mean[n] = m;
+        if (rstd) rstd[n] = rs;
+    }
+}
+
+static void ref_matmul(double *out, const double *inp, const double *w, const double *bias,
+                       int M, int Kd, int N, int w_nk)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = bias ? bias[n] : 0.0;
+            for (int k = 0; k < Kd; k++)
+                s += inp[(size_t)m * Kd + k] * (w_nk ? w[(size_t)n * Kd + k] : w[(size_t)k * N + n]);
+            out[(size_t)m * N + n] = s;
+        }
+}
+
+static void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C,
+                          int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *sc = malloc((size_t)T * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double mx = -INFINITY;
+                for (int u = 0; u <= t; u++) {
+                    const double *k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
+                    double s = 0.0;
+                    for (int d = 0; d < hs; d++) s += q[d] * k[d];
+                    sc[u] = s * scale;
+                    mx = sc[u] > mx ? sc[u] : mx;
+                }
+                double sum = 0.0;
+                for (int u = 0; u <= t; u++) sum += exp(sc[u] - mx);
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int d = 0; d < hs; d++) {
+                    double acc = 0.0;
+                    for (int u = 0; u <= t; u++)
+                        acc += exp(sc[u] - mx) / sum * qkv[((size_t)b * T + u) * 3 * C + 2 * C + h * hs + d];
+                    o[d] = acc;
+                }
+                if (lse) lse[((size_t)b * NH + h) * T + t] = mx + log(sum);
+            }
+    free(sc);
+}
+
+static void ref_crossentropy(double *losses, const double *logits, const int32_t *tgt, int N,
+                             int V, int Vp)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = logits + (size_t)n * Vp;
+        if (tgt[n] < 0) {
+            losses[n] = 0.0;
+            continue;
+        }
+        double mx = -INFINITY, sum = 0.0;
+        for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+        for (int i = 0; i < V; i++) sum += exp(x[i] - mx);
+        losses[n] = mx + log(sum) - x[tgt[n]];
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* encoder                                                                              */
+
+typedef struct enc_ctx {
+    int B, T, C;
+    const int32_t *tok;
+    double *wte, *wpe, *out;
+    const double *R;
+} enc_ctx;
+
+static double enc_loss(void *p)
+{
+    enc_ctx *c = p;
+    ref_encoder(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+    return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
+}
+
+static void test_encoder(void)
+{
+    int B = 2, T = 5, C = 8, V = 11, maxT = T + 2;
+    int32_t tok[10] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 9}; /* repeats: the scatter must add up */
+    size_t no = (size_t)B * T * C;
+    float *wte = randf((size_t)V * C, -1, 1), *wpe = randf((size_t)maxT * C, -1, 1);
+    float *out = filled(no, 99.0f);
+    enc_ctx c = {B, T, C, tok, to_f64(wte, (size_t)V * C), to_f64(wpe, (size_t)maxT * C),
+                 malloc(no * sizeof(double)), rand_f64(no)};
+    K->encoder_forward(S, out, tok, wte, wpe, B, T, C);
+    enc_loss(&c);
+    check_fwd("encoder_forward", out, c.out, no);
+
+    float *R = f64_to_f32(c.R, no);
+    float *dwte0 = randf((size_t)V * C, -1, 1), *dwpe0 = randf((size_t)maxT * C, -1, 1);
+    float *dwte = copyf(dwte0, (size_t)V * C), *dwpe = copyf(dwpe0, (size_t)maxT * C);
+    K->encoder_backward(S, dwte, dwpe, R, tok, B, T, C);
+    double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
+    double *g_wpe = fd_grad(enc_loss, &c, c.wpe, (size_t)maxT * C);
+    check_grad("encoder_backward dwte (+=)", dwte, dwte0, g_wte, (size_t)V * C);
+    check_grad("encoder_backward dwpe (+=, rows >= T kept)", dwpe, dwpe0, g_wpe, (size_t)maxT * C);
+    free(wte), free(wpe), free(out), free(c.wte), free(c.wpe), free(c.out), free((void *)c.R);
+    free(R), free(dwte0), free(dwpe0), free(dwte), free(dwpe), free(g_wte), free(g_wpe);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* layernorm                                                                            */
+
+typedef struct ln_ctx {
+    int N, C;
+    double *inp, *w, *b, *out;
+    const double *R;
+} ln_ctx;
+
+static double ln_loss(void *p)
+{
+    ln_ctx *c = p;
+    ref_layernorm(c->out, NULL, NULL, c->inp, c->w, c->b, c->N, c->C);
+    return dot(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(int N, int C)
+{
+    char name[96];
+    size_t n = (size_t)N * C;
+    float *inp = randf(n, -2, 2), *w = randf((size_t)C, 0.5, 1.5), *b = randf((size_t)C, -0.5, 0.5);
+    for (size_t i = 0; i < n; i++) inp[i] += 3.0f; /* a nonzero mean */
+    float *out = filled(n, 99.0f), *mean = filled((size_t)N, 99.0f), *rstd = filled((size_t)N, 99.0f);
+    ln_ctx c = {N, C, to_f64(inp, n), to_f64(w, (size_t)C), to_f64(b, (size_t)C),
+                malloc(n * sizeof(double)), rand_f64(n)};
+    double *rmean = malloc((size_t)N * sizeof(double)), *rrstd = malloc((size_t)N * sizeof(double));
+    K->layernorm_forward(S, out, mean, rstd, inp, w, b, N, C);
+    ref_layernorm(c.out, rmean, rrstd, c.inp, c.w, c.b, N, C);
+    snprintf(name, sizeof name, "layernorm_forward out (N=%d C=%d)", N, C);
+    check_fwd(name, out, c.out, n);
+    check_fwd("layernorm_forward mean", mean, rmean, (size_t)N);
+    check_fwd("layernorm_forward rstd", rstd, rrstd, (size_t)N);
+
+    float *R = f64_to_f32(c.R, n);
+    float *dinp0 = randf(n, -1, 1), *dw0 = randf((size_t)C, -1, 1), *db0 = randf((size_t)C, -1, 1);
+    float *dinp = copyf(dinp0, n), *dw = copyf(dw0, (size_t)C), *db = copyf(db0, (size_t)C);
+    K->layernorm_backward(S, dinp, dw, db, R, inp, w, mean, rstd, N, C);
+    double *g_inp = fd_grad(ln_loss, &c, c.inp, n);
+    double *g_w = fd_grad(ln_loss, &c, c.w, (size_t)C);
+    double *g_b = fd_grad(ln_loss, &c, c.b, (size_t)C);
+    check_grad("layernorm_backward dinp (+=)", dinp, dinp0, g_inp, n);
+    check_grad("layernorm_backward dw (+=)", dw, dw0, g_w, (size_t)C);
+    check_grad("layernorm_backward db (+=)", db, db0, g_b, (size_t)C);
+    free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(c.inp), free(c.w);
+    free(c.b), free(c.out), free((void *)c.R), free(rmean), free(rrstd), free(R), free(dinp0);
+    free(dw0), free(db0), free(dinp), free(dw), free(db), free(g_inp), free(g_w), free(g_b);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* matmul                                                                               */
+
+typedef struct mm_ctx {
+    int M, K, N, w_nk, gelu;
+    double *inp, *w, *bias, *out;
+    const double *R;
+} mm_ctx;
+
+static double mm_loss(void *p)
+{
+    mm_ctx *c = p;
+    size_t n = (size_t)c->M * c->N;
+    ref_matmul(c->out, c->inp, c->w, c->bias, c->M, c->K, c->N, c->w_nk);
+    if (c->gelu)
+        for (size_t i = 0; i < n; i++) c->out[i] = ref_gelu(c->out[i]);
+    return dot(c->out, c->R, n);
+}
+
+/* Forward and backward of one configuration against the references. With gelu the
+ * objective is sum(gelu(inp @ W + bias) * R), whose backward is gelu_backward
+ * followed by matmul_backward, as the model runs it. */
+static void test_matmul(int M, int Kd, int N, int w_nk, int has_bias, int gelu)
+{
+    char tag[64], name[128];
+    snprintf(tag, sizeof tag, "M=%d K=%d N=%d w_nk=%d%s%s", M, Kd, N, w_nk,
+             has_bias ? " bias" : "", gelu ? " gelu" : "");
+    size_t nin = (size_t)M * Kd, nw = (size_t)Kd * N, nout = (size_t)M * N;
+    float *inp = randf(nin, -1, 1), *w = randf(nw, -1, 1);
+    float *bias = has_bias ? randf((size_t)N, -1, 1) : NULL;
+    float *out = filled(nout, 99.0f), *gout = gelu ? filled(nout, 99.0f) : NULL;
+    mm_ctx c = {M, Kd, N, w_nk, 0, to_f64(inp, nin), to_f64(w, nw),
+                bias ? to_f64(bias, (size_t)N) : NULL, malloc(nout * sizeof(double)),
+                rand_f64(nout)};
+    K->matmul_forward(S, out, gout, inp, w, bias, M, Kd, N, w_nk);
+    mm_loss(&c);
+    snprintf(name, sizeof name, "matmul_forward %s", tag);
+    check_fwd(name, out, c.out, nout);
+    if (gelu) {
+        c.gelu = 1;
+        mm_loss(&c);
+        snprintf(name, sizeof name, "matmul_forward gelu_out %s", tag);
+        check_fwd(name, gout, c.out, nout);
+    }
+
+    float *R = f64_to_f32(c.R, nout), *dout = R;
+    if (gelu) { /* dpre = R * gelu'(pre), computed in place as the model does */
+        dout = copyf(R, nout);
+        K->gelu_backward(S, dout, out, dout, nout);
+    }
+    float *dinp = filled(nin, 99.0f);
+    float *dw0 = randf(nw, -1, 1), *dw = copyf(dw0, nw);
+    float *db0 = randf((size_t)N, -1, 1), *db = copyf(db0, (size_t)N);
+    K->matmul_backward(S, dinp, dw, has_bias ? db : NULL, dout, inp, w, M, Kd, N, w_nk);
+
+    int fd = nin + nw < 6000;
+    double *g_inp = NULL, *g_w = NULL, *g_b = NULL;
+    if (fd) {
+        g_inp = fd_grad(mm_loss, &c, c.inp, nin);
+        g_w = fd_grad(mm_loss, &c, c.w, nw);
+        if (has_bias) g_b = fd_grad(mm_loss, &c, c.bias, (size_t)N);
+    } else { /* large shapes: the exact gradient formulas in double instead */
+        double *d = to_f64(dout, nout);
+        g_inp = calloc(nin, sizeof(double));
+        g_w = calloc(nw, sizeof(double));
+        g_b = calloc((size_t)N, sizeof(double));
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double dd = d[(size_t)m * N + n];
+                g_b[n] += dd;
+                for (int k = 0; k < Kd; k++) {
+                    size_t wi = w_nk ? (size_t)n * Kd + k : (size_t)k * N + n;
+                    g_inp[(size_t)m * Kd + k] += dd * c.w[wi];
+                    g_w[wi] += dd * c.inp[(size_t)m * Kd + k];
+                }
+            }
+        free(d);
+    }
+    snprintf(name, sizeof name, "  dinp (=) %s", tag);
+    check_grad(name, dinp, NULL, g_inp, nin);
+    snprintf(name, sizeof name, "  dw (+=) %s", tag);
+    check_grad(name, dw, dw0, g_w, nw);
+    if (has_bias) {
+        snprintf(name, sizeof name, "  dbias (+=) %s", tag);
+        check_grad(name, db, db0, g_b, (size_t)N);
+    } else {
+        CHECK(bitwise_equal(db, db0, (size_t)N), "%s: dbias touched though NULL was passed", tag);
+    }
+
+    /* dinp NULL skips the input gradient and leaves dw identical */
+    float *dw2 = copyf(dw0, nw);
+    K->matmul_backward(S, NULL, dw2, NULL, dout, inp, w, M, Kd, N, w_nk);
+    CHECK(bitwise_equal(dw, dw2, nw), "%s: dw differs when dinp is NULL", tag);
+
+    free(inp), free(w), free(bias), free(out), free(gout), free(c.inp), free(c.w), free(c.bias);
+    free(c.out), free((void *)c.R), free(R), free(dinp), free(dw0), free(dw), free(db0), free(db);
+    free(g_inp), free(g_w), free(g_b), free(dw2);
+    if (gelu) free(dout);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* attention                                                                            */
+
+typedef struct attn_ctx {
+    int B, T, C, NH;
+    double *qkv, *out;
+    const double *R;
+} attn_ctx;
+
+static double attn_loss(void *p)
+{
+    attn_ctx *c = p;
+    ref_attention(c->out, NULL, c->qkv, c->B, c->T, c->C, c->NH);
+    return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
+}
+
+static void test_attention(int B, int T, int C, int NH, double amp)
+{
+    char tag[64], name[128];
+    snprintf(tag, sizeof tag, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = randf(nq, -amp, amp), *out = filled(no, 99.0f), *lse = filled(nl, 99.0f);
+    attn_ctx c = {B, T, C, NH, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
+    double *rlse = malloc(nl * sizeof(double));
+    K->attention_forward(S, out, lse, qkv, B, T, C, NH);
+    ref_attention(c.out, rlse, c.qkv, B, T, C, NH);
+    snprintf(name, sizeof name, "attention_forward out %s", tag);
+    check_fwd(name, out, c.out, no);
+    snprintf(name, sizeof name, "attention_forward lse %s", tag);
+    check_fwd(name, lse, rlse, nl);
+
+    float *R = f64_to_f32(c.R, no), *dqkv = filled(nq, 99.0f);
+    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, C, NH);
+    double *g = fd_grad(attn_loss, &c, c.qkv, nq);
+    snprintf(name, sizeof name, "attention_backward dqkv (=) %s", tag);
+    check_grad(name, dqkv, NULL, g, nq);
+    free(qkv), free(out), free(lse), free(c.qkv), free(c.out), free((void *)c.R), free(rlse);
+    free(R), free(dqkv), free(g);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* gelu, residual                                                                       */
+
+typedef struct gelu_ctx {
+    size_t n;
+    double *x;
+    const double *R;
+} gelu_ctx;
+
+static double gelu_loss(void *p)
+{
+    gelu_ctx *c = p;
+    double s = 0.0;
+    for (size_t i = 0; i < c->n; i++) s += ref_gelu(c->x[i]) * c->R[i];
+    return s;
+}
+
+static void test_gelu(void)
+{
+    size_t n = 203;
+    float *x = randf(n, -4, 4);
+    const float special[] = {0.0f, -0.0f, 1e-6f, -1e-6f, 8.0f, -8.0f, 12.0f, -12.0f};
+    memcpy(x, special, sizeof special);
+    float *out = filled(n, 99.0f);
+    gelu_ctx c = {n, to_f64(x, n), rand_f64(n)};
+    double *want = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) want[i] = ref_gelu(c.x[i]);
+    K->gelu_forward(S, out, x, n);
+    check_fwd("gelu_forward", out, want, n);
+
+    float *R = f64_to_f32(c.R, n), *din = filled(n, 99.0f);
+    K->gelu_backward(S, din, x, R, n);
+    double *g = fd_grad(gelu_loss, &c, c.x, n);
+    check_grad("gelu_backward dinp (=)", din, NULL, g, n);
+    float *alias = copyf(R, n);
+    K->gelu_backward(S, alias, x, alias, n);
+    CHECK(bitwise_equal(alias, din, n), "gelu_backward with dinp == dout differs");
+    printf("%-44s %s\n", "gelu_backward in place (dinp == dout)", bitwise_equal(alias, din, n) ? "ok" : "FAIL");
+    free(x), free(out), free(c.x), free((void *)c.R), free(want), free(R), free(din), free(g);
+    free(alias);
+}
+
+static void test_residual(void)
+{
+    size_t n = 1000;
+    float *a = randf(n, -1, 1), *b = randf(n, -1, 1), *out = filled(n, 99.0f);
+    K->residual_forward(S, out, a, b, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= out[i] == a[i] + b[i];
+    CHECK(ok, "residual_forward differs from a + b");
+    float *a2 = copyf(a, n);
+    K->residual_forward(S, a2, a2, b, n); /* out aliases a */
+    CHECK(bitwise_equal(a2, out, n), "residual_forward with out == a differs");
+    /* the residual's backward routes the gradient to both branches: dst += src */
+    float *dst = copyf(a, n);
+    K->add_inplace(S, dst, b, n);
+    CHECK(bitwise_equal(dst, out, n), "add_inplace differs from dst + src");
+    printf("%-44s %s\n", "residual_forward / add_inplace (exact)", ok ? "ok" : "FAIL");
+    free(a), free(b), free(out), free(a2), free(dst);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* crossentropy                                                                         */
+
+typedef struct ce_ctx {
+    int N, V, Vp;
+    double *logits, *losses, dloss;
+    const int32_t *tgt;
+} ce_ctx;
+
+static double ce_loss(void *p)
+{
+    ce_ctx *c = p;
+    ref_crossentropy(c->losses, c->logits, c->tgt, c->N, c->V, c->Vp);
+    double s = 0.0;
+    for (int n = 0; n < c->N; n++) s += c->losses[n];
+    return c->dloss * s;
+}
+
+static void test_crossentropy(void)
+{
+    int N = 10, V = 11, Vp = 16;
+    int32_t tgt[10] = {3, -1, 0, 10, 5, -100, 7, 7, 2, 9}; /* two ignored rows */
+    size_t nl = (size_t)N * Vp;
+    float *logits = randf(nl, -3, 3);
+    for (int i = 0; i < Vp; i++) logits[2 * Vp + i] += 1000.0f; /* stability: a large offset */
+    for (int n = 0; n < N; n++)
+        for (int i = V; i < Vp; i++) logits[(size_t)n * Vp + i] = 1e30f; /* padding is never read */
+    float dloss = 0.37f;
+    float *losses = filled((size_t)N, 99.0f), *dl = filled(nl, 99.0f);
+    ce_ctx c = {N, V, Vp, to_f64(logits, nl), malloc((size_t)N * sizeof(double)), dloss, tgt};
+    K->crossentropy(S, losses, dl, logits, tgt, N, V, Vp, dloss);
+    ce_loss(&c);
+    check_fwd("crossentropy losses (ignored rows 0)", losses, c.losses, (size_t)N);
+    double *g = fd_grad(ce_loss, &c, c.logits, nl);
+    for (int n = 0; n < N; n++) /* the padded columns get exactly 0 by contract */
+        for (int i = V; i < Vp; i++) g[(size_t)n * Vp + i] = 0.0;
+    check_grad("crossentropy dlogits", dl, NULL, g, nl);
+    int zero = 1;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < Vp; i++)
+            if ((i >= V || tgt[n] < 0) && dl[(size_t)n * Vp + i] != 0.0f) zero = 0;
+    CHECK(zero, "crossentropy: padded columns or ignored rows have a nonzero gradient");
+    CHECK(losses[1] == 0.0f && losses[5] == 0.0f, "crossentropy: ignored rows have a nonzero loss");
+    printf("%-44s %s\n", "crossentropy zero grad in padding/ignored", zero ? "ok" : "FAIL");
+
+    /* dlogits aliasing logits, and no dlogits at all, give the same numbers */
+    float *inplace = copyf(logits, nl), *losses2 = filled((size_t)N, 99.0f), *losses3 = filled((size_t)N, 98.0f);
+    K->crossentropy(S, losses2, inplace, inplace, tgt, N, V, Vp, dloss);
+    K->crossentropy(S, losses3, NULL, logits, tgt, N, V, Vp, dloss);
+    int same = bitwise_equal(inplace, dl, nl) && bitwise_equal(losses2, losses, (size_t)N) &&
+               bitwise_equal(losses3, losses, (size_t)N);
+    CHECK(same, "crossentropy: in-place or loss-only results differ");
+    printf("%-44s %s\n", "crossentropy in place / loss only", same ? "ok" : "FAIL");
+    free(logits), free(losses), free(dl), free(c.logits), free(c.losses), free(g), free(inplace);
+    free(losses2), free(losses3);
+}
+
+static void test_loss_accumulate(void)
+{
+    int n = 37;
+    float *l = randf((size_t)n, 0, 10), acc = 2.5f;
+    double want = 2.5;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += l[i];
+    want += 0.125 * sum;
+    K->loss_accumulate(S, &acc, l, n, 0.125f);
+    double e = fabs(acc - want) / want;
+    printf("%-44s rel err %.2e\n", "loss_accumulate (+=)", e);
+    CHECK(e < 1e-6, "loss_accumulate: %.9g vs %.9g", acc, want);
+    free(l);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* AdamW, sumsq, conversions                                                            */
+
+/* the documented order, one element at a time, in plain float */
+static void adamw_scalar(float *master, float *m, float *v, float grad,
+                         const strata_adamw_args *a)
+{
+    float g = grad * a->grad_scale;
+    *m = a->beta1 * *m + (1.0f - a->beta1) * g;
+    *v = a->beta2 * *v + (1.0f - a->beta2) * g * g;
+    float mhat = *m / a->bc1;
+    float vhat = *v / a->bc2;
+    *master -= a->lr * (mhat / (sqrtf(vhat) + a->eps) + a->weight_decay * *master);
+}
+
+static void test_adamw(void)
+{
+    size_t n = 40000; /* large enough to run in parallel */
+    float *master = randf(n, -1, 1), *m = filled(n, 0.0f), *v = filled(n, 0.0f);
+    float *pout = filled(n, 99.0f);
+    float *sm = copyf(master, n), *sv = filled(n, 0.0f), *smm = filled(n, 0.0f);
+    double *dmaster = to_f64(master, n), *dm = calloc(n, sizeof(double)), *dv = calloc(n, sizeof(double));
+    int bit_ok = 1;
+    double err = 0.0;
+    for (int step = 1; step <= 3; step++) {
+        float *grad = randf(n, -2, 2);
+        strata_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = step == 2 ? 0.0f : 0.1f,
+                               .bc1 = 1.0f - powf(0.9f, (float)step),
+                               .bc2 = 1.0f - powf(0.95f, (float)step), .grad_scale = 0.5f};
+        K->adamw(S, master, step == 3 ? NULL : pout, grad, m, v, n, &a);
+        for (size_t i = 0; i < n; i++) {
+            adamw_scalar(&sm[i], &smm[i], &sv[i], grad[i], &a);
+            double g = (double)grad[i] * a.grad_scale;
+            dm[i] = 0.9 * dm[i] + 0.1 * g;
+            dv[i] = 0.95 * dv[i] + 0.05 * g * g;
+            double mh = dm[i] / (1.0 - pow(0.9, step)), vh = dv[i] / (1.0 - pow(0.95, step));
+            dmaster[i] -= 1e-3 * (mh / (sqrt(vh) + 1e-8) + a.weight_decay * dmaster[i]);
+        }
+        bit_ok &= bitwise_equal(master, sm, n) && bitwise_equal(m, smm, n) && bitwise_equal(v, sv, n);
+        if (step < 3) bit_ok &= bitwise_equal(pout, master, n);
+        free(grad);
+    }
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(master[i] - dmaster[i]) / (fabs(dmaster[i]) + 1e-3);
+        err = e > err ? e : err;
+    }
+    printf("%-44s bitwise %s, rel err vs double %.2e\n", "adamw (3 steps)", bit_ok ? "ok" : "FAIL", err);
+    CHECK(bit_ok, "adamw differs bitwise from the documented float order");
+    CHECK(err < 1e-5, "adamw: error %.3e vs the double reference", err);
+    free(master), free(m), free(v), free(pout), free(sm), free(sv), free(smm), free(dmaster);
+    free(dm), free(dv);
+}
+
+static void test_sumsq(void)
+{
+    size_t n = 1000003;
+    float *x = randf(n, -1, 1);
+    double want = 1.5;
+    for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+    double got1 = 1.5, got2 = 1.5;
+    set_threads(1);
+    K->sumsq(S, &got1, x, n);
+    set_threads(2);
+    K->sumsq(S, &got2, x, n);
+    double e = fabs(got2 - want) / want;
+    printf("%-44s rel err %.2e, 1 vs 2 threads %s\n", "sumsq (+=)", e, got1 == got2 ? "equal" : "DIFFER");
+    CHECK(e < 1e-12, "sumsq: %.17g vs %.17g", got2, want);
+    CHECK(got1 == got2, "sumsq depends on the thread count");
+    double small = 0.0;
+    K->sumsq(S, &small, x, 3);
+    CHECK(small == (double)x[0] * x[0] + (double)x[1] * x[1] + (double)x[2] * x[2], "sumsq n=3");
+    free(x);
+}
+
+static uint16_t bf16_bits(float f, int *ok)
+{
+    uint16_t h = 0;
+    K->convert(S, &h, STRATA_BF16, &f, STRATA_F32, 1);
+    (void)ok;
+    return h;
+}
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void test_convert(void)
+{
+    /* (f32 bits, expected bf16 bits): exact, ties to even (down and up), above/below
+     * the tie, negative, overflow to inf, inf, NaN stays NaN */
+    const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu,
+                           0xbf808001u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x00000000u};
+    const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0x3f80,
+                             0xbf81, 0x7f80, 0x7f80, 0xff80, 0x0000};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+        uint16_t h = bf16_bits(from_bits(in[i]), &ok);
+        CHECK(h == want[i], "convert f32 0x%08x -> bf16 0x%04x, expected 0x%04x", in[i], h, want[i]);
+        ok &= h == want[i];
+    }
+    uint16_t hn = bf16_bits(from_bits(0x7fc00001u), &ok);
+    CHECK((hn & 0x7f80) == 0x7f80 && (hn & 0x7f) != 0, "convert: NaN became 0x%04x", hn);
+
+    /* bulk: RNE against an integer oracle, back to f32 exactly, f32 -> f32 copy */
+    size_t n = 50000;
+    float *x = randf(n, -100, 100), *back = filled(n, 99.0f), *same = filled(n, 99.0f);
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    K->convert(S, h, STRATA_BF16, x, STRATA_F32, n);
+    K->convert(S, back, STRATA_F32, h, STRATA_BF16, n);
+    K->convert(S, same, STRATA_F32, x, STRATA_F32, n);
+    int bulk = bitwise_equal(same, x, n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        uint32_t lo = u & 0xffffu, hi = u >> 16;
+        uint32_t r = hi + (lo > 0x8000u || (lo == 0x8000u && (hi & 1u)));
+        uint32_t b;
+        memcpy(&b, &back[i], 4);
+        if (h[i] != (uint16_t)r || b != ((uint32_t)h[i] << 16)) bulk = 0;
+    }
+    CHECK(bulk, "convert: bulk bf16 rounding or round trip differs from the oracle");
+
+    /* accumulate_f32 from fp32 and from bf16 sources */
+    float *dst = randf(n, -1, 1), *dst2 = copyf(dst, n), *want_f = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) want_f[i] = dst[i] + back[i];
+    K->accumulate_f32(S, dst, h, STRATA_BF16, n);
+    K->accumulate_f32(S, dst2, back, STRATA_F32, n);
+    int acc = bitwise_equal(dst, want_f, n) && bitwise_equal(dst2, want_f, n);
+    CHECK(acc, "accumulate_f32 differs from dst + src");
+
+    /* scale_f32 */
+    float *sc = copyf(x, n);
+    K->scale_f32(S, sc, 0.3f, n);
+    int sc_ok = 1;
+    for (size_t i = 0; i < n; i++) sc_ok &= sc[i] == x[i] * 0.3f;
+    CHECK(sc_ok, "scale_f32 differs from x * scale");
+    printf("%-44s %s\n", "convert f32<->bf16 (RNE), copy", ok && bulk ? "ok" : "FAIL");
+    printf("%-44s %s\n", "accumulate_f32 (f32, bf16), scale_f32", acc && sc_ok ? "ok" : "FAIL");
+    free(x), free(back), free(same), free(h), free(dst), free(dst2), free(want_f), free(sc);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* determinism across thread counts                                                     */
+
+static void test_determinism(void)
+{
+    int M = 200, Kd = 192, N = 300;
+    float *inp = randf((size_t)M * Kd, -1, 1), *w = randf((size_t)Kd * N, -1, 1);
+    float *dout = randf((size_t)M * N, -1, 1);
+    int same = 1;
+    for (int w_nk = 0; w_nk < 2; w_nk++) {
+        float *r[3][3];
+        for (int run = 0; run < 3; run++) {
+            set_threads(run == 0 ? 1 : 2);
+            r[run][0] = filled((size_t)M * Kd, 0.0f);
+            r[run][1] = filled((size_t)Kd * N, 0.5f);
+            r[run][2] = filled((size_t)N, 0.25f);
+            K->matmul_backward(S, r[run][0], r[run][1], r[run][2], dout, inp, w, M, Kd, N, w_nk);
+        }
+        for (int run = 1; run < 3; run++)
+            same &= bitwise_equal(r[0][0], r[run][0], (size_t)M * Kd) &&
+                    bitwise_equal(r[0][1], r[run][1], (size_t)Kd * N) &&
+                    bitwise_equal(r[0][2], r[run][2], (size_t)N);
+        for (int run = 0; run < 3; run++)
+            for (int j = 0; j < 3; j++) free(r[run][j]);
+    }
+    printf("%-44s %s\n", "matmul_backward bitwise, 1 vs 2 threads", same ? "ok" : "FAIL");
+    CHECK(same, "matmul_backward depends on the thread count");
+
+    int B = 2, T = 80, C = 64, NH = 4;
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *qkv = randf(nq, -1, 1), *out = filled(no, 0.0f), *lse = filled((size_t)B * NH * T, 0.0f);
+    float *d = randf(no, -1, 1), *dq[3];
+    int same_a = 1;
+    for (int run = 0; run < 3; run++) {
+        set_threads(run == 0 ? 1 : 2);
+        float *o = filled(no, 0.0f);
+        K->attention_forward(S, o, lse, qkv, B, T, C, NH);
+        if (run == 0) memcpy(out, o, no * sizeof(float));
+        same_a &= bitwise_equal(o, out, no);
+        dq[run] = filled(nq, 7.0f);
+        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, C, NH);
+        free(o);
+    }
+    same_a &= bitwise_equal(dq[0], dq[1], nq) && bitwise_equal(dq[0], dq[2], nq);
+    printf("%-44s %s\n", "attention fwd/bwd bitwise, 1 vs 2 threads", same_a ? "ok" : "FAIL");
+    CHECK(same_a, "attention depends on the thread count");
+    set_threads(2);
+    free(inp), free(w), free(dout), free(qkv), free(out), free(lse), free(d);
+    for (int run = 0; run < 3; run++) free(dq[run]);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* timing (informational, never asserted)                                               */
+
+static void time_matmul(int M, int Kd, int N)
+{
+    float *inp = randf((size_t)M * Kd, -1, 1), *w = randf((size_t)Kd * N, -1, 1);
+    float *bias = randf((size_t)N, -1, 1), *out = filled((size_t)M * N, 0.0f);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = strata_now_ms();
+        K->matmul_forward(S, out, NULL, inp, w, bias, M, Kd, N, 0);
+        double dt = strata_now_ms() - t0;
+        best = dt < best ? dt : best;
+    }
+    int nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    printf("timing matmul_forward M=%d K=%d N=%d: %.2f ms, %.1f GFLOP/s (%d threads)\n", M, Kd, N,
+           best, 2.0 * M * Kd * (double)N / (best * 1e6), nt);
+    free(inp), free(w), free(bias), free(out);
+}
+
+int main(void)
+{
+    test_encoder();
+    test_layernorm(10, 8);
+    test_layernorm(3, 37);
+    for (int w_nk = 0; w_nk < 2; w_nk++)
+        for (int bias = 0; bias < 2; bias++) test_matmul(10, 8, 16, w_nk, bias, 0);
+    test_matmul(10, 8, 16, 0, 1, 1); /* fused bias + GELU */
+    test_matmul(19, 13, 37, 0, 1, 1); /* partial micro-tiles */
+    test_matmul(19, 13, 37, 1, 0, 0);
+    test_matmul(70, 300, 150, 0, 1, 1); /* crosses the K slice and column block */
+    test_matmul(70, 300, 150, 1, 0, 0);
+    test_attention(2, 5, 8, 2, 1.0);
+    test_attention(1, 70, 8, 2, 2.0); /* crosses the query block */
+    test_gelu();
+    test_residual();
+    test_crossentropy();
+    test_loss_accumulate();
+    test_adamw();
+    test_sumsq();
+    test_convert();
+    test_determinism();
+    time_matmul(16 * 128, 128, 512);
+    time_matmul(2048, 768, 3072);
+    if (g_fail) {
+        printf("%d check(s) failed\n", g_fail);
+        return 1;
+    }
+    printf("all kernel checks passed\n");
+    return 0;
+}
