@@ -692,7 +692,7 @@ static int install_dir(const char *ckpt_dir, const char *tmp_dir, const char *fi
     return rm_tree(old);
 }
 
-int strata_ckpt_commit_keep(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
+int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
                             const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len) {
     if (!meta || meta->step < 0 || meta->world < 1)
         return strata_fail("checkpoint %s: invalid step %lld / world %d", tmp_dir, meta ? (long long)meta->step : -1LL,
@@ -744,10 +744,6 @@ int strata_ckpt_commit_keep(const char *run_dir, const char *tmp_dir, const stra
     return 0;
 }
 
-int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
-                       const strata_ckpt_meta *meta, char *final_dir, size_t final_len) {
-    return strata_ckpt_commit_keep(run_dir, tmp_dir, L, meta, 0, final_dir, final_len);
-}
 
 /* ---- resolving what to load ---- */
 

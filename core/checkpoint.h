@@ -80,7 +80,7 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int
  * newest `keep` complete checkpoints (0 keeps all) and any stale *.tmp directories.
  * final_dir (may be NULL) receives the final path. */
 int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
-                       const strata_ckpt_meta *meta, char *final_dir, size_t final_len);
+                       const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len);
 
 /* ---- reading ---- */
 

@@ -196,16 +196,18 @@ static inline float gelu_grad_f(float x)
  * so one routine serves plain and transposed operands; C is row-major with row stride
  * ldc. init is C itself when accumulate is set, else the bias row (broadcast) or zero.
  *
- * Blocking: a task owns a block of C (<= MB x NB) and walks K in KC slices. Each slice of
- * B is packed into NR-wide panels (KC x NR = 32 KiB, L1-resident) and each slice of A
- * into MR-tall slivers, zero-padded at the edges. The micro-kernel keeps an MR x NR tile
- * of C in 16 vector registers; every C element therefore receives its K products one by
- * one in increasing r, whatever the blocking or thread count. */
+ * A task owns a block of C and walks K in KC slices. Each slice of B is packed into
+ * NR-wide panels (KC x NR = 32 KiB, L1-resident) and reused by every row of the block,
+ * so blocks are made tall. A is read in place when it is row- or column-major (the
+ * micro-kernel takes either), and only a short edge sliver is copied. The micro-kernel
+ * keeps an MR x NR tile of C in 16 vector registers; every C element receives its K
+ * products one by one in increasing r, whatever the blocking or the thread count, and
+ * edge tiles go through a zero-padded copy of the same kernel. */
 #define MR 8
 #define NR 32
 #define KC 256
-#define MB_MAX 128 /* multiple of MR */
-#define NB_MAX 128 /* multiple of NR */
+#define MB_MAX 512 /* multiple of MR */
+#define NB_MAX 256 /* multiple of NR */
 
 typedef struct gemm_args {
     int M, N, K;
@@ -220,20 +222,39 @@ typedef struct gemm_args {
     float *gelu_out; /* (M,N) with row stride ldc, or NULL: receives gelu(C) */
 } gemm_args;
 
+/* one thread's packing buffers */
+typedef struct gemm_scratch {
+    float *bp;   /* (KC, NB_MAX): a slice of B as panels */
+    float *apad; /* (KC, MR): an edge sliver of A, zero-padded */
+} gemm_scratch;
+
+static void gemm_scratch_init(gemm_scratch *w)
+{
+    w->bp = scratch_alloc((size_t)KC * NB_MAX);
+    w->apad = scratch_alloc((size_t)KC * MR);
+}
+
+static void gemm_scratch_free(gemm_scratch *w)
+{
+    free(w->bp);
+    free(w->apad);
+}
+
 static const float zero_row[NR]; /* the init row of a bias-free, non-accumulating tile */
 
-/* c (MR,NR) = init (MR,NR, row stride ldi; ldi 0 broadcasts one row) + ap @ bp, with ap
- * (kc,MR) and bp (kc,NR) packed. init may equal c. */
-static void micro_kernel(int kc, const float *restrict ap, const float *restrict bp,
-                         const float *init, size_t ldi, float *c, size_t ldc)
+/* c (MR,NR) = init (MR,NR; row stride ldi, 0 broadcasts one row) + A (MR,kc) @ bp (kc,NR
+ * packed). A's element (i, r) is a[i * a_i + r * a_r]; init may equal c. */
+static inline __attribute__((always_inline)) void
+micro_body(int kc, const float *restrict a, size_t a_i, size_t a_r, const float *restrict bp,
+           const float *init, size_t ldi, float *c, size_t ldc)
 {
     float acc[MR][NR];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = init[i * ldi + j];
     for (int r = 0; r < kc; r++) {
-        const float *a = ap + (size_t)r * MR, *b = bp + (size_t)r * NR;
+        const float *b = bp + (size_t)r * NR;
         for (int i = 0; i < MR; i++) {
-            float ai = a[i];
+            float ai = a[i * a_i + r * a_r];
             for (int j = 0; j < NR; j++) acc[i][j] = FMADD(ai, b[j], acc[i][j]);
         }
     }
@@ -241,27 +262,18 @@ static void micro_kernel(int kc, const float *restrict ap, const float *restrict
         for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
 }
 
-/* A rows [i0, i0+mb), columns [k0, k0+kc) -> slivers of (kc, MR), rows past M zero */
-static void pack_a(const gemm_args *g, int i0, int mb, int k0, int kc, float *ap)
+/* A row-major: (i, r) at a[i * lda + r] */
+static void micro_rows(int kc, const float *a, size_t lda, const float *bp, const float *init,
+                       size_t ldi, float *c, size_t ldc)
 {
-    for (int s = 0; s < mb; s += MR) {
-        float *dst = ap + (size_t)s * kc;
-        int rows = mb - s < MR ? mb - s : MR;
-        if (g->a_rs == 1) { /* transposed A: MR contiguous values per r */
-            for (int r = 0; r < kc; r++) {
-                const float *src = g->a + (size_t)(k0 + r) * g->a_cs + (size_t)(i0 + s);
-                for (int i = 0; i < rows; i++) dst[r * MR + i] = src[i];
-                for (int i = rows; i < MR; i++) dst[r * MR + i] = 0.0f;
-            }
-        } else {
-            for (int i = 0; i < rows; i++) {
-                const float *src = g->a + (size_t)(i0 + s + i) * g->a_rs + (size_t)k0 * g->a_cs;
-                for (int r = 0; r < kc; r++) dst[r * MR + i] = src[(size_t)r * g->a_cs];
-            }
-            for (int i = rows; i < MR; i++)
-                for (int r = 0; r < kc; r++) dst[r * MR + i] = 0.0f;
-        }
-    }
+    micro_body(kc, a, lda, 1, bp, init, ldi, c, ldc);
+}
+
+/* A column-major: (i, r) at a[r * lda + i] */
+static void micro_cols(int kc, const float *a, size_t lda, const float *bp, const float *init,
+                       size_t ldi, float *c, size_t ldc)
+{
+    micro_body(kc, a, 1, lda, bp, init, ldi, c, ldc);
 }
 
 /* B rows [k0, k0+kc), columns [j0, j0+nb) -> panels of (kc, NR), columns past N zero */
@@ -287,92 +299,108 @@ static void pack_b(const gemm_args *g, int k0, int kc, int j0, int nb, float *bp
     }
 }
 
-/* One MR x NR tile of C at (i, j); edge tiles go through a padded copy so the
- * micro-kernel, and hence the arithmetic, is the same for every element. */
-static void gemm_tile(const gemm_args *g, int i, int j, int kc, int first, const float *ap,
-                      const float *bp)
+/* One MR x NR tile of C at (i, j) over K slice [k0, k0+kc) */
+static void gemm_tile(const gemm_args *g, int i, int j, int k0, int kc, const float *bp,
+                      float *apad)
 {
     float *c = g->c + (size_t)i * g->ldc + j;
     int rows = g->M - i < MR ? g->M - i : MR;
     int cols = g->N - j < NR ? g->N - j : NR;
     const float *init = c;
     size_t ldi = g->ldc;
-    if (first && !g->accumulate) {
+    if (k0 == 0 && !g->accumulate) {
         init = g->bias ? g->bias + j : zero_row;
         ldi = 0;
     }
+    const float *a;
+    size_t lda;
+    int by_rows = 0;
+    if (rows == MR && g->a_cs == 1) {
+        a = g->a + (size_t)i * g->a_rs + k0;
+        lda = g->a_rs;
+        by_rows = 1;
+    } else if (rows == MR && g->a_rs == 1) {
+        a = g->a + (size_t)k0 * g->a_cs + i;
+        lda = g->a_cs;
+    } else { /* edge rows (or a general stride): a zero-padded column-major copy */
+        for (int r = 0; r < kc; r++) {
+            const float *src = g->a + (size_t)i * g->a_rs + (size_t)(k0 + r) * g->a_cs;
+            for (int ii = 0; ii < MR; ii++) apad[r * MR + ii] = ii < rows ? src[ii * g->a_rs] : 0.0f;
+        }
+        a = apad;
+        lda = MR;
+    }
     if (rows == MR && cols == NR) {
-        micro_kernel(kc, ap, bp, init, ldi, c, g->ldc);
+        if (by_rows) micro_rows(kc, a, lda, bp, init, ldi, c, g->ldc);
+        else micro_cols(kc, a, lda, bp, init, ldi, c, g->ldc);
         return;
     }
     float tmp[MR * NR];
     for (int ii = 0; ii < MR; ii++)
         for (int jj = 0; jj < NR; jj++)
             tmp[ii * NR + jj] = (ii < rows && jj < cols) ? init[ii * ldi + jj] : 0.0f;
-    micro_kernel(kc, ap, bp, tmp, NR, tmp, NR);
+    if (by_rows) micro_rows(kc, a, lda, bp, tmp, NR, tmp, NR);
+    else micro_cols(kc, a, lda, bp, tmp, NR, tmp, NR);
     for (int ii = 0; ii < rows; ii++)
         for (int jj = 0; jj < cols; jj++) c[(size_t)ii * g->ldc + jj] = tmp[ii * NR + jj];
 }
 
-/* C rows [i0,i1), columns [j0,j1), complete over K, with one thread's pack buffers
- * ap (MB_MAX * KC) and bp (KC * NB_MAX). */
-static void gemm_block(const gemm_args *g, int i0, int i1, int j0, int j1, float *ap, float *bp)
+/* C rows [i0,i1), columns [j0,j1), complete over K, on the calling thread */
+static void gemm_block(const gemm_args *g, int i0, int i1, int j0, int j1, gemm_scratch *w)
 {
     for (int jb = j0; jb < j1; jb += NB_MAX) {
         int nb = j1 - jb < NB_MAX ? j1 - jb : NB_MAX;
-        for (int ib = i0; ib < i1; ib += MB_MAX) {
-            int mb = i1 - ib < MB_MAX ? i1 - ib : MB_MAX;
-            for (int k0 = 0; k0 < g->K || k0 == 0; k0 += KC) {
-                int kc = g->K - k0 < KC ? g->K - k0 : KC;
-                pack_b(g, k0, kc, jb, nb, bp);
-                pack_a(g, ib, mb, k0, kc, ap);
+        int k0 = 0;
+        do { /* at least once, so K == 0 still writes init */
+            int kc = g->K - k0 < KC ? g->K - k0 : KC;
+            pack_b(g, k0, kc, jb, nb, w->bp);
+            for (int ib = i0; ib < i1; ib += MB_MAX) { /* A's rows stay in L2 across panels */
+                int ie = i1 - ib < MB_MAX ? i1 : ib + MB_MAX;
                 for (int p = 0; p < nb; p += NR)
-                    for (int s = 0; s < mb; s += MR)
-                        gemm_tile(g, ib + s, jb + p, kc, k0 == 0, ap + (size_t)s * kc,
-                                  bp + (size_t)p * kc);
-                if (g->K == 0) break;
+                    for (int i = ib; i < ie; i += MR)
+                        gemm_tile(g, i, jb + p, k0, kc, w->bp + (size_t)p * kc, w->apad);
             }
-            if (g->gelu_out)
-                for (int i = ib; i < ib + mb; i++) {
-                    const float *c = g->c + (size_t)i * g->ldc;
-                    float *o = g->gelu_out + (size_t)i * g->ldc;
-                    for (int j = jb; j < jb + nb; j++) o[j] = gelu_f(c[j]);
-                }
-        }
+            k0 += KC;
+        } while (k0 < g->K);
+        if (g->gelu_out)
+            for (int i = i0; i < i1; i++) {
+                const float *c = g->c + (size_t)i * g->ldc;
+                float *o = g->gelu_out + (size_t)i * g->ldc;
+                for (int j = jb; j < jb + nb; j++) o[j] = gelu_f(c[j]);
+            }
     }
 }
 
-/* The parallel driver: C is split into blocks, each computed by one thread. Block
- * sizes shrink for small products so every thread gets work; they never change the
- * arithmetic. */
+/* The parallel driver: C is split into blocks, each computed by one thread. Blocks are
+ * as tall as possible (a packed B slice is reused by every row) and are narrowed, then
+ * shortened, until each thread has a few; block shapes never change the arithmetic. */
 static void gemm(const gemm_args *g)
 {
     if (g->M <= 0 || g->N <= 0) return;
     int nt = max_threads();
-    int mb = MB_MAX, nb = NB_MAX;
+    int mb = g->M < MB_MAX ? (g->M + MR - 1) / MR * MR : MB_MAX, nb = NB_MAX;
     for (;;) {
         long tasks = (long)((g->M + mb - 1) / mb) * ((g->N + nb - 1) / nb);
-        if (tasks >= 4L * nt || (mb == MR && nb == NR)) break;
-        if (mb > MR && mb >= nb) mb /= 2;
-        else if (nb > NR) nb /= 2;
-        else mb /= 2;
+        if (tasks >= 4L * nt) break;
+        if (nb > NR) nb /= 2;
+        else if (mb > MR) mb = (mb / 2 + MR - 1) / MR * MR;
+        else break;
     }
     int tm = (g->M + mb - 1) / mb, tn = (g->N + nb - 1) / nb;
     long tasks = (long)tm * tn;
     double flops = 2.0 * g->M * g->N * (double)g->K;
 #pragma omp parallel if (tasks > 1 && flops > 1e6)
     {
-        float *ap = scratch_alloc((size_t)MB_MAX * KC);
-        float *bp = scratch_alloc((size_t)KC * NB_MAX);
+        gemm_scratch w;
+        gemm_scratch_init(&w);
 #pragma omp for schedule(static)
         for (long t = 0; t < tasks; t++) {
             int i0 = (int)(t / tn) * mb, j0 = (int)(t % tn) * nb;
             int i1 = i0 + mb < g->M ? i0 + mb : g->M;
             int j1 = j0 + nb < g->N ? j0 + nb : g->N;
-            gemm_block(g, i0, i1, j0, j1, ap, bp);
+            gemm_block(g, i0, i1, j0, j1, &w);
         }
-        free(ap);
-        free(bp);
+        gemm_scratch_free(&w);
     }
 }
 
@@ -560,44 +588,50 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
 /* ---------------------------------------------------------------------------------- */
 /* Attention                                                                             */
 /*
- * One (batch, head) is one task, run by one thread, so dK and dV accumulate over query
- * blocks in a fixed order. Queries go in blocks of QB rows; for a block the scores
- * against keys [0, t1) live in a per-thread (QB, T) scratch (never B*NH*T*T), and the
- * products are serial gemm_block calls reading q, k, v in place (row stride 3C). */
+ * One (batch, head) is one task on one thread, so dK and dV accumulate over query
+ * blocks in a fixed order. Queries go in blocks of QB. A block's scores against keys
+ * [0, t1) are kept transposed, S^T (nk, QB), in a per-thread scratch (never
+ * B*NH*T*T): every product then reads q, k, v in place or packs only a (hs, QB) slice,
+ * and the softmax runs over keys with the block's queries as vector lanes. Key u is
+ * visible to query t0 + i when i >= u - t0 (causal). */
 #define QB 64
 
 typedef struct attn_scratch {
-    float *s, *dp; /* (QB, T) each */
-    float *ap, *bp; /* gemm packs */
+    float *st, *dpt; /* (T, QB) each: scores or probabilities, and dP, transposed */
+    gemm_scratch g;
 } attn_scratch;
 
 static void attn_scratch_init(attn_scratch *w, int T, int backward)
 {
-    w->s = scratch_alloc((size_t)QB * T);
-    w->dp = backward ? scratch_alloc((size_t)QB * T) : NULL;
-    w->ap = scratch_alloc((size_t)MB_MAX * KC);
-    w->bp = scratch_alloc((size_t)KC * NB_MAX);
+    w->st = scratch_alloc((size_t)T * QB);
+    w->dpt = backward ? scratch_alloc((size_t)T * QB) : NULL;
+    gemm_scratch_init(&w->g);
 }
 
 static void attn_scratch_free(attn_scratch *w)
 {
-    free(w->s);
-    free(w->dp);
-    free(w->ap);
-    free(w->bp);
+    free(w->st);
+    free(w->dpt);
+    gemm_scratch_free(&w->g);
 }
 
-/* s (nq, nk; row stride T) = q[t0..t0+nq) @ k[0..nk)^T, unscaled */
-static void attn_scores(attn_scratch *w, const float *q, const float *k, int t0, int nq, int nk,
-                        int T, int C3, int hs)
+/* first query column of the block that sees key u */
+static inline int attn_first(int u, int t0)
+{
+    return u > t0 ? u - t0 : 0;
+}
+
+/* st (nk, QB) = k[0..nk) @ q[t0..t0+nq)^T: unscaled scores, transposed */
+static void attn_scores_t(attn_scratch *w, const float *q, const float *k, int t0, int nq,
+                          int nk, int C3, int hs)
 {
     gemm_args g = {
-        .M = nq, .N = nk, .K = hs,
-        .a = q + (size_t)t0 * C3, .a_rs = (size_t)C3, .a_cs = 1,
-        .b = k, .b_rs = 1, .b_cs = (size_t)C3,
-        .c = w->s, .ldc = (size_t)T,
+        .M = nk, .N = nq, .K = hs,
+        .a = k, .a_rs = (size_t)C3, .a_cs = 1,
+        .b = q + (size_t)t0 * C3, .b_rs = 1, .b_cs = (size_t)C3,
+        .c = w->st, .ldc = QB,
     };
-    gemm_block(&g, 0, nq, 0, nk, w->ap, w->bp);
+    gemm_block(&g, 0, nk, 0, nq, &w->g);
 }
 
 static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, const void *qkv_,
@@ -620,27 +654,45 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
             float *l = lse + (size_t)bh * T;
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
-                attn_scores(&w, q, k, t0, nq, nk, T, C3, hs);
+                attn_scores_t(&w, q, k, t0, nq, nk, C3, hs);
+                float mx[QB], inv[QB];
+                double sum[QB];
                 for (int i = 0; i < nq; i++) {
-                    float *row = w.s + (size_t)i * T;
-                    int n = t0 + i + 1; /* causal: keys 0..t */
-                    for (int j = 0; j < n; j++) row[j] *= scale;
-                    float m = max_f32(row, n);
-                    for (int j = 0; j < n; j++) row[j] = exp_fast(row[j] - m);
-                    double sum = sum_f64(row, (size_t)n);
-                    float inv = (float)(1.0 / sum);
-                    for (int j = 0; j < n; j++) row[j] *= inv;
-                    for (int j = n; j < nk; j++) row[j] = 0.0f;
-                    l[t0 + i] = (float)((double)m + log(sum));
+                    mx[i] = -INFINITY;
+                    sum[i] = 0.0;
+                }
+                for (int u = 0; u < nk; u++) {
+                    float *row = w.st + (size_t)u * QB;
+                    for (int i = attn_first(u, t0); i < nq; i++) {
+                        row[i] *= scale;
+                        mx[i] = row[i] > mx[i] ? row[i] : mx[i];
+                    }
+                }
+                for (int u = 0; u < nk; u++) {
+                    float *row = w.st + (size_t)u * QB;
+                    int lo = attn_first(u, t0);
+                    for (int i = 0; i < lo; i++) row[i] = 0.0f;
+                    for (int i = lo; i < nq; i++) {
+                        row[i] = exp_fast(row[i] - mx[i]);
+                        sum[i] += (double)row[i];
+                    }
+                }
+                for (int i = 0; i < nq; i++) {
+                    inv[i] = (float)(1.0 / sum[i]);
+                    l[t0 + i] = (float)((double)mx[i] + log(sum[i]));
+                }
+                for (int u = 0; u < nk; u++) {
+                    float *row = w.st + (size_t)u * QB;
+                    for (int i = attn_first(u, t0); i < nq; i++) row[i] *= inv[i];
                 }
                 /* o[t0..t0+nq) (=) p (nq, nk) @ v[0..nk) */
                 gemm_args g = {
                     .M = nq, .N = hs, .K = nk,
-                    .a = w.s, .a_rs = (size_t)T, .a_cs = 1,
+                    .a = w.st, .a_rs = 1, .a_cs = QB,
                     .b = v, .b_rs = (size_t)C3, .b_cs = 1,
                     .c = o + (size_t)t0 * C, .ldc = (size_t)C,
                 };
-                gemm_block(&g, 0, nq, 0, hs, w.ap, w.bp);
+                gemm_block(&g, 0, nq, 0, hs, &w.g);
             }
         }
         attn_scratch_free(&w);
@@ -662,7 +714,8 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
             int b = bh / NH, h = bh % NH;
-            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs, ooff = (size_t)b * T * C + (size_t)h * hs;
+            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
+            size_t ooff = (size_t)b * T * C + (size_t)h * hs;
             const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
             float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
             const float *o = out + ooff, *dout_bh = dout + ooff;
@@ -675,54 +728,55 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                 int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
                 const float *dob = dout_bh + (size_t)t0 * C;
                 /* probabilities from the saved log-sum-exp */
-                attn_scores(&w, q, k, t0, nq, nk, T, C3, hs);
-                for (int i = 0; i < nq; i++) {
-                    float *row = w.s + (size_t)i * T;
-                    int n = t0 + i + 1;
-                    float li = l[t0 + i];
-                    for (int j = 0; j < n; j++) row[j] = exp_fast(row[j] * scale - li);
-                    for (int j = n; j < nk; j++) row[j] = 0.0f;
+                attn_scores_t(&w, q, k, t0, nq, nk, C3, hs);
+                for (int u = 0; u < nk; u++) {
+                    float *row = w.st + (size_t)u * QB;
+                    int lo = attn_first(u, t0);
+                    for (int i = 0; i < lo; i++) row[i] = 0.0f;
+                    for (int i = lo; i < nq; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
                 }
-                /* dp (nq, nk) = dout block @ v[0..nk)^T */
+                /* dp^T (nk, nq) = v[0..nk) @ dout block^T */
                 gemm_args gdp = {
-                    .M = nq, .N = nk, .K = hs,
-                    .a = dob, .a_rs = (size_t)C, .a_cs = 1,
-                    .b = v, .b_rs = 1, .b_cs = (size_t)C3,
-                    .c = w.dp, .ldc = (size_t)T,
+                    .M = nk, .N = nq, .K = hs,
+                    .a = v, .a_rs = (size_t)C3, .a_cs = 1,
+                    .b = dob, .b_rs = 1, .b_cs = (size_t)C,
+                    .c = w.dpt, .ldc = QB,
                 };
-                gemm_block(&gdp, 0, nq, 0, nk, w.ap, w.bp);
+                gemm_block(&gdp, 0, nk, 0, nq, &w.g);
                 /* dv[0..nk) += p^T @ dout block */
                 gemm_args gdv = {
                     .M = nk, .N = hs, .K = nq,
-                    .a = w.s, .a_rs = 1, .a_cs = (size_t)T,
+                    .a = w.st, .a_rs = QB, .a_cs = 1,
                     .b = dob, .b_rs = (size_t)C, .b_cs = 1,
                     .c = dv, .ldc = (size_t)C3, .accumulate = 1,
                 };
-                gemm_block(&gdv, 0, nk, 0, hs, w.ap, w.bp);
-                /* ds = scale * p * (dp - rowsum(dout * out)), in place of p */
-                for (int i = 0; i < nq; i++) {
-                    float *row = w.s + (size_t)i * T;
-                    const float *dpr = w.dp + (size_t)i * T;
-                    float D = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C,
-                                             (size_t)hs);
-                    for (int j = 0; j < nk; j++) row[j] = scale * row[j] * (dpr[j] - D);
+                gemm_block(&gdv, 0, nk, 0, hs, &w.g);
+                /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
+                float D[QB];
+                for (int i = 0; i < nq; i++)
+                    D[i] = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C, (size_t)hs);
+                for (int u = 0; u < nk; u++) {
+                    float *row = w.st + (size_t)u * QB;
+                    const float *dpr = w.dpt + (size_t)u * QB;
+                    for (int i = attn_first(u, t0); i < nq; i++)
+                        row[i] = scale * row[i] * (dpr[i] - D[i]);
                 }
-                /* dq block (=) ds @ k[0..nk) */
+                /* dq block (=) ds (nq, nk) @ k[0..nk) */
                 gemm_args gdq = {
                     .M = nq, .N = hs, .K = nk,
-                    .a = w.s, .a_rs = (size_t)T, .a_cs = 1,
+                    .a = w.st, .a_rs = 1, .a_cs = QB,
                     .b = k, .b_rs = (size_t)C3, .b_cs = 1,
                     .c = dq + (size_t)t0 * C3, .ldc = (size_t)C3,
                 };
-                gemm_block(&gdq, 0, nq, 0, hs, w.ap, w.bp);
+                gemm_block(&gdq, 0, nq, 0, hs, &w.g);
                 /* dk[0..nk) += ds^T @ q block */
                 gemm_args gdk = {
                     .M = nk, .N = hs, .K = nq,
-                    .a = w.s, .a_rs = 1, .a_cs = (size_t)T,
+                    .a = w.st, .a_rs = QB, .a_cs = 1,
                     .b = q + (size_t)t0 * C3, .b_rs = (size_t)C3, .b_cs = 1,
                     .c = dk, .ldc = (size_t)C3, .accumulate = 1,
                 };
-                gemm_block(&gdk, 0, nk, 0, hs, w.ap, w.bp);
+                gemm_block(&gdk, 0, nk, 0, hs, &w.g);
             }
         }
         attn_scratch_free(&w);

@@ -479,6 +479,10 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
     strata_stream_sync(d, d->compute);
     sums[1] = *e->loss_sum_host;
+    /* Fault injection for tests of the NaN path: STRATA_FAULT_NAN_STEP=N poisons step N's
+     * loss on this rank (optimizer steps count from 1, as in the progress line). */
+    const char *fault = getenv("STRATA_FAULT_NAN_STEP");
+    if (fault && atoll(fault) == step + 1) sums[1] = NAN;
     if (strata_allreduce_host_f64(e->comm, sums, 2)) return -1;
     r->grad_norm = sqrt(sums[0]);
     r->loss = sums[1] / e->world;
@@ -586,7 +590,7 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     if (failed) return strata_fail("checkpoint of step %lld not written: %s", (long long)step,
                                    err[0] ? err : "another rank failed to write its shard");
     double commit_failed = 0;
-    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, meta, final_dir, final_len)) {
+    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, meta, e->cfg->run.keep, final_dir, final_len)) {
         commit_failed = 1;
         snprintf(err, sizeof err, "%s", strata_error());
     }

@@ -82,10 +82,11 @@ pass "corrupt and truncated checkpoints refused"
 
 # --- a non-finite loss stops the run; the last good checkpoint still loads
 set +e
-out=$("$S" train tiny.yaml --set run.dir=runs/e --set optim.lr=1e30 --set optim.grad_clip=0 --set optim.warmup_steps=0 --set run.checkpoint_every=1 2>&1); rc=$?
+out=$(STRATA_FAULT_NAN_STEP=6 "$S" train tiny.yaml --set run.dir=runs/e --set run.checkpoint_every=1 2>&1); rc=$?
 set -e
 [ $rc -eq 1 ] || fail "NaN run should exit 1, got $rc: $out"
 grep -q "not finite" <<<"$out" || fail "NaN message: $out"
 "$S" sample runs/e --tokens 5 > /dev/null || fail "the last good checkpoint of the NaN run does not load"
+[ "$(cat runs/e/ckpt/latest)" = step_00000005 ] || fail "latest after a NaN at step 6 should be step 5"
 pass "non-finite loss stops the run, last checkpoint intact ($(cat runs/e/ckpt/latest))"
 echo "all e2e_train checks passed"

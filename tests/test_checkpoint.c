@@ -21,8 +21,7 @@
 #include <unistd.h>
 
 /* Defined in core/checkpoint.c: commit with retention (keep newest `keep`, 0 = all). */
-int strata_ckpt_commit_keep(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
-                            const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len);
+
 
 static int failures;
 /* Evaluates cond once; a failure also prints the library's last error. */
@@ -148,7 +147,7 @@ static int save(const char *run, model *m, int world, int64_t step, const char *
             return -1;
     }
     strata_ckpt_meta meta = make_meta(step, world, config);
-    return strata_ckpt_commit_keep(run, tmp, &m->L, &meta, keep, final, sizeof final);
+    return strata_ckpt_commit(run, tmp, &m->L, &meta, keep, final, sizeof final);
 }
 
 /* Elements [lo, hi) of (u, k) as the checkpoint must return them: data, zeros in padding. */
@@ -621,7 +620,7 @@ static int kill_writer(const char *run, int delay_us, int in_commit) {
         }
         if (write(pfd[1], "C", 1) != 1) _exit(2);
         strata_ckpt_meta meta = make_meta(2, 2, "step: 2\n");
-        _exit(strata_ckpt_commit_keep(run, tmp, &b.L, &meta, 3, NULL, 0) == 0 ? 0 : 4);
+        _exit(strata_ckpt_commit(run, tmp, &b.L, &meta, 3, NULL, 0) == 0 ? 0 : 4);
     }
     close(pfd[1]);
     char c = 0;
