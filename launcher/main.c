@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "launcher/commands.h"
+#include "launcher/export.h"
 #include "launcher/plot.h"
 #include "shard/comm.h"
 
@@ -24,6 +25,10 @@ static const char *usage_text =
     "  sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
     "        generate text from a checkpoint\n"
     "  plot RUNDIR [--out FILE]        draw loss and learning rate as an SVG\n"
+    "  export CKPT|RUNDIR --out FILE.safetensors\n"
+    "        the weights under Hugging Face GPT-2 names (GPT2LMHeadModel.from_pretrained loads them)\n"
+    "  dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
+    "        loss, logits and every gradient of one batch, for checks against PyTorch\n"
     "\n"
     "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit.\n";
 
@@ -145,6 +150,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "plan")) return strata_cmd_plan(sub_argc, sub_argv);
     if (!strcmp(cmd, "sample")) return strata_cmd_sample(sub_argc, sub_argv);
     if (!strcmp(cmd, "plot")) return cmd_plot(sub_argc, sub_argv);
+    if (!strcmp(cmd, "export")) return strata_cmd_export(sub_argc, sub_argv);
+    if (!strcmp(cmd, "dump-grads")) return strata_cmd_dump_grads(sub_argc, sub_argv);
     fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd, usage_text);
     return STRATA_EXIT_USAGE;
 }

@@ -264,9 +264,13 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     int exit_code = STRATA_EXIT_OK;
     for (int64_t step = start; step < steps; step++) {
         double t0 = strata_now_ms();
+        strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
         strata_step_result r;
         if (strata_engine_step(t->engine, &t->train, step, &r)) fatal(t, "training step");
         double ms = strata_now_ms() - t0;
+        strata_comm_stats cs1 = strata_comm_get_stats(t->comm);
+        uint64_t comm_bytes = 0; /* this rank's collective traffic in the step (ring accounting) */
+        for (int k = 0; k < STRATA_COLL_KINDS; k++) comm_bytes += cs1.bytes[k] - cs0.bytes[k];
         if (r.nonfinite) {
             if (rank == 0)
                 STRATA_ERROR("train", "step %lld: loss %g, gradient norm %g: not finite, so the update was skipped "
@@ -299,9 +303,9 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
             fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                     "\"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
-                    "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu}\n",
+                    "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"comm_bytes\": %llu}\n",
                     r.lr, r.grad_norm, tok_s, ms, tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
-                    mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers);
+                    mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, (unsigned long long)comm_bytes);
             fflush(t->metrics);
         }
         /* every rank must agree to stop, or some would wait in a collective for the others */

@@ -1,0 +1,504 @@
+/* launcher/export.c: `strata export` (checkpoint -> Hugging Face safetensors) and
+ * `strata dump-grads` (one forward/backward written out for tests/torch_reference.py).
+ *
+ * safetensors layout: u64 little-endian N, then N bytes of JSON
+ *   {"__metadata__": {"k": "v", ...}, "name": {"dtype": "F32", "shape": [..],
+ *    "data_offsets": [begin, end]}, ...}
+ * padded with spaces so the data starts 8-byte aligned, then the tensors' bytes back to
+ * back in header order (offsets relative to the start of the data). */
+#include "launcher/export.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/arena.h"
+#include "core/checkpoint.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "core/data.h"
+#include "core/model.h"
+#include "shard/comm.h"
+#include "shard/engine.h"
+
+#define WTE_NAME "transformer.wte.weight"
+
+/* ---- a growing string for the JSON header ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_putn(sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (b->n + n + 1 > cap) cap *= 2;
+        b->p = strata_xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    STRATA_ASSERT(n >= 0 && (size_t)n < sizeof tmp); /* only short numeric pieces go through here */
+    sb_putn(b, tmp, (size_t)n);
+}
+
+/* A JSON string literal: quotes, backslashes and control bytes escaped; other bytes
+ * (UTF-8 included) pass through. */
+static void sb_json_string(sbuf *b, const char *s) {
+    sb_putn(b, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"') sb_putn(b, "\\\"", 2);
+        else if (*c == '\\') sb_putn(b, "\\\\", 2);
+        else if (*c == '\n') sb_putn(b, "\\n", 2);
+        else if (*c == '\t') sb_putn(b, "\\t", 2);
+        else if (*c < 0x20) sb_printf(b, "\\u%04x", *c);
+        else sb_putn(b, (const char *)c, 1);
+    }
+    sb_putn(b, "\"", 1);
+}
+
+/* ---- safetensors writer ---- */
+
+typedef struct st_tensor {
+    char name[STRATA_CKPT_NAME_MAX + 8]; /* "grad." + a model tensor name */
+    const char *dtype;                    /* "F32" or "I32" */
+    int ndim;
+    int64_t shape[3];
+    size_t bytes;
+} st_tensor;
+
+typedef struct st_writer {
+    char path[STRATA_PATH_MAX], tmp[STRATA_PATH_MAX + 32];
+    st_tensor *t;
+    int n, cap;
+    int next;   /* the tensor whose bytes come next */
+    int fd;
+    sbuf meta;  /* "key": "value" pairs, comma separated, already JSON */
+} st_writer;
+
+static void st_init(st_writer *w, const char *path) {
+    memset(w, 0, sizeof *w);
+    snprintf(w->path, sizeof w->path, "%s", path);
+    w->fd = -1;
+}
+
+static void st_free(st_writer *w) {
+    free(w->t);
+    free(w->meta.p);
+    if (w->fd >= 0) {
+        close(w->fd);
+        unlink(w->tmp); /* not committed: leave no half-written file behind */
+    }
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
+}
+
+static void st_meta(st_writer *w, const char *key, const char *value) {
+    if (w->meta.n) sb_putn(&w->meta, ",", 1);
+    sb_json_string(&w->meta, key);
+    sb_putn(&w->meta, ":", 1);
+    sb_json_string(&w->meta, value ? value : "");
+}
+
+static void st_meta_int(st_writer *w, const char *key, long long value) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", value);
+    st_meta(w, key, v);
+}
+
+/* Declares the next tensor (dtype elements are 4 bytes: F32 or I32). */
+static void st_add(st_writer *w, const char *name, const char *dtype, int ndim, int64_t d0, int64_t d1,
+                   int64_t d2) {
+    if (w->n == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 64;
+        w->t = strata_xrealloc(w->t, (size_t)w->cap * sizeof *w->t);
+    }
+    st_tensor *t = &w->t[w->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    int64_t d[3] = {d0, d1, d2};
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = d[i];
+        numel *= (size_t)d[i];
+    }
+    t->bytes = numel * 4;
+}
+
+static int write_all(int fd, const void *data, size_t bytes, const char *path) {
+    const char *p = data;
+    while (bytes) {
+        ssize_t k = write(fd, p, bytes > (1u << 30) ? (1u << 30) : bytes);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return strata_fail("%s: write failed: %s", path, strerror(errno));
+        p += k;
+        bytes -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Writes the header to a temporary file next to the target; tensors follow with st_write. */
+static int st_begin(st_writer *w) {
+    sbuf h = {0};
+    sb_putn(&h, "{\"__metadata__\":{", 17);
+    if (w->meta.n) sb_putn(&h, w->meta.p, w->meta.n);
+    sb_putn(&h, "}", 1);
+    size_t off = 0;
+    for (int i = 0; i < w->n; i++) {
+        const st_tensor *t = &w->t[i];
+        sb_putn(&h, ",", 1);
+        sb_json_string(&h, t->name);
+        sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", t->dtype);
+        for (int d = 0; d < t->ndim; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+        sb_printf(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + t->bytes);
+        off += t->bytes;
+    }
+    sb_putn(&h, "}", 1);
+    while (h.n % 8) sb_putn(&h, " ", 1); /* 8 + N stays a multiple of 8: aligned data */
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
+
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", w->path, (int)getpid());
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int rc = 0;
+    if (w->fd < 0) rc = strata_fail("%s: cannot create: %s", w->tmp, strerror(errno));
+    else rc = write_all(w->fd, len, 8, w->tmp) || write_all(w->fd, h.p, h.n, w->tmp) ? -1 : 0;
+    free(h.p);
+    return rc;
+}
+
+/* The bytes of tensor `i`, which must be the next one declared. */
+static int st_write(st_writer *w, int i, const void *data) {
+    STRATA_ASSERT(i == w->next && i < w->n);
+    w->next++;
+    return write_all(w->fd, data, w->t[i].bytes, w->tmp);
+}
+
+/* fsync, rename over the target, fsync the directory: a reader sees the old file or the
+ * whole new one. */
+static int st_commit(st_writer *w) {
+    STRATA_ASSERT(w->next == w->n);
+    if (fsync(w->fd) != 0) return strata_fail("%s: fsync failed: %s", w->tmp, strerror(errno));
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0) {
+        int e = errno;
+        unlink(w->tmp);
+        return strata_fail("%s: close failed: %s", w->tmp, strerror(e));
+    }
+    if (rename(w->tmp, w->path) != 0) {
+        int e = errno;
+        unlink(w->tmp);
+        return strata_fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(e));
+    }
+    char dir[STRATA_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", w->path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd); /* best effort: some file systems refuse fsync on a directory */
+        close(dfd);
+    }
+    return 0;
+}
+
+/* ---- the checkpoint and its config ---- */
+
+typedef struct opened {
+    char dir[STRATA_PATH_MAX];
+    strata_ckpt *ck;
+    strata_config cfg;
+} opened;
+
+/* Resolves and opens CKPT|RUNDIR and parses the config it was saved with, `sets` applied
+ * on top. Prints the error; returns an exit code. */
+static int open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets, opened *o) {
+    memset(o, 0, sizeof *o);
+    if (strata_ckpt_resolve(what, ".", o->dir, sizeof o->dir)) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    o->ck = strata_ckpt_open(o->dir);
+    if (!o->ck) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    char name[STRATA_PATH_MAX + 32];
+    snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);
+    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, sets, n_sets)) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        strata_ckpt_close(o->ck);
+        o->ck = NULL;
+        return STRATA_EXIT_ERROR;
+    }
+    return STRATA_EXIT_OK;
+}
+
+static strata_model_shape shape_of(const strata_config *c) {
+    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
+                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
+}
+
+/* Metadata both files share: what transformers' GPT2Config needs, and where it came from. */
+static void common_meta(st_writer *w, const opened *o) {
+    const strata_config *c = &o->cfg;
+    const strata_ckpt_meta *meta = strata_ckpt_get_meta(o->ck);
+    st_meta(w, "format", "pt");
+    st_meta(w, "strata.checkpoint", o->dir);
+    st_meta_int(w, "strata.step", (long long)meta->step);
+    st_meta_int(w, "strata.n_layer", c->model.n_layer);
+    st_meta_int(w, "strata.n_head", c->model.n_head);
+    st_meta_int(w, "strata.n_embd", c->model.n_embd);
+    st_meta_int(w, "strata.n_positions", c->model.seq_len);
+    st_meta_int(w, "strata.vocab_size", c->model.vocab_size);
+    st_meta_int(w, "strata.padded_vocab_size", strata_config_padded_vocab(c));
+    st_meta(w, "strata.config", meta->config_yaml);
+}
+
+/* Rows a tensor has in the exported file: wte loses its padding rows. */
+static int64_t export_rows(const strata_ckpt_tensor *t, int vocab_size) {
+    return strcmp(t->name, WTE_NAME) == 0 ? vocab_size : t->shape[0];
+}
+
+static void add_model_tensor(st_writer *w, const char *prefix, const strata_ckpt_tensor *t, int vocab_size) {
+    char name[sizeof w->t[0].name];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    st_add(w, name, "F32", t->ndim, export_rows(t, vocab_size), t->ndim > 1 ? t->shape[1] : 0, 0);
+}
+
+/* ---- strata export ---- */
+
+static int export_usage(void) {
+    fprintf(stderr, "usage: strata export CKPT|RUNDIR --out FILE.safetensors\n");
+    return STRATA_EXIT_USAGE;
+}
+
+int strata_cmd_export(int argc, char **argv) {
+    const char *what = NULL, *out = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (argv[i][0] != '-' && !what) what = argv[i];
+        else {
+            fprintf(stderr, "strata export: unexpected argument '%s'\n", argv[i]);
+            return export_usage();
+        }
+    }
+    if (!what || !out) return export_usage();
+    opened o;
+    int rc = open_checkpoint("export", what, NULL, 0, &o);
+    if (rc) return rc;
+    strata_model_shape shape = shape_of(&o.cfg);
+    strata_model m;
+    strata_model_init(&m, &shape);
+    strata_ckpt_layout layout = strata_model_layout(&m, NULL);
+    st_writer w;
+    st_init(&w, out);
+    float *buf = NULL;
+    size_t max_numel = 0;
+    rc = STRATA_EXIT_ERROR;
+    if (strata_ckpt_check_layout(o.ck, &layout)) goto done;
+    common_meta(&w, &o);
+    for (int i = 0; i < m.n_tensors; i++) {
+        add_model_tensor(&w, "", &m.tensors[i], shape.vocab_size);
+        if (m.tensors[i].numel > max_numel) max_numel = m.tensors[i].numel;
+    }
+    buf = strata_xmalloc(max_numel * sizeof(float));
+    if (st_begin(&w)) goto done;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const strata_ckpt_tensor *t = &m.tensors[i];
+        size_t n = w.t[i].bytes / sizeof(float); /* wte: only the real vocabulary's rows */
+        if (strata_ckpt_read_range(o.ck, t->unit, STRATA_CKPT_PARAM, t->offset, t->offset + n, buf) ||
+            st_write(&w, i, buf))
+            goto done;
+    }
+    if (st_commit(&w)) goto done;
+    printf("wrote %s: %d tensors, %zu parameters, step %lld\n", out, m.n_tensors, strata_model_num_params(&m),
+           (long long)strata_ckpt_get_meta(o.ck)->step);
+    rc = STRATA_EXIT_OK;
+done:
+    if (rc) fprintf(stderr, "strata export: %s\n", strata_error());
+    free(buf);
+    st_free(&w);
+    strata_model_free(&m);
+    strata_ckpt_close(o.ck);
+    return rc;
+}
+
+/* ---- strata dump-grads ---- */
+
+static int dump_usage(void) {
+    fprintf(stderr, "usage: strata dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
+                    "                         [--set section.key=value]...\n");
+    return STRATA_EXIT_USAGE;
+}
+
+static int parse_positive(const char *opt, const char *s, int *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < 1 || v > 1 << 20) {
+        fprintf(stderr, "strata dump-grads: %s expects a positive integer, got '%s'\n", opt, s);
+        return STRATA_EXIT_USAGE;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int strata_cmd_dump_grads(int argc, char **argv) {
+    const char *what = NULL, *out = NULL, *data = NULL;
+    int B = 0, T = 0;
+    /* the caller's overrides first; ours last, so the run is always world 1, stage 0, CPU */
+    const char *sets[64 + 4];
+    int n_sets = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--out") && v) out = argv[++i];
+        else if (!strcmp(a, "--data") && v) data = argv[++i];
+        else if (!strcmp(a, "--batch") && v) {
+            if (parse_positive(a, argv[++i], &B)) return STRATA_EXIT_USAGE;
+        } else if (!strcmp(a, "--seq") && v) {
+            if (parse_positive(a, argv[++i], &T)) return STRATA_EXIT_USAGE;
+        } else if (!strcmp(a, "--set") && v && n_sets < 64) sets[n_sets++] = argv[++i];
+        else if (a[0] != '-' && !what) what = a;
+        else {
+            fprintf(stderr, "strata dump-grads: unexpected argument '%s'\n", a);
+            return dump_usage();
+        }
+    }
+    if (!what || !out || !data) return dump_usage();
+    sets[n_sets++] = "device=cpu";
+    sets[n_sets++] = "zero.stage=0";
+    sets[n_sets++] = "train.grad_accum=1";
+    sets[n_sets++] = "train.dtype=fp32";
+    opened o;
+    int rc = open_checkpoint("dump-grads", what, sets, n_sets, &o);
+    if (rc) return rc;
+    strata_config *cfg = &o.cfg;
+    char set_b[64], set_t[64];
+    if (B) snprintf(set_b, sizeof set_b, "train.micro_batch=%d", B);
+    if (T) snprintf(set_t, sizeof set_t, "train.seq_len=%d", T);
+    if ((B && strata_config_set(cfg, set_b)) || (T && strata_config_set(cfg, set_t)) ||
+        strata_config_check(cfg, "--batch/--seq")) {
+        fprintf(stderr, "strata dump-grads: %s\n", strata_error());
+        strata_ckpt_close(o.ck);
+        return STRATA_EXIT_USAGE;
+    }
+    B = cfg->train.micro_batch;
+    T = strata_config_seq_len(cfg);
+    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+
+    strata_device *dev = strata_device_open("cpu", 0);
+    if (!dev) {
+        fprintf(stderr, "strata dump-grads: %s\n", strata_error());
+        strata_ckpt_close(o.ck);
+        return STRATA_EXIT_ERROR;
+    }
+    strata_stream *cs = strata_stream_create(dev, "comm", STRATA_STREAM_HOST);
+    strata_comm *comm = strata_comm_open_single(dev, cs);
+    strata_model_shape shape = shape_of(cfg);
+    int V = shape.vocab_size, Vp = shape.padded_vocab_size, C = shape.n_embd;
+    size_t BT = (size_t)B * T;
+    strata_model m;
+    strata_model_init(&m, &shape);
+    strata_arena arena;
+    strata_arena_init(&arena, dev);
+    strata_engine *e = strata_engine_create(cfg, &m, &arena, dev, comm, 0, 1);
+    const size_t *padded = strata_engine_padded(e);
+    float **grads = strata_xcalloc(m.n_units, sizeof *grads);
+    int32_t *inputs = strata_xmalloc(BT * sizeof(int32_t)), *targets = strata_xmalloc(BT * sizeof(int32_t));
+    float *logits = strata_xmalloc(BT * Vp * sizeof(float));
+    float loss = 0.0f, pad_max = 0.0f;
+    char pad_str[32];
+    strata_loader loader;
+    int have_loader = 0;
+    st_writer w;
+    st_init(&w, out);
+    rc = STRATA_EXIT_ERROR;
+
+    if (strata_arena_commit(&arena) || strata_engine_load(e, o.ck) || strata_engine_params_resident(e)) goto done;
+    if (strata_loader_open(&loader, data, T, V, 0, cfg->train.seed)) goto done;
+    have_loader = 1;
+    if (strata_loader_read(&loader, 0, B, inputs, targets)) goto done;
+    for (int u = 0; u < m.n_units; u++) {
+        grads[u] = strata_alloc(dev, STRATA_MEM_DEVICE, padded[u] * sizeof(float));
+        if (!grads[u]) goto done;
+        strata_memset_async(dev, dev->compute, grads[u], 0, padded[u] * sizeof(float));
+        m.grads[u] = grads[u];
+    }
+
+    /* Forward with the loss but without the gradient, so the logits survive to be read;
+     * then the head again in training mode (it turns logits into dlogits in place) and
+     * the backward of every unit, head first, as the engine's micro-step runs them. */
+    strata_model_set_batch(&m, inputs, targets);
+    strata_memset_async(dev, dev->compute, m.loss_sum, 0, sizeof(float));
+    for (int u = 0; u < m.n_units; u++) strata_model_forward_unit(&m, u, 0, 0.0f, 1.0f / (float)BT);
+    strata_memcpy_async(dev, dev->compute, logits, m.logits, BT * Vp * sizeof(float));
+    strata_memcpy_async(dev, dev->compute, &loss, m.loss_sum, sizeof(float));
+    strata_model_forward_unit(&m, m.n_units - 1, 1, 1.0f / (float)BT, 0.0f);
+    for (int u = m.n_units - 1; u >= 0; u--) strata_model_backward_unit(&m, u);
+    strata_stream_sync(dev, dev->compute);
+    /* the CPU backend's device memory is host memory: the gradients are read in place */
+    if (!isfinite(loss)) STRATA_WARN("export", "loss is %g: the checkpoint or the data is broken", loss);
+
+    /* rows V..Vp-1 of wte never meet a token or a target: their gradient must be exactly 0 */
+    for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++) pad_max = fmaxf(pad_max, fabsf(grads[0][i]));
+    for (size_t r = 0; r < BT; r++) memmove(logits + r * V, logits + r * Vp, (size_t)V * sizeof(float));
+
+    common_meta(&w, &o);
+    st_meta_int(&w, "strata.batch", B);
+    st_meta_int(&w, "strata.seq_len", T);
+    snprintf(pad_str, sizeof pad_str, "%.9g", pad_max);
+    st_meta(&w, "strata.wte_padding_grad_max_abs", pad_str);
+    st_add(&w, "loss", "F32", 1, 1, 0, 0);
+    st_add(&w, "logits", "F32", 3, B, T, V);
+    st_add(&w, "inputs", "I32", 2, B, T, 0);
+    st_add(&w, "targets", "I32", 2, B, T, 0);
+    for (int i = 0; i < m.n_tensors; i++) add_model_tensor(&w, "grad.", &m.tensors[i], V);
+    if (st_begin(&w) || st_write(&w, 0, &loss) || st_write(&w, 1, logits) || st_write(&w, 2, inputs) ||
+        st_write(&w, 3, targets))
+        goto done;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const strata_ckpt_tensor *t = &m.tensors[i];
+        if (st_write(&w, 4 + i, grads[t->unit] + t->offset)) goto done;
+    }
+    if (st_commit(&w)) goto done;
+    printf("wrote %s: loss %.6f over %d x %d tokens, %d gradients (step %lld)\n", out, loss, B, T, m.n_tensors,
+           (long long)strata_ckpt_get_meta(o.ck)->step);
+    rc = STRATA_EXIT_OK;
+done:
+    if (rc) fprintf(stderr, "strata dump-grads: %s\n", strata_error());
+    st_free(&w);
+    for (int u = 0; u < m.n_units; u++)
+        if (grads[u]) strata_free(dev, STRATA_MEM_DEVICE, grads[u]);
+    free(grads);
+    free(inputs);
+    free(targets);
+    free(logits);
+    if (have_loader) strata_loader_close(&loader);
+    strata_engine_destroy(e);
+    strata_arena_release(&arena);
+    strata_model_free(&m);
+    strata_comm_close(comm);
+    strata_stream_destroy(dev, cs);
+    strata_device_close(dev);
+    strata_ckpt_close(o.ck);
+    return rc;
+}

@@ -1,0 +1,23 @@
+/* launcher/export.h: `strata export` and `strata dump-grads`, the two doors between a
+ * Strata checkpoint and the Python ecosystem.
+ *
+ *   strata export CKPT|RUNDIR --out FILE.safetensors
+ *       the fp32 master weights under Hugging Face GPT-2 names (GPT2LMHeadModel loads
+ *       them; the LM head is tied to transformer.wte.weight, so lm_head.weight is not
+ *       written), wte cut to the real vocab_size rows.
+ *   strata dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]
+ *       one forward and backward on the CPU backend over the first B sequences of GLOB
+ *       (read as the trainer reads them, from sequence 0, unshuffled): "loss" (1), "logits"
+ *       (B,T,V), "inputs" and "targets" (B,T) int32, and "grad.<name>" for every parameter.
+ *       tests/torch_reference.py compares all of it with PyTorch.
+ *
+ * Both files carry "__metadata__" {"format": "pt", "strata.step", "strata.n_layer", ...,
+ * "strata.config": the checkpoint's YAML}. Files are written atomically (temporary name,
+ * fsync, rename, fsync of the directory). */
+#ifndef STRATA_EXPORT_H
+#define STRATA_EXPORT_H
+
+int strata_cmd_export(int argc, char **argv);
+int strata_cmd_dump_grads(int argc, char **argv);
+
+#endif

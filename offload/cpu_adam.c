@@ -1,0 +1,253 @@
+/* offload/cpu_adam.c: the host AdamW of offload/cpu_adam.h.
+ *
+ * Three kernels over a span [i0, i1): scalar, AVX2 (8 lanes) and AVX-512 (16 lanes).
+ * The SIMD ones are compiled with target attributes, so one binary carries all three
+ * and picks at run time; their tails fall through to the scalar kernel. Each writes the
+ * formula of core/kernels.h with one multiply, add, divide or square root per step and
+ * no FMA (mul and add intrinsics are plain IEEE operations once -ffp-contract=off
+ * stops the compiler from fusing them), and vdivps/vsqrtps round exactly like / and
+ * sqrtf, so every lane matches the reference element for element. tests/test_cpu_adam.c
+ * fails if a build ever contracts them. */
+/* Belt and braces over the build's -ffp-contract=off: a fused multiply-add here would
+ * silently break bitwise agreement with the reference. */
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_X86 1
+#endif
+
+#include "core/common.h"
+#include "offload/cpu_adam.h"
+
+/* Elements per OpenMP work item: 64 KiB of each array, a multiple of every vector width. */
+#define ADAM_CHUNK 16384
+/* Below this a team costs more than it saves. */
+#define ADAM_PAR_MIN 65536
+
+typedef void (*adam_span_fn)(float *master, void *out, strata_dtype out_dtype,
+                             const float *grad, float *m, float *v, size_t i0, size_t i1,
+                             const strata_adamw_args *a);
+
+/* round to nearest, ties to even; NaN becomes a quiet NaN with its sign and top payload */
+static inline uint16_t bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void adam_span_scalar(float *master, void *out, strata_dtype out_dtype,
+                             const float *grad, float *m, float *v, size_t i0, size_t i1,
+                             const strata_adamw_args *a) {
+    const float lr = a->lr, b1 = a->beta1, b2 = a->beta2, eps = a->eps, wd = a->weight_decay;
+    const float bc1 = a->bc1, bc2 = a->bc2, gs = a->grad_scale;
+    const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
+    for (size_t i = i0; i < i1; i++) {
+        float g = grad[i] * gs;
+        float mi = b1 * m[i] + omb1 * g;
+        float vi = b2 * v[i] + omb2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        float p = master[i];
+        p = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+        master[i] = p;
+        if (out) {
+            if (out_dtype == STRATA_BF16) ((uint16_t *)out)[i] = bf16_rne(p);
+            else ((float *)out)[i] = p;
+        }
+    }
+}
+
+#ifdef STRATA_X86
+__attribute__((target("avx2"))) static void adam_span_avx2(float *master, void *out,
+                                                           strata_dtype out_dtype,
+                                                           const float *grad, float *m,
+                                                           float *v, size_t i0, size_t i1,
+                                                           const strata_adamw_args *a) {
+    const __m256 lr = _mm256_set1_ps(a->lr), b1 = _mm256_set1_ps(a->beta1);
+    const __m256 b2 = _mm256_set1_ps(a->beta2), eps = _mm256_set1_ps(a->eps);
+    const __m256 wd = _mm256_set1_ps(a->weight_decay), gs = _mm256_set1_ps(a->grad_scale);
+    const __m256 bc1 = _mm256_set1_ps(a->bc1), bc2 = _mm256_set1_ps(a->bc2);
+    const __m256 omb1 = _mm256_set1_ps(1.0f - a->beta1), omb2 = _mm256_set1_ps(1.0f - a->beta2);
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i round = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i quiet = _mm256_set1_epi32(0x0040);
+    size_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gs);
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, g));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+                                  _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        __m256 mhat = _mm256_div_ps(mi, bc1);
+        __m256 root = _mm256_sqrt_ps(_mm256_div_ps(vi, bc2));
+        __m256 p = _mm256_loadu_ps(master + i);
+        __m256 upd = _mm256_add_ps(_mm256_div_ps(mhat, _mm256_add_ps(root, eps)), _mm256_mul_ps(wd, p));
+        p = _mm256_sub_ps(p, _mm256_mul_ps(lr, upd));
+        _mm256_storeu_ps(master + i, p);
+        if (!out) continue;
+        if (out_dtype != STRATA_BF16) {
+            _mm256_storeu_ps((float *)out + i, p);
+            continue;
+        }
+        __m256i u = _mm256_castps_si256(p);
+        /* both sides are non-negative as int32, so the signed compare is the unsigned one */
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, round), lsb), 16);
+        __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+        __m256i h = _mm256_blendv_epi8(rne, qn, nan);
+        /* every lane is <= 0xffff, so the saturating pack only narrows */
+        __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h16);
+    }
+    if (i < i1) adam_span_scalar(master, out, out_dtype, grad, m, v, i, i1, a);
+}
+
+__attribute__((target("avx512f"))) static void adam_span_avx512(float *master, void *out,
+                                                                strata_dtype out_dtype,
+                                                                const float *grad, float *m,
+                                                                float *v, size_t i0, size_t i1,
+                                                                const strata_adamw_args *a) {
+    const __m512 lr = _mm512_set1_ps(a->lr), b1 = _mm512_set1_ps(a->beta1);
+    const __m512 b2 = _mm512_set1_ps(a->beta2), eps = _mm512_set1_ps(a->eps);
+    const __m512 wd = _mm512_set1_ps(a->weight_decay), gs = _mm512_set1_ps(a->grad_scale);
+    const __m512 bc1 = _mm512_set1_ps(a->bc1), bc2 = _mm512_set1_ps(a->bc2);
+    const __m512 omb1 = _mm512_set1_ps(1.0f - a->beta1), omb2 = _mm512_set1_ps(1.0f - a->beta2);
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i quiet = _mm512_set1_epi32(0x0040);
+    size_t i = i0;
+    for (; i + 16 <= i1; i += 16) {
+        __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), gs);
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, g));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),
+                                  _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+        _mm512_storeu_ps(m + i, mi);
+        _mm512_storeu_ps(v + i, vi);
+        __m512 mhat = _mm512_div_ps(mi, bc1);
+        __m512 root = _mm512_sqrt_ps(_mm512_div_ps(vi, bc2));
+        __m512 p = _mm512_loadu_ps(master + i);
+        __m512 upd = _mm512_add_ps(_mm512_div_ps(mhat, _mm512_add_ps(root, eps)), _mm512_mul_ps(wd, p));
+        p = _mm512_sub_ps(p, _mm512_mul_ps(lr, upd));
+        _mm512_storeu_ps(master + i, p);
+        if (!out) continue;
+        if (out_dtype != STRATA_BF16) {
+            _mm512_storeu_ps((float *)out + i, p);
+            continue;
+        }
+        __m512i u = _mm512_castps_si512(p);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+        __m512i hi = _mm512_srli_epi32(u, 16);
+        __m512i lsb = _mm512_and_si512(hi, one);
+        __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, round), lsb), 16);
+        __m512i h = _mm512_mask_blend_epi32(nan, rne, _mm512_or_si512(hi, quiet));
+        _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), _mm512_cvtepi32_epi16(h));
+    }
+    if (i < i1) adam_span_scalar(master, out, out_dtype, grad, m, v, i, i1, a);
+}
+#endif
+
+int strata_cpu_isa_supported(strata_cpu_isa isa) {
+    switch (isa) {
+    case STRATA_ISA_AUTO:
+    case STRATA_ISA_SCALAR: return 1;
+#ifdef STRATA_X86
+    case STRATA_ISA_AVX2: return __builtin_cpu_supports("avx2") ? 1 : 0;
+    case STRATA_ISA_AVX512: return __builtin_cpu_supports("avx512f") ? 1 : 0;
+#endif
+    default: return 0;
+    }
+}
+
+const char *strata_cpu_isa_name(strata_cpu_isa isa) {
+    switch (isa) {
+    case STRATA_ISA_AUTO: return "auto";
+    case STRATA_ISA_SCALAR: return "scalar";
+    case STRATA_ISA_AVX2: return "avx2";
+    case STRATA_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+static strata_cpu_isa auto_isa = STRATA_ISA_SCALAR;
+static pthread_once_t auto_once = PTHREAD_ONCE_INIT;
+
+static void pick_auto_isa(void) {
+    strata_cpu_isa best = STRATA_ISA_SCALAR;
+    if (strata_cpu_isa_supported(STRATA_ISA_AVX2)) best = STRATA_ISA_AVX2;
+    if (strata_cpu_isa_supported(STRATA_ISA_AVX512)) best = STRATA_ISA_AVX512;
+    const char *env = getenv("STRATA_CPU_ADAM_ISA");
+    if (env && *env) {
+        strata_cpu_isa cap = STRATA_ISA_AUTO;
+        for (int k = STRATA_ISA_SCALAR; k <= STRATA_ISA_AVX512; k++)
+            if (!strcmp(env, strata_cpu_isa_name((strata_cpu_isa)k))) cap = (strata_cpu_isa)k;
+        if (cap == STRATA_ISA_AUTO)
+            STRATA_WARN("adam", "STRATA_CPU_ADAM_ISA=%s is not one of scalar, avx2, avx512; "
+                                "using %s", env, strata_cpu_isa_name(best));
+        else if (cap < best) best = cap;
+    }
+    auto_isa = best;
+}
+
+strata_cpu_isa strata_cpu_isa_auto(void) {
+    pthread_once(&auto_once, pick_auto_isa);
+    return auto_isa;
+}
+
+static adam_span_fn span_fn(strata_cpu_isa isa) {
+#ifdef STRATA_X86
+    if (isa == STRATA_ISA_AVX512) return adam_span_avx512;
+    if (isa == STRATA_ISA_AVX2) return adam_span_avx2;
+#endif
+    (void)isa;
+    return adam_span_scalar;
+}
+
+int strata_cpu_adamw_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out,
+                        strata_dtype out_dtype, const float *grad, float *m, float *v, size_t n,
+                        const strata_adamw_args *a) {
+    if (isa == STRATA_ISA_AUTO) isa = strata_cpu_isa_auto();
+    if (!strata_cpu_isa_supported(isa))
+        return strata_fail("cpu adamw: ISA %s is not supported by this CPU or build",
+                           strata_cpu_isa_name(isa));
+    adam_span_fn fn = span_fn(isa);
+    size_t chunks = (n + ADAM_CHUNK - 1) / ADAM_CHUNK;
+    int nt = 1;
+#ifdef _OPENMP
+    nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+#endif
+    if (n < ADAM_PAR_MIN || nt <= 1) {
+        if (n) fn(master, param_out, out_dtype, grad, m, v, 0, n, a);
+        return 0;
+    }
+    if ((size_t)nt > chunks) nt = (int)chunks;
+    /* element-wise, so the split changes nothing in the results */
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t i0 = c * ADAM_CHUNK, i1 = i0 + ADAM_CHUNK < n ? i0 + ADAM_CHUNK : n;
+        fn(master, param_out, out_dtype, grad, m, v, i0, i1, a);
+    }
+    return 0;
+}
+
+void strata_cpu_adamw(float *master, void *param_out, strata_dtype out_dtype, const float *grad,
+                      float *m, float *v, size_t n, const strata_adamw_args *a) {
+    /* AUTO is always supported, so this cannot fail */
+    (void)strata_cpu_adamw_ex(STRATA_ISA_AUTO, 0, master, param_out, out_dtype, grad, m, v, n, a);
+}

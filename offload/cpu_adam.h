@@ -1,0 +1,57 @@
+/* offload/cpu_adam.h: AdamW on the host for optimizer state that lives off the GPU.
+ *
+ * strata_cpu_adamw performs exactly the update of strata_kernels.adamw (core/kernels.h),
+ * in the same operation order, so its fp32 results are bitwise equal to the CPU
+ * reference kernel for any n, any pointer alignment and any thread count:
+ *   g = grad * grad_scale
+ *   m = beta1 * m + (1 - beta1) * g
+ *   v = beta2 * v + (1 - beta2) * g * g
+ *   master -= lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + weight_decay * master)
+ * It is multi-threaded (OpenMP, static chunks) and vectorised with AVX-512 or AVX2,
+ * picked at run time from what the CPU supports; every lane does one IEEE operation per
+ * step of the formula (no fused multiply-add), which is why the results agree.
+ *
+ * param_out, when not NULL, receives the updated master in out_dtype: fp32 (a copy) or
+ * bf16 rounded to nearest, ties to even (NaN stays a quiet NaN), matching the
+ * reference's convert kernel. Arrays must not overlap, except param_out == master with
+ * out_dtype fp32.
+ *
+ * Safe to call from any thread, including a HOST stream worker; it starts its own
+ * OpenMP team there. STRATA_CPU_ADAM_ISA=scalar|avx2|avx512 in the environment caps the
+ * automatic choice (read once), for benchmarks and for tracking down a suspected SIMD
+ * issue in a run. */
+#ifndef STRATA_CPU_ADAM_H
+#define STRATA_CPU_ADAM_H
+
+#include <stddef.h>
+
+#include "core/device.h"
+#include "core/kernels.h"
+
+typedef enum strata_cpu_isa {
+    STRATA_ISA_AUTO = 0, /* the widest the CPU supports, capped by STRATA_CPU_ADAM_ISA */
+    STRATA_ISA_SCALAR = 1,
+    STRATA_ISA_AVX2 = 2,
+    STRATA_ISA_AVX512 = 3,
+} strata_cpu_isa;
+
+/* One AdamW update of n elements (see above). Uses the automatic ISA and all OpenMP
+ * threads once n is large enough to pay for a team. */
+void strata_cpu_adamw(float *master, void *param_out, strata_dtype out_dtype, const float *grad,
+                      float *m, float *v, size_t n, const strata_adamw_args *a);
+
+/* The same with the path and thread count chosen by the caller (tests and benchmarks):
+ * isa STRATA_ISA_AUTO means the automatic choice; n_threads 0 means OpenMP's default,
+ * 1 runs on the calling thread alone. Returns -1 with an error naming the ISA when this
+ * CPU cannot run it; nothing is touched then. */
+int strata_cpu_adamw_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out,
+                        strata_dtype out_dtype, const float *grad, float *m, float *v, size_t n,
+                        const strata_adamw_args *a);
+
+/* 1 when this CPU (and this build) can run the path. */
+int strata_cpu_isa_supported(strata_cpu_isa isa);
+/* What STRATA_ISA_AUTO resolves to in this process. */
+strata_cpu_isa strata_cpu_isa_auto(void);
+const char *strata_cpu_isa_name(strata_cpu_isa isa); /* "auto", "scalar", "avx2", "avx512" */
+
+#endif

@@ -1,0 +1,759 @@
+/* tests/test_cuda.c: the CUDA backend against the CPU oracle. Every kernel runs on the
+ * same random inputs on both backends (inputs rounded to bf16 first, so both see the
+ * same numbers) and the results must agree within bf16 tolerances; AdamW, conversions
+ * and scaling must agree bit for bit. Then the device layer: events ordering DEVICE and
+ * HOST streams in both directions (with and without stream memory operations), HOST
+ * stream copies, and a kernel sequence that allocates nothing.
+ * Skips (exit 77) when built without CUDA or when no GPU answers. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "core/device.h"
+#include "core/kernels.h"
+
+#ifdef STRATA_HAVE_CUDA
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (cond) {                                                                       \
+            printf("ok   ");                                                              \
+        } else {                                                                          \
+            printf("FAIL ");                                                              \
+            failures++;                                                                   \
+        }                                                                                 \
+        printf(__VA_ARGS__);                                                              \
+        printf("\n");                                                                     \
+        fflush(stdout);                                                                   \
+    } while (0)
+
+static strata_device *G;   /* the GPU */
+static strata_device *CPU; /* the oracle */
+static const strata_kernels *gk, *ck;
+
+/* ---- numbers ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float uniform(void) { /* [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+static float normal(void) {
+    float s = 0.0f;
+    for (int i = 0; i < 4; i++) s += uniform();
+    return s * 0.866f; /* ~unit variance */
+}
+
+static uint16_t bf16_bits(float f) { /* round to nearest even, as both backends do */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float round_bf16(float f) { return bf16_value(bf16_bits(f)); }
+
+static float *host_rand(size_t n, float scale, int bf16) {
+    float *x = strata_xmalloc((n ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = normal() * scale;
+        if (bf16) x[i] = round_bf16(x[i]);
+    }
+    return x;
+}
+static float *host_copy(const float *x, size_t n) {
+    float *y = strata_xmalloc((n ? n : 1) * sizeof *y);
+    memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+/* ---- moving data ---- */
+
+static void *dalloc(size_t bytes) {
+    void *p = strata_alloc(G, STRATA_MEM_DEVICE, bytes);
+    if (!p) {
+        printf("FAIL device alloc of %zu bytes: %s\n", bytes, strata_error());
+        exit(1);
+    }
+    return p;
+}
+static void dfree(void *p) { strata_free(G, STRATA_MEM_DEVICE, p); }
+static void gsync(void) {
+    if (strata_stream_sync(G, G->compute)) {
+        printf("FAIL compute stream sync: %s\n", strata_error());
+        exit(1);
+    }
+}
+
+static void *up_bf16(const float *x, size_t n) {
+    uint16_t *h = strata_xmalloc((n ? n : 1) * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(x[i]);
+    void *d = dalloc(n * 2);
+    strata_memcpy_async(G, G->compute, d, h, n * 2);
+    gsync();
+    free(h);
+    return d;
+}
+static void *up_f32(const float *x, size_t n) {
+    void *d = dalloc(n * 4);
+    strata_memcpy_async(G, G->compute, d, x, n * 4);
+    gsync();
+    return d;
+}
+static void *up_i32(const int32_t *x, size_t n) {
+    void *d = dalloc(n * 4);
+    strata_memcpy_async(G, G->compute, d, x, n * 4);
+    gsync();
+    return d;
+}
+static float *down_bf16(const void *d, size_t n) {
+    uint16_t *h = strata_xmalloc((n ? n : 1) * 2);
+    strata_memcpy_async(G, G->compute, h, d, n * 2);
+    gsync();
+    float *x = strata_xmalloc((n ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_value(h[i]);
+    free(h);
+    return x;
+}
+static float *down_f32(const void *d, size_t n) {
+    float *x = strata_xmalloc((n ? n : 1) * sizeof *x);
+    strata_memcpy_async(G, G->compute, x, d, n * 4);
+    gsync();
+    return x;
+}
+
+/* ---- comparing ---- */
+
+/* |gpu - cpu| <= rtol * (|cpu| + rms(cpu)): relative for large values, and scaled to the
+ * tensor's typical size for values near zero (where bf16 rounding of an input or of a
+ * partial sum leaves an absolute, not a relative, error). */
+static int close_enough(const char *what, const float *gpu, const float *cpu, size_t n, double rtol) {
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) ss += (double)cpu[i] * cpu[i];
+    double rms = n ? sqrt(ss / (double)n) : 0.0;
+    double worst = 0.0, max_abs = 0.0;
+    size_t at = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)gpu[i] - (double)cpu[i]);
+        double ratio = err / (rtol * (fabs((double)cpu[i]) + rms) + 1e-30);
+        if (!(err == err)) ratio = INFINITY; /* NaN */
+        if (ratio > worst) {
+            worst = ratio;
+            at = i;
+        }
+        if (err > max_abs || err != err) max_abs = err;
+        if (ratio > 1.0) bad++;
+    }
+    CHECK(bad == 0, "%-34s n %-8zu max abs err %.3g (rms %.3g), worst at %zu: gpu %.6g cpu %.6g "
+                    "(%.2f of tol %.0e)",
+          what, n, max_abs, rms, at, n ? gpu[at] : 0.0f, n ? cpu[at] : 0.0f, worst, rtol);
+    return bad == 0;
+}
+
+#define BF16_RTOL 2e-2
+#define F32_RTOL 2e-3 /* fp32 results of bf16 inputs: only the summation order differs */
+
+/* ---- kernels ---- */
+
+static void test_encoder(void) {
+    int B = 3, T = 50, C = 96, V = 70, maxT = 64;
+    size_t BTC = (size_t)B * T * C;
+    float *wte = host_rand((size_t)V * C, 0.5f, 1), *wpe = host_rand((size_t)maxT * C, 0.5f, 1);
+    int32_t *tok = strata_xmalloc((size_t)B * T * 4);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((unsigned)(uniform() + 1.0f) * 1000u % 7u); /* repeats */
+    float *out = strata_xmalloc(BTC * 4);
+    ck->encoder_forward(CPU->compute, out, tok, wte, wpe, B, T, C);
+    void *d_wte = up_bf16(wte, (size_t)V * C), *d_wpe = up_bf16(wpe, (size_t)maxT * C);
+    void *d_tok = up_i32(tok, (size_t)B * T), *d_out = dalloc(BTC * 2);
+    gk->encoder_forward(G->compute, d_out, d_tok, d_wte, d_wpe, B, T, C);
+    float *g_out = down_bf16(d_out, BTC);
+    close_enough("encoder_forward out", g_out, out, BTC, BF16_RTOL);
+
+    float *dout = host_rand(BTC, 1.0f, 1);
+    float *dwte = host_rand((size_t)V * C, 1.0f, 0), *dwpe = host_rand((size_t)maxT * C, 1.0f, 0);
+    void *d_dout = up_bf16(dout, BTC), *d_dwte = up_f32(dwte, (size_t)V * C), *d_dwpe = up_f32(dwpe, (size_t)maxT * C);
+    ck->encoder_backward(CPU->compute, dwte, dwpe, dout, tok, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, d_dwpe, d_dout, d_tok, B, T, C);
+    float *g_dwte = down_f32(d_dwte, (size_t)V * C), *g_dwpe = down_f32(d_dwpe, (size_t)maxT * C);
+    close_enough("encoder_backward dwte (+=)", g_dwte, dwte, (size_t)V * C, 1e-5);
+    close_enough("encoder_backward dwpe (+=)", g_dwpe, dwpe, (size_t)maxT * C, 1e-5);
+    dfree(d_wte), dfree(d_wpe), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte), dfree(d_dwpe);
+    free(wte), free(wpe), free(tok), free(out), free(g_out), free(dout), free(dwte), free(dwpe);
+    free(g_dwte), free(g_dwpe);
+}
+
+static void test_layernorm(int N, int C) {
+    char name[80];
+    size_t NC = (size_t)N * C;
+    float *inp = host_rand(NC, 2.0f, 1), *w = host_rand(C, 1.0f, 1), *b = host_rand(C, 0.5f, 1);
+    for (size_t i = 0; i < NC; i++) inp[i] = round_bf16(inp[i] + 0.5f); /* a nonzero mean */
+    float *out = strata_xmalloc(NC * 4), *mean = strata_xmalloc(N * 4), *rstd = strata_xmalloc(N * 4);
+    ck->layernorm_forward(CPU->compute, out, mean, rstd, inp, w, b, N, C);
+    void *d_inp = up_bf16(inp, NC), *d_w = up_bf16(w, C), *d_b = up_bf16(b, C);
+    void *d_out = dalloc(NC * 2), *d_mean = dalloc(N * 4), *d_rstd = dalloc(N * 4);
+    gk->layernorm_forward(G->compute, d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+    float *g_out = down_bf16(d_out, NC), *g_mean = down_f32(d_mean, N), *g_rstd = down_f32(d_rstd, N);
+    snprintf(name, sizeof name, "layernorm_forward out (%dx%d)", N, C);
+    close_enough(name, g_out, out, NC, BF16_RTOL);
+    close_enough("layernorm_forward mean", g_mean, mean, N, 1e-4);
+    close_enough("layernorm_forward rstd", g_rstd, rstd, N, 1e-4);
+
+    float *dout = host_rand(NC, 1.0f, 1), *dinp = host_rand(NC, 1.0f, 1);
+    float *dw = host_rand(C, 1.0f, 0), *db = host_rand(C, 1.0f, 0);
+    void *d_dout = up_bf16(dout, NC), *d_dinp = up_bf16(dinp, NC), *d_dw = up_f32(dw, C), *d_db = up_f32(db, C);
+    /* each backend backpropagates through its own saved statistics */
+    ck->layernorm_backward(CPU->compute, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    gk->layernorm_backward(G->compute, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    float *g_dinp = down_bf16(d_dinp, NC), *g_dw = down_f32(d_dw, C), *g_db = down_f32(d_db, C);
+    close_enough("layernorm_backward dinp (+=)", g_dinp, dinp, NC, BF16_RTOL);
+    close_enough("layernorm_backward dw (+=)", g_dw, dw, C, F32_RTOL);
+    close_enough("layernorm_backward db (+=)", g_db, db, C, F32_RTOL);
+    dfree(d_inp), dfree(d_w), dfree(d_b), dfree(d_out), dfree(d_mean), dfree(d_rstd);
+    dfree(d_dout), dfree(d_dinp), dfree(d_dw), dfree(d_db);
+    free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(g_out), free(g_mean), free(g_rstd);
+    free(dout), free(dinp), free(dw), free(db), free(g_dinp), free(g_dw), free(g_db);
+}
+
+static void test_matmul(int M, int K, int N, int w_nk, int with_bias, int with_gelu) {
+    char name[120];
+    snprintf(name, sizeof name, "M %d K %d N %d w_nk %d%s%s", M, K, N, w_nk, with_bias ? " bias" : "",
+             with_gelu ? " gelu" : "");
+    size_t MK = (size_t)M * K, KN = (size_t)K * N, MN = (size_t)M * N;
+    float *inp = host_rand(MK, 1.0f, 1), *w = host_rand(KN, 0.1f, 1), *bias = host_rand(N, 0.5f, 1);
+    float *out = strata_xmalloc(MN * 4), *gout = with_gelu ? strata_xmalloc(MN * 4) : NULL;
+    ck->matmul_forward(CPU->compute, out, gout, inp, w, with_bias ? bias : NULL, M, K, N, w_nk);
+    void *d_inp = up_bf16(inp, MK), *d_w = up_bf16(w, KN), *d_bias = up_bf16(bias, N);
+    void *d_out = dalloc(MN * 2), *d_gout = with_gelu ? dalloc(MN * 2) : NULL;
+    gk->matmul_forward(G->compute, d_out, d_gout, d_inp, d_w, with_bias ? d_bias : NULL, M, K, N, w_nk);
+    float *g_out = down_bf16(d_out, MN);
+    char what[200];
+    snprintf(what, sizeof what, "matmul_forward out, %s", name);
+    close_enough(what, g_out, out, MN, BF16_RTOL);
+    if (with_gelu) {
+        float *g_gout = down_bf16(d_gout, MN);
+        snprintf(what, sizeof what, "matmul_forward gelu_out, %s", name);
+        close_enough(what, g_gout, gout, MN, BF16_RTOL);
+        free(g_gout);
+    }
+
+    float *dout = host_rand(MN, 1.0f, 1), *dw = host_rand(KN, 1.0f, 0), *db = host_rand(N, 1.0f, 0);
+    float *dinp = strata_xmalloc(MK * 4);
+    void *d_dout = up_bf16(dout, MN), *d_dw = up_f32(dw, KN), *d_db = up_f32(db, N), *d_dinp = dalloc(MK * 2);
+    ck->matmul_backward(CPU->compute, dinp, dw, with_bias ? db : NULL, dout, inp, w, M, K, N, w_nk);
+    gk->matmul_backward(G->compute, d_dinp, d_dw, with_bias ? d_db : NULL, d_dout, d_inp, d_w, M, K, N, w_nk);
+    float *g_dinp = down_bf16(d_dinp, MK), *g_dw = down_f32(d_dw, KN), *g_db = down_f32(d_db, N);
+    snprintf(what, sizeof what, "matmul_backward dinp (=), %s", name);
+    close_enough(what, g_dinp, dinp, MK, BF16_RTOL);
+    snprintf(what, sizeof what, "matmul_backward dw (+=), %s", name);
+    close_enough(what, g_dw, dw, KN, F32_RTOL);
+    if (with_bias) {
+        snprintf(what, sizeof what, "matmul_backward dbias (+=), %s", name);
+        close_enough(what, g_db, db, N, F32_RTOL);
+    }
+    dfree(d_inp), dfree(d_w), dfree(d_bias), dfree(d_out), dfree(d_dout), dfree(d_dw), dfree(d_db), dfree(d_dinp);
+    if (d_gout) dfree(d_gout);
+    free(inp), free(w), free(bias), free(out), free(gout), free(g_out), free(dout), free(dw), free(db);
+    free(dinp), free(g_dinp), free(g_dw), free(g_db);
+}
+
+static void test_attention(int B, int T, int C, int NH) {
+    char name[120], what[200];
+    snprintf(name, sizeof name, "B %d T %d C %d NH %d (hs %d)", B, T, C, NH, C / NH);
+    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = host_rand(n3, 1.0f, 1);
+    float *out = strata_xmalloc(n1 * 4), *lse = strata_xmalloc(nl * 4);
+    ck->attention_forward(CPU->compute, out, lse, qkv, B, T, C, NH);
+    void *d_qkv = up_bf16(qkv, n3), *d_out = dalloc(n1 * 2), *d_lse = dalloc(nl * 4);
+    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, C, NH);
+    float *g_out = down_bf16(d_out, n1), *g_lse = down_f32(d_lse, nl);
+    snprintf(what, sizeof what, "attention_forward out, %s", name);
+    close_enough(what, g_out, out, n1, BF16_RTOL);
+    snprintf(what, sizeof what, "attention_forward lse, %s", name);
+    close_enough(what, g_lse, lse, nl, 1e-4);
+
+    float *dout = host_rand(n1, 1.0f, 1), *dqkv = strata_xmalloc(n3 * 4);
+    void *d_dout = up_bf16(dout, n1), *d_dqkv = dalloc(n3 * 2);
+    /* dqkv (=): garbage beforehand must not leak through */
+    strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2);
+    ck->attention_backward(CPU->compute, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    float *g_dqkv = down_bf16(d_dqkv, n3);
+    snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
+    close_enough(what, g_dqkv, dqkv, n3, BF16_RTOL);
+    dfree(d_qkv), dfree(d_out), dfree(d_lse), dfree(d_dout), dfree(d_dqkv);
+    free(qkv), free(out), free(lse), free(g_out), free(g_lse), free(dout), free(dqkv), free(g_dqkv);
+}
+
+/* Element-wise kernels; `off` elements into the buffers makes every pointer misaligned
+ * for 16-byte packs, which takes the scalar path. */
+static void test_elementwise(size_t n, size_t off) {
+    char what[120];
+    size_t tot = n + off;
+    float *a = host_rand(tot, 2.0f, 1), *b = host_rand(tot, 1.0f, 1);
+    void *d_a = up_bf16(a, tot), *d_b = up_bf16(b, tot), *d_o = dalloc(tot * 2);
+    char *ga = (char *)d_a + off * 2, *gb = (char *)d_b + off * 2, *go = (char *)d_o + off * 2;
+    float *o = strata_xmalloc(tot * 4);
+
+    ck->gelu_forward(CPU->compute, o, a + off, n);
+    gk->gelu_forward(G->compute, go, ga, n);
+    float *g = down_bf16(d_o, tot);
+    snprintf(what, sizeof what, "gelu_forward (n %zu, offset %zu)", n, off);
+    close_enough(what, g + off, o, n, BF16_RTOL);
+    free(g);
+
+    /* in place, as the model calls it: dinp aliases dout */
+    float *d_cpu = host_copy(b + off, n);
+    ck->gelu_backward(CPU->compute, d_cpu, a + off, d_cpu, n);
+    gk->gelu_backward(G->compute, gb, ga, gb, n);
+    g = down_bf16(d_b, tot);
+    snprintf(what, sizeof what, "gelu_backward in place (n %zu, offset %zu)", n, off);
+    close_enough(what, g + off, d_cpu, n, BF16_RTOL);
+    free(g);
+    free(d_cpu);
+    dfree(d_b);
+    d_b = up_bf16(b, tot);
+    gb = (char *)d_b + off * 2;
+
+    ck->residual_forward(CPU->compute, o, a + off, b + off, n);
+    gk->residual_forward(G->compute, go, ga, gb, n);
+    g = down_bf16(d_o, tot);
+    snprintf(what, sizeof what, "residual_forward (n %zu, offset %zu)", n, off);
+    close_enough(what, g + off, o, n, BF16_RTOL);
+    free(g);
+
+    float *acc = host_copy(a + off, n);
+    ck->add_inplace(CPU->compute, acc, b + off, n);
+    gk->add_inplace(G->compute, ga, gb, n);
+    g = down_bf16(d_a, tot);
+    snprintf(what, sizeof what, "add_inplace (n %zu, offset %zu)", n, off);
+    close_enough(what, g + off, acc, n, BF16_RTOL);
+    free(g);
+    free(acc);
+    dfree(d_a), dfree(d_b), dfree(d_o);
+    free(a), free(b), free(o);
+}
+
+static void test_crossentropy(int N, int V, int Vp) {
+    size_t NV = (size_t)N * Vp;
+    float *logits = host_rand(NV, 3.0f, 1);
+    int32_t *tgt = strata_xmalloc(N * 4);
+    for (int i = 0; i < N; i++) tgt[i] = i % 5 == 3 ? -1 : (int32_t)((unsigned)(i * 7919) % (unsigned)V);
+    float dloss = 1.0f / (float)N;
+    float *losses = strata_xmalloc(N * 4), *dl = strata_xmalloc(NV * 4);
+    ck->crossentropy(CPU->compute, losses, dl, logits, tgt, N, V, Vp, dloss);
+    void *d_logits = up_bf16(logits, NV), *d_tgt = up_i32(tgt, N), *d_losses = dalloc(N * 4);
+    /* in place, as the training step does it */
+    gk->crossentropy(G->compute, d_losses, d_logits, d_logits, d_tgt, N, V, Vp, dloss);
+    float *g_losses = down_f32(d_losses, N), *g_dl = down_bf16(d_logits, NV);
+    close_enough("crossentropy losses", g_losses, losses, N, 1e-4);
+    close_enough("crossentropy dlogits in place", g_dl, dl, NV, BF16_RTOL);
+    int zeros_ok = 1;
+    for (int i = 0; i < N; i++) {
+        for (int c = 0; c < Vp; c++) {
+            int must_zero = tgt[i] < 0 || c >= V;
+            if (must_zero && g_dl[(size_t)i * Vp + c] != 0.0f) zeros_ok = 0;
+        }
+        if (tgt[i] < 0 && g_losses[i] != 0.0f) zeros_ok = 0;
+    }
+    CHECK(zeros_ok, "crossentropy: ignored rows and padded columns are exactly 0");
+
+    /* losses only (evaluation), then their accumulation */
+    void *d_logits2 = up_bf16(logits, NV);
+    float *acc_host = strata_xmalloc(4);
+    *acc_host = 1.5f;
+    void *d_acc = up_f32(acc_host, 1);
+    strata_memset_async(G, G->compute, d_losses, 0xff, N * 4);
+    gk->crossentropy(G->compute, d_losses, NULL, d_logits2, d_tgt, N, V, Vp, dloss);
+    gk->loss_accumulate(G->compute, d_acc, d_losses, N, 0.25f);
+    ck->loss_accumulate(CPU->compute, acc_host, losses, N, 0.25f);
+    float *g2 = down_f32(d_losses, N), *g_acc = down_f32(d_acc, 1);
+    close_enough("crossentropy losses, no dlogits", g2, losses, N, 1e-4);
+    close_enough("loss_accumulate (+=)", g_acc, acc_host, 1, 1e-5);
+    float *g_logits2 = down_bf16(d_logits2, NV);
+    CHECK(!memcmp(g_logits2, logits, NV * 4), "crossentropy without dlogits leaves the logits alone");
+    dfree(d_logits), dfree(d_tgt), dfree(d_losses), dfree(d_logits2), dfree(d_acc);
+    free(logits), free(tgt), free(losses), free(dl), free(g_losses), free(g_dl), free(acc_host);
+    free(g2), free(g_acc), free(g_logits2);
+}
+
+static size_t count_diff_u32(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
+static void test_adamw(void) {
+    size_t n = 100003;
+    float *master = host_rand(n, 0.2f, 0), *m = host_rand(n, 0.01f, 0), *v = host_rand(n, 1e-4f, 0);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    void *d_master = up_f32(master, n), *d_m = up_f32(m, n), *d_v = up_f32(v, n);
+    void *d_grad = dalloc(n * 4), *d_pout = dalloc(n * 2);
+    float *pout = strata_xmalloc(n * 4);
+    for (int step = 1; step <= 3; step++) {
+        float *grad = host_rand(n, 0.05f, 0);
+        strata_memcpy_async(G, G->compute, d_grad, grad, n * 4);
+        strata_adamw_args a = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = step == 2 ? 0.0f : 0.1f,
+                               .bc1 = 1.0f - powf(0.9f, (float)step), .bc2 = 1.0f - powf(0.95f, (float)step),
+                               .grad_scale = 0.5f};
+        ck->adamw(CPU->compute, master, pout, grad, m, v, n, &a);
+        gk->adamw(G->compute, d_master, d_pout, d_grad, d_m, d_v, n, &a);
+        gsync();
+        free(grad);
+    }
+    float *g_master = down_f32(d_master, n), *g_m = down_f32(d_m, n), *g_v = down_f32(d_v, n);
+    float *g_pout = down_bf16(d_pout, n);
+    size_t dm = count_diff_u32(g_master, master, n), d1 = count_diff_u32(g_m, m, n), d2 = count_diff_u32(g_v, v, n);
+    CHECK(dm == 0 && d1 == 0 && d2 == 0, "adamw x3: master, m, v bit-identical to the CPU "
+          "(%zu, %zu, %zu of %zu differ)", dm, d1, d2, n);
+    size_t dp = 0;
+    for (size_t i = 0; i < n; i++) dp += g_pout[i] != round_bf16(master[i]);
+    CHECK(dp == 0, "adamw param_out is master rounded to bf16 (%zu of %zu differ)", dp, n);
+    dfree(d_master), dfree(d_m), dfree(d_v), dfree(d_grad), dfree(d_pout);
+    free(master), free(m), free(v), free(pout), free(g_master), free(g_m), free(g_v), free(g_pout);
+}
+
+static void test_utilities(void) {
+    size_t n = 1000003;
+    float *x = host_rand(n, 1.0f, 0);
+    void *d_x = up_f32(x, n);
+    double init = 2.0, cpu_ss = init;
+    void *d_ss = dalloc(8);
+    strata_memcpy_async(G, G->compute, d_ss, &init, 8);
+    gk->sumsq(G->compute, d_ss, d_x, n);
+    ck->sumsq(CPU->compute, &cpu_ss, x, n);
+    double g_ss = 0.0;
+    strata_memcpy_async(G, G->compute, &g_ss, d_ss, 8);
+    gsync();
+    CHECK(fabs(g_ss - cpu_ss) <= 1e-9 * cpu_ss, "sumsq (+=) %.12g vs cpu %.12g", g_ss, cpu_ss);
+
+    /* convert both ways: bit for bit */
+    void *d_h = dalloc(n * 2), *d_back = dalloc(n * 4);
+    gk->convert(G->compute, d_h, STRATA_BF16, d_x, STRATA_F32, n);
+    gk->convert(G->compute, d_back, STRATA_F32, d_h, STRATA_BF16, n);
+    uint16_t *h_cpu = strata_xmalloc(n * 2), *h_gpu = strata_xmalloc(n * 2);
+    ck->convert(CPU->compute, h_cpu, STRATA_BF16, x, STRATA_F32, n);
+    strata_memcpy_async(G, G->compute, h_gpu, d_h, n * 2);
+    float *back = down_f32(d_back, n);
+    float *back_cpu = strata_xmalloc(n * 4);
+    ck->convert(CPU->compute, back_cpu, STRATA_F32, h_cpu, STRATA_BF16, n);
+    CHECK(!memcmp(h_gpu, h_cpu, n * 2), "convert f32 -> bf16 bit-identical (round to nearest even)");
+    CHECK(!memcmp(back, back_cpu, n * 4), "convert bf16 -> f32 bit-identical");
+
+    /* accumulate_f32 from bf16 and from f32; scale_f32 */
+    float *dst = host_rand(n, 1.0f, 0);
+    void *d_dst = up_f32(dst, n);
+    gk->accumulate_f32(G->compute, d_dst, d_h, STRATA_BF16, n);
+    gk->accumulate_f32(G->compute, d_dst, d_x, STRATA_F32, n);
+    gk->scale_f32(G->compute, d_dst, 0.375f, n);
+    ck->accumulate_f32(CPU->compute, dst, h_cpu, STRATA_BF16, n);
+    ck->accumulate_f32(CPU->compute, dst, x, STRATA_F32, n);
+    ck->scale_f32(CPU->compute, dst, 0.375f, n);
+    float *g_dst = down_f32(d_dst, n);
+    CHECK(count_diff_u32(g_dst, dst, n) == 0, "accumulate_f32 (bf16, f32) then scale_f32: bit-identical");
+    dfree(d_x), dfree(d_ss), dfree(d_h), dfree(d_back), dfree(d_dst);
+    free(x), free(h_cpu), free(h_gpu), free(back), free(back_cpu), free(dst), free(g_dst);
+}
+
+/* A GPT-2 block's worth of kernels, forward and backward, twice after a warm-up: the
+ * device memory counters must not move (cuBLASLt's workspace was made at open). */
+static void test_no_alloc_in_step(void) {
+    int B = 2, T = 64, C = 128, NH = 2, V = 500, Vp = 512, BT = B * T;
+    size_t sz[] = {(size_t)BT * C, (size_t)BT * 3 * C, (size_t)BT * 4 * C, (size_t)Vp * C, (size_t)BT * Vp};
+    void *x = dalloc(sz[0] * 2), *ln = dalloc(sz[0] * 2), *qkv = dalloc(sz[1] * 2), *att = dalloc(sz[0] * 2);
+    void *fch = dalloc(sz[2] * 2), *fchg = dalloc(sz[2] * 2), *wte = dalloc(sz[3] * 2), *logits = dalloc(sz[4] * 2);
+    void *w = dalloc((size_t)C * 4 * C * 2), *bias = dalloc((size_t)4 * C * 2), *dw = dalloc((size_t)C * 4 * C * 4);
+    void *db = dalloc((size_t)4 * C * 4), *stats = dalloc((size_t)BT * NH * 4 * 3), *losses = dalloc(BT * 4);
+    void *tgt = dalloc(BT * 4), *acc = dalloc(8), *dqkv = dalloc(sz[1] * 2);
+    strata_memset_async(G, G->compute, x, 0, sz[0] * 2);
+    strata_memset_async(G, G->compute, qkv, 0, sz[1] * 2);
+    strata_memset_async(G, G->compute, w, 0, (size_t)C * 4 * C * 2);
+    strata_memset_async(G, G->compute, bias, 0, (size_t)4 * C * 2);
+    strata_memset_async(G, G->compute, wte, 0, sz[3] * 2);
+    strata_memset_async(G, G->compute, tgt, 0, BT * 4);
+    float *mean = stats, *rstd = (float *)stats + BT, *lse = (float *)stats + 2 * BT;
+    strata_mem_counters before[STRATA_MEM_KINDS];
+    for (int round = 0; round < 3; round++) {
+        if (round == 1) memcpy(before, G->mem, sizeof before);
+        gk->layernorm_forward(G->compute, ln, mean, rstd, x, bias, bias, BT, C);
+        gk->matmul_forward(G->compute, qkv, NULL, ln, w, bias, BT, C, 3 * C, 0);
+        gk->attention_forward(G->compute, att, lse, qkv, B, T, C, NH);
+        gk->matmul_forward(G->compute, fch, fchg, ln, w, bias, BT, C, 4 * C, 0);
+        gk->residual_forward(G->compute, x, x, att, sz[0]);
+        gk->matmul_forward(G->compute, logits, NULL, ln, wte, NULL, BT, C, Vp, 1);
+        gk->crossentropy(G->compute, losses, logits, logits, tgt, BT, V, Vp, 1.0f / BT);
+        gk->loss_accumulate(G->compute, acc, losses, BT, 1.0f);
+        gk->matmul_backward(G->compute, ln, dw, NULL, logits, ln, wte, BT, C, Vp, 1);
+        gk->matmul_backward(G->compute, ln, dw, db, fch, ln, w, BT, C, 4 * C, 0);
+        gk->gelu_backward(G->compute, fch, fch, fchg, sz[2]);
+        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, C, NH);
+        gk->layernorm_backward(G->compute, x, db, db, ln, x, bias, mean, rstd, BT, C);
+        gk->sumsq(G->compute, acc, dw, (size_t)C * 4 * C);
+        gsync();
+    }
+    int same = 1;
+    for (int k = 0; k < STRATA_MEM_KINDS; k++)
+        same &= G->mem[k].n_alloc == before[k].n_alloc && G->mem[k].live_bytes == before[k].live_bytes;
+    CHECK(same, "two steps of kernels allocate nothing (device allocs %llu -> %llu)",
+          (unsigned long long)before[STRATA_MEM_DEVICE].n_alloc,
+          (unsigned long long)G->mem[STRATA_MEM_DEVICE].n_alloc);
+    void *all[] = {x, ln, qkv, att, fch, fchg, wte, logits, w, bias, dw, db, stats, losses, tgt, acc, dqkv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfree(all[i]);
+}
+
+/* ---- device layer ---- */
+
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+} gate;
+static void gate_wait(void *arg) {
+    gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+static void gate_open(gate *g) {
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct fill_arg {
+    unsigned char *p;
+    size_t n;
+    unsigned char value;
+} fill_arg;
+static void fill_fn(void *arg) {
+    fill_arg *f = arg;
+    memset(f->p, f->value, f->n);
+}
+
+typedef struct verify_arg {
+    const unsigned char *p;
+    size_t n;
+    unsigned char value;
+    int ran, ok;
+} verify_arg;
+static void verify_fn(void *arg) {
+    verify_arg *v = arg;
+    v->ok = 1;
+    for (size_t i = 0; i < v->n; i++)
+        if (v->p[i] != v->value) {
+            v->ok = 0;
+            break;
+        }
+    __atomic_store_n(&v->ran, 1, __ATOMIC_RELEASE);
+}
+
+/* HOST -> DEVICE -> HOST: a host stream, held by a gate, fills a pinned buffer and
+ * records e1; the compute stream waits on e1, copies the buffer through device memory
+ * into a second pinned buffer and records e2; a second host stream waits on e2 and
+ * verifies the copy. Until the gate opens nothing downstream may run. */
+static void test_cross_kind_events(strata_device *d, const char *label) {
+    size_t n = (size_t)32 << 20; /* long enough that a missing wait shows */
+    unsigned char *src = strata_alloc(d, STRATA_MEM_PINNED, n), *dst = strata_alloc(d, STRATA_MEM_PINNED, n);
+    void *mid = strata_alloc(d, STRATA_MEM_DEVICE, n);
+    strata_stream *h1 = strata_stream_create(d, "h1", STRATA_STREAM_HOST);
+    strata_stream *h2 = strata_stream_create(d, "h2", STRATA_STREAM_HOST);
+    strata_event *e1 = strata_event_create(d), *e2 = strata_event_create(d);
+    if (!src || !dst || !mid || !h1 || !h2 || !e1 || !e2) {
+        CHECK(0, "%s: setup: %s", label, strata_error());
+        return;
+    }
+    memset(src, 0x11, n);
+    memset(dst, 0x22, n);
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    fill_arg fa = {src, n, 0xA5};
+    verify_arg va = {dst, n, 0xA5, 0, 0};
+    int rc = 0;
+    rc |= strata_host_task(d, h1, gate_wait, &g);
+    rc |= strata_host_task(d, h1, fill_fn, &fa);
+    rc |= strata_event_record(d, e1, h1);
+    rc |= strata_stream_wait_event(d, d->compute, e1);
+    rc |= strata_memcpy_async(d, d->compute, mid, src, n);
+    rc |= strata_memcpy_async(d, d->compute, dst, mid, n);
+    rc |= strata_event_record(d, e2, d->compute);
+    rc |= strata_stream_wait_event(d, h2, e2);
+    rc |= strata_host_task(d, h2, verify_fn, &va);
+    CHECK(rc == 0, "%s: enqueue host->device->host chain: %s", label, rc ? strata_error() : "ok");
+    CHECK(strata_event_query(d, e1) == 0 && strata_event_query(d, e2) == 0 &&
+              __atomic_load_n(&va.ran, __ATOMIC_ACQUIRE) == 0,
+          "%s: with the gate shut, both events are pending and the verifier has not run", label);
+    gate_open(&g);
+    rc = strata_stream_sync(d, h2);
+    CHECK(rc == 0 && va.ran && va.ok, "%s: host record -> device wait -> device record -> host wait: "
+          "the verifier saw the filled data (ran %d ok %d)", label, va.ran, va.ok);
+    CHECK(strata_event_sync(d, e2) == 0 && strata_event_query(d, e2) == 1 && strata_event_query(d, e1) == 1,
+          "%s: both events complete afterwards", label);
+
+    /* a DEVICE record seen by the host: event_sync waits for the copy */
+    memset(dst, 0, n);
+    strata_memset_async(d, d->compute, mid, 0x3C, n);
+    strata_memcpy_async(d, d->compute, dst, mid, n);
+    strata_event_record(d, e2, d->compute);
+    strata_event_sync(d, e2);
+    CHECK(dst[0] == 0x3C && dst[n - 1] == 0x3C, "%s: event_sync on a device record waits for its copy", label);
+
+    /* HOST stream copies that touch device memory (done by the worker) */
+    memset(src, 0x5E, n);
+    memset(dst, 0, n);
+    strata_memcpy_async(d, h1, mid, src, n);
+    strata_memcpy_async(d, h1, dst, mid, n);
+    strata_memset_async(d, h1, dst, 0x77, 16);
+    strata_stream_sync(d, h1);
+    CHECK(dst[0] == 0x77 && dst[15] == 0x77 && dst[16] == 0x5E && dst[n - 1] == 0x5E,
+          "%s: HOST stream copies pinned->device->pinned and memsets in order", label);
+
+    /* a host function on a DEVICE stream runs after the work before it */
+    verify_arg vb = {dst, n, 0x6B, 0, 0};
+    strata_memset_async(d, d->compute, mid, 0x6B, n);
+    strata_memcpy_async(d, d->compute, dst, mid, n);
+    strata_host_task(d, d->compute, verify_fn, &vb);
+    strata_stream_sync(d, d->compute);
+    CHECK(vb.ran && vb.ok, "%s: host_task on a DEVICE stream runs in stream order", label);
+
+    /* a never-recorded event is complete, and waiting on it is a no-op */
+    strata_event *e3 = strata_event_create(d);
+    CHECK(strata_event_query(d, e3) == 1 && strata_stream_wait_event(d, d->compute, e3) == 0 &&
+              strata_stream_wait_event(d, h1, e3) == 0 && strata_event_sync(d, e3) == 0,
+          "%s: a never-recorded event is complete", label);
+    strata_event_destroy(d, e3);
+
+    strata_event_destroy(d, e1);
+    strata_event_destroy(d, e2);
+    strata_stream_destroy(d, h1);
+    strata_stream_destroy(d, h2);
+    strata_free(d, STRATA_MEM_PINNED, src);
+    strata_free(d, STRATA_MEM_PINNED, dst);
+    strata_free(d, STRATA_MEM_DEVICE, mid);
+}
+
+/* Re-recording an event after a wait was enqueued does not move that wait's target:
+ * a DEVICE wait on a HOST record must be released by the first record. */
+static void test_wait_snapshot(strata_device *d, const char *label) {
+    strata_stream *h = strata_stream_create(d, "snap", STRATA_STREAM_HOST);
+    strata_event *e = strata_event_create(d), *done = strata_event_create(d);
+    gate g1 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    gate g2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    strata_host_task(d, h, gate_wait, &g1);
+    strata_event_record(d, e, h);             /* record 1 */
+    strata_stream_wait_event(d, d->compute, e); /* waits for record 1 only */
+    strata_event_record(d, done, d->compute);
+    strata_host_task(d, h, gate_wait, &g2);
+    strata_event_record(d, e, h); /* record 2, behind the second gate */
+    gate_open(&g1);
+    strata_event_sync(d, done);
+    CHECK(strata_event_query(d, done) == 1 && strata_event_query(d, e) == 0,
+          "%s: a wait keeps the record it captured (released while the newer record is pending)", label);
+    gate_open(&g2);
+    strata_stream_sync(d, h);
+    CHECK(strata_event_query(d, e) == 1, "%s: the newer record completes after its gate", label);
+    strata_event_destroy(d, e);
+    strata_event_destroy(d, done);
+    strata_stream_destroy(d, h);
+}
+
+static void test_memory(void) {
+    strata_mem_counters m0 = G->mem[STRATA_MEM_DEVICE];
+    void *a = strata_alloc(G, STRATA_MEM_DEVICE, 1000), *z = strata_alloc(G, STRATA_MEM_HOST, 0);
+    void *p = strata_alloc(G, STRATA_MEM_PINNED, 300);
+    CHECK(a && z && p && G->mem[STRATA_MEM_DEVICE].live_bytes == m0.live_bytes + 1000 &&
+              G->mem[STRATA_MEM_DEVICE].n_alloc == m0.n_alloc + 1,
+          "alloc counts device bytes exactly (live %zu)", G->mem[STRATA_MEM_DEVICE].live_bytes);
+    strata_free(G, STRATA_MEM_DEVICE, a);
+    strata_free(G, STRATA_MEM_HOST, z);
+    strata_free(G, STRATA_MEM_PINNED, p);
+    CHECK(G->mem[STRATA_MEM_DEVICE].live_bytes == m0.live_bytes && G->mem[STRATA_MEM_PINNED].live_bytes == 0,
+          "free returns the counters to where they were");
+    void *huge = strata_alloc(G, STRATA_MEM_DEVICE, (size_t)1 << 50);
+    CHECK(!huge && strstr(strata_error(), "device memory") && strstr(strata_error(), "cudaMalloc"),
+          "a 1 PiB device alloc fails and says why: %s", strata_error());
+    size_t fr = 0, tot = 0;
+    CHECK(G->ops->mem_info(G, &fr, &tot) == 0 && tot > 0 && fr <= tot, "mem_info free %zu <= total %zu", fr, tot);
+    strata_device *bad = strata_device_open("cuda", 999);
+    CHECK(!bad && strstr(strata_error(), "999"), "opening cuda ordinal 999 fails naming it: %s", strata_error());
+}
+
+int main(void) {
+    if (!strata_cuda_available()) {
+        printf("skip: no CUDA GPU answers on this machine\n");
+        return 77;
+    }
+    alarm(300); /* a lost event turns into a failure, not a hung CI job */
+    G = strata_device_open("cuda", 0);
+    CPU = strata_device_open("cpu", 0);
+    if (!G || !CPU) {
+        printf("FAIL open: %s\n", strata_error());
+        return 1;
+    }
+    gk = G->k;
+    ck = CPU->k;
+    int fresh = 1;
+    for (int k = 0; k < STRATA_MEM_KINDS; k++) fresh &= G->mem[k].live_bytes == 0;
+    CHECK(!strcmp(G->ops->name, "cuda") && G->compute_dtype == STRATA_BF16 && G->compute && fresh &&
+              !strncmp(G->description, "cuda:0 ", 7),
+          "open: %s, bf16, nothing counted as allocated", G->description);
+
+    test_memory();
+    test_encoder();
+    test_layernorm(256, 768);
+    test_layernorm(33, 100);
+    test_matmul(256, 192, 384, 0, 1, 0);
+    test_matmul(256, 192, 384, 0, 1, 1);
+    test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
+    test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
+    test_matmul(50, 40, 72, 1, 1, 0);
+    test_attention(1, 1024, 128, 2); /* hs 64, T 1024 */
+    test_attention(2, 100, 96, 3);   /* hs 32, T not a multiple of any tile */
+    test_attention(2, 70, 64, 4);    /* hs 16 */
+    test_attention(1, 130, 256, 2);  /* hs 128 */
+    test_elementwise(10007, 0);
+    test_elementwise(4099, 1);
+    test_crossentropy(40, 1000, 1024);
+    test_adamw();
+    test_utilities();
+    test_no_alloc_in_step();
+    test_cross_kind_events(G, "memops");
+    test_wait_snapshot(G, "memops");
+
+    /* the same device-layer checks with stream memory operations turned off */
+    setenv("STRATA_CUDA_MEMOPS", "0", 1);
+    strata_device *f = strata_device_open("cuda", 0);
+    CHECK(f != NULL, "open with STRATA_CUDA_MEMOPS=0: %s", f ? f->description : strata_error());
+    if (f) {
+        test_cross_kind_events(f, "fallback");
+        test_wait_snapshot(f, "fallback");
+        strata_device_close(f);
+    }
+    unsetenv("STRATA_CUDA_MEMOPS");
+
+    strata_device_close(G);
+    strata_device_close(CPU);
+    printf("%s: %d failure%s\n", failures ? "FAILED" : "passed", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
+
+#else /* !STRATA_HAVE_CUDA */
+
+int main(void) {
+    printf("skip: this strata was built without CUDA\n");
+    return 77;
+}
+
+#endif
