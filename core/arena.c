@@ -67,7 +67,9 @@ size_t strata_arena_bytes(const strata_arena *a, int kind, int cat) {
     size_t sum = 0;
     for (int i = 0; i < a->n; i++) {
         const strata_arena_entry *e = &a->entries[i];
-        if ((kind < 0 || (int)e->kind == kind) && (cat < 0 || (int)e->cat == cat)) sum += e->bytes;
+        /* counted as allocated: each slice rounded up to the arena's alignment */
+        if ((kind < 0 || (int)e->kind == kind) && (cat < 0 || (int)e->cat == cat))
+            sum += strata_round_up(e->bytes, ARENA_ALIGN);
     }
     return sum;
 }

@@ -28,9 +28,13 @@ int strata_fail_wrap(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(ctx, sizeof ctx, fmt, ap);
     va_end(ap);
-    size_t n = strlen(ctx);
+    /* context, ": ", then as much of the previous message as fits */
+    size_t n = strlen(ctx), m = strlen(prev);
+    if (m > sizeof error_buf - n - 3) m = sizeof error_buf - n - 3;
     memcpy(error_buf, ctx, n);
-    snprintf(error_buf + n, sizeof error_buf - n, ": %s", prev);
+    memcpy(error_buf + n, ": ", 2);
+    memcpy(error_buf + n + 2, prev, m);
+    error_buf[n + 2 + m] = 0;
     return -1;
 }
 

@@ -132,8 +132,9 @@ static strata_block_acts *acts_of(strata_model *m, int l) {
     return block_recomputed(m, l) ? &m->recompute : &m->acts[l];
 }
 
-void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, int B, int T,
-                       int ckpt_every) {
+void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
+                       int T, int ckpt_every) {
+    STRATA_ASSERT(!dev || dev->compute_dtype == dtype);
     m->dev = dev;
     m->B = m->cur_B = B;
     m->T = m->cur_T = T;
@@ -141,7 +142,7 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, int
     int L = m->shape.n_layer;
     size_t C = m->shape.n_embd, NH = m->shape.n_head, Vp = m->shape.padded_vocab_size;
     size_t BT = (size_t)B * T;
-    size_t es = strata_dtype_size(dev ? dev->compute_dtype : STRATA_F32);
+    size_t es = strata_dtype_size(dtype);
     m->resid = strata_xcalloc(L + 1, sizeof *m->resid);
     m->acts = strata_xcalloc(L, sizeof *m->acts);
     char n[64];

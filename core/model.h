@@ -98,9 +98,10 @@ size_t strata_model_num_params(const strata_model *m); /* real parameters (V row
 /* The layout checkpoints use; unit_padded supplied by the engine. */
 strata_ckpt_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
 
-/* Reserves activation memory for micro-batch B x T in the arena. */
-void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, int B, int T,
-                       int ckpt_every);
+/* Reserves activation memory for micro-batch B x T in the arena, with activations in
+ * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed). */
+void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
+                       int T, int ckpt_every);
 
 /* Fills elements [lo, hi) of unit u's flat fp32 buffer with the initial values, a pure
  * function of (seed, tensor, element index) so any rank can init any shard. */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/arena.h"
 #include "core/checkpoint.h"
@@ -15,6 +16,7 @@
 #include "core/data.h"
 #include "core/model.h"
 #include "launcher/commands.h"
+#include "launcher/plan.h"
 #include "launcher/sample.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
@@ -37,6 +39,13 @@ static int parse_cli(int argc, char **argv, strata_cli *cli, const char *cmd, in
         } else if (allow_resume && !strcmp(a, "--resume")) {
             if (i + 1 >= argc) { fprintf(stderr, "strata %s: --resume needs 'latest' or a checkpoint directory\n", cmd); return STRATA_EXIT_USAGE; }
             cli->resume = argv[++i];
+        } else if (allow_world && (!strcmp(a, "--gpu-gb") || !strcmp(a, "--host-gb") || !strcmp(a, "--nvme-gb"))) {
+            /* shorthands for the memory.* keys, checked like any --set */
+            static char buf[3][64];
+            int k = a[2] == 'g' ? 0 : a[2] == 'h' ? 1 : 2;
+            if (i + 1 >= argc || cli->n_sets == 64) { fprintf(stderr, "strata %s: %s needs a number of GiB\n", cmd, a); return STRATA_EXIT_USAGE; }
+            snprintf(buf[k], sizeof buf[k], "memory.%s_gb=%s", k == 0 ? "gpu" : k == 1 ? "host" : "nvme", argv[++i]);
+            cli->sets[cli->n_sets++] = buf[k];
         } else if (allow_world && !strcmp(a, "--world")) {
             char *end = NULL;
             if (i + 1 >= argc || (cli->world = (int)strtol(argv[i + 1], &end, 10), *end) || cli->world < 1) {
@@ -62,16 +71,6 @@ static strata_model_shape shape_of(const strata_config *c) {
                                 c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
 }
 
-static void print_memory(const strata_engine *e, const strata_model *m, int world, int stage, FILE *f) {
-    strata_engine_memory mem = strata_engine_get_memory(e);
-    char b[6][32];
-    double total = (double)mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers;
-    fprintf(f, "memory per rank (world %d, zero stage %d, %zu parameters):\n", world, stage, strata_model_num_params(m));
-    fprintf(f, "  parameters %12s | gradients %12s | optimizer %12s | activations %12s | buffers %12s | total %12s\n",
-            strata_fmt_bytes(b[0], 32, (double)mem.params), strata_fmt_bytes(b[1], 32, (double)mem.grads),
-            strata_fmt_bytes(b[2], 32, (double)mem.optimizer), strata_fmt_bytes(b[3], 32, (double)mem.activations),
-            strata_fmt_bytes(b[4], 32, (double)mem.buffers), strata_fmt_bytes(b[5], 32, total));
-}
 
 int strata_cmd_plan(int argc, char **argv) {
     strata_cli cli;
@@ -82,17 +81,25 @@ int strata_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
+    strata_plan p;
+    strata_plan_compute(&p, &cfg, cli.world);
+    strata_plan_check(&p, &cfg, NULL);
     strata_model_shape shape = shape_of(&cfg);
     strata_model m;
     strata_model_init(&m, &shape);
-    strata_arena arena;
-    strata_arena_init(&arena, NULL);
-    strata_engine *e = strata_engine_create(&cfg, &m, &arena, NULL, NULL, 0, cli.world);
-    print_memory(e, &m, cli.world, cfg.zero.stage, stdout);
-    strata_arena_print(&arena, stdout);
-    strata_engine_destroy(e);
-    strata_arena_release(&arena);
+    printf("model: %d layers, %d heads, %d channels, vocab %d, %zu parameters; batch %d x %d x %d accumulation\n",
+           shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, strata_model_num_params(&m),
+           cfg.train.micro_batch, strata_config_seq_len(&cfg), cfg.train.grad_accum);
     strata_model_free(&m);
+    strata_plan_print(&p, stdout);
+    if (!p.fits) {
+        char sets[8][96], line[800];
+        double cost;
+        int n = strata_plan_suggest(&cfg, cli.world, NULL, sets, 8, line, sizeof line, &cost);
+        if (n > 0) printf("  cheapest change that fits (about +%.0f%% step time): %s\n", cost * 100, line);
+        else printf("  no change within reach fits: more ranks, or offload, are needed\n");
+        return STRATA_EXIT_NOFIT;
+    }
     return STRATA_EXIT_OK;
 }
 
@@ -115,6 +122,17 @@ static void metrics_truncate(const char *path, int64_t last_step) {
     }
     fclose(in);
     if (fclose(out) == 0) rename(tmp, path);
+}
+
+/* Resident set size of this process, from /proc (0 where unavailable). */
+static size_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &pages, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    return (size_t)rss * (size_t)sysconf(_SC_PAGESIZE);
 }
 
 static void fmt_eta(char *buf, size_t n, double seconds) {
@@ -141,6 +159,8 @@ typedef struct trainer {
     int have_val;
     FILE *metrics;
     char config_yaml[65536];
+    char auto_change[800];  /* what memory.auto chose, "" if nothing */
+    size_t planned_device;  /* device bytes the plan predicted */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -199,13 +219,56 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_model_init(&t->m, &shape);
     strata_arena_init(&t->arena, t->dev);
     t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+
+    /* the plan is checked before anything is allocated */
+    strata_plan plan;
+    strata_plan_from_arena(&plan, &t->arena, world, cfg->zero.stage);
+    strata_plan_check(&plan, cfg, t->dev);
+    if (!plan.fits) {
+        char sets[8][96], line[800];
+        double cost = 0;
+        int n = strata_plan_suggest(cfg, world, t->dev, sets, 8, line, sizeof line, &cost);
+        if (!cfg->memory.auto_fit || n <= 0) {
+            if (rank == 0) {
+                strata_plan_print(&plan, stderr);
+                if (n > 0)
+                    fprintf(stderr, "error: the run does not fit (%s). The cheapest change that fits, keeping the "
+                                    "global batch (about +%.0f%% step time):\n  strata train %s %s\n"
+                                    "or set memory.auto: true to apply it automatically.\n",
+                            plan.why, cost * 100, t->cli.config_path ? t->cli.config_path : "", line);
+                else
+                    fprintf(stderr, "error: the run does not fit (%s), and no change of micro-batch, activation "
+                                    "checkpointing or ZeRO stage makes it fit: add ranks or offload.\n", plan.why);
+            }
+            return STRATA_EXIT_NOFIT;
+        }
+        /* memory.auto: rebuild with the chosen change */
+        strata_engine_destroy(t->engine);
+        strata_arena_release(&t->arena);
+        strata_model_free(&t->m);
+        for (int i = 0; i < n; i++)
+            if (strata_config_set(cfg, sets[i]) || strata_config_check(cfg, "memory.auto")) fatal(t, "applying memory.auto");
+        snprintf(t->auto_change, sizeof t->auto_change, "%s", line);
+        if (rank == 0)
+            STRATA_INFO("plan", "memory.auto: %s; chose %s (cheapest that fits, about +%.0f%% step time)", plan.why, line,
+                        cost * 100);
+        config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+        B = cfg->train.micro_batch;
+        A = cfg->train.grad_accum;
+        strata_model_init(&t->m, &shape);
+        strata_arena_init(&t->arena, t->dev);
+        t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+        strata_plan_from_arena(&plan, &t->arena, world, cfg->zero.stage);
+        strata_plan_check(&plan, cfg, t->dev);
+    }
+    t->planned_device = plan.need[STRATA_TIER_DEVICE];
     if (rank == 0) {
         STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
                     shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab_size,
                     strata_model_num_params(&t->m));
         STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A, world,
                     (long long)B * T * A * world);
-        print_memory(t->engine, &t->m, world, cfg->zero.stage, stdout);
+        strata_plan_print(&plan, stdout);
     }
     if (strata_arena_commit(&t->arena)) fatal(t, "allocating the memory plan");
 
@@ -303,9 +366,13 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
             fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                     "\"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
-                    "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"comm_bytes\": %llu}\n",
+                    "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"plan_device_bytes\": %zu, "
+                    "\"rss_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, \"data_ms\": %.3f",
                     r.lr, r.grad_norm, tok_s, ms, tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
-                    mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, (unsigned long long)comm_bytes);
+                    mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
+                    (unsigned long long)comm_bytes, ms - r.comm_wait_ms - r.data_ms, r.comm_wait_ms, r.data_ms);
+            if (t->auto_change[0] && done == start + 1) fprintf(t->metrics, ", \"memory_auto\": \"%s\"", t->auto_change);
+            fprintf(t->metrics, "}\n");
             fflush(t->metrics);
         }
         /* every rank must agree to stop, or some would wait in a collective for the others */
@@ -333,6 +400,13 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL);
         printf("\n----\n");
         free(tokens);
+    }
+    if (rank == 0) {
+        char b1[32], b2[32];
+        size_t peak = t->dev->mem[STRATA_MEM_DEVICE].peak_bytes;
+        STRATA_INFO("plan", "device memory: planned %s, peak allocated %s (%+.2f%%)",
+                    strata_fmt_bytes(b1, 32, (double)t->planned_device), strata_fmt_bytes(b2, 32, (double)peak),
+                    t->planned_device ? 100.0 * ((double)peak - (double)t->planned_device) / (double)t->planned_device : 0.0);
     }
     if (t->metrics) fclose(t->metrics);
     strata_engine_destroy(t->engine);

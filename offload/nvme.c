@@ -616,13 +616,13 @@ int strata_nvme_wait_all(strata_nvme_store *s) {
 }
 
 int strata_nvme_write(strata_nvme_store *s, size_t offset, const void *buf, size_t bytes) {
-    strata_nvme_ticket t;
+    strata_nvme_ticket t = 0;
     if (strata_nvme_write_async(s, offset, buf, bytes, &t) != 0) return -1;
     return strata_nvme_wait(s, t);
 }
 
 int strata_nvme_read(strata_nvme_store *s, size_t offset, void *buf, size_t bytes) {
-    strata_nvme_ticket t;
+    strata_nvme_ticket t = 0;
     if (strata_nvme_read_async(s, offset, buf, bytes, &t) != 0) return -1;
     return strata_nvme_wait(s, t);
 }

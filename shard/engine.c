@@ -37,7 +37,8 @@ struct strata_engine {
     strata_comm *comm;
     int rank, world, stage, A, B, T, U;
     int overlap;
-    size_t es; /* bytes per parameter in the compute dtype */
+    strata_dtype dtype; /* the compute dtype of parameters and activations */
+    size_t es;          /* its bytes per element */
     size_t *padded, *shard;
     size_t max_block_padded; /* largest non-embedding unit */
 
@@ -66,6 +67,7 @@ struct strata_engine {
     float *loss_sum_host;
     int32_t *inputs, *targets; /* host (B,T) */
     strata_engine_memory mem;
+    double comm_wait_ms, data_ms; /* of the current step */
 };
 
 /* ---- plan ---- */
@@ -116,7 +118,11 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->T = strata_config_seq_len(cfg);
     e->U = m->n_units;
     e->overlap = cfg->zero.overlap_comm;
-    e->es = strata_dtype_size(dev ? dev->compute_dtype : STRATA_F32);
+    /* a plan without a device uses the dtype the config would run with */
+    int bf16 = cfg->train.dtype == STRATA_DTYPE_BF16 ||
+               (cfg->train.dtype == STRATA_DTYPE_AUTO && cfg->device == STRATA_BACKEND_CUDA);
+    e->dtype = dev ? dev->compute_dtype : bf16 ? STRATA_BF16 : STRATA_F32;
+    e->es = strata_dtype_size(e->dtype);
     e->padded = strata_xcalloc(e->U, sizeof *e->padded);
     e->shard = strata_xcalloc(e->U, sizeof *e->shard);
     for (int u = 0; u < e->U; u++) {
@@ -158,7 +164,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         reserve(e, arena, STRATA_CAT_BUFFERS, "embed_params", -1, e->padded[0] * e->es, &e->embed_param);
     }
     size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
-    strata_model_plan(m, arena, dev, e->B, e->T, cfg->train.activation_checkpointing);
+    strata_model_plan(m, arena, dev, e->dtype, e->B, e->T, cfg->train.activation_checkpointing);
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
 
     if (dev) {
@@ -224,6 +230,19 @@ const size_t *strata_engine_padded(const strata_engine *e) { return e->padded; }
 
 static strata_stream *comm_stream(strata_engine *e) { return strata_comm_stream(e->comm); }
 
+/* Compute waiting for the collective stream: timed, so a step's metrics show how long
+ * compute sat idle on communication. */
+static void compute_wait(strata_engine *e, strata_event *ev) {
+    double t0 = strata_now_ms();
+    strata_stream_wait_event(e->dev, e->dev->compute, ev);
+    e->comm_wait_ms += strata_now_ms() - t0;
+}
+static void comm_sync(strata_engine *e) {
+    double t0 = strata_now_ms();
+    strata_stream_sync(e->dev, comm_stream(e));
+    e->comm_wait_ms += strata_now_ms() - t0;
+}
+
 /* Makes the collective stream wait for everything enqueued on compute so far. */
 static void comm_after_compute(strata_engine *e) {
     strata_event_record(e->dev, e->ev_compute, e->dev->compute);
@@ -233,7 +252,7 @@ static void comm_after_compute(strata_engine *e) {
 /* Without overlap, each collective completes before compute goes on (the baseline the
  * overlap benchmark compares against). */
 static void maybe_serialize(strata_engine *e) {
-    if (!e->overlap) strata_stream_sync(e->dev, comm_stream(e));
+    if (!e->overlap) comm_sync(e);
 }
 
 static void accumulate_run(void *arg) {
@@ -315,7 +334,7 @@ static int gather_embed(strata_engine *e) {
     strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_free);
     if (strata_allgather(e->comm, e->embed_param, e->params_shard[0], e->shard[0] * e->es)) return -1;
     strata_event_record(e->dev, e->ev_embed_gathered, comm_stream(e));
-    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_embed_gathered);
+    compute_wait(e, e->ev_embed_gathered);
     e->m->params[0] = e->embed_param;
     return 0;
 }
@@ -331,7 +350,7 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
     if (op->gather < 0) return 0;
     if (issue_gathers(e, op->gather + e->cfg->zero.prefetch_units)) return -1;
     int s = op->gather % e->n_slots;
-    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_gathered[s]);
+    compute_wait(e, e->ev_gathered[s]);
     e->m->params[op->unit] = e->slot[s];
     return 0;
 }
@@ -339,7 +358,10 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
 /* ---- the step ---- */
 
 static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) {
-    if (strata_loader_read(L, first, e->B, e->inputs, e->targets)) return -1;
+    double t0 = strata_now_ms();
+    int rc = strata_loader_read(L, first, e->B, e->inputs, e->targets);
+    e->data_ms += strata_now_ms() - t0;
+    if (rc) return -1;
     strata_model_set_batch(e->m, e->inputs, e->targets);
     return 0;
 }
@@ -354,7 +376,7 @@ static void grads_for(strata_engine *e, int u, int micro) {
     }
     if (u == 0) return; /* the embedding's buffer was set up at the micro-step's start */
     int k = e->next_grad_slot;
-    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_grad_slot_free[k]);
+    compute_wait(e, e->ev_grad_slot_free[k]);
     strata_memset_async(e->dev, e->dev->compute, e->grad_slot[k], 0, e->padded[u] * 4);
     m->grads[u] = e->grad_slot[k];
 }
@@ -396,7 +418,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
     if (e->stage <= 1) /* the head's backward adds to the embedding's gradient: set it up front */
         for (int u = 0; u < e->U; u++) m->grads[u] = e->grads_full[u];
     if (e->stage >= 2) {
-        strata_stream_wait_event(d, d->compute, e->ev_embed_grad_free);
+        compute_wait(e, e->ev_embed_grad_free);
         strata_memset_async(d, d->compute, e->embed_grad, 0, e->padded[0] * 4);
         m->grads[0] = e->embed_grad;
     }
@@ -456,6 +478,7 @@ static void adamw_unit(strata_engine *e, int u, size_t lo, size_t n, void *param
 int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
+    e->comm_wait_ms = e->data_ms = 0;
     strata_model *m = e->m;
     size_t BT = (size_t)e->B * e->T;
     /* each token's weight in the step's mean loss over all ranks and micro-steps */
@@ -466,7 +489,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
-    strata_stream_sync(d, comm_stream(e));
+    comm_sync(e);
 
     /* global gradient norm: each rank sums squares over the elements it owns */
     double sums[2] = {0.0, 0.0};
@@ -507,7 +530,9 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
             adamw_unit(e, u, (size_t)e->rank * S, S, e->params_shard[u], &args);
         }
     }
-    strata_stream_sync(d, comm_stream(e));
+    comm_sync(e);
+    r->comm_wait_ms = e->comm_wait_ms;
+    r->data_ms = e->data_ms;
     return 0;
 }
 

@@ -39,6 +39,8 @@ typedef struct strata_step_result {
     double lr;
     int nonfinite;     /* loss or gradient norm was NaN/inf on some rank: nothing was updated */
     double backward_start_ms, backward_end_ms; /* last micro-step's backward, strata_now_ms */
+    double comm_wait_ms; /* compute (or the host) blocked waiting for collectives */
+    double data_ms;      /* reading batches */
 } strata_step_result;
 
 /* Plans everything (model activations included) into `arena` for world size `world`;

@@ -400,7 +400,10 @@ static void test_bench(strata_device *d) {
 
 int main(void) {
     const char *tmp = getenv("TMPDIR");
-    snprintf(base, sizeof base, "%s/strata-test-nvme-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    snprintf(base, sizeof base, "%s/strata-test-nvme-", tmp && *tmp ? tmp : "/tmp");
+    size_t blen = strlen(base);
+    memset(base + blen, 'X', 6); /* mkdtemp's template suffix */
+    base[blen + 6] = 0;
     if (!mkdtemp(base)) {
         printf("FAIL cannot make a scratch directory %s: %s\n", base, strerror(errno));
         return 1;

@@ -1,0 +1,228 @@
+/* launcher/plan.c: per-tier memory plan, capacity check, and the remedy ladder climbed
+ * automatically: the cheapest combination of changes that fits. */
+#include "launcher/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "core/model.h"
+#include "shard/engine.h"
+
+static const char *tier_names[STRATA_TIERS] = {"device", "pinned host", "host", "nvme"};
+
+void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, int stage) {
+    memset(p, 0, sizeof *p);
+    p->world = world;
+    p->stage = stage;
+    static const int kind_of_tier[3] = {STRATA_MEM_DEVICE, STRATA_MEM_PINNED, STRATA_MEM_HOST};
+    for (int t = 0; t < 3; t++)
+        for (int c = 0; c < STRATA_CAT_COUNT; c++) {
+            p->bytes[t][c] = strata_arena_bytes(a, kind_of_tier[t], c);
+            p->need[t] += p->bytes[t][c];
+        }
+}
+
+void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
+    strata_model_shape shape = {cfg->model.n_layer, cfg->model.n_head, cfg->model.n_embd, cfg->model.seq_len,
+                                cfg->model.vocab_size, strata_config_padded_vocab(cfg), (float)cfg->model.init_std};
+    strata_model m;
+    strata_model_init(&m, &shape);
+    strata_arena a;
+    strata_arena_init(&a, NULL);
+    strata_engine *e = strata_engine_create(cfg, &m, &a, NULL, NULL, 0, world);
+    strata_plan_from_arena(p, &a, world, cfg->zero.stage);
+    strata_engine_destroy(e);
+    strata_arena_release(&a);
+    strata_model_free(&m);
+}
+
+static size_t host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    size_t kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return kb * 1024;
+    return (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *dev) {
+    const double GB = 1024.0 * 1024.0 * 1024.0;
+    int cuda = dev ? !strcmp(dev->ops->name, "cuda") : 0;
+    p->cpu_backend = !cuda;
+    size_t host = cfg->memory.host_gb > 0 ? (size_t)(cfg->memory.host_gb * GB) : host_available();
+    if (cfg->memory.gpu_gb > 0) {
+        p->capacity[STRATA_TIER_DEVICE] = (size_t)(cfg->memory.gpu_gb * GB);
+        p->cpu_backend = 0; /* an explicit device budget is checked on its own */
+    } else if (cuda) {
+        size_t free_b = 0, total = 0;
+        dev->ops->mem_info(dev, &free_b, &total);
+        p->capacity[STRATA_TIER_DEVICE] = free_b;
+    } else if (!dev && cfg->device != STRATA_BACKEND_CPU && strata_cuda_available()) {
+        strata_device *d = strata_device_open("cuda", 0); /* only to ask how much is free */
+        size_t free_b = 0, total = 0;
+        if (d) {
+            d->ops->mem_info(d, &free_b, &total);
+            strata_device_close(d);
+        }
+        p->capacity[STRATA_TIER_DEVICE] = free_b;
+        p->cpu_backend = 0;
+    } else if (!dev && cfg->device == STRATA_BACKEND_CUDA) {
+        p->capacity[STRATA_TIER_DEVICE] = 0; /* no GPU here: unknown unless memory.gpu_gb says */
+        p->cpu_backend = 0;
+    } else {
+        p->capacity[STRATA_TIER_DEVICE] = host;
+    }
+    p->capacity[STRATA_TIER_PINNED] = host;
+    p->capacity[STRATA_TIER_HOST] = host;
+    if (cfg->offload.nvme_path[0]) {
+        struct statvfs vfs;
+        if (cfg->memory.nvme_gb > 0) p->capacity[STRATA_TIER_NVME] = (size_t)(cfg->memory.nvme_gb * GB);
+        else if (statvfs(cfg->offload.nvme_path, &vfs) == 0) p->capacity[STRATA_TIER_NVME] = (size_t)vfs.f_bavail * vfs.f_frsize;
+    }
+    char b1[32], b2[32];
+    p->fits = 1;
+    p->why[0] = 0;
+    /* host memory holds pinned + host, and on the CPU backend the "device" tier too */
+    size_t host_need = p->need[STRATA_TIER_PINNED] + p->need[STRATA_TIER_HOST] +
+                       (p->cpu_backend ? p->need[STRATA_TIER_DEVICE] : 0);
+    if (!p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] && p->need[STRATA_TIER_DEVICE] > p->capacity[STRATA_TIER_DEVICE]) {
+        p->fits = 0;
+        snprintf(p->why, sizeof p->why, "device memory: needs %s, %s available",
+                 strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_DEVICE]),
+                 strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_DEVICE]));
+    } else if (host_need > host) {
+        p->fits = 0;
+        snprintf(p->why, sizeof p->why, "host memory: needs %s, %s available", strata_fmt_bytes(b1, 32, (double)host_need),
+                 strata_fmt_bytes(b2, 32, (double)host));
+    } else if (p->need[STRATA_TIER_NVME] && p->need[STRATA_TIER_NVME] > p->capacity[STRATA_TIER_NVME]) {
+        p->fits = 0;
+        snprintf(p->why, sizeof p->why, "nvme (%.1024s): needs %s, %s free", cfg->offload.nvme_path,
+                 strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_NVME]),
+                 strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_NVME]));
+    }
+}
+
+void strata_plan_print(const strata_plan *p, FILE *f) {
+    char b[8][32];
+    fprintf(f, "memory plan per rank (world %d, zero stage %d):\n", p->world, p->stage);
+    fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", "tier", "parameters", "gradients", "optimizer",
+            "activations", "buffers", "total", "capacity", "headroom");
+    for (int t = 0; t < STRATA_TIERS; t++) {
+        if (!p->need[t] && t != STRATA_TIER_DEVICE) continue;
+        for (int c = 0; c < STRATA_CAT_COUNT; c++) strata_fmt_bytes(b[c], 32, (double)p->bytes[t][c]);
+        strata_fmt_bytes(b[5], 32, (double)p->need[t]);
+        if (p->capacity[t]) {
+            strata_fmt_bytes(b[6], 32, (double)p->capacity[t]);
+            strata_fmt_bytes(b[7], 32, (double)p->capacity[t] - (double)p->need[t]);
+        } else {
+            snprintf(b[6], 32, "-");
+            snprintf(b[7], 32, "-");
+        }
+        fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", tier_names[t], b[0], b[1], b[2], b[3], b[4],
+                b[5], b[6], b[7]);
+    }
+    if (p->cpu_backend) fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
+    if (!p->cpu_backend && !p->capacity[STRATA_TIER_DEVICE])
+        fprintf(f, "  (no GPU here: give its memory with --gpu-gb to check the device tier)\n");
+    fprintf(f, "  verdict: %s%s%s\n", p->fits ? "fits" : "DOES NOT FIT (", p->why, p->fits ? "" : ")");
+}
+
+/* ---- the remedy ladder ---- */
+
+typedef struct option {
+    int ckpt;       /* activation checkpointing every K (0 none) */
+    int halvings;   /* micro-batch halved this many times, accumulation doubled as often */
+    int stage;
+    double cost;    /* estimated extra fraction of step time */
+} option;
+
+/* Estimated costs, as fractions of a step's time:
+ *  - recomputing a block adds its forward again: 1/3 of its forward+backward, for the
+ *    fraction of blocks recomputed;
+ *  - halving the micro-batch keeps the FLOPs but runs smaller matrix products: about 5%
+ *    per halving while rows stay >= 4096 tokens, 15% below (less reuse per weight read);
+ *  - raising the ZeRO stage adds communication only with world > 1: stage 1 and 2 move the
+ *    same bytes as stage 0 (2 psi), stage 3 half again as many (3 psi), so +50% of the
+ *    communication time, which with overlap we count as 10% of the step. */
+static double option_cost(const strata_config *c, const option *o) {
+    double cost = 0;
+    int L = c->model.n_layer;
+    if (o->ckpt > 0) {
+        int recomputed = (L + o->ckpt - 1) / o->ckpt;
+        cost += (double)recomputed / L / 3.0;
+    }
+    long rows = (long)c->train.micro_batch * (c->train.seq_len ? c->train.seq_len : c->model.seq_len);
+    for (int h = 0; h < o->halvings; h++) {
+        rows /= 2;
+        cost += rows >= 4096 ? 0.05 : 0.15;
+    }
+    if (o->stage > c->zero.stage) cost += o->stage == 3 ? 0.10 : 0.01 * (o->stage - c->zero.stage);
+    return cost;
+}
+
+static int apply_option(const strata_config *base, const option *o, strata_config *out, char sets[][96], int max_sets) {
+    *out = *base;
+    int n = 0;
+    if (o->ckpt != base->train.activation_checkpointing && n < max_sets) {
+        if (o->ckpt == 1) snprintf(sets[n++], 96, "train.activation_checkpointing=blocks");
+        else snprintf(sets[n++], 96, "train.activation_checkpointing=every:%d", o->ckpt);
+        out->train.activation_checkpointing = o->ckpt;
+    }
+    if (o->halvings && n + 1 < max_sets) {
+        out->train.micro_batch = base->train.micro_batch >> o->halvings;
+        out->train.grad_accum = base->train.grad_accum << o->halvings;
+        snprintf(sets[n++], 96, "train.micro_batch=%d", out->train.micro_batch);
+        snprintf(sets[n++], 96, "train.grad_accum=%d", out->train.grad_accum);
+    }
+    if (o->stage != base->zero.stage && n < max_sets) {
+        out->zero.stage = o->stage;
+        snprintf(sets[n++], 96, "zero.stage=%d", o->stage);
+    }
+    return n;
+}
+
+int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev, char sets[][96], int max_sets,
+                        char *sets_line, size_t line_len, double *cost) {
+    strata_plan p;
+    strata_plan_compute(&p, cfg, world);
+    strata_plan_check(&p, cfg, dev);
+    if (sets_line && line_len) sets_line[0] = 0;
+    if (cost) *cost = 0;
+    if (p.fits) return 0;
+    int ckpts[3] = {cfg->train.activation_checkpointing, 2, 1};
+    int max_halvings = 0;
+    while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
+        max_halvings++;
+    option best = {0, 0, 0, -1};
+    for (int ci = 0; ci < 3; ci++) {
+        if (ci > 0 && cfg->train.activation_checkpointing && ckpts[ci] >= cfg->train.activation_checkpointing) continue;
+        for (int h = 0; h <= max_halvings; h++)
+            for (int st = cfg->zero.stage; st <= 3; st++) {
+                if (st != cfg->zero.stage && world == 1) continue; /* nothing to partition across */
+                option o = {ckpts[ci], h, st, 0};
+                o.cost = option_cost(cfg, &o);
+                if (best.cost >= 0 && o.cost >= best.cost) continue;
+                strata_config c2;
+                char tmp[8][96];
+                apply_option(cfg, &o, &c2, tmp, 8);
+                strata_plan_compute(&p, &c2, world);
+                strata_plan_check(&p, &c2, dev);
+                if (p.fits) best = o;
+            }
+    }
+    if (best.cost < 0) return -1;
+    strata_config out;
+    int n = apply_option(cfg, &best, &out, sets, max_sets);
+    if (sets_line) {
+        size_t o = 0;
+        for (int i = 0; i < n && o < line_len; i++)
+            o += (size_t)snprintf(sets_line + o, line_len - o, "%s--set %s", i ? " " : "", sets[i]);
+    }
+    if (cost) *cost = best.cost;
+    return n;
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The memory plan: planned bytes equal the allocator's at every stage and world size,
+# over-budget runs are refused (exit 3) with a change that, applied, trains; memory.auto
+# applies it itself; 2,000 steps keep RSS flat.
+set -euo pipefail
+S=${STRATA:?set by ctest}
+command -v mpirun > /dev/null || { echo "mpirun not found: skipping"; exit 77; }
+MPI=(mpirun --oversubscribe -x OMP_NUM_THREADS=1)
+[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+W=$(mktemp -d /tmp/strata-e2e-plan.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail() { echo "FAIL: $*"; exit 1; }
+pass() { echo "ok: $*"; }
+run() { local n=$1; shift; if [ "$n" -eq 1 ]; then "$S" "$@"; else "${MPI[@]}" -np "$n" "$S" "$@"; fi; }
+field() { grep -o "\"$2\": [0-9]*" "$1" | head -1 | cut -d' ' -f2; }
+
+head -c 60000 "$STRATA_SOURCE_DIR/core/model.c" > corpus.txt
+"$S" prepare --text corpus.txt --out data > /dev/null
+cat > quick.yaml <<'YAML'
+device: cpu
+model: {n_layer: 4, n_head: 4, n_embd: 128, seq_len: 128, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 1, micro_batch: 16, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/q}
+YAML
+cat > deep.yaml <<'YAML'
+device: cpu
+model: {n_layer: 8, n_head: 4, n_embd: 128, seq_len: 256, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 1, micro_batch: 1, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/d}
+YAML
+cat > wide.yaml <<'YAML'
+device: cpu
+model: {n_layer: 4, n_head: 4, n_embd: 256, seq_len: 16, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 1, micro_batch: 1, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/w}
+YAML
+
+# planned device bytes == bytes the allocator handed out, every stage, world 1, 2, 4
+for n in 1 2 4; do
+  for st in 0 1 2 3; do
+    rm -rf runs/w
+    run $n train wide.yaml --set zero.stage=$st > /dev/null
+    planned=$(field runs/w/metrics.jsonl plan_device_bytes); peak=$(field runs/w/metrics.jsonl peak_mem_bytes)
+    [ -n "$planned" ] && [ "$planned" = "$peak" ] || fail "world $n stage $st: planned $planned, allocated $peak"
+  done
+  pass "world $n, stages 0-3: planned device bytes equal the allocated bytes"
+done
+
+# five over-budget runs: refused with exit 3 and a change that, applied, trains
+check_refusal() { # name world config budget_gb expected_change
+  local name=$1 n=$2 cfg=$3 gb=$4 expect=$5
+  set +e
+  out=$(run $n train "$cfg" --set memory.gpu_gb=$gb 2>&1); rc=$?
+  set -e
+  [ $rc -eq 3 ] || fail "$name: exit $rc, expected 3: $out"
+  [ ! -d "runs/$name" ] || true
+  line=$(grep -o -- "--set [^ ]*\( --set [^ ]*\)*" <<<"$out" | head -1)
+  [ -n "$line" ] || fail "$name: no suggested change in: $out"
+  grep -q -- "$expect" <<<"$line" || fail "$name: suggestion '$line' lacks '$expect'"
+  # shellcheck disable=SC2086
+  run $n train "$cfg" --set memory.gpu_gb=$gb $line > applied.log 2>&1 || fail "$name: the suggestion '$line' does not train: $(tail -3 applied.log)"
+  run $n train "$cfg" --set memory.gpu_gb=$gb --set memory.auto=true > auto.log 2>&1 || fail "$name: memory.auto did not train: $(tail -3 auto.log)"
+  grep -q "memory.auto: .* chose" auto.log || fail "$name: memory.auto did not say what it chose"
+  pass "$name at world $n with $gb GiB: refused, suggested '$line', which trains; memory.auto chose the same"
+}
+check_refusal quick-50m 1 quick.yaml 0.05 "train.micro_batch=4 --set train.grad_accum=4"
+check_refusal quick-20m 1 quick.yaml 0.02 "train.activation_checkpointing"
+check_refusal deep-40m 1 deep.yaml 0.04 "train.activation_checkpointing=blocks"
+check_refusal wide-w2 2 wide.yaml 0.05 "zero.stage=1"
+check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3"
+
+# strata plan says the same without training
+set +e; "$S" plan quick.yaml --gpu-gb 0.05 > plan.txt; rc=$?; set -e
+[ $rc -eq 3 ] && grep -q "cheapest change that fits" plan.txt || fail "strata plan should refuse with exit 3"
+
+# 2,000 steps of a tiny model: resident memory flat after warm-up
+cat > tiny.yaml <<'YAML'
+device: cpu
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 2000, micro_batch: 2, eval_every: 0, log_every: 1000, sample_tokens: 0}
+run: {dir: runs/t}
+YAML
+"$S" train tiny.yaml > tiny.log
+r100=$(grep '"step": 100,' runs/t/metrics.jsonl | grep -o '"rss_bytes": [0-9]*' | cut -d' ' -f2)
+r2000=$(grep '"step": 2000,' runs/t/metrics.jsonl | grep -o '"rss_bytes": [0-9]*' | cut -d' ' -f2)
+growth=$(( r2000 - r100 ))
+[ $growth -le 131072 ] || fail "RSS grew by $growth bytes between step 100 and 2000"
+pass "2000 steps: RSS $r100 -> $r2000 bytes (growth $growth)"
+echo "all e2e_plan checks passed"
