@@ -7,6 +7,8 @@
 #include "core/common.h"
 
 #define ARENA_ALIGN 256
+#define ARENA_PINNED_ALIGN 4096
+static size_t kind_align(int kind) { return kind == STRATA_MEM_PINNED ? ARENA_PINNED_ALIGN : ARENA_ALIGN; }
 
 static const char *category_names[STRATA_CAT_COUNT] = {"parameters", "gradients", "optimizer",
                                                        "activations", "buffers"};
@@ -34,7 +36,7 @@ void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_cate
     e->bytes = bytes;
     e->offset = a->total[kind];
     e->dst = dst;
-    a->total[kind] += strata_round_up(bytes, ARENA_ALIGN);
+    a->total[kind] += strata_round_up(bytes, kind_align(kind));
 }
 
 int strata_arena_commit(strata_arena *a) {
@@ -42,7 +44,8 @@ int strata_arena_commit(strata_arena *a) {
     static const char *kind_names[] = {"device", "pinned host", "host"};
     for (int k = 0; k < STRATA_MEM_KINDS; k++) {
         if (!a->total[k] || a->base[k]) continue;
-        a->base[k] = strata_alloc(a->dev, k, a->total[k]);
+        a->base[k] = a->source[k].alloc ? a->source[k].alloc(a->source[k].ctx, a->total[k])
+                                        : strata_alloc(a->dev, k, a->total[k]);
         if (!a->base[k]) {
             char buf[32];
             return strata_fail("could not allocate the %s arena of %s: %s", kind_names[k],
@@ -57,8 +60,10 @@ int strata_arena_commit(strata_arena *a) {
 }
 
 void strata_arena_release(strata_arena *a) {
-    for (int k = 0; k < STRATA_MEM_KINDS; k++)
-        if (a->base[k]) strata_free(a->dev, k, a->base[k]);
+    for (int k = 0; k < STRATA_MEM_KINDS; k++) {
+        if (a->source[k].release) a->source[k].release(a->source[k].ctx);
+        else if (a->base[k]) strata_free(a->dev, k, a->base[k]);
+    }
     free(a->entries);
     memset(a, 0, sizeof *a);
 }
@@ -69,7 +74,7 @@ size_t strata_arena_bytes(const strata_arena *a, int kind, int cat) {
         const strata_arena_entry *e = &a->entries[i];
         /* counted as allocated: each slice rounded up to the arena's alignment */
         if ((kind < 0 || (int)e->kind == kind) && (cat < 0 || (int)e->cat == cat))
-            sum += strata_round_up(e->bytes, ARENA_ALIGN);
+            sum += strata_round_up(e->bytes, kind_align(e->kind));
     }
     return sum;
 }

@@ -32,8 +32,17 @@ typedef struct strata_arena_entry {
     void **dst;
 } strata_arena_entry;
 
+/* Where a memory kind's one block comes from, when not straight from the device: the
+ * offload layer hands pinned memory out of its registered pool (offload/pinned.c). */
+typedef struct strata_arena_source {
+    void *(*alloc)(void *ctx, size_t bytes); /* NULL + error on failure */
+    void (*release)(void *ctx);
+    void *ctx;
+} strata_arena_source;
+
 typedef struct strata_arena {
     strata_device *dev; /* NULL for a plan that is never committed */
+    strata_arena_source source[STRATA_MEM_KINDS];
     strata_arena_entry *entries;
     int n, cap;
     size_t total[STRATA_MEM_KINDS];
@@ -41,8 +50,8 @@ typedef struct strata_arena {
 } strata_arena;
 
 void strata_arena_init(strata_arena *a, strata_device *dev);
-/* Reserves bytes (rounded up to 256-byte alignment); *dst is set at commit. dst may be
- * NULL for planning-only entries. */
+/* Reserves bytes (rounded up to 256-byte alignment, 4096 for pinned memory so O_DIRECT
+ * I/O can use any slice); *dst is set at commit. dst may be NULL for planning-only entries. */
 void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_category cat,
                           const char *name, size_t bytes, void **dst);
 /* Allocates one block per memory kind and fills every dst. 0, or -1 naming the kind and

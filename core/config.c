@@ -736,6 +736,12 @@ int strata_config_check(const strata_config *c, const char *name) {
         if (c->offload.params == STRATA_OFFLOAD_NVME)
             return strata_fail("%s: offload.params is nvme, which needs offload.nvme_path", name);
     }
+    if (c->offload.params != STRATA_OFFLOAD_NONE && c->zero.stage != 3)
+        return strata_fail("%s: offload.params is %s, which needs zero.stage 3 (stages 0-2 keep full parameters on "
+                           "every rank)", name, strata_offload_name(c->offload.params));
+    if (c->offload.params == STRATA_OFFLOAD_NVME)
+        return strata_fail("%s: offload.params: nvme is not available in this version; use cpu (pinned host memory)",
+                           name);
     if (c->offload.block_kb % 4)
         return strata_fail("%s: offload.block_kb (%d) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)",
                            name, c->offload.block_kb);

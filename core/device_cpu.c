@@ -29,6 +29,7 @@
 #include "core/kernels.h"
 
 #define CPU_ALIGN 64
+#define CPU_PINNED_ALIGN 4096
 /* Every allocation carries a header of one alignment unit recording its size and kind,
  * so free() can keep the counters exact and catch a free with the wrong kind. */
 #define CPU_MAGIC 0x53545241u /* "STRA" */
@@ -201,8 +202,10 @@ static void *cpu_alloc(strata_device *d, strata_mem_kind kind, size_t bytes) {
         strata_fail("cpu alloc of %zu bytes: the size overflows", bytes);
         return NULL;
     }
-    size_t body = strata_round_up(bytes ? bytes : 1, CPU_ALIGN);
-    unsigned char *base = aligned_alloc(CPU_ALIGN, body + CPU_ALIGN);
+    /* pinned memory is page-aligned, as cudaHostAlloc's is (O_DIRECT I/O needs it) */
+    size_t align = kind == STRATA_MEM_PINNED ? CPU_PINNED_ALIGN : CPU_ALIGN;
+    size_t body = strata_round_up(bytes ? bytes : 1, align);
+    unsigned char *base = aligned_alloc(align, body + align);
     if (!base) {
         char want[32];
         strata_fail("cpu alloc of %s (kind %d) failed: out of host memory",
@@ -214,12 +217,12 @@ static void *cpu_alloc(strata_device *d, strata_mem_kind kind, size_t bytes) {
     h->magic = CPU_MAGIC;
     h->kind = (uint32_t)kind;
     strata_mem_count_alloc(d, kind, bytes);
-    return base + CPU_ALIGN;
+    return base + align;
 }
 
 static void cpu_free(strata_device *d, strata_mem_kind kind, void *p) {
     if (!p) return;
-    unsigned char *base = (unsigned char *)p - CPU_ALIGN;
+    unsigned char *base = (unsigned char *)p - (kind == STRATA_MEM_PINNED ? CPU_PINNED_ALIGN : CPU_ALIGN);
     cpu_alloc_header *h = (cpu_alloc_header *)base;
     if (h->magic != CPU_MAGIC)
         strata_panic(__FILE__, __LINE__, "cpu free of %p: not a live allocation of this device", p);

@@ -2,6 +2,7 @@
  * automatically: the cheapest combination of changes that fits. */
 #include "launcher/plan.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -25,6 +26,11 @@ void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, in
         }
 }
 
+void strata_plan_add_nvme(strata_plan *p, size_t bytes) {
+    p->bytes[STRATA_TIER_NVME][STRATA_CAT_OPTIMIZER] = bytes;
+    p->need[STRATA_TIER_NVME] = bytes;
+}
+
 void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_model_shape shape = {cfg->model.n_layer, cfg->model.n_head, cfg->model.n_embd, cfg->model.seq_len,
                                 cfg->model.vocab_size, strata_config_padded_vocab(cfg), (float)cfg->model.init_std};
@@ -34,6 +40,7 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_arena_init(&a, NULL);
     strata_engine *e = strata_engine_create(cfg, &m, &a, NULL, NULL, 0, world);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
+    strata_plan_add_nvme(p, strata_engine_nvme_bytes(e));
     strata_engine_destroy(e);
     strata_arena_release(&a);
     strata_model_free(&m);
@@ -77,12 +84,15 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
     } else {
         p->capacity[STRATA_TIER_DEVICE] = host;
     }
-    p->capacity[STRATA_TIER_PINNED] = host;
+    p->capacity[STRATA_TIER_PINNED] = cfg->offload.pinned_budget_gb > 0 ? (size_t)(cfg->offload.pinned_budget_gb * GB) : host;
     p->capacity[STRATA_TIER_HOST] = host;
     if (cfg->offload.nvme_path[0]) {
         struct statvfs vfs;
         if (cfg->memory.nvme_gb > 0) p->capacity[STRATA_TIER_NVME] = (size_t)(cfg->memory.nvme_gb * GB);
         else if (statvfs(cfg->offload.nvme_path, &vfs) == 0) p->capacity[STRATA_TIER_NVME] = (size_t)vfs.f_bavail * vfs.f_frsize;
+        else if (p->need[STRATA_TIER_NVME])
+            snprintf(p->nvme_error, sizeof p->nvme_error, "offload.nvme_path '%.1024s': %s", cfg->offload.nvme_path,
+                     strerror(errno));
     }
     char b1[32], b2[32];
     p->fits = 1;
@@ -95,10 +105,18 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
         snprintf(p->why, sizeof p->why, "device memory: needs %s, %s available",
                  strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_DEVICE]),
                  strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_DEVICE]));
+    } else if (cfg->offload.pinned_budget_gb > 0 && p->need[STRATA_TIER_PINNED] > p->capacity[STRATA_TIER_PINNED]) {
+        p->fits = 0;
+        snprintf(p->why, sizeof p->why, "pinned host memory: needs %s, offload.pinned_budget_gb allows %s",
+                 strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_PINNED]),
+                 strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_PINNED]));
     } else if (host_need > host) {
         p->fits = 0;
         snprintf(p->why, sizeof p->why, "host memory: needs %s, %s available", strata_fmt_bytes(b1, 32, (double)host_need),
                  strata_fmt_bytes(b2, 32, (double)host));
+    } else if (p->nvme_error[0]) {
+        p->fits = 0;
+        snprintf(p->why, sizeof p->why, "%s", p->nvme_error);
     } else if (p->need[STRATA_TIER_NVME] && p->need[STRATA_TIER_NVME] > p->capacity[STRATA_TIER_NVME]) {
         p->fits = 0;
         snprintf(p->why, sizeof p->why, "nvme (%.1024s): needs %s, %s free", cfg->offload.nvme_path,
@@ -138,6 +156,7 @@ typedef struct option {
     int ckpt;       /* activation checkpointing every K (0 none) */
     int halvings;   /* micro-batch halved this many times, accumulation doubled as often */
     int stage;
+    int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
     double cost;    /* estimated extra fraction of step time */
 } option;
 
@@ -162,6 +181,9 @@ static double option_cost(const strata_config *c, const option *o) {
         cost += rows >= 4096 ? 0.05 : 0.15;
     }
     if (o->stage > c->zero.stage) cost += o->stage == 3 ? 0.10 : 0.01 * (o->stage - c->zero.stage);
+    /* the optimizer on the CPU: its update no longer overlaps nothing on the device, and the
+     * gradients and parameters cross PCIe; from NVMe the state also crosses the disk */
+    if (o->offload > (int)c->offload.optimizer) cost += o->offload == 1 ? 0.30 : 1.00;
     return cost;
 }
 
@@ -183,6 +205,10 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->zero.stage = o->stage;
         snprintf(sets[n++], 96, "zero.stage=%d", o->stage);
     }
+    if (o->offload != (int)base->offload.optimizer && n < max_sets) {
+        out->offload.optimizer = (strata_offload_choice)o->offload;
+        snprintf(sets[n++], 96, "offload.optimizer=%s", o->offload == 1 ? "cpu" : "nvme");
+    }
     return n;
 }
 
@@ -198,13 +224,15 @@ int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev,
     int max_halvings = 0;
     while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
         max_halvings++;
-    option best = {0, 0, 0, -1};
+    option best = {0, 0, 0, 0, -1};
+    int max_offload = cfg->offload.nvme_path[0] ? 2 : 1;
     for (int ci = 0; ci < 3; ci++) {
         if (ci > 0 && cfg->train.activation_checkpointing && ckpts[ci] >= cfg->train.activation_checkpointing) continue;
         for (int h = 0; h <= max_halvings; h++)
-            for (int st = cfg->zero.stage; st <= 3; st++) {
+            for (int st = cfg->zero.stage; st <= 3; st++)
+            for (int off = (int)cfg->offload.optimizer; off <= max_offload; off++) {
                 if (st != cfg->zero.stage && world == 1) continue; /* nothing to partition across */
-                option o = {ckpts[ci], h, st, 0};
+                option o = {ckpts[ci], h, st, off, 0};
                 o.cost = option_cost(cfg, &o);
                 if (best.cost >= 0 && o.cost >= best.cost) continue;
                 strata_config c2;
@@ -216,6 +244,7 @@ int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev,
             }
     }
     if (best.cost < 0) return -1;
+    (void)max_offload;
     strata_config out;
     int n = apply_option(cfg, &best, &out, sets, max_sets);
     if (sets_line) {

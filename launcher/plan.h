@@ -22,11 +22,13 @@ typedef struct strata_plan {
     size_t capacity[STRATA_TIERS]; /* 0 = unknown / not used */
     int cpu_backend;               /* device memory is host memory: one budget for both */
     int fits;
+    char nvme_error[1100];         /* nvme_path unusable (missing, not a directory) */
     char why[1200];                /* which tier is over, by how much */
 } strata_plan;
 
 /* Fills p->bytes/need from an arena that an engine was planned into. */
 void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, int stage);
+void strata_plan_add_nvme(strata_plan *p, size_t bytes);
 /* Plans cfg at world size `world` without a device (no allocation). */
 void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world);
 /* Capacities from memory.gpu_gb/host_gb/nvme_gb, else queried (dev may be NULL), and the

@@ -161,6 +161,7 @@ typedef struct trainer {
     char config_yaml[65536];
     char auto_change[800];  /* what memory.auto chose, "" if nothing */
     size_t planned_device;  /* device bytes the plan predicted */
+    size_t planned_pinned;  /* pinned host bytes the plan predicted */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -223,6 +224,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     /* the plan is checked before anything is allocated */
     strata_plan plan;
     strata_plan_from_arena(&plan, &t->arena, world, cfg->zero.stage);
+    strata_plan_add_nvme(&plan, strata_engine_nvme_bytes(t->engine));
     strata_plan_check(&plan, cfg, t->dev);
     if (!plan.fits) {
         char sets[8][96], line[800];
@@ -259,9 +261,11 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_arena_init(&t->arena, t->dev);
         t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
         strata_plan_from_arena(&plan, &t->arena, world, cfg->zero.stage);
+        strata_plan_add_nvme(&plan, strata_engine_nvme_bytes(t->engine));
         strata_plan_check(&plan, cfg, t->dev);
     }
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
+    t->planned_pinned = plan.need[STRATA_TIER_PINNED];
     if (rank == 0) {
         STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
                     shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab_size,
@@ -367,10 +371,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                     "\"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
                     "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"plan_device_bytes\": %zu, "
-                    "\"rss_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, \"data_ms\": %.3f",
+                    "\"rss_bytes\": %zu, \"plan_pinned_bytes\": %zu, \"pinned_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, "
+                    "\"offload_wait_ms\": %.3f, \"data_ms\": %.3f",
                     r.lr, r.grad_norm, tok_s, ms, tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
                     mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
-                    (unsigned long long)comm_bytes, ms - r.comm_wait_ms - r.data_ms, r.comm_wait_ms, r.data_ms);
+                    t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)comm_bytes,
+                    ms - r.comm_wait_ms - r.offload_wait_ms - r.data_ms, r.comm_wait_ms, r.offload_wait_ms, r.data_ms);
             if (t->auto_change[0] && done == start + 1) fprintf(t->metrics, ", \"memory_auto\": \"%s\"", t->auto_change);
             fprintf(t->metrics, "}\n");
             fflush(t->metrics);

@@ -34,8 +34,14 @@ strata_pinned_pool *strata_pinned_create(strata_device *d, size_t budget_bytes) 
         return NULL;
     }
     size_t budget = strata_round_up(budget_bytes, STRATA_PINNED_ALIGN);
-    /* the backend may align less than a page, so ask for one page of slack */
-    void *raw = strata_alloc(d, STRATA_MEM_PINNED, budget + STRATA_PINNED_ALIGN);
+    /* Both backends return page-aligned pinned memory (cudaHostAlloc, and the CPU
+     * backend's pinned kind), so the pool is exactly the budget; a backend that aligns
+     * less gets one page of slack instead. */
+    void *raw = strata_alloc(d, STRATA_MEM_PINNED, budget);
+    if (raw && ((uintptr_t)raw & (STRATA_PINNED_ALIGN - 1))) {
+        strata_free(d, STRATA_MEM_PINNED, raw);
+        raw = strata_alloc(d, STRATA_MEM_PINNED, budget + STRATA_PINNED_ALIGN);
+    }
     if (!raw) {
         char h[32];
         strata_fail_wrap("pinned pool: cannot allocate the budget of %zu bytes (%s)", budget,

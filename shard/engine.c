@@ -10,6 +10,8 @@
 #include "core/common.h"
 #include "core/kernels.h"
 #include "core/optim.h"
+#include "offload/pinned.h"
+#include "offload/pipeline.h"
 
 #define PAD_ALIGN 64 /* elements; shards start on 256-byte boundaries for fp32 */
 
@@ -68,20 +70,30 @@ struct strata_engine {
     int32_t *inputs, *targets; /* host (B,T) */
     strata_engine_memory mem;
     double comm_wait_ms, data_ms; /* of the current step */
+
+    strata_arena *arena;
+    size_t max_opt_n;
+    strata_offload *off;         /* optimizer state off the device (offload.optimizer), or NULL */
+    int off_open;
+    strata_event **ev_update;    /* per unit: its offloaded update is done */
 };
 
 /* ---- plan ---- */
 
-static void reserve(strata_engine *e, strata_arena *a, strata_mem_category cat, const char *what,
-                    int u, size_t bytes, void **dst) {
+static void reserve_kind(strata_engine *e, strata_arena *a, strata_mem_kind kind, strata_mem_category cat,
+                         const char *what, int u, size_t bytes, void **dst) {
     char name[64];
     if (u >= 0) snprintf(name, sizeof name, "%s.%d", what, u);
     else snprintf(name, sizeof name, "%s", what);
-    strata_arena_reserve(a, STRATA_MEM_DEVICE, cat, name, bytes, dst);
+    strata_arena_reserve(a, kind, cat, name, bytes, dst);
     size_t *slot = cat == STRATA_CAT_PARAMS ? &e->mem.params : cat == STRATA_CAT_GRADS ? &e->mem.grads
                  : cat == STRATA_CAT_OPTIMIZER ? &e->mem.optimizer : cat == STRATA_CAT_BUFFERS ? &e->mem.buffers
                  : &e->mem.activations;
     *slot += bytes;
+}
+static void reserve(strata_engine *e, strata_arena *a, strata_mem_category cat, const char *what, int u,
+                    size_t bytes, void **dst) {
+    reserve_kind(e, a, STRATA_MEM_DEVICE, cat, what, u, bytes, dst);
 }
 
 static void build_schedule(strata_engine *e) {
@@ -101,6 +113,23 @@ static void build_schedule(strata_engine *e) {
     }
     e->ops[e->n_ops++] = (unit_op){1, 0, -1}; /* the embedding's backward reads no parameters */
     e->n_gathers = g;
+}
+
+/* The arena's pinned block comes from the offload pool: one registration, never grown.
+ * The source belongs to the arena (released with it), not to the engine. */
+typedef struct pinned_source {
+    strata_device *dev;
+    strata_pinned_pool *pool;
+} pinned_source;
+static void *pinned_source_alloc(void *ctx, size_t bytes) {
+    pinned_source *ps = ctx;
+    ps->pool = strata_pinned_create(ps->dev, bytes);
+    return ps->pool ? strata_pinned_carve(ps->pool, "arena", bytes) : NULL;
+}
+static void pinned_source_release(void *ctx) {
+    pinned_source *ps = ctx;
+    strata_pinned_destroy(ps->pool);
+    free(ps);
 }
 
 strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, strata_arena *arena,
@@ -141,13 +170,32 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     for (int u = 0; u < e->U; u++) {
         size_t P = e->padded[u], S = e->shard[u];
         if (e->stage <= 2) reserve(e, arena, STRATA_CAT_PARAMS, "params", u, P * e->es, &e->params_full[u]);
-        else reserve(e, arena, STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
+        else /* offload.params: cpu keeps the shards in pinned host memory; gathers read them there */
+            reserve_kind(e, arena, cfg->offload.params == STRATA_OFFLOAD_CPU ? STRATA_MEM_PINNED : STRATA_MEM_DEVICE,
+                         STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
         if (e->stage <= 1) reserve(e, arena, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
         else reserve(e, arena, STRATA_CAT_GRADS, "grad_shard", u, S * 4, (void **)&e->grad_acc[u]);
         size_t n = e->stage == 0 ? P : S;
+        if (cfg->offload.optimizer != STRATA_OFFLOAD_NONE) {
+            e->mem.optimizer += 3 * n * 4; /* held by this rank, in pinned memory or on NVMe */
+            continue;
+        }
         reserve(e, arena, STRATA_CAT_OPTIMIZER, "master", u, n * 4, (void **)&e->master[u]);
         reserve(e, arena, STRATA_CAT_OPTIMIZER, "adam_m", u, n * 4, (void **)&e->mom1[u]);
         reserve(e, arena, STRATA_CAT_OPTIMIZER, "adam_v", u, n * 4, (void **)&e->mom2[u]);
+    }
+    e->arena = arena;
+    for (int u = 0; u < e->U; u++) {
+        size_t n = e->stage == 0 ? e->padded[u] : e->shard[u];
+        if (n > e->max_opt_n) e->max_opt_n = n;
+    }
+    if (cfg->offload.optimizer != STRATA_OFFLOAD_NONE) {
+        size_t *n = strata_xcalloc(e->U, sizeof *n);
+        for (int u = 0; u < e->U; u++) n[u] = e->stage == 0 ? e->padded[u] : e->shard[u];
+        e->off = strata_offload_create(cfg, dev, arena, e->U, n, e->dtype, rank);
+        free(n);
+        e->ev_update = strata_xcalloc(e->U, sizeof *e->ev_update);
+        for (int u = 0; u < e->U && dev; u++) e->ev_update[u] = strata_event_create(dev);
     }
     if (e->stage >= 2) {
         for (int k = 0; k < 2; k++)
@@ -181,6 +229,11 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
             e->ev_slot_free[k] = strata_event_create(dev);
         }
     }
+    if (dev && !arena->source[STRATA_MEM_PINNED].alloc) {
+        pinned_source *ps = strata_xcalloc(1, sizeof *ps);
+        ps->dev = dev;
+        arena->source[STRATA_MEM_PINNED] = (strata_arena_source){pinned_source_alloc, pinned_source_release, ps};
+    }
     e->loss_sum_host = strata_xcalloc(1, sizeof(float));
     e->inputs = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
     e->targets = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
@@ -202,7 +255,10 @@ void strata_engine_destroy(strata_engine *e) {
             strata_event_destroy(d, e->ev_gathered[k]);
             strata_event_destroy(d, e->ev_slot_free[k]);
         }
+        for (int u = 0; u < e->U && e->ev_update; u++) strata_event_destroy(d, e->ev_update[u]);
     }
+    strata_offload_destroy(e->off);
+    free(e->ev_update);
     free(e->ev_gathered);
     free(e->ev_slot_free);
     free(e->padded);
@@ -276,10 +332,53 @@ static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_tas
     return 0;
 }
 
+static int offload_ready(strata_engine *e) {
+    if (!e->off || e->off_open) return 0;
+    size_t pinned = e->arena->total[STRATA_MEM_PINNED];
+    if (strata_offload_open(e->off, e->arena->base[STRATA_MEM_PINNED], pinned)) return -1;
+    e->off_open = 1;
+    return 0;
+}
+
+/* Element range of unit u this rank's optimizer state covers. */
+static size_t opt_lo(const strata_engine *e, int u) { return e->stage == 0 ? 0 : (size_t)e->rank * e->shard[u]; }
+static size_t opt_n(const strata_engine *e, int u) { return e->stage == 0 ? e->padded[u] : e->shard[u]; }
+
+/* Where this rank's optimizer range of unit u puts its parameters (compute dtype). */
+static void *param_dest(strata_engine *e, int u) {
+    if (e->stage == 0) return e->params_full[u];
+    if (e->stage <= 2) return (char *)e->params_full[u] + (size_t)e->rank * e->shard[u] * e->es;
+    return e->params_shard[u];
+}
+
 /* Publishes the master weights as the compute-dtype parameters forward reads: convert
  * this rank's part, then (stages 1-2) all-gather the full buffers. */
 static int publish_params(strata_engine *e) {
     const strata_kernels *k = e->dev->k;
+    if (e->off) {
+        /* the master weights are in host memory or on NVMe: convert on the host, copy over */
+        size_t max_n = 0;
+        for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
+        float *host = strata_xmalloc(max_n * sizeof(float));
+        void *conv = strata_xmalloc(max_n * e->es);
+        int rc = 0;
+        for (int u = 0; u < e->U && !rc; u++) {
+            size_t n = opt_n(e, u);
+            rc = strata_offload_read_state(e->off, u, STRATA_STATE_MASTER, host);
+            if (rc) break;
+            strata_kernels_cpu.convert(NULL, conv, e->dtype, host, STRATA_F32, n);
+            strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es);
+            strata_stream_sync(e->dev, e->dev->compute);
+            if (e->stage >= 1 && e->stage <= 2) {
+                comm_after_compute(e);
+                if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) rc = -1;
+            }
+        }
+        strata_stream_sync(e->dev, comm_stream(e));
+        free(host);
+        free(conv);
+        return rc;
+    }
     for (int u = 0; u < e->U; u++) {
         size_t S = e->shard[u];
         if (e->stage == 0) {
@@ -297,17 +396,29 @@ static int publish_params(strata_engine *e) {
     return 0;
 }
 
-/* Element range of unit u this rank's optimizer state covers. */
-static size_t opt_lo(const strata_engine *e, int u) { return e->stage == 0 ? 0 : (size_t)e->rank * e->shard[u]; }
-static size_t opt_n(const strata_engine *e, int u) { return e->stage == 0 ? e->padded[u] : e->shard[u]; }
 
 int strata_engine_init_params(strata_engine *e, uint64_t seed) {
     size_t max_n = 0;
     for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
     float *host = strata_xmalloc(max_n * sizeof(float));
+    if (offload_ready(e)) {
+        free(host);
+        return -1;
+    }
     for (int u = 0; u < e->U; u++) {
         size_t lo = opt_lo(e, u), n = opt_n(e, u);
         strata_model_init_params(e->m, u, seed, lo, lo + n, host);
+        if (e->off) {
+            int rc = strata_offload_write_state(e->off, u, STRATA_STATE_MASTER, host);
+            memset(host, 0, n * sizeof(float));
+            if (!rc) rc = strata_offload_write_state(e->off, u, STRATA_STATE_M, host);
+            if (!rc) rc = strata_offload_write_state(e->off, u, STRATA_STATE_V, host);
+            if (rc) {
+                free(host);
+                return -1;
+            }
+            continue;
+        }
         strata_memcpy_async(e->dev, e->dev->compute, e->master[u], host, n * 4);
         strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4);
         strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4);
@@ -315,6 +426,35 @@ int strata_engine_init_params(strata_engine *e, uint64_t seed) {
     }
     free(host);
     return publish_params(e);
+}
+
+/* ---- offload ---- */
+
+
+
+/* The optimizer range [lo, lo+n) of unit u split at tensor boundaries (weight decay on
+ * matrices only); segments are relative to lo. */
+static int unit_segments(const strata_engine *e, int u, size_t lo, size_t n, strata_offload_segment *seg, int max) {
+    const strata_model *m = e->m;
+    const strata_unit *unit = &m->units[u];
+    size_t hi = lo + n, pos = lo;
+    int k = 0;
+    while (pos < hi) {
+        size_t end = hi;
+        int decay = 0;
+        for (int i = 0; i < unit->n_tensors; i++) {
+            const strata_ckpt_tensor *t = &m->tensors[unit->first_tensor + i];
+            if (pos >= t->offset && pos < t->offset + t->numel) {
+                end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+                decay = m->decay[unit->first_tensor + i];
+                break;
+            }
+        }
+        STRATA_ASSERT(k < max);
+        seg[k++] = (strata_offload_segment){pos - lo, end - pos, decay};
+        pos = end;
+    }
+    return k;
 }
 
 /* ---- stage 3 gathers ---- */
@@ -517,6 +657,30 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     float clip = (float)e->cfg->optim.grad_clip;
     float scale = clip > 0 && r->grad_norm > clip ? (float)(clip / (r->grad_norm + 1e-6)) : 1.0f;
     strata_adamw_args args = strata_adamw_args_at(e->cfg, step, scale);
+    if (e->off) {
+        /* every gradient is final (the collective stream was synced): the CPU updates unit
+         * by unit while each finished unit's all-gather already runs */
+        strata_event_record(d, e->ev_compute, d->compute);
+        strata_offload_segment seg[64];
+        for (int u = 0; u < e->U; u++) {
+            int n_seg = unit_segments(e, u, opt_lo(e, u), opt_n(e, u), seg, 64);
+            if (strata_offload_update(e->off, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, &args, e->ev_compute,
+                                      e->ev_update[u]))
+                return -1;
+            if (e->stage >= 1 && e->stage <= 2) {
+                strata_stream_wait_event(d, comm_stream(e), e->ev_update[u]);
+                if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
+            }
+        }
+        double t0 = strata_now_ms();
+        int rc = strata_offload_sync(e->off);
+        r->offload_wait_ms = strata_now_ms() - t0;
+        if (rc) return -1;
+        comm_sync(e);
+        r->comm_wait_ms = e->comm_wait_ms;
+        r->data_ms = e->data_ms;
+        return 0;
+    }
     for (int u = 0; u < e->U; u++) {
         size_t S = e->shard[u];
         if (e->stage == 0) {
@@ -579,8 +743,22 @@ static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA
     for (int u = 0; u < e->U; u++) total += 3 * e->shard[u];
     float *host = strata_xmalloc(total * sizeof(float));
     float *p = host;
+    float *tmp = e->off ? strata_xmalloc(e->max_opt_n * sizeof(float)) : NULL;
     for (int u = 0; u < e->U; u++) {
         size_t lo = e->stage == 0 ? (size_t)e->rank * e->shard[u] : 0, S = e->shard[u];
+        if (e->off) { /* state in pinned memory or on NVMe: read it, keep the standard shard */
+            for (int k = 0; k < 3; k++) {
+                if (strata_offload_read_state(e->off, u, k, tmp)) {
+                    free(tmp);
+                    free(host);
+                    return NULL;
+                }
+                memcpy(p, tmp + lo, S * 4);
+                ptrs[u][k] = p;
+                p += S;
+            }
+            continue;
+        }
         float *src[3] = {e->master[u] + lo, e->mom1[u] + lo, e->mom2[u] + lo};
         for (int k = 0; k < 3; k++) {
             strata_memcpy_async(e->dev, e->dev->compute, p, src[k], S * 4);
@@ -589,6 +767,7 @@ static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA
         }
     }
     strata_stream_sync(e->dev, e->dev->compute);
+    free(tmp);
     return host;
 }
 
@@ -603,6 +782,9 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
     if (!failed) {
         host = copy_standard_shards(e, ptrs);
+        if (!host) failed = 1;
+    }
+    if (!failed) {
         if (strata_ckpt_write_rank(tmp, &layout, e->rank, e->world, (const float *const(*)[STRATA_CKPT_KINDS])ptrs))
             failed = 1;
     }
@@ -628,6 +810,7 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
 int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
     strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
     if (strata_ckpt_check_layout(ck, &layout)) return -1;
+    if (offload_ready(e)) return -1;
     size_t max_n = 0;
     for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
     float *host = strata_xmalloc(max_n * sizeof(float));
@@ -638,6 +821,10 @@ int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
         for (int k = 0; k < 3 && !rc; k++) {
             rc = strata_ckpt_read_range(ck, u, k, lo, lo + n, host);
             if (rc) break;
+            if (e->off) {
+                rc = strata_offload_write_state(e->off, u, k, host);
+                continue;
+            }
             strata_memcpy_async(e->dev, e->dev->compute, dst[k], host, n * 4);
             strata_stream_sync(e->dev, e->dev->compute);
         }
@@ -664,3 +851,5 @@ const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *l
     return e->stage == 0 ? e->master[u] + *lo : e->master[u];
 }
 int strata_engine_stage(const strata_engine *e) { return e->stage; }
+
+size_t strata_engine_nvme_bytes(const strata_engine *e) { return e->off ? strata_offload_nvme_bytes(e->off) : 0; }

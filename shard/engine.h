@@ -41,6 +41,7 @@ typedef struct strata_step_result {
     double backward_start_ms, backward_end_ms; /* last micro-step's backward, strata_now_ms */
     double comm_wait_ms; /* compute (or the host) blocked waiting for collectives */
     double data_ms;      /* reading batches */
+    double offload_wait_ms; /* waiting for the offloaded optimizer update */
 } strata_step_result;
 
 /* Plans everything (model activations included) into `arena` for world size `world`;
@@ -50,6 +51,8 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
 void strata_engine_destroy(strata_engine *e);
 strata_engine_memory strata_engine_get_memory(const strata_engine *e);
 const size_t *strata_engine_padded(const strata_engine *e);
+/* Bytes this rank keeps on NVMe (offload.optimizer: nvme), for the memory plan. */
+size_t strata_engine_nvme_bytes(const strata_engine *e);
 
 /* After strata_arena_commit: initial parameters from the seed (a pure function of the
  * element index, so every world size and stage starts from identical weights). */

@@ -47,7 +47,16 @@ for n in 1 2 4; do
     planned=$(field runs/w/metrics.jsonl plan_device_bytes); peak=$(field runs/w/metrics.jsonl peak_mem_bytes)
     [ -n "$planned" ] && [ "$planned" = "$peak" ] || fail "world $n stage $st: planned $planned, allocated $peak"
   done
-  pass "world $n, stages 0-3: planned device bytes equal the allocated bytes"
+  for o in cpu nvme; do
+    rm -rf runs/w
+    run $n train wide.yaml --set zero.stage=3 --set offload.optimizer=$o --set "offload.nvme_path=$PWD" > /dev/null
+    for tier in device pinned; do
+      if [ $tier = device ]; then planned=$(field runs/w/metrics.jsonl plan_device_bytes); got=$(field runs/w/metrics.jsonl peak_mem_bytes)
+      else planned=$(field runs/w/metrics.jsonl plan_pinned_bytes); got=$(field runs/w/metrics.jsonl pinned_bytes); fi
+      [ -n "$planned" ] && [ "$planned" = "$got" ] || fail "world $n offload $o: $tier planned $planned, allocated $got"
+    done
+  done
+  pass "world $n, stages 0-3 and offload cpu/nvme: planned device and pinned bytes equal the allocated bytes"
 done
 
 # five over-budget runs: refused with exit 3 and a change that, applied, trains
@@ -65,11 +74,12 @@ check_refusal() { # name world config budget_gb expected_change
   run $n train "$cfg" --set memory.gpu_gb=$gb $line > applied.log 2>&1 || fail "$name: the suggestion '$line' does not train: $(tail -3 applied.log)"
   run $n train "$cfg" --set memory.gpu_gb=$gb --set memory.auto=true > auto.log 2>&1 || fail "$name: memory.auto did not train: $(tail -3 auto.log)"
   grep -q "memory.auto: .* chose" auto.log || fail "$name: memory.auto did not say what it chose"
-  pass "$name at world $n with $gb GiB: refused, suggested '$line', which trains; memory.auto chose the same"
+  pass "$name at world $n with $gb GiB: refused, suggested '$line', which trains; memory.auto also trains"
 }
 check_refusal quick-50m 1 quick.yaml 0.05 "train.micro_batch=4 --set train.grad_accum=4"
-check_refusal quick-20m 1 quick.yaml 0.02 "train.activation_checkpointing"
-check_refusal deep-40m 1 deep.yaml 0.04 "train.activation_checkpointing=blocks"
+check_refusal quick-20m 1 quick.yaml 0.02 "offload.optimizer=cpu"
+check_refusal deep-40m 1 deep.yaml 0.04 "offload.optimizer=cpu"
+check_refusal deep-25m 1 deep.yaml 0.025 "train.activation_checkpointing=every:2"
 check_refusal wide-w2 2 wide.yaml 0.05 "zero.stage=1"
 check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3"
 

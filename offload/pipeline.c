@@ -1,0 +1,247 @@
+/* offload/pipeline.c: optimizer state in pinned memory or on NVMe, updated by the CPU on
+ * the offload stream's worker. */
+#include "offload/pipeline.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "offload/cpu_adam.h"
+#include "offload/nvme.h"
+
+#define MAX_SEGMENTS 64
+#define NVME_ALIGN STRATA_NVME_ALIGN
+
+typedef struct update_task {
+    struct strata_offload *o;
+    int u;
+    const float *grad;
+    void *param_out;
+    strata_offload_segment seg[MAX_SEGMENTS];
+    int n_seg;
+    strata_adamw_args args;
+} update_task;
+
+struct strata_offload {
+    const strata_config *cfg;
+    strata_device *dev;
+    int nvme; /* 1: state on NVMe, 0: state in pinned memory */
+    int n_units, rank;
+    size_t *n, max_n;
+    strata_dtype param_dtype;
+    size_t es;
+    float *(*state)[3];       /* cpu tier: per unit, per kind, pinned */
+    float *slot_state[2][3];  /* nvme tier: two pinned slots of max_n per kind */
+    size_t *file_off;         /* nvme tier: per unit, offset of its kind-0 block; kinds follow */
+    size_t file_stride;       /* per unit: bytes of one kind, 4096-aligned */
+    size_t *unit_stride;
+    size_t file_bytes;
+    float *grad_stage;        /* pinned: the gradient shard being updated */
+    void *param_stage;        /* pinned: the updated parameters on their way to the device */
+    strata_stream *stream;    /* HOST: runs the updates in order */
+    strata_stream *copy;      /* DEVICE: the worker's device<->host copies */
+    strata_nvme_store *store;
+    update_task *tasks;
+    int prefetched_unit, prefetch_slot, next_slot;
+    strata_nvme_ticket prefetch_ticket[3];
+    pthread_mutex_t mu;
+    char error[1024];
+};
+
+static void reserve_pinned(strata_arena *a, strata_mem_category cat, const char *name, int u, size_t bytes, void **dst) {
+    char full[64];
+    if (u >= 0) snprintf(full, sizeof full, "%s.%d", name, u);
+    else snprintf(full, sizeof full, "%s", name);
+    strata_arena_reserve(a, STRATA_MEM_PINNED, cat, full, bytes, dst);
+}
+
+strata_offload *strata_offload_create(const strata_config *cfg, strata_device *dev, strata_arena *a, int n_units,
+                                      const size_t *n, strata_dtype param_dtype, int rank) {
+    strata_offload *o = strata_xcalloc(1, sizeof *o);
+    o->cfg = cfg;
+    o->dev = dev;
+    o->nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME;
+    o->n_units = n_units;
+    o->rank = rank;
+    o->param_dtype = param_dtype;
+    o->es = strata_dtype_size(param_dtype);
+    o->n = strata_xcalloc(n_units, sizeof *o->n);
+    o->state = strata_xcalloc(n_units, sizeof *o->state);
+    o->file_off = strata_xcalloc(n_units, sizeof *o->file_off);
+    o->unit_stride = strata_xcalloc(n_units, sizeof *o->unit_stride);
+    o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
+    o->prefetched_unit = -1;
+    pthread_mutex_init(&o->mu, NULL);
+    static const char *kind_names[3] = {"offload.master", "offload.adam_m", "offload.adam_v"};
+    for (int u = 0; u < n_units; u++) {
+        o->n[u] = n[u];
+        if (n[u] > o->max_n) o->max_n = n[u];
+        if (o->nvme) {
+            o->unit_stride[u] = strata_round_up(n[u] * sizeof(float), NVME_ALIGN);
+            o->file_off[u] = o->file_bytes;
+            o->file_bytes += 3 * o->unit_stride[u];
+        } else {
+            for (int k = 0; k < 3; k++)
+                reserve_pinned(a, STRATA_CAT_OPTIMIZER, kind_names[k], u, n[u] * sizeof(float), (void **)&o->state[u][k]);
+        }
+    }
+    if (o->nvme)
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 3; k++)
+                reserve_pinned(a, STRATA_CAT_BUFFERS, kind_names[k], s, o->max_n * sizeof(float), (void **)&o->slot_state[s][k]);
+    reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.grad_stage", -1, o->max_n * sizeof(float), (void **)&o->grad_stage);
+    reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_stage", -1, o->max_n * o->es, &o->param_stage);
+    if (dev) {
+        o->stream = strata_stream_create(dev, "offload", STRATA_STREAM_HOST);
+        o->copy = strata_stream_create(dev, "offload-copy", STRATA_STREAM_DEVICE);
+    }
+    return o;
+}
+
+void strata_offload_destroy(strata_offload *o) {
+    if (!o) return;
+    if (o->dev) {
+        if (o->stream) strata_stream_sync(o->dev, o->stream);
+        strata_stream_destroy(o->dev, o->stream);
+        strata_stream_destroy(o->dev, o->copy);
+    }
+    strata_nvme_close(o->store);
+    pthread_mutex_destroy(&o->mu);
+    free(o->n);
+    free(o->state);
+    free(o->file_off);
+    free(o->unit_stride);
+    free(o->tasks);
+    free(o);
+}
+
+size_t strata_offload_nvme_bytes(const strata_offload *o) { return o->nvme ? o->file_bytes : 0; }
+
+int strata_offload_open(strata_offload *o, void *pinned_base, size_t pinned_bytes) {
+    if (!o->nvme) return 0;
+    void *bufs[1] = {pinned_base};
+    size_t sizes[1] = {pinned_bytes};
+    o->store = strata_nvme_open(o->cfg->offload.nvme_path, o->rank, o->file_bytes, (size_t)o->cfg->offload.block_kb * 1024,
+                                o->cfg->offload.queue_depth, bufs, sizes, pinned_base ? 1 : 0);
+    if (!o->store) return strata_fail_wrap("offload.optimizer: nvme");
+    return 0;
+}
+
+static size_t state_offset(const strata_offload *o, int u, int kind) { return o->file_off[u] + (size_t)kind * o->unit_stride[u]; }
+
+int strata_offload_read_state(strata_offload *o, int u, int kind, float *dst) {
+    if (!o->nvme) {
+        memcpy(dst, o->state[u][kind], o->n[u] * sizeof(float));
+        return 0;
+    }
+    /* through a pinned slot: O_DIRECT needs aligned sizes, the caller's buffer is not */
+    float *slot = o->slot_state[0][kind];
+    if (strata_nvme_read(o->store, state_offset(o, u, kind), slot, o->unit_stride[u])) return -1;
+    memcpy(dst, slot, o->n[u] * sizeof(float));
+    o->prefetched_unit = -1; /* slot 0 was overwritten */
+    return 0;
+}
+
+int strata_offload_write_state(strata_offload *o, int u, int kind, const float *src) {
+    if (!o->nvme) {
+        memcpy(o->state[u][kind], src, o->n[u] * sizeof(float));
+        return 0;
+    }
+    float *slot = o->slot_state[0][kind];
+    memcpy(slot, src, o->n[u] * sizeof(float));
+    memset((char *)slot + o->n[u] * sizeof(float), 0, o->unit_stride[u] - o->n[u] * sizeof(float));
+    o->prefetched_unit = -1;
+    return strata_nvme_write(o->store, state_offset(o, u, kind), slot, o->unit_stride[u]);
+}
+
+static void record_error(strata_offload *o, const char *what) {
+    pthread_mutex_lock(&o->mu);
+    if (!o->error[0]) snprintf(o->error, sizeof o->error, "%s: %s", what, strata_error());
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* Device <-> pinned copy from the worker thread: enqueue on the copy stream and wait. */
+static int copy_sync(strata_offload *o, void *dst, const void *src, size_t bytes) {
+    if (strata_memcpy_async(o->dev, o->copy, dst, src, bytes)) return -1;
+    return strata_stream_sync(o->dev, o->copy);
+}
+
+static int prefetch(strata_offload *o, int u, int slot) {
+    for (int k = 0; k < 3; k++)
+        if (strata_nvme_read_async(o->store, state_offset(o, u, k), o->slot_state[slot][k], o->unit_stride[u],
+                                   &o->prefetch_ticket[k]))
+            return -1;
+    o->prefetched_unit = u;
+    o->prefetch_slot = slot;
+    return 0;
+}
+
+static void update_run(void *arg) {
+    update_task *t = arg;
+    strata_offload *o = t->o;
+    int u = t->u;
+    size_t n = o->n[u];
+    float *state[3];
+    int slot = 0;
+    if (o->nvme) {
+        if (o->prefetched_unit != u) { /* not prefetched (first unit of a step): read now */
+            slot = o->next_slot;
+            if (prefetch(o, u, slot)) { record_error(o, "offload: reading optimizer state"); return; }
+        }
+        slot = o->prefetch_slot;
+        for (int k = 0; k < 3; k++)
+            if (strata_nvme_wait(o->store, o->prefetch_ticket[k])) { record_error(o, "offload: reading optimizer state"); return; }
+        o->prefetched_unit = -1;
+        for (int k = 0; k < 3; k++) state[k] = o->slot_state[slot][k];
+        /* the next unit's state streams in while this one updates */
+        if (u + 1 < o->n_units && prefetch(o, u + 1, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
+        o->next_slot = slot ^ 1;
+    } else {
+        for (int k = 0; k < 3; k++) state[k] = o->state[u][k];
+    }
+    if (copy_sync(o, o->grad_stage, t->grad, n * sizeof(float))) { record_error(o, "offload: gradient to host"); return; }
+    for (int i = 0; i < t->n_seg; i++) {
+        const strata_offload_segment *s = &t->seg[i];
+        strata_adamw_args a = t->args;
+        if (!s->decay) a.weight_decay = 0.0f;
+        strata_cpu_adamw(state[0] + s->lo, (char *)o->param_stage + s->lo * o->es, o->param_dtype, o->grad_stage + s->lo,
+                         state[1] + s->lo, state[2] + s->lo, s->n, &a);
+    }
+    if (copy_sync(o, t->param_out, o->param_stage, n * o->es)) { record_error(o, "offload: parameters to the device"); return; }
+    if (o->nvme) {
+        for (int k = 0; k < 3; k++)
+            if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], o->unit_stride[u])) {
+                record_error(o, "offload: writing optimizer state");
+                return;
+            }
+    }
+}
+
+int strata_offload_update(strata_offload *o, int u, const float *grad, void *param_out,
+                          const strata_offload_segment *seg, int n_seg, const strata_adamw_args *args,
+                          strata_event *after, strata_event *done) {
+    STRATA_ASSERT(n_seg <= MAX_SEGMENTS);
+    update_task *t = &o->tasks[u];
+    t->o = o;
+    t->u = u;
+    t->grad = grad;
+    t->param_out = param_out;
+    memcpy(t->seg, seg, (size_t)n_seg * sizeof *seg);
+    t->n_seg = n_seg;
+    t->args = *args;
+    if (after) strata_stream_wait_event(o->dev, o->stream, after);
+    if (strata_host_task(o->dev, o->stream, update_run, t)) return -1;
+    if (done) strata_event_record(o->dev, done, o->stream);
+    return 0;
+}
+
+int strata_offload_sync(strata_offload *o) {
+    strata_stream_sync(o->dev, o->stream);
+    pthread_mutex_lock(&o->mu);
+    int failed = o->error[0] != 0;
+    if (failed) strata_fail("%s", o->error);
+    o->error[0] = 0;
+    pthread_mutex_unlock(&o->mu);
+    return failed ? -1 : 0;
+}
