@@ -53,46 +53,9 @@
 
 #include "core/common.h"
 
-/* configs/quickstart.yaml, byte for byte (tests/test_config.c compares them). */
-static const char builtin_yaml[] =
-    "# configs/quickstart.yaml: a 0.8M-parameter byte-level GPT-2 small enough to train on a\n"
-    "# CPU in minutes. `strata train` with no config uses exactly this text (it is\n"
-    "# compiled into core/config.c; a test keeps the two identical). Every key not named here\n"
-    "# takes its default: `strata config` prints them all.\n"
-    "\n"
-    "device: auto             # cuda when a GPU is present, else cpu\n"
-    "\n"
-    "model:\n"
-    "  n_layer: 4\n"
-    "  n_head: 4\n"
-    "  n_embd: 128            # 32 per head\n"
-    "  seq_len: 128           # longest context the position table holds\n"
-    "  vocab_size: 256        # byte-level: one token per byte, no tokenizer needed\n"
-    "\n"
-    "data:\n"
-    "  train: \"data/quickstart/train_*.bin\"   # llm.c-format uint16 token shards\n"
-    "  val: \"data/quickstart/val_*.bin\"\n"
-    "\n"
-    "train:\n"
-    "  steps: 600\n"
-    "  micro_batch: 16        # 16 x 128 = 2048 tokens per step\n"
-    "  grad_accum: 1\n"
-    "  eval_every: 100\n"
-    "  eval_batches: 8\n"
-    "  log_every: 10\n"
-    "  sample_tokens: 300     # text printed at the end of the run\n"
-    "\n"
-    "optim:\n"
-    "  lr: 2e-3               # a small model tolerates a high learning rate\n"
-    "  min_lr: 2e-4           # cosine decays to this\n"
-    "  warmup_steps: 50\n"
-    "  weight_decay: 0.1\n"
-    "  grad_clip: 1.0\n"
-    "\n"
-    "run:\n"
-    "  dir: runs/quickstart\n"
-    "  checkpoint_every: 200\n"
-    "  keep: 2\n";
+/* configs/quickstart.yaml, byte for byte: the build turns the file into this array
+ * (CMakeLists.txt), so the built-in default cannot drift from the file. */
+#include "quickstart_yaml.h"
 
 #define BUILTIN_NAME "<built-in>"
 

@@ -261,15 +261,16 @@ static void test_minimal_and_derived(void) {
 static void test_overrides(void) {
     strata_config c;
     const char *sets[] = {"train.micro_batch=32", " device = cuda ", "data.val=v_*.bin", "optim.lr=6e-4",
-                          "train.seed=18446744073709551615", "memory.auto=true", "offload.params=nvme",
-                          "offload.nvme_path=/mnt/nvme"};
-    int rc = strata_config_load_string(&c, "o.yaml", "device: cpu\n" HEAD TRAIN "  micro_batch: 4\n", sets, 8);
+                          "train.seed=18446744073709551615", "memory.auto=true", "offload.optimizer=nvme",
+                          "offload.nvme_path=/mnt/nvme", "offload.params=cpu", "zero.stage=3"};
+    int rc = strata_config_load_string(&c, "o.yaml", "device: cpu\n" HEAD TRAIN "  micro_batch: 4\n", sets, 10);
     CHECK(rc == 0, "overrides: %s", strata_error());
     CHECK(c.train.micro_batch == 32, "--set beats the file (%d)", c.train.micro_batch);
     CHECK(c.device == STRATA_BACKEND_CUDA, "top-level --set, spaces trimmed");
     CHECK(!strcmp(c.data.val, "v_*.bin") && c.optim.lr == 6e-4 && c.train.seed == UINT64_MAX && c.memory.auto_fit == 1,
           "other overrides");
-    CHECK(c.offload.params == STRATA_OFFLOAD_NVME && !strcmp(c.offload.nvme_path, "/mnt/nvme"), "nvme with path");
+    CHECK(c.offload.optimizer == STRATA_OFFLOAD_NVME && !strcmp(c.offload.nvme_path, "/mnt/nvme") &&
+              c.offload.params == STRATA_OFFLOAD_CPU && c.zero.stage == 3, "nvme with path, params on the cpu at stage 3");
 
     /* A required key may come from --set alone. */
     const char *need[] = {"data.train=x_*.bin"};
@@ -332,7 +333,7 @@ static void test_builtin_matches_file(void) {
     if (text) {
         const char *builtin = strata_config_builtin_yaml();
         CHECK(len == strlen(builtin) && !memcmp(text, builtin, len),
-              "%s differs from the built-in copy in core/config.c", path);
+              "%s differs from the built-in copy compiled into the binary", path);
     }
     strata_config a, b;
     int rc = strata_config_load(&a, NULL, NULL, 0);
@@ -342,10 +343,10 @@ static void test_builtin_matches_file(void) {
     memcpy(b.path, a.path, sizeof b.path);
     CHECK(!memcmp(&a, &b, sizeof a), "built-in and file load to different configs");
     CHECK(a.path[0] == 0, "built-in config has an empty path");
-    CHECK(a.model.n_layer == 4 && a.model.n_embd == 128 && a.model.vocab_size == 256 && a.train.steps == 600 &&
-              a.train.micro_batch == 16 && a.train.log_every == 10 && a.train.sample_tokens == 300 &&
-              a.optim.lr == 2e-3 && a.optim.min_lr == 2e-4 && a.optim.warmup_steps == 50 &&
-              !strcmp(a.run.dir, "runs/quickstart") && a.run.checkpoint_every == 200 && a.run.keep == 2 &&
+    CHECK(a.model.n_layer == 4 && a.model.n_embd == 128 && a.model.vocab_size == 256 && a.train.steps == 1500 &&
+              a.train.micro_batch == 16 && a.train.log_every == 50 && a.train.sample_tokens == 300 &&
+              a.optim.lr == 4e-3 && a.optim.min_lr == 2e-4 && a.optim.warmup_steps == 50 &&
+              !strcmp(a.run.dir, "runs/quickstart") && a.run.checkpoint_every == 500 && a.run.keep == 2 &&
               !strcmp(a.data.train, "data/quickstart/train_*.bin"),
           "quickstart values");
     const char *sets[] = {"train.seq_len=256"};
@@ -388,8 +389,8 @@ static void test_shipped_configs(void) {
     free(path);
     path = source_path("configs/tinyshakespeare.yaml");
     rc = strata_config_load(&c, path, NULL, 0);
-    CHECK(rc == 0 && c.device == STRATA_BACKEND_CPU && c.train.steps == 400 && c.optim.lr == 2e-3 &&
-              c.train.eval_every == 100 && !strcmp(c.data.train, "data/tinyshakespeare/train_*.bin"),
+    CHECK(rc == 0 && c.device == STRATA_BACKEND_CPU && c.train.steps == 1000 && c.optim.lr == 4e-3 &&
+              c.train.eval_every == 200 && !strcmp(c.data.train, "data/tinyshakespeare/train_*.bin"),
           "tinyshakespeare values");
     free(path);
     printf("ok   every shipped config loads and round-trips\n");
