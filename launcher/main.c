@@ -10,6 +10,8 @@
 #include "launcher/commands.h"
 #include "launcher/export.h"
 #include "launcher/plot.h"
+#include "offload/bench_io.h"
+#include "core/device.h"
 #include "shard/comm.h"
 
 static const char *usage_text =
@@ -25,6 +27,8 @@ static const char *usage_text =
     "  sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
     "        generate text from a checkpoint\n"
     "  plot RUNDIR [--out FILE]        draw loss and learning rate as an SVG\n"
+    "  bench io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N]\n"
+    "        pinned/pageable host<->device and O_DIRECT io_uring bandwidth: the offload floors\n"
     "  export CKPT|RUNDIR --out FILE.safetensors\n"
     "        the weights under Hugging Face GPT-2 names (GPT2LMHeadModel.from_pretrained loads them)\n"
     "  dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
@@ -101,6 +105,48 @@ static int cmd_prepare(int argc, char **argv) {
     return STRATA_EXIT_OK;
 }
 
+/* `strata bench io`: the machine's transfer floors, so offload users know their limits. */
+static int cmd_bench(int argc, char **argv) {
+    if (argc < 1 || strcmp(argv[0], "io")) {
+        fprintf(stderr, "usage: strata bench io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N] [--device cpu|cuda]\n");
+        return STRATA_EXIT_USAGE;
+    }
+    const char *dir = NULL, *backend = "auto";
+    long block_kb = 1024, qd = 32, mb = 256;
+    for (int i = 1; i < argc; i++) {
+        char *end = NULL;
+        long *num = !strcmp(argv[i], "--block-kb") ? &block_kb : !strcmp(argv[i], "--queue-depth") ? &qd
+                  : !strcmp(argv[i], "--mb") ? &mb : NULL;
+        if (num && i + 1 < argc) {
+            *num = strtol(argv[++i], &end, 10);
+            if (*end || *num < 1) {
+                fprintf(stderr, "strata bench io: %s expects a positive integer, got '%s'\n", argv[i - 1], argv[i]);
+                return STRATA_EXIT_USAGE;
+            }
+        } else if (!strcmp(argv[i], "--nvme-dir") && i + 1 < argc) {
+            dir = argv[++i];
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            backend = argv[++i];
+        } else {
+            fprintf(stderr, "strata bench io: unexpected argument '%s'\n", argv[i]);
+            return STRATA_EXIT_USAGE;
+        }
+    }
+    if (block_kb % 4) {
+        fprintf(stderr, "strata bench io: --block-kb %ld must be a multiple of 4 (O_DIRECT alignment)\n", block_kb);
+        return STRATA_EXIT_USAGE;
+    }
+    strata_device *d = strata_device_open(backend, 0);
+    if (!d) {
+        fprintf(stderr, "strata bench io: %s\n", strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    int rc = strata_bench_io(stdout, d, dir, (size_t)block_kb * 1024, (int)qd, (size_t)mb << 20);
+    if (rc) fprintf(stderr, "strata bench io: %s\n", strata_error());
+    strata_device_close(d);
+    return rc ? STRATA_EXIT_ERROR : STRATA_EXIT_OK;
+}
+
 static int cmd_plot(int argc, char **argv) {
     const char *dir = NULL, *out = NULL;
     for (int i = 0; i < argc; i++) {
@@ -150,6 +196,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "plan")) return strata_cmd_plan(sub_argc, sub_argv);
     if (!strcmp(cmd, "sample")) return strata_cmd_sample(sub_argc, sub_argv);
     if (!strcmp(cmd, "plot")) return cmd_plot(sub_argc, sub_argv);
+    if (!strcmp(cmd, "bench")) return cmd_bench(sub_argc, sub_argv);
     if (!strcmp(cmd, "export")) return strata_cmd_export(sub_argc, sub_argv);
     if (!strcmp(cmd, "dump-grads")) return strata_cmd_dump_grads(sub_argc, sub_argv);
     fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd, usage_text);
