@@ -11,6 +11,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* C11 spells it _Noreturn; the CUDA sources include this header as C++. */
+#if defined(__cplusplus) && !defined(_Noreturn)
+#define _Noreturn [[noreturn]]
+#endif
+
 /* Process exit codes shared by every subcommand. */
 enum {
     STRATA_EXIT_OK = 0,

@@ -65,8 +65,13 @@ static inline float exp_fast(float x)
 {
     x = x < -87.3f ? -87.3f : x;
     x = x > 88.0f ? 88.0f : x;
-    /* n = round(x / ln2) by the 1.5 * 2^23 trick (round-to-nearest mode) */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    /* n = round(x / ln2): adding 1.5 * 2^23 rounds to an integer, which then sits in the
+     * low mantissa bits of t (no float-to-int conversion, so NaN stays defined) */
+    union {
+        float f;
+        uint32_t u;
+    } t = {.f = x * 1.44269504088896341f + 12582912.0f};
+    float n = t.f - 12582912.0f;
     float r = FMADD(-n, 0.693145751953125f, x); /* Cody-Waite: ln2 split in two parts */
     r = FMADD(-n, 1.428606765330187e-06f, r);   /* |r| <= ln2 / 2 */
     /* Taylor polynomial of degree 7: truncation error below 5e-9 on |r| <= 0.347 */
@@ -81,7 +86,7 @@ static inline float exp_fast(float x)
     union {
         uint32_t u;
         float f;
-    } s = {.u = (uint32_t)((int32_t)n + 127) << 23}; /* 2^n, n in [-126, 127] */
+    } s = {.u = (t.u - 0x4b400000u + 127u) << 23}; /* 2^n, n in [-126, 127] */
     return p * s.f;
 }
 
@@ -397,8 +402,8 @@ static void gemm(const gemm_args *g)
     }
     int tm = (g->M + mb - 1) / mb, tn = (g->N + nb - 1) / nb;
     long tasks = (long)tm * tn;
-    double flops = 2.0 * g->M * g->N * (double)g->K;
-#pragma omp parallel if (tasks > 1 && flops > 1e6)
+    int par = tasks > 1 && 2.0 * g->M * g->N * (double)g->K > 1e6;
+#pragma omp parallel if (par)
     {
         gemm_scratch w;
         gemm_scratch_init(&w);

@@ -67,6 +67,7 @@ struct strata_engine {
 
     strata_event *ev_compute, *ev_grad_slot_free[2], *ev_embed_grad_free;
     float *loss_sum_host;
+    double *norm_sum;          /* device: the rank's sum of squared gradients */
     int32_t *inputs, *targets; /* host (B,T) */
     strata_engine_memory mem;
     double comm_wait_ms, data_ms; /* of the current step */
@@ -203,6 +204,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
                     e->max_block_padded * 4, (void **)&e->grad_slot[k]);
         reserve(e, arena, STRATA_CAT_BUFFERS, "embed_grad", -1, e->padded[0] * 4, (void **)&e->embed_grad);
     }
+    reserve(e, arena, STRATA_CAT_BUFFERS, "norm_sum", -1, sizeof(double), (void **)&e->norm_sum);
     build_schedule(e);
     if (e->stage == 3) {
         e->n_slots = cfg->zero.prefetch_units + 1;
@@ -633,12 +635,13 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
 
     /* global gradient norm: each rank sums squares over the elements it owns */
     double sums[2] = {0.0, 0.0};
-    double *dsum = &sums[0];
+    strata_memset_async(d, d->compute, e->norm_sum, 0, sizeof(double));
     for (int u = 0; u < e->U; u++) {
         size_t lo = (size_t)e->rank * e->shard[u], n = e->shard[u];
         const float *g = e->stage == 0 ? e->grads_full[u] + lo : opt_grad(e, u);
-        d->k->sumsq(d->compute, dsum, g, n);
+        d->k->sumsq(d->compute, e->norm_sum, g, n);
     }
+    strata_memcpy_async(d, d->compute, &sums[0], e->norm_sum, sizeof(double));
     strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
     strata_stream_sync(d, d->compute);
     sums[1] = *e->loss_sum_host;

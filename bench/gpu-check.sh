@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# On a bare GPU machine: build Strata with the CUDA backend, run every unit test (the GPU
+# ones included: kernels vs the CPU oracle, streams and events, no allocation in steps),
+# compare 20 training steps on the GPU with the CPU run, and benchmark GPT-2 124M
+# (B=16, T=1024, bf16) against PyTorch eager in the same run. Tables go to $OUT when set.
+#
+# Machines without libyaml/liburing headers: put Debian's .deb files for liburing-dev,
+# liburing2, libyaml-dev, libyaml-0-2 in $STRATA_DEBS (default .dev/debs); they are unpacked
+# into a private prefix (never into /) and linked statically.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-check-out}
+mkdir -p "$OUT"
+JOBS=$(nproc)
+log() { echo "[gpu-check] $*"; }
+prefix_args=()
+if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1; then
+  P=/tmp/strata-deps
+  mkdir -p "$P"
+  for d in "${STRATA_DEBS:-$ROOT/.dev/debs}"/*.deb; do dpkg -x "$d" "$P"; done
+  prefix_args=(-DCMAKE_PREFIX_PATH="$P/usr" -DSTRATA_STATIC_DEPS=ON)
+  log "libyaml and liburing from .deb files in $P"
+fi
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+log "build"
+t0=$(date +%s)
+cmake -S "$ROOT" -B "$ROOT/build-gpu" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" \
+      "${prefix_args[@]}" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build "$ROOT/build-gpu" -j"$JOBS" > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+log "built in $(( $(date +%s) - t0 )) s"
+S=$ROOT/build-gpu/strata
+
+log "unit tests (GPU tests included)"
+(cd "$ROOT/build-gpu" && ctest -L unit -j4 --timeout 300 --output-on-failure > "$OUT/ctest.log" 2>&1) || true
+grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | tee "$OUT/ctest-summary.txt"
+"$ROOT/build-gpu/tests/test_cuda" > "$OUT/test_cuda.log" 2>&1 || true
+tail -5 "$OUT/test_cuda.log"
+
+W=$(mktemp -d /tmp/strata-gpu-check.XXXXXX)
+cd "$W"
+cat "$ROOT"/core/*.c "$ROOT"/core/*.h "$ROOT"/shard/*.c > corpus.txt
+"$S" prepare --text corpus.txt --out data > /dev/null
+cat > tiny.yaml <<'YAML'
+model: {n_layer: 4, n_head: 4, n_embd: 128, seq_len: 128, vocab_size: 256}
+data: {train: "data/train_*.bin", val: "data/val_*.bin"}
+train: {steps: 20, micro_batch: 8, eval_every: 10, log_every: 5, sample_tokens: 0}
+optim: {lr: 2.0e-3, warmup_steps: 5}
+run: {checkpoint_every: 0}
+YAML
+log "20 steps: GPU (bf16) against CPU (fp32)"
+"$S" train tiny.yaml --set device=cpu --set run.dir=runs/cpu > cpu.log 2>&1 || { tail cpu.log; }
+"$S" train tiny.yaml --set device=cuda --set run.dir=runs/gpu > gpu.log 2>&1 || { tail -20 gpu.log; }
+python3 - "$OUT" <<'PY'
+import json, sys
+def losses(d):
+    return [json.loads(l)["loss"] for l in open(f"runs/{d}/metrics.jsonl")]
+try:
+    c, g = losses("cpu"), losses("gpu")
+    worst = max(abs(a - b) / abs(a) for a, b in zip(c, g))
+    rows = ["| step | CPU fp32 loss | GPU bf16 loss | rel diff |", "|---|---|---|---|"]
+    rows += [f"| {i+1} | {a:.4f} | {b:.4f} | {abs(a-b)/abs(a):.2e} |" for i, (a, b) in enumerate(zip(c, g)) if i % 4 == 0 or i == len(c) - 1]
+    rows.append(f"\nworst relative difference over {len(c)} steps: {worst:.2e} ({'PASS' if worst < 2e-2 else 'FAIL'} at 2e-2)")
+except Exception as e:
+    rows = [f"GPU/CPU comparison failed: {e}"]
+open(sys.argv[1] + "/gpu_vs_cpu.md", "w").write("\n".join(rows) + "\n")
+print("\n".join(rows))
+PY
+
+log "GPT-2 124M, B=16, T=1024, bf16"
+{
+echo "| run | tokens/s (median) | ms/step | peak GPU memory |"
+echo "|---|---|---|---|"
+for st in 0; do
+  rm -rf runs/b
+  if "$S" train "$ROOT/configs/gpt2-124m.yaml" --set device=cuda --set train.steps=20 --set train.micro_batch=16 \
+       --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 --set train.eval_every=0 \
+       --set train.sample_tokens=0 --set 'data.train=data/train_*.bin' --set data.val= > b.log 2>&1; then
+    python3 - "$st" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open("runs/b/metrics.jsonl")][3:]
+tps = statistics.median(r["tokens_per_s"] for r in rows); ms = statistics.median(r["step_ms"] for r in rows)
+peak = max(r["peak_mem_bytes"] for r in rows) / 2**30
+print(f"| strata stage {sys.argv[1]} | {tps:,.0f} | {ms:.1f} | {peak:.2f} GiB (arena) |")
+PY
+  else
+    echo "| strata stage $st | failed: $(tail -1 b.log | cut -c1-120) | | |"
+  fi
+done
+if python3 -c "import torch, transformers" 2> /dev/null; then
+  python3 - <<'PY'
+import time, torch, statistics
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+cfg = GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
+                 resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+m = GPT2LMHeadModel(cfg).cuda()
+opt = torch.optim.AdamW(m.parameters(), lr=6e-4, fused=True)
+x = torch.randint(0, 50257, (16, 1024), device="cuda")
+torch.cuda.reset_peak_memory_stats()
+times = []
+for i in range(15):
+    torch.cuda.synchronize(); t = time.time()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = m(x, labels=x).loss
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(); times.append(time.time() - t)
+ms = statistics.median(times[3:]) * 1e3
+print(f"| PyTorch {torch.__version__} eager (bf16 autocast, fused AdamW) | {16*1024/(ms/1e3):,.0f} | {ms:.1f} | {torch.cuda.max_memory_allocated()/2**30:.2f} GiB |")
+PY
+fi
+} | tee "$OUT/bench_gpu.md"
+log "done; tables in $OUT"
