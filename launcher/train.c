@@ -208,6 +208,15 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     const char *backend = cfg->device == STRATA_BACKEND_CUDA ? "cuda" : cfg->device == STRATA_BACKEND_CPU ? "cpu" : "auto";
     t->dev = strata_device_open(backend, local_rank);
     if (!t->dev) fatal(t, "opening the device");
+    if (!strcmp(t->dev->ops->name, "cuda") && (cfg->zero.stage >= 2 || world > 1)) {
+        /* Not yet proven on a GPU: stages 2-3 hung in their first GPU test, and several
+         * ranks need NCCL or staged MPI buffers. Refuse rather than risk a hang. */
+        if (rank == 0)
+            fprintf(stderr, "%s: %s on the CUDA backend is not available in this version (verified on a GPU: "
+                            "zero.stage 0 and 1 at world size 1); use those, or device: cpu\n",
+                    cfg->path[0] ? cfg->path : "<built-in>", world > 1 ? "training with several ranks" : "zero.stage 2 and 3");
+        return STRATA_EXIT_USAGE;
+    }
     t->comm_stream = strata_stream_create(t->dev, "comm", STRATA_STREAM_HOST);
     t->comm = strata_comm_open(t->dev, t->comm_stream, cfg->comm.timeout_s);
     if (!t->comm) fatal(t, "opening the collectives");

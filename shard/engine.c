@@ -66,6 +66,10 @@ struct strata_engine {
     int n_gathers, issued;
 
     strata_event *ev_compute, *ev_grad_slot_free[2], *ev_embed_grad_free;
+    /* On a GPU the shard accumulation is a kernel on a device stream of its own (the
+     * collective stream may be a host stream); on the CPU it is a host task. */
+    strata_stream *acc_stream;
+    strata_event *ev_reduced;
     float *loss_sum_host;
     double *norm_sum;          /* device: the rank's sum of squared gradients */
     int32_t *inputs, *targets; /* host (B,T) */
@@ -218,6 +222,10 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
 
     if (dev) {
+        if (!strcmp(dev->ops->name, "cuda") && e->stage >= 2) {
+            e->acc_stream = strata_stream_create(dev, "accumulate", STRATA_STREAM_DEVICE);
+            e->ev_reduced = strata_event_create(dev);
+        }
         e->ev_compute = strata_event_create(dev);
         e->ev_grad_slot_free[0] = strata_event_create(dev);
         e->ev_grad_slot_free[1] = strata_event_create(dev);
@@ -248,6 +256,8 @@ void strata_engine_destroy(strata_engine *e) {
         strata_device *d = e->dev;
         d->ops->sync_all(d);
         strata_event_destroy(d, e->ev_compute);
+        strata_event_destroy(d, e->ev_reduced);
+        strata_stream_destroy(d, e->acc_stream);
         strata_event_destroy(d, e->ev_grad_slot_free[0]);
         strata_event_destroy(d, e->ev_grad_slot_free[1]);
         strata_event_destroy(d, e->ev_embed_grad_free);
@@ -298,6 +308,7 @@ static void compute_wait(strata_engine *e, strata_event *ev) {
 static void comm_sync(strata_engine *e) {
     double t0 = strata_now_ms();
     strata_stream_sync(e->dev, comm_stream(e));
+    if (e->acc_stream) strata_stream_sync(e->dev, e->acc_stream);
     e->comm_wait_ms += strata_now_ms() - t0;
 }
 
@@ -327,6 +338,15 @@ static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_tas
     comm_after_compute(e);
     float *mine = full + (size_t)e->rank * e->shard[u];
     if (strata_reduce_scatter(e->comm, mine, full, e->shard[u])) return -1;
+    if (e->acc_stream) {
+        strata_event_record(e->dev, e->ev_reduced, comm_stream(e));
+        strata_stream_wait_event(e->dev, e->acc_stream, e->ev_reduced);
+        if (first_micro) strata_memcpy_async(e->dev, e->acc_stream, e->grad_acc[u], mine, e->shard[u] * 4);
+        else e->dev->k->accumulate_f32(e->acc_stream, e->grad_acc[u], mine, STRATA_F32, e->shard[u]);
+        strata_event_record(e->dev, done, e->acc_stream);
+        maybe_serialize(e);
+        return 0;
+    }
     *task = (accumulate_task){e->grad_acc[u], mine, e->shard[u], first_micro};
     if (strata_host_task(e->dev, comm_stream(e), accumulate_run, task)) return -1;
     strata_event_record(e->dev, done, comm_stream(e));
