@@ -17,7 +17,7 @@
  * tensor boundaries, so a checksum failure names the tensor. Any later world size reads
  * any element range by visiting the rank files that overlap it: no offline conversion.
  *
- * Writing is crash-safe: every rank writes into step_XXXXXXXX.tmp/, fsyncs its files;
+ * Writing is crash-safe: every rank writes into step_NNNNNNNN.tmp/, fsyncs its files;
  * rank 0 then writes manifest.yaml, fsyncs, renames the directory, fsyncs the parent and
  * updates `latest` atomically. A kill at any moment leaves the previous checkpoint
  * loadable; stale .tmp directories are removed by the next commit. */

@@ -150,7 +150,9 @@ int main(int argc, char **argv) {
     single = strata_comm_open_single(dev, single_stream);
 
     /* every rank writes the same deterministic corpus into its own directory */
-    char dir[] = "/tmp/strata-test-engine-XXXXXX";
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/strata-test-engine-%s", "______");
+    memset(dir + strlen(dir) - 6, 'X', 6); /* mkdtemp's template */
     if (!mkdtemp(dir)) return 1;
     size_t n_tok = 40000;
     uint16_t *tok = malloc(n_tok * 2);
