@@ -5,6 +5,7 @@
 #include "core/checkpoint.h"
 
 #include "core/common.h"
+#include "tests/check.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,20 +24,7 @@
 /* Defined in core/checkpoint.c: commit with retention (keep newest `keep`, 0 = all). */
 
 
-static int failures;
 /* Evaluates cond once; a failure also prints the library's last error. */
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        int ok_ = (cond);                                                         \
-        if (ok_) printf("ok    ");                                                \
-        else printf("FAIL  (%s:%d) ", __FILE__, __LINE__);                        \
-        printf(__VA_ARGS__);                                                      \
-        printf("\n");                                                             \
-        if (!ok_) {                                                               \
-            printf("      last error: %s\n", strata_error());                     \
-            failures++;                                                           \
-        }                                                                         \
-    } while (0)
 
 /* The error text must be exactly `want`. */
 #define CHECK_ERR(rc_failed, want, what)                                          \

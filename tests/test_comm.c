@@ -13,19 +13,9 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "shard/comm.h"
+#include "tests/check.h"
 
-static int failures = 0, my_rank = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        int ok_ = (cond);                                                                 \
-        if (!ok_) failures++;                                                             \
-        if (!ok_ || my_rank == 0) {                                                       \
-            printf("[rank %d] %s ", my_rank, ok_ ? "ok  " : "FAIL");                      \
-            printf(__VA_ARGS__);                                                          \
-            printf("\n");                                                                 \
-            fflush(stdout);                                                               \
-        }                                                                                 \
-    } while (0)
+static int my_rank = 0;
 
 static strata_device *dev;
 static int R, W; /* this rank, world size */
@@ -308,6 +298,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     my_rank = R;
+    /* every rank checks; rank 0 prints its passes, any rank its failures */
+    snprintf(check_prefix, sizeof check_prefix, "[rank %d] ", R);
+    check_quiet = R != 0;
     strata_log_init(R, W);
     dev = strata_device_open("cpu", 0);
     strata_stream *s = dev ? strata_stream_create(dev, "comm", STRATA_STREAM_HOST) : NULL;

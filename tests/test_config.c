@@ -10,19 +10,9 @@
 
 #include "core/common.h"
 #include "core/config.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 
-#define CHECK(cond, ...)                                                 \
-    do {                                                                 \
-        checks++;                                                        \
-        if (!(cond)) {                                                   \
-            failures++;                                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                  \
-            printf(__VA_ARGS__);                                         \
-            printf("\n");                                                \
-        }                                                                \
-    } while (0)
 
 /* A valid model and data section: lines 1-8 of every catalogue entry that uses it. */
 #define HEAD                                                                             \
@@ -404,6 +394,7 @@ static void test_names(void) {
 }
 
 int main(void) {
+    check_quiet = 1; /* each catalogue entry prints its own line */
     test_bad_catalogue();
     test_bad_file_on_disk();
     test_defaults();

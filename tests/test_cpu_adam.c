@@ -16,19 +16,8 @@
 #include "core/device.h"
 #include "core/kernels.h"
 #include "offload/cpu_adam.h"
+#include "tests/check.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            printf("ok   ");                                                              \
-        } else {                                                                          \
-            printf("FAIL ");                                                              \
-            failures++;                                                                   \
-        }                                                                                 \
-        printf(__VA_ARGS__);                                                              \
-        printf("\n");                                                                     \
-    } while (0)
 
 #if defined(__SANITIZE_ADDRESS__)
 #define BENCH_N (1u << 20)

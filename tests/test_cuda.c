@@ -16,22 +16,10 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/kernels.h"
+#include "tests/check.h"
 
 #ifdef STRATA_HAVE_CUDA
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            printf("ok   ");                                                              \
-        } else {                                                                          \
-            printf("FAIL ");                                                              \
-            failures++;                                                                   \
-        }                                                                                 \
-        printf(__VA_ARGS__);                                                              \
-        printf("\n");                                                                     \
-        fflush(stdout);                                                                   \
-    } while (0)
 
 static strata_device *G;   /* the GPU */
 static strata_device *CPU; /* the oracle */

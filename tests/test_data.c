@@ -2,6 +2,7 @@
  * text preparation and the llm.c tokenizer file, each against hand-computed results. */
 #include "core/common.h"
 #include "core/data.h"
+#include "tests/check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,18 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        int ok_ = (cond);                                                                \
-        printf("%s: ", ok_ ? "ok" : "FAIL");                                             \
-        printf(__VA_ARGS__);                                                             \
-        printf("\n");                                                                    \
-        if (!ok_) {                                                                      \
-            printf("  at %s:%d: %s\n", __FILE__, __LINE__, #cond);                       \
-            failures++;                                                                  \
-        }                                                                                \
-    } while (0)
 
 static char tmpdir[256];
 

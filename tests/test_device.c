@@ -9,19 +9,8 @@
 
 #include "core/common.h"
 #include "core/device.h"
+#include "tests/check.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            printf("ok   ");                                                              \
-        } else {                                                                          \
-            printf("FAIL ");                                                              \
-            failures++;                                                                   \
-        }                                                                                 \
-        printf(__VA_ARGS__);                                                              \
-        printf("\n");                                                                     \
-    } while (0)
 
 /* A host task that blocks its stream until the test opens it: lets a test hold work
  * pending for as long as it needs without guessing at sleep lengths. */

@@ -18,18 +18,9 @@
 #include "core/model.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
+#include "tests/check.h"
 
-static int failures, checks, rank, world;
-#define CHECK(cond, ...)                                              \
-    do {                                                              \
-        checks++;                                                     \
-        if (!(cond)) {                                                \
-            failures++;                                               \
-            printf("[rank %d] FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                                      \
-            printf("\n");                                            \
-        }                                                             \
-    } while (0)
+static int rank, world;
 
 enum { MAX_STEPS = 20, B = 2 };
 /* 20 steps, as the equivalence criterion asks; the ThreadSanitizer build runs fewer
@@ -140,6 +131,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     strata_log_init(rank, world);
+    snprintf(check_prefix, sizeof check_prefix, "[rank %d] ", rank);
+    check_quiet = 1;
     strata_log_set_level(STRATA_LOG_WARN);
     const char *steps_env = getenv("STRATA_TEST_STEPS");
     if (steps_env && atoi(steps_env) >= 1 && atoi(steps_env) <= MAX_STEPS) STEPS = atoi(steps_env);

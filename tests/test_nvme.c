@@ -22,20 +22,8 @@
 #include "offload/bench_io.h"
 #include "offload/nvme.h"
 #include "offload/pinned.h"
+#include "tests/check.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            printf("ok   ");                                                              \
-        } else {                                                                          \
-            printf("FAIL ");                                                              \
-            failures++;                                                                   \
-        }                                                                                 \
-        printf(__VA_ARGS__);                                                              \
-        printf("\n");                                                                     \
-        fflush(stdout);                                                                   \
-    } while (0)
 
 #define KB ((size_t)1024)
 #define MB (KB * KB)

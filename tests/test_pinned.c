@@ -10,19 +10,8 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "offload/pinned.h"
+#include "tests/check.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            printf("ok   ");                                                              \
-        } else {                                                                          \
-            printf("FAIL ");                                                              \
-            failures++;                                                                   \
-        }                                                                                 \
-        printf(__VA_ARGS__);                                                              \
-        printf("\n");                                                                     \
-    } while (0)
 
 #define A STRATA_PINNED_ALIGN
 

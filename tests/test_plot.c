@@ -2,6 +2,7 @@
  * number of plotted points, their orientation, tolerance of bad lines, and the errors. */
 #include "core/common.h"
 #include "launcher/plot.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -10,18 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        int ok_ = (cond);                                                                \
-        printf("%s: ", ok_ ? "ok" : "FAIL");                                             \
-        printf(__VA_ARGS__);                                                             \
-        printf("\n");                                                                    \
-        if (!ok_) {                                                                      \
-            printf("  at %s:%d: %s\n", __FILE__, __LINE__, #cond);                       \
-            failures++;                                                                  \
-        }                                                                                \
-    } while (0)
 
 static char tmpdir[256];
 

@@ -1,0 +1,35 @@
+/* tests/check.h: the one assertion macro of the C tests.
+ *
+ * CHECK(cond, fmt, ...) counts the check, and prints "ok" or "FAIL" with the message (and
+ * where, on failure). Tests that loop over many cases set check_quiet = 1 to print only
+ * failures; multi-rank tests set check_prefix to "[rank N] ". A test ends with
+ * `return check_report();`, which prints the tally and gives the exit code. */
+#ifndef STRATA_TESTS_CHECK_H
+#define STRATA_TESTS_CHECK_H
+
+#include <stdio.h>
+
+static int failures, checks;
+static int check_quiet;
+static char check_prefix[32];
+
+#define CHECK(cond, ...)                                                         \
+    do {                                                                         \
+        int ok_ = (cond);                                                        \
+        checks++;                                                                \
+        if (!ok_) failures++;                                                    \
+        if (!ok_ || !check_quiet) {                                              \
+            printf("%s%s ", check_prefix, ok_ ? "ok  " : "FAIL");                \
+            printf(__VA_ARGS__);                                                 \
+            if (!ok_) printf("  (%s:%d)", __FILE__, __LINE__);                   \
+            printf("\n");                                                        \
+            fflush(stdout);                                                      \
+        }                                                                        \
+    } while (0)
+
+static inline int check_report(void) {
+    printf("%s%s: %d checks, %d failures\n", check_prefix, failures ? "FAIL" : "PASS", checks, failures);
+    return failures ? 1 : 0;
+}
+
+#endif
