@@ -119,6 +119,8 @@ static MPI_Datatype elem_mpi(comm_elem e) {
 typedef struct comm_ops comm_ops;
 
 struct strata_comm {
+    float *scratch; /* reduce-scatter in place: the reduced block lands here first */
+    size_t scratch_n;
     const comm_ops *ops;
     strata_device *d;
     strata_stream *stream;
@@ -254,13 +256,24 @@ static void run_reduce_scatter(coll_task *t) {
     const float *in = t->in;
     float *out = t->out;
     size_t n = t->count, W = (size_t)c->world;
-    if (!t->aliased && n * W <= c->chunk_elems) {
+    if (n * W <= c->chunk_elems) {
+        /* In place, out is a block of in: reduce into scratch, then copy, so MPI never sees
+         * overlapping buffers and the other blocks of in stay as they were. The scratch
+         * grows to the largest unit once and is reused: steady-state steps allocate nothing. */
+        float *dst = out;
+        if (t->aliased) {
+            if (c->scratch_n < n) {
+                c->scratch = strata_xrealloc(c->scratch, n * sizeof(float));
+                c->scratch_n = n;
+            }
+            dst = c->scratch;
+        }
         mpi_enter();
-        int rc = MPI_Ireduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, c->mpi,
-                                           &c->requests[0]);
+        int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &c->requests[0]);
         mpi_leave();
         check_mpi(t, rc, "MPI_Ireduce_scatter_block");
         wait_requests(t, c->requests, 1);
+        if (t->aliased) memcpy(out, dst, n * sizeof(float));
         return;
     }
     /* One reduce per block, rooted at the block's owner, chunk by chunk. */
@@ -455,6 +468,7 @@ strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream) {
 
 void strata_comm_close(strata_comm *c) {
     if (!c) return;
+    free(c->scratch);
     strata_stream_sync(c->d, c->stream); /* queued tasks still point at c */
     if (c->mpi != MPI_COMM_NULL) {
         mpi_enter();
