@@ -1,6 +1,7 @@
 /* core/arena.c: one allocation per memory kind, sliced by the plan. */
 #include "core/arena.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,12 +10,6 @@
 #define ARENA_ALIGN 256
 #define ARENA_PINNED_ALIGN 4096
 static size_t kind_align(int kind) { return kind == STRATA_MEM_PINNED ? ARENA_PINNED_ALIGN : ARENA_ALIGN; }
-
-static const char *category_names[STRATA_CAT_COUNT] = {"parameters", "gradients", "optimizer",
-                                                       "activations", "buffers"};
-const char *strata_mem_category_name(strata_mem_category c) {
-    return c < STRATA_CAT_COUNT ? category_names[c] : "?";
-}
 
 void strata_arena_init(strata_arena *a, strata_device *dev) {
     memset(a, 0, sizeof *a);
@@ -77,22 +72,4 @@ size_t strata_arena_bytes(const strata_arena *a, int kind, int cat) {
             sum += strata_round_up(e->bytes, kind_align(e->kind));
     }
     return sum;
-}
-
-void strata_arena_print(const strata_arena *a, FILE *f) {
-    char b[4][32];
-    fprintf(f, "  %-12s %14s %14s %14s\n", "memory", "device", "pinned host", "host");
-    for (int c = 0; c < STRATA_CAT_COUNT; c++) {
-        size_t d = strata_arena_bytes(a, STRATA_MEM_DEVICE, c);
-        size_t p = strata_arena_bytes(a, STRATA_MEM_PINNED, c);
-        size_t h = strata_arena_bytes(a, STRATA_MEM_HOST, c);
-        if (!d && !p && !h) continue;
-        fprintf(f, "  %-12s %14s %14s %14s\n", category_names[c],
-                strata_fmt_bytes(b[0], 32, (double)d), strata_fmt_bytes(b[1], 32, (double)p),
-                strata_fmt_bytes(b[2], 32, (double)h));
-    }
-    fprintf(f, "  %-12s %14s %14s %14s\n", "total",
-            strata_fmt_bytes(b[0], 32, (double)strata_arena_bytes(a, STRATA_MEM_DEVICE, -1)),
-            strata_fmt_bytes(b[1], 32, (double)strata_arena_bytes(a, STRATA_MEM_PINNED, -1)),
-            strata_fmt_bytes(b[2], 32, (double)strata_arena_bytes(a, STRATA_MEM_HOST, -1)));
 }

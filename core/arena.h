@@ -9,7 +9,6 @@
 #define STRATA_ARENA_H
 
 #include <stddef.h>
-#include <stdio.h>
 
 #include "core/device.h"
 
@@ -21,7 +20,6 @@ typedef enum strata_mem_category {
     STRATA_CAT_BUFFERS,      /* communication buckets, gather slots, staging */
     STRATA_CAT_COUNT,
 } strata_mem_category;
-const char *strata_mem_category_name(strata_mem_category c);
 
 typedef struct strata_arena_entry {
     char name[64];
@@ -59,7 +57,5 @@ void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_cate
 int strata_arena_commit(strata_arena *a);
 void strata_arena_release(strata_arena *a);
 size_t strata_arena_bytes(const strata_arena *a, int kind /* -1 all */, int cat /* -1 all */);
-/* A table: one row per category, columns per memory kind, with totals. */
-void strata_arena_print(const strata_arena *a, FILE *f);
 
 #endif

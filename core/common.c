@@ -57,7 +57,6 @@ void strata_log_init(int rank, int world) {
     else if (!strcmp(env, "error")) log_level = STRATA_LOG_ERROR;
 }
 void strata_log_set_level(strata_log_level level) { log_level = level; }
-strata_log_level strata_log_level_get(void) { return log_level; }
 int strata_log_rank(void) { return log_rank; }
 
 void strata_log(strata_log_level level, const char *tag, const char *fmt, ...) {

@@ -43,7 +43,6 @@ typedef enum strata_log_level {
  * start-up (STRATA_LOG=debug|info|warn|error overrides the level). */
 void strata_log_init(int rank, int world);
 void strata_log_set_level(strata_log_level level);
-strata_log_level strata_log_level_get(void);
 int strata_log_rank(void);
 /* Lines look like "[rank 1] [zero] message"; single-rank runs drop the rank prefix. */
 void strata_log(strata_log_level level, const char *tag, const char *fmt, ...)

@@ -873,6 +873,5 @@ const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *l
     *n = e->shard[u];
     return e->stage == 0 ? e->master[u] + *lo : e->master[u];
 }
-int strata_engine_stage(const strata_engine *e) { return e->stage; }
 
 size_t strata_engine_nvme_bytes(const strata_engine *e) { return e->off ? strata_offload_nvme_bytes(e->off) : 0; }

@@ -78,6 +78,5 @@ int strata_engine_params_resident(strata_engine *e);
 /* This rank's standard shard of unit u's fp32 master weights: elements [*lo, *lo + *n) of
  * the padded flat buffer, in device memory (host-readable on the CPU backend; tests use it). */
 const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *lo, size_t *n);
-int strata_engine_stage(const strata_engine *e);
 
 #endif
