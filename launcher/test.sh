@@ -3,6 +3,7 @@
 # again under AddressSanitizer and the stream/collective tests under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+launcher/install-deps.sh   # nothing to do when the packages are already there
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build -j"$jobs"
