@@ -611,29 +611,15 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
  * applies to matrices only. */
 static void adamw_unit(strata_engine *e, int u, size_t lo, size_t n, void *param_out, const strata_adamw_args *base) {
     const strata_kernels *k = e->dev->k;
-    const strata_model *m = e->m;
-    const strata_unit *unit = &m->units[u];
-    size_t hi = lo + n;
     float *w = e->master[u], *g = opt_grad(e, u), *m1 = e->mom1[u], *m2 = e->mom2[u];
-    size_t pos = lo;
-    while (pos < hi) {
-        /* the segment [pos, end) lies inside one tensor, or in the padding after the last */
-        size_t end = hi;
-        int decay = 0;
-        for (int i = 0; i < unit->n_tensors; i++) {
-            const strata_ckpt_tensor *t = &m->tensors[unit->first_tensor + i];
-            if (pos >= t->offset && pos < t->offset + t->numel) {
-                end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-                decay = m->decay[unit->first_tensor + i];
-                break;
-            }
-        }
+    strata_offload_segment seg[64];
+    int n_seg = unit_segments(e, u, lo, n, seg, 64);
+    for (int i = 0; i < n_seg; i++) {
         strata_adamw_args a = *base;
-        if (!decay) a.weight_decay = 0.0f;
-        size_t off = pos - lo;
+        if (!seg[i].decay) a.weight_decay = 0.0f;
+        size_t off = seg[i].lo;
         void *out = param_out ? (char *)param_out + off * e->es : NULL;
-        k->adamw(e->dev->compute, w + off, out, g + off, m1 + off, m2 + off, end - pos, &a);
-        pos = end;
+        k->adamw(e->dev->compute, w + off, out, g + off, m1 + off, m2 + off, seg[i].n, &a);
     }
 }
 
