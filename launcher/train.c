@@ -286,8 +286,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     }
     if (strata_arena_commit(&t->arena)) fatal(t, "allocating the memory plan");
 
-    if (strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed))
+    if (strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed)) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", strata_error());
+        strata_fail("%s (text becomes shards with `strata prepare --text FILE... --out DIR`)", why);
         fatal(t, "opening the training data (data.train)");
+    }
     if (cfg->data.val[0]) {
         if (strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed))
             fatal(t, "opening the validation data (data.val)");
