@@ -94,6 +94,12 @@ size_t strata_model_num_params(const strata_model *m) {
     return n - (size_t)(m->shape.padded_vocab_size - m->shape.vocab_size) * m->shape.n_embd;
 }
 
+double strata_model_flops_per_token(const strata_model *m, int T) {
+    double L = m->shape.n_layer, C = m->shape.n_embd, V = m->shape.vocab_size;
+    double n_matmul = L * 12.0 * C * C + V * C;
+    return 6.0 * n_matmul + 12.0 * L * C * T;
+}
+
 strata_ckpt_layout strata_model_layout(const strata_model *m, const size_t *unit_padded) {
     return (strata_ckpt_layout){.n_units = m->n_units, .unit_numel = m->unit_numel, .unit_padded = unit_padded,
                                 .n_tensors = m->n_tensors, .tensors = m->tensors};

@@ -95,6 +95,9 @@ typedef struct strata_model {
 void strata_model_init(strata_model *m, const strata_model_shape *shape);
 void strata_model_free(strata_model *m);
 size_t strata_model_num_params(const strata_model *m); /* real parameters (V rows, not Vp) */
+/* Training FLOPs per token at context T (forward + backward, the usual 6N + 12 L C T with
+ * N the parameters that multiply: blocks and the tied head; embeddings are lookups). */
+double strata_model_flops_per_token(const strata_model *m, int T);
 /* The layout checkpoints use; unit_padded supplied by the engine. */
 strata_ckpt_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
 

@@ -383,11 +383,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.9g, ", (long long)done, loss);
             if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
             fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                    "\"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
+                    "\"tflops\": %.3f, \"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
                     "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"plan_device_bytes\": %zu, "
                     "\"rss_bytes\": %zu, \"plan_pinned_bytes\": %zu, \"pinned_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, "
                     "\"offload_wait_ms\": %.3f, \"data_ms\": %.3f",
-                    r.lr, r.grad_norm, tok_s, ms, tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
+                    r.lr, r.grad_norm, tok_s, ms, tok_s * strata_model_flops_per_token(&t->m, T) / 1e12, tokens_seen,
+                    t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
                     mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
                     t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)comm_bytes,
                     ms - r.comm_wait_ms - r.offload_wait_ms - r.data_ms, r.comm_wait_ms, r.offload_wait_ms, r.data_ms);
