@@ -35,6 +35,11 @@ static void add_tensor(strata_model *m, int u, const char *name, int ndim, int64
     m->n_tensors++;
 }
 
+strata_model_shape strata_model_shape_from_config(const strata_config *c) {
+    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
+                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
+}
+
 void strata_model_init(strata_model *m, const strata_model_shape *shape) {
     memset(m, 0, sizeof *m);
     m->shape = *shape;

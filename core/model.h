@@ -22,6 +22,7 @@
 
 #include "core/arena.h"
 #include "core/checkpoint.h"
+#include "core/config.h"
 #include "core/device.h"
 
 typedef struct strata_model_shape {
@@ -91,6 +92,8 @@ typedef struct strata_model {
     int32_t *inputs, *targets; /* (B,T) on the device */
 } strata_model;
 
+/* The model a config describes (model.* keys, padded vocabulary resolved). */
+strata_model_shape strata_model_shape_from_config(const strata_config *c);
 /* Builds the unit and tensor tables (no memory for parameters). */
 void strata_model_init(strata_model *m, const strata_model_shape *shape);
 void strata_model_free(strata_model *m);

@@ -3,6 +3,7 @@
 #ifndef STRATA_COMMANDS_H
 #define STRATA_COMMANDS_H
 
+#include "core/checkpoint.h"
 #include "core/config.h"
 
 /* Shared command-line parsing: CONFIG (or none for the built-in default) and
@@ -14,6 +15,18 @@ typedef struct strata_cli {
     const char *resume;      /* --resume latest|DIR */
     int world;               /* --world N (strata plan) */
 } strata_cli;
+
+/* A checkpoint opened for a subcommand (sample, export, dump-grads), with the config it was
+ * saved with. */
+typedef struct strata_opened_ckpt {
+    char dir[STRATA_PATH_MAX];
+    strata_ckpt *ck;
+    strata_config cfg;
+} strata_opened_ckpt;
+/* Resolves and opens CKPT|RUNDIR and parses its config, `sets` applied on top. Prints the
+ * error as "strata CMD: ..." and returns an exit code. */
+int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
+                           strata_opened_ckpt *o);
 
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank);
 int strata_cmd_plan(int argc, char **argv);

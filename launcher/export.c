@@ -7,6 +7,7 @@
  * padded with spaces so the data starts 8-byte aligned, then the tensors' bytes back to
  * back in header order (offsets relative to the start of the data). */
 #include "launcher/export.h"
+#include "launcher/commands.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -223,43 +224,9 @@ static int st_commit(st_writer *w) {
 
 /* ---- the checkpoint and its config ---- */
 
-typedef struct opened {
-    char dir[STRATA_PATH_MAX];
-    strata_ckpt *ck;
-    strata_config cfg;
-} opened;
-
-/* Resolves and opens CKPT|RUNDIR and parses the config it was saved with, `sets` applied
- * on top. Prints the error; returns an exit code. */
-static int open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets, opened *o) {
-    memset(o, 0, sizeof *o);
-    if (strata_ckpt_resolve(what, ".", o->dir, sizeof o->dir)) {
-        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        return STRATA_EXIT_USAGE;
-    }
-    o->ck = strata_ckpt_open(o->dir);
-    if (!o->ck) {
-        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        return STRATA_EXIT_ERROR;
-    }
-    char name[STRATA_PATH_MAX + 32];
-    snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);
-    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, sets, n_sets)) {
-        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        strata_ckpt_close(o->ck);
-        o->ck = NULL;
-        return STRATA_EXIT_ERROR;
-    }
-    return STRATA_EXIT_OK;
-}
-
-static strata_model_shape shape_of(const strata_config *c) {
-    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
-                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
-}
 
 /* Metadata both files share: what transformers' GPT2Config needs, and where it came from. */
-static void common_meta(st_writer *w, const opened *o) {
+static void common_meta(st_writer *w, const strata_opened_ckpt *o) {
     const strata_config *c = &o->cfg;
     const strata_ckpt_meta *meta = strata_ckpt_get_meta(o->ck);
     st_meta(w, "format", "pt");
@@ -303,10 +270,10 @@ int strata_cmd_export(int argc, char **argv) {
         }
     }
     if (!what || !out) return export_usage();
-    opened o;
-    int rc = open_checkpoint("export", what, NULL, 0, &o);
+    strata_opened_ckpt o;
+    int rc = strata_open_checkpoint("export", what, NULL, 0, &o);
     if (rc) return rc;
-    strata_model_shape shape = shape_of(&o.cfg);
+    strata_model_shape shape = strata_model_shape_from_config(&o.cfg);
     strata_model m;
     strata_model_init(&m, &shape);
     strata_ckpt_layout layout = strata_model_layout(&m, NULL);
@@ -388,8 +355,8 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     sets[n_sets++] = "zero.stage=0";
     sets[n_sets++] = "train.grad_accum=1";
     sets[n_sets++] = "train.dtype=fp32";
-    opened o;
-    int rc = open_checkpoint("dump-grads", what, sets, n_sets, &o);
+    strata_opened_ckpt o;
+    int rc = strata_open_checkpoint("dump-grads", what, sets, n_sets, &o);
     if (rc) return rc;
     strata_config *cfg = &o.cfg;
     char set_b[64], set_t[64];
@@ -413,7 +380,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     }
     strata_stream *cs = strata_stream_create(dev, "comm", STRATA_STREAM_HOST);
     strata_comm *comm = strata_comm_open_single(dev, cs);
-    strata_model_shape shape = shape_of(cfg);
+    strata_model_shape shape = strata_model_shape_from_config(cfg);
     int V = shape.vocab_size, Vp = shape.padded_vocab_size, C = shape.n_embd;
     size_t BT = (size_t)B * T;
     strata_model m;

@@ -32,8 +32,7 @@ void strata_plan_add_nvme(strata_plan *p, size_t bytes) {
 }
 
 void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
-    strata_model_shape shape = {cfg->model.n_layer, cfg->model.n_head, cfg->model.n_embd, cfg->model.seq_len,
-                                cfg->model.vocab_size, strata_config_padded_vocab(cfg), (float)cfg->model.init_std};
+    strata_model_shape shape = strata_model_shape_from_config(cfg);
     strata_model m;
     strata_model_init(&m, &shape);
     strata_arena a;

@@ -96,6 +96,29 @@ void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, 
     }
 }
 
+int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
+                           strata_opened_ckpt *o) {
+    memset(o, 0, sizeof *o);
+    if (strata_ckpt_resolve(what, ".", o->dir, sizeof o->dir)) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    o->ck = strata_ckpt_open(o->dir);
+    if (!o->ck) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    char name[STRATA_PATH_MAX + 32];
+    snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);
+    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, sets, n_sets)) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        strata_ckpt_close(o->ck);
+        o->ck = NULL;
+        return STRATA_EXIT_ERROR;
+    }
+    return STRATA_EXIT_OK;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T]\n"
                     "                     [--top-k K] [--seed S] [--tokenizer FILE]\n");
@@ -130,27 +153,13 @@ int strata_cmd_sample(int argc, char **argv) {
     }
     if (!what) return usage();
 
-    char dir[STRATA_PATH_MAX];
-    if (strata_ckpt_resolve(what, ".", dir, sizeof dir)) {
-        fprintf(stderr, "strata sample: %s\n", strata_error());
-        return STRATA_EXIT_USAGE;
-    }
-    strata_ckpt *ck = strata_ckpt_open(dir);
-    if (!ck) {
-        fprintf(stderr, "strata sample: %s\n", strata_error());
-        return STRATA_EXIT_ERROR;
-    }
-    const strata_ckpt_meta *meta = strata_ckpt_get_meta(ck);
-    strata_config cfg;
-    char name[STRATA_PATH_MAX + 32];
-    snprintf(name, sizeof name, "%s/manifest.yaml", dir);
     /* the checkpoint's own model, on one rank and replicated: any saved world and stage load */
     const char *sets[] = {"zero.stage=0", "train.micro_batch=1", "train.grad_accum=1"};
-    if (strata_config_load_string(&cfg, name, meta->config_yaml, sets, 3)) {
-        fprintf(stderr, "strata sample: %s\n", strata_error());
-        strata_ckpt_close(ck);
-        return STRATA_EXIT_ERROR;
-    }
+    strata_opened_ckpt o;
+    int orc = strata_open_checkpoint("sample", what, sets, 3, &o);
+    if (orc) return orc;
+    strata_ckpt *ck = o.ck;
+    strata_config cfg = o.cfg;
     int rc = STRATA_EXIT_ERROR;
     strata_tokenizer tk = {0};
     int have_tk = 0;
@@ -175,8 +184,7 @@ int strata_cmd_sample(int argc, char **argv) {
     }
     strata_stream *cs = strata_stream_create(dev, "comm", STRATA_STREAM_HOST);
     strata_comm *comm = strata_comm_open(dev, cs, cfg.comm.timeout_s);
-    strata_model_shape shape = {cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.seq_len,
-                                cfg.model.vocab_size, strata_config_padded_vocab(&cfg), (float)cfg.model.init_std};
+    strata_model_shape shape = strata_model_shape_from_config(&cfg);
     strata_model m;
     strata_model_init(&m, &shape);
     strata_arena arena;

@@ -66,11 +66,6 @@ static int parse_cli(int argc, char **argv, strata_cli *cli, const char *cmd, in
     return 0;
 }
 
-static strata_model_shape shape_of(const strata_config *c) {
-    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
-                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
-}
-
 
 int strata_cmd_plan(int argc, char **argv) {
     strata_cli cli;
@@ -84,7 +79,7 @@ int strata_cmd_plan(int argc, char **argv) {
     strata_plan p;
     strata_plan_compute(&p, &cfg, cli.world);
     strata_plan_check(&p, &cfg, NULL);
-    strata_model_shape shape = shape_of(&cfg);
+    strata_model_shape shape = strata_model_shape_from_config(&cfg);
     strata_model m;
     strata_model_init(&m, &shape);
     printf("model: %d layers, %d heads, %d channels, vocab %d, %zu parameters; batch %d x %d x %d accumulation\n",
@@ -226,7 +221,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         STRATA_INFO("train", "%s | device %s | comm %s, world %d | zero stage %d", cfg->path[0] ? cfg->path : "(built-in quickstart)",
                     t->dev->description, strata_comm_backend_name(t->comm), world, cfg->zero.stage);
 
-    strata_model_shape shape = shape_of(cfg);
+    strata_model_shape shape = strata_model_shape_from_config(cfg);
     strata_model_init(&t->m, &shape);
     strata_arena_init(&t->arena, t->dev);
     t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);

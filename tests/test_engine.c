@@ -59,8 +59,7 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
         printf("config: %s\n", strata_error());
         exit(1);
     }
-    strata_model_shape shape = {r->cfg.model.n_layer, r->cfg.model.n_head, r->cfg.model.n_embd, r->cfg.model.seq_len,
-                                r->cfg.model.vocab_size, strata_config_padded_vocab(&r->cfg), (float)r->cfg.model.init_std};
+    strata_model_shape shape = strata_model_shape_from_config(&r->cfg);
     strata_model_init(&r->m, &shape);
     strata_arena_init(&r->arena, dev);
     r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, c, r_rank, r_world);
