@@ -81,6 +81,10 @@ struct strata_engine {
     strata_offload *off;         /* optimizer state off the device (offload.optimizer), or NULL */
     int off_open;
     strata_event **ev_update;    /* per unit: its offloaded update is done */
+    /* per unit: its updated parameters are in place for forward (stages 1-2: after the
+     * all-gather, on the collective stream; otherwise ev_update itself) */
+    strata_event **ev_params_ready;
+    double offload_wait_ms;      /* of the current step */
 };
 
 /* ---- plan ---- */
@@ -200,7 +204,11 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         e->off = strata_offload_create(cfg, dev, arena, e->U, n, e->dtype, rank);
         free(n);
         e->ev_update = strata_xcalloc(e->U, sizeof *e->ev_update);
-        for (int u = 0; u < e->U && dev; u++) e->ev_update[u] = strata_event_create(dev);
+        e->ev_params_ready = strata_xcalloc(e->U, sizeof *e->ev_params_ready);
+        for (int u = 0; u < e->U && dev; u++) {
+            e->ev_update[u] = strata_event_create(dev);
+            e->ev_params_ready[u] = e->stage == 1 || e->stage == 2 ? strata_event_create(dev) : e->ev_update[u];
+        }
     }
     if (e->stage >= 2) {
         for (int k = 0; k < 2; k++)
@@ -267,10 +275,14 @@ void strata_engine_destroy(strata_engine *e) {
             strata_event_destroy(d, e->ev_gathered[k]);
             strata_event_destroy(d, e->ev_slot_free[k]);
         }
-        for (int u = 0; u < e->U && e->ev_update; u++) strata_event_destroy(d, e->ev_update[u]);
+        for (int u = 0; u < e->U && e->ev_update; u++) {
+            if (e->ev_params_ready[u] != e->ev_update[u]) strata_event_destroy(d, e->ev_params_ready[u]);
+            strata_event_destroy(d, e->ev_update[u]);
+        }
     }
     strata_offload_destroy(e->off);
     free(e->ev_update);
+    free(e->ev_params_ready);
     free(e->ev_gathered);
     free(e->ev_slot_free);
     free(e->padded);
@@ -360,6 +372,27 @@ static int offload_ready(strata_engine *e) {
     if (strata_offload_open(e->off, e->arena->base[STRATA_MEM_PINNED], pinned)) return -1;
     e->off_open = 1;
     return 0;
+}
+
+/* The offloaded update of the last step runs behind the next step's forward (each unit's
+ * forward waits for its own update); whatever reads the optimizer state or the
+ * parameters from the host side (eval, checkpoints, sampling) waits for all of it here,
+ * and an error any update hit surfaces here. */
+static int finish_updates(strata_engine *e) {
+    if (!e->off || !e->dev) return 0;
+    double t0 = strata_now_ms();
+    int rc = strata_offload_sync(e->off);
+    comm_sync(e);
+    e->offload_wait_ms += strata_now_ms() - t0;
+    return rc;
+}
+
+/* Compute waiting for unit u's offloaded update (and its all-gather), timed apart from
+ * waits on collectives. */
+static void wait_params_ready(strata_engine *e, int u) {
+    double t0 = strata_now_ms();
+    strata_stream_wait_event(e->dev, e->dev->compute, e->ev_params_ready[u]);
+    e->offload_wait_ms += strata_now_ms() - t0;
 }
 
 /* Element range of unit u this rank's optimizer state covers. */
@@ -486,6 +519,7 @@ static int issue_gathers(strata_engine *e, int upto) {
     while (e->issued <= upto) {
         int g = e->issued++, s = g % e->n_slots, u = e->gather_unit[g];
         strata_stream_wait_event(e->dev, comm_stream(e), e->ev_slot_free[s]);
+        if (e->off) strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[u]);
         if (strata_allgather(e->comm, e->slot[s], e->params_shard[u], e->shard[u] * e->es)) return -1;
         strata_event_record(e->dev, e->ev_gathered[s], comm_stream(e));
     }
@@ -494,6 +528,7 @@ static int issue_gathers(strata_engine *e, int upto) {
 
 static int gather_embed(strata_engine *e) {
     strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_free);
+    if (e->off) strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[0]);
     if (strata_allgather(e->comm, e->embed_param, e->params_shard[0], e->shard[0] * e->es)) return -1;
     strata_event_record(e->dev, e->ev_embed_gathered, comm_stream(e));
     compute_wait(e, e->ev_embed_gathered);
@@ -504,6 +539,7 @@ static int gather_embed(strata_engine *e) {
 /* Points m->params[u] at unit u's parameters for op `op`, gathering ahead under stage 3. */
 static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) {
     if (e->stage < 3) {
+        if (e->off && !op->backward) wait_params_ready(e, op->unit);
         e->m->params[op->unit] = e->params_full[op->unit];
         return 0;
     }
@@ -572,6 +608,16 @@ static float *opt_grad(strata_engine *e, int u) {
     return e->grad_acc[u];
 }
 
+/* Stages 0-1 zero a unit's gradient just before its first backward of the step rather
+ * than at the step's start: the previous step's offloaded update may still be reading
+ * it. The head's backward is the first to add to the (tied) embedding's gradient. */
+static void zero_grads_before_backward(strata_engine *e, int u) {
+    int head = e->U - 1;
+    if (u == 0) return;
+    strata_memset_async(e->dev, e->dev->compute, e->grads_full[u], 0, e->padded[u] * 4);
+    if (u == head) strata_memset_async(e->dev, e->dev->compute, e->grads_full[0], 0, e->padded[0] * 4);
+}
+
 static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int micro, float dloss,
                           float loss_scale, strata_step_result *r) {
     strata_model *m = e->m;
@@ -596,6 +642,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
         if (!op->backward) {
             strata_model_forward_unit(m, op->unit, 1, dloss, loss_scale);
         } else {
+            if (e->stage <= 1 && micro == 0) zero_grads_before_backward(e, op->unit);
             grads_for(e, op->unit, micro);
             strata_model_backward_unit(m, op->unit);
             if (after_backward(e, op->unit, micro)) return -1;
@@ -626,14 +673,12 @@ static void adamw_unit(strata_engine *e, int u, size_t lo, size_t n, void *param
 int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
-    e->comm_wait_ms = e->data_ms = 0;
+    e->comm_wait_ms = e->data_ms = e->offload_wait_ms = 0;
     strata_model *m = e->m;
     size_t BT = (size_t)e->B * e->T;
     /* each token's weight in the step's mean loss over all ranks and micro-steps */
     float dloss = 1.0f / (float)(BT * (size_t)e->world * (size_t)e->A);
     float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
-    if (e->stage <= 1)
-        for (int u = 0; u < e->U; u++) strata_memset_async(d, d->compute, e->grads_full[u], 0, e->padded[u] * 4);
     strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
@@ -659,6 +704,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     r->grad_norm = sqrt(sums[0]);
     r->loss = sums[1] / e->world;
     r->lr = strata_lr_at(e->cfg, step);
+    r->offload_wait_ms = e->offload_wait_ms;
     if (!isfinite(r->grad_norm) || !isfinite(r->loss)) {
         r->nonfinite = 1; /* every rank saw the same sums, so every rank skips the update */
         return 0;
@@ -668,7 +714,10 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     strata_adamw_args args = strata_adamw_args_at(e->cfg, step, scale);
     if (e->off) {
         /* every gradient is final (the collective stream was synced): the CPU updates unit
-         * by unit while each finished unit's all-gather already runs */
+         * by unit, in forward order, while each finished unit's all-gather already runs
+         * and, once this returns, the next step's forward follows unit by unit */
+        /* the previous step's updates finished behind this step's forward; their errors surface here */
+        if (strata_offload_sync(e->off)) return -1;
         strata_event_record(d, e->ev_compute, d->compute);
         strata_offload_segment seg[64];
         for (int u = 0; u < e->U; u++) {
@@ -679,13 +728,10 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
             if (e->stage >= 1 && e->stage <= 2) {
                 strata_stream_wait_event(d, comm_stream(e), e->ev_update[u]);
                 if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
+                strata_event_record(d, e->ev_params_ready[u], comm_stream(e));
             }
         }
-        double t0 = strata_now_ms();
-        int rc = strata_offload_sync(e->off);
-        r->offload_wait_ms = strata_now_ms() - t0;
-        if (rc) return -1;
-        comm_sync(e);
+        r->offload_wait_ms = e->offload_wait_ms;
         r->comm_wait_ms = e->comm_wait_ms;
         r->data_ms = e->data_ms;
         return 0;
@@ -709,7 +755,10 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     return 0;
 }
 
+int strata_engine_sync(strata_engine *e) { return finish_updates(e); }
+
 int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double *loss) {
+    if (finish_updates(e)) return -1;
     strata_device *d = e->dev;
     strata_model *m = e->m;
     size_t BT = (size_t)e->B * e->T;
@@ -786,6 +835,7 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     int64_t step = meta->step;
     double failed = 0;
     if (strata_ckpt_tmp_dir(tmp, sizeof tmp, run_dir, step) || strata_ckpt_make_dir(tmp)) failed = 1;
+    if (!failed && finish_updates(e)) failed = 1;
     const float *(*ptrs)[STRATA_CKPT_KINDS] = strata_xcalloc(e->U, sizeof *ptrs);
     float *host = NULL;
     strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
@@ -819,7 +869,7 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
 int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
     strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
     if (strata_ckpt_check_layout(ck, &layout)) return -1;
-    if (offload_ready(e)) return -1;
+    if (offload_ready(e) || finish_updates(e)) return -1;
     size_t max_n = 0;
     for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
     float *host = strata_xmalloc(max_n * sizeof(float));
@@ -850,6 +900,7 @@ int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
 
 int strata_engine_params_resident(strata_engine *e) {
     if (e->stage == 3) return strata_fail("zero.stage 3 keeps no full copy of the parameters");
+    if (finish_updates(e)) return -1;
     for (int u = 0; u < e->U; u++) e->m->params[u] = e->params_full[u];
     return 0;
 }

@@ -62,6 +62,11 @@ int strata_engine_init_params(strata_engine *e, uint64_t seed);
  * reductions, clipping, AdamW, gathers. */
 int strata_engine_step(strata_engine *e, strata_loader *train, int64_t step, strata_step_result *r);
 
+/* Waits for the last step's offloaded optimizer update, which otherwise runs behind the
+ * next step's forward; returns the error it hit, if any. Eval, checkpoints and sampling
+ * call it themselves; a run calls it once after its last step. */
+int strata_engine_sync(strata_engine *e);
+
 /* Mean validation loss over n_batches global batches (every rank evaluates its slice). */
 int strata_engine_eval(strata_engine *e, strata_loader *val, int n_batches, double *loss);
 
