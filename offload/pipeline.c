@@ -1,8 +1,20 @@
-/* offload/pipeline.c: optimizer state in pinned memory or on NVMe, updated by the CPU on
- * the offload stream's worker. */
+/* offload/pipeline.c: optimizer state in pinned memory or on NVMe, updated by the CPU.
+ *
+ * A unit's update is three stages on three HOST streams, so the gradient copy of the next
+ * unit, the CPU AdamW of this one and the parameter copy of the previous one all run at
+ * once:
+ *
+ *   in  (D2H)   gradient -> grad_stage[b]
+ *   run (CPU)   [NVMe state prefetched] AdamW: grad_stage[b] -> state, param_stage[b]
+ *   out (H2D)   param_stage[b] -> the unit's parameters; then the caller's `done` event
+ *
+ * b cycles over offload.buffer_count staging buffers per direction. Every wait and record
+ * is enqueued by the caller's thread in unit order, so a wait on ev_x[b] always captures
+ * the record made for the unit that used buffer b before. */
 #include "offload/pipeline.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +27,7 @@
 
 typedef struct update_task {
     struct strata_offload *o;
-    int u;
+    int u, b;
     const float *grad;
     void *param_out;
     strata_offload_segment seg[MAX_SEGMENTS];
@@ -37,10 +49,13 @@ struct strata_offload {
     size_t file_stride;       /* per unit: bytes of one kind, 4096-aligned */
     size_t *unit_stride;
     size_t file_bytes;
-    float *grad_stage;        /* pinned: the gradient shard being updated */
-    void *param_stage;        /* pinned: the updated parameters on their way to the device */
-    strata_stream *stream;    /* HOST: runs the updates in order */
-    strata_stream *copy;      /* DEVICE: the worker's device<->host copies */
+    int n_buf;                /* staging buffers per direction (offload.buffer_count) */
+    uint64_t seq;             /* updates enqueued so far: buffer = seq % n_buf */
+    float **grad_stage;       /* pinned: gradients on their way to the CPU update */
+    void **param_stage;       /* pinned: updated parameters on their way to the device */
+    strata_stream *in, *stream, *out; /* HOST: gradient copies, CPU updates, parameter copies */
+    /* per buffer: copied in, read by the update, written by the update, copied out */
+    strata_event **ev_grad_in, **ev_grad_free, **ev_param_full, **ev_param_free;
     strata_nvme_store *store;
     update_task *tasks;
     int prefetched_unit, prefetch_slot, next_slot;
@@ -90,11 +105,21 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
                 reserve_pinned(a, STRATA_CAT_BUFFERS, kind_names[k], s, o->max_n * sizeof(float), (void **)&o->slot_state[s][k]);
-    reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.grad_stage", -1, o->max_n * sizeof(float), (void **)&o->grad_stage);
-    reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_stage", -1, o->max_n * o->es, &o->param_stage);
+    o->n_buf = cfg->offload.buffer_count;
+    o->grad_stage = strata_xcalloc(o->n_buf, sizeof *o->grad_stage);
+    o->param_stage = strata_xcalloc(o->n_buf, sizeof *o->param_stage);
+    for (int b = 0; b < o->n_buf; b++) {
+        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
+        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_stage", b, o->max_n * o->es, &o->param_stage[b]);
+    }
+    strata_event ***evs[4] = {&o->ev_grad_in, &o->ev_grad_free, &o->ev_param_full, &o->ev_param_free};
+    for (int k = 0; k < 4; k++) *evs[k] = strata_xcalloc(o->n_buf, sizeof(strata_event *));
     if (dev) {
+        o->in = strata_stream_create(dev, "offload-in", STRATA_STREAM_HOST);
         o->stream = strata_stream_create(dev, "offload", STRATA_STREAM_HOST);
-        o->copy = strata_stream_create(dev, "offload-copy", STRATA_STREAM_DEVICE);
+        o->out = strata_stream_create(dev, "offload-out", STRATA_STREAM_HOST);
+        for (int k = 0; k < 4; k++)
+            for (int b = 0; b < o->n_buf; b++) (*evs[k])[b] = strata_event_create(dev);
     }
     return o;
 }
@@ -102,10 +127,20 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
 void strata_offload_destroy(strata_offload *o) {
     if (!o) return;
     if (o->dev) {
-        if (o->stream) strata_stream_sync(o->dev, o->stream);
-        strata_stream_destroy(o->dev, o->stream);
-        strata_stream_destroy(o->dev, o->copy);
+        strata_stream *streams[3] = {o->in, o->stream, o->out};
+        for (int i = 0; i < 3; i++)
+            if (streams[i]) strata_stream_sync(o->dev, streams[i]);
+        for (int i = 0; i < 3; i++) strata_stream_destroy(o->dev, streams[i]);
+        strata_event **evs[4] = {o->ev_grad_in, o->ev_grad_free, o->ev_param_full, o->ev_param_free};
+        for (int k = 0; k < 4; k++)
+            for (int b = 0; b < o->n_buf; b++) strata_event_destroy(o->dev, evs[k][b]);
     }
+    free(o->ev_grad_in);
+    free(o->ev_grad_free);
+    free(o->ev_param_full);
+    free(o->ev_param_free);
+    free(o->grad_stage);
+    free(o->param_stage);
     strata_nvme_close(o->store);
     pthread_mutex_destroy(&o->mu);
     free(o->n);
@@ -161,12 +196,6 @@ static void record_error(strata_offload *o, const char *what) {
     pthread_mutex_unlock(&o->mu);
 }
 
-/* Device <-> pinned copy from the worker thread: enqueue on the copy stream and wait. */
-static int copy_sync(strata_offload *o, void *dst, const void *src, size_t bytes) {
-    if (strata_memcpy_async(o->dev, o->copy, dst, src, bytes)) return -1;
-    return strata_stream_sync(o->dev, o->copy);
-}
-
 static int prefetch(strata_offload *o, int u, int slot) {
     for (int k = 0; k < 3; k++)
         if (strata_nvme_read_async(o->store, state_offset(o, u, k), o->slot_state[slot][k], o->unit_stride[u],
@@ -181,7 +210,6 @@ static void update_run(void *arg) {
     update_task *t = arg;
     strata_offload *o = t->o;
     int u = t->u;
-    size_t n = o->n[u];
     float *state[3];
     int slot = 0;
     if (o->nvme) {
@@ -200,15 +228,15 @@ static void update_run(void *arg) {
     } else {
         for (int k = 0; k < 3; k++) state[k] = o->state[u][k];
     }
-    if (copy_sync(o, o->grad_stage, t->grad, n * sizeof(float))) { record_error(o, "offload: gradient to host"); return; }
+    float *grad = o->grad_stage[t->b];
+    char *param = o->param_stage[t->b];
     for (int i = 0; i < t->n_seg; i++) {
         const strata_offload_segment *s = &t->seg[i];
         strata_adamw_args a = t->args;
         if (!s->decay) a.weight_decay = 0.0f;
-        strata_cpu_adamw(state[0] + s->lo, (char *)o->param_stage + s->lo * o->es, o->param_dtype, o->grad_stage + s->lo,
-                         state[1] + s->lo, state[2] + s->lo, s->n, &a);
+        strata_cpu_adamw(state[0] + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo, state[1] + s->lo,
+                         state[2] + s->lo, s->n, &a);
     }
-    if (copy_sync(o, t->param_out, o->param_stage, n * o->es)) { record_error(o, "offload: parameters to the device"); return; }
     if (o->nvme) {
         for (int k = 0; k < 3; k++)
             if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], o->unit_stride[u])) {
@@ -230,14 +258,32 @@ int strata_offload_update(strata_offload *o, int u, const float *grad, void *par
     memcpy(t->seg, seg, (size_t)n_seg * sizeof *seg);
     t->n_seg = n_seg;
     t->args = *args;
-    if (after) strata_stream_wait_event(o->dev, o->stream, after);
-    if (strata_host_task(o->dev, o->stream, update_run, t)) return -1;
-    if (done) strata_event_record(o->dev, done, o->stream);
-    return 0;
+    int b = t->b = (int)(o->seq++ % (uint64_t)o->n_buf);
+    strata_device *d = o->dev;
+    size_t n = o->n[u];
+    /* in: once the gradient is final and the update that last read this buffer is done */
+    int rc = after ? strata_stream_wait_event(d, o->in, after) : 0;
+    rc = rc || strata_stream_wait_event(d, o->in, o->ev_grad_free[b]);
+    rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad, n * sizeof(float));
+    rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
+    /* run: once the gradient is in and the parameters this buffer held last have left */
+    rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
+    rc = rc || strata_stream_wait_event(d, o->stream, o->ev_param_free[b]);
+    rc = rc || strata_host_task(d, o->stream, update_run, t);
+    rc = rc || strata_event_record(d, o->ev_grad_free[b], o->stream);
+    rc = rc || strata_event_record(d, o->ev_param_full[b], o->stream);
+    /* out: the updated parameters to where the device reads them */
+    rc = rc || strata_stream_wait_event(d, o->out, o->ev_param_full[b]);
+    rc = rc || strata_memcpy_async(d, o->out, param_out, o->param_stage[b], n * o->es);
+    rc = rc || strata_event_record(d, o->ev_param_free[b], o->out);
+    if (!rc && done) rc = strata_event_record(d, done, o->out);
+    return rc ? -1 : 0;
 }
 
 int strata_offload_sync(strata_offload *o) {
+    strata_stream_sync(o->dev, o->in);
     strata_stream_sync(o->dev, o->stream);
+    strata_stream_sync(o->dev, o->out);
     pthread_mutex_lock(&o->mu);
     int failed = o->error[0] != 0;
     if (failed) strata_fail("%s", o->error);

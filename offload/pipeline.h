@@ -2,17 +2,20 @@
  *
  * With offload.optimizer: cpu the fp32 master weights and Adam moments of every unit's
  * range live in pinned host memory; with nvme they live in a per-rank O_DIRECT file
- * (offload/nvme.c) and pass through two pinned slots. Either way a unit's update runs on
- * the offload stream's worker, off the compute thread:
+ * (offload/nvme.c) and pass through two pinned slots. Either way a unit's update is a
+ * pipeline of three HOST streams, so copies in both directions overlap the CPU's work:
  *
- *   [nvme: the unit's state was prefetched into a pinned slot while the previous unit
- *    updated] -> gradient shard device-to-host -> vectorised CPU AdamW (offload/cpu_adam.c,
- *    bitwise equal to the device kernel) -> updated parameters host-to-device ->
- *   [nvme: state written back]
+ *   offload-in:  gradient shard device-to-host into a pinned staging buffer
+ *   offload:     [nvme: the unit's state, prefetched while the previous unit updated]
+ *                vectorised CPU AdamW (offload/cpu_adam.c, bitwise equal to the device
+ *                kernel) -> updated parameters into a pinned staging buffer
+ *                [nvme: state written back]
+ *   offload-out: updated parameters host-to-device, then the caller's `done` event
  *
- * and the caller meets it through events, so a unit's all-gather follows its own update
- * while the CPU already updates the next unit. All pinned memory is reserved in the arena
- * up front (one registration); nothing grows during training. */
+ * with offload.buffer_count staging buffers per direction. The caller meets it through
+ * events: a unit's all-gather, or the next step's forward of that unit, follows its own
+ * update while the CPU already updates the next unit. All pinned memory is reserved in
+ * the arena up front (one registration); nothing grows during training. */
 #ifndef STRATA_PIPELINE_H
 #define STRATA_PIPELINE_H
 

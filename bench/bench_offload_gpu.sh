@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bench/bench_offload_gpu.sh: the offload measurements of issue 6, side by side in one run,
+# on one GPU:
+#   - GPT-2 1.5B (B=8, T=1024, bf16, activation checkpointing per block), zero stage 1:
+#     optimizer on the GPU, in pinned host memory (cpu) and on NVMe, against PyTorch FSDP2
+#     with CPUOffloadPolicy (bench/fsdp2_offload.py) when torch is installed;
+#   - the floor for the NVMe run: bytes read and written per step over `strata bench io`'s
+#     measured O_DIRECT bandwidth at the same block size and queue depth;
+#   - a 7.5B-parameter GPT (36 layers, 4096 channels) at zero stage 3 with parameters and
+#     optimizer state in pinned host memory: step time, loss per step, where each byte lives.
+# Usage: STRATA=build-gpu/strata [NVME_DIR=/path] [OUT=dir] bench/bench_offload_gpu.sh
+# Needs a built strata with the CUDA backend (bench/gpu-check.sh builds one).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+S=${STRATA:-$ROOT/build-gpu/strata}
+OUT=${OUT:-$ROOT/gpu-check-out}
+NVME_DIR=${NVME_DIR:-/tmp/strata-nvme}
+SKIP_7B=${SKIP_7B:-0}
+mkdir -p "$OUT" "$NVME_DIR"
+log() { echo "[bench-offload] $*"; }
+W=$(mktemp -d /tmp/strata-bench-offload.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+cat "$ROOT"/core/*.c "$ROOT"/core/*.h "$ROOT"/shard/*.c "$ROOT"/offload/*.c > corpus.txt
+"$S" prepare --text corpus.txt --out data > /dev/null
+export STRATA_CUDA_UNVERIFIED=1 # zero stage 3 on CUDA is still marked unverified
+
+# median step time (steps after the first two), tokens/s, planned device bytes, offload wait
+summarize() {
+  python3 - "$1" "$2" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+tail = rows[2:] or rows
+ms = statistics.median(r["step_ms"] for r in tail)
+tps = statistics.median(r["tokens_per_s"] for r in tail)
+dev = max(r.get("plan_device_bytes", 0) for r in rows) / 2**30
+pin = max(r.get("pinned_bytes", 0) for r in rows) / 2**30
+ow = statistics.median(r.get("offload_wait_ms", 0) for r in tail)
+print(f"| {sys.argv[2]} | {ms / 1e3:.3f} | {tps:,.0f} | {dev:.2f} GiB | {pin:.2f} GiB | {ow:.0f} ms |")
+PY
+}
+
+common=(--set device=cuda --set 'data.train=data/train_*.bin' --set data.val= --set train.eval_every=0
+        --set train.sample_tokens=0 --set train.sample_every=0 --set run.checkpoint_every=0 --set train.log_every=1)
+{
+echo "GPT-2 1.5B, B=8, T=1024, bf16, activation checkpointing per block, zero stage 1, one GPU"
+echo
+echo "| run | s/step (median) | tokens/s | GPU (planned) | pinned host | offload wait |"
+echo "|---|---|---|---|---|---|"
+for o in none cpu nvme; do
+  steps=8; [ $o = nvme ] && steps=4
+  if timeout 540 "$S" train "$ROOT/configs/gpt2-1.5b.yaml" "${common[@]}" --set zero.stage=1 --set train.micro_batch=8 \
+       --set train.steps=$steps --set offload.optimizer=$o --set "offload.nvme_path=$NVME_DIR" --set run.dir=runs/$o \
+       > $o.log 2>&1; then
+    summarize runs/$o "Strata, offload.optimizer: $o"
+  else
+    echo "| Strata, offload.optimizer: $o | failed: $(grep -m1 -E 'error|FAIL' $o.log | cut -c1-100) | | | | |"
+  fi
+done
+if python3 -c "import torch, transformers" 2> /dev/null; then
+  timeout 540 python3 "$ROOT/bench/fsdp2_offload.py" 2> fsdp2.log || echo "| FSDP2 + CPUOffloadPolicy | failed: $(tail -1 fsdp2.log | cut -c1-100) | | | | |"
+fi
+echo
+echo "NVMe floor: optimizer state read and written once per step (fp32 master, m, v)"
+"$S" bench io --nvme-dir "$NVME_DIR" --block-kb 1024 --queue-depth 32 > io.txt 2>&1 || true
+python3 - io.txt runs/nvme <<'PY'
+import json, re, statistics, sys
+txt = open(sys.argv[1]).read()
+def bw(kind):
+    m = re.search(r"O_DIRECT[^\n]*%s[^\n]*?([0-9.]+) GB/s" % kind, txt, re.I)
+    return float(m.group(1)) if m else None
+r, w = bw("read"), bw("write")
+try:
+    rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
+    ms = statistics.median(x["step_ms"] for x in rows[1:] or rows)
+except Exception:
+    ms = None
+state = 1557611200 * 12  # fp32 master + m + v of GPT-2 1.5B's padded parameters
+if r and w:
+    floor = state / (r * 1e9) + state / (w * 1e9)
+    line = f"read {r} GB/s, write {w} GB/s: floor {floor:.2f} s/step"
+    if ms: line += f"; measured {ms / 1e3:.2f} s/step = {ms / 1e3 / floor:.2f}x the floor (target <= 1.3x)"
+    print(line)
+else:
+    print("could not parse strata bench io output:\n" + txt)
+PY
+} | tee "$OUT/bench_offload.md"
+rm -rf "$NVME_DIR"/strata-* 2> /dev/null || true
+
+[ "$SKIP_7B" = 1 ] && exit 0
+log "7.5B GPT, zero stage 3, parameters and optimizer state in pinned host memory"
+cat > big.yaml <<'YAML'
+device: cuda
+model: {n_layer: 36, n_head: 32, n_embd: 4096, seq_len: 1024, vocab_size: 50257}
+data: {train: "data/train_*.bin"}
+train: {steps: 6, micro_batch: 4, grad_accum: 1, dtype: bf16, activation_checkpointing: blocks,
+        eval_every: 0, log_every: 1, sample_tokens: 0}
+optim: {lr: 3.0e-4, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}
+run: {dir: runs/big, checkpoint_every: 0}
+zero: {stage: 3, prefetch_units: 2}
+offload: {optimizer: cpu, params: cpu, buffer_count: 2}
+YAML
+{
+echo
+echo "7.5B GPT (36 layers, 4096 channels, B=4, T=1024), zero stage 3, offload.params: cpu, offload.optimizer: cpu"
+echo
+"$S" plan big.yaml 2>&1 | sed 's/^/    /'
+if timeout 580 "$S" train big.yaml > big.log 2>&1; then
+  echo
+  echo "| run | s/step (median) | tokens/s | GPU (planned) | pinned host | offload wait |"
+  echo "|---|---|---|---|---|---|"
+  summarize runs/big "7.5B, stage 3, params + optimizer offloaded"
+  echo
+  echo "loss per step: $(grep -o '"loss": [0-9.]*' runs/big/metrics.jsonl | cut -d' ' -f2 | tr '\n' ' ')"
+else
+  echo "7.5B run failed: $(grep -m3 -E 'error|FAIL|HUNG' big.log | cut -c1-200)"
+fi
+} | tee -a "$OUT/bench_offload.md"
