@@ -178,11 +178,11 @@ static const key_spec schema[] = {
         "a collective that takes longer ends the job"),
 
     ENUM_("offload", "optimizer", offload.optimizer, offload_names, "none", "where optimizer state lives"),
-    ENUM_("offload", "params", offload.params, offload_names, "none", "where fp32 master parameters live"),
+    ENUM_("offload", "params", offload.params, offload_names, "none", "where stage-3 parameter shards live"),
     STR("offload", "nvme_path", offload.nvme_path, "", 0, "directory for nvme offload files"),
     DBL("offload", "pinned_budget_gb", offload.pinned_budget_gb, 0, 1e6, "0", 0,
         "pinned host memory; 0 = what the plan needs"),
-    INT_("offload", "buffer_count", offload.buffer_count, 1, 1024, "4", "staging buffers in flight"),
+    INT_("offload", "buffer_count", offload.buffer_count, 1, 1024, "4", "pinned staging buffers per direction for offloaded updates"),
     INT_("offload", "block_kb", offload.block_kb, 4, 1048576, "1024", "nvme I/O size; a multiple of 4"),
     INT_("offload", "queue_depth", offload.queue_depth, 1, 4096, "32", "io_uring submission queue depth"),
 
@@ -201,7 +201,11 @@ static const key_spec schema[] = {
 typedef struct load_state {
     int key_line[N_KEYS];
     int section_line[N_SECTIONS];
+    int from_base[N_KEYS]; /* set by a `base:` file this one builds on */
+    int depth;             /* of `base:` nesting */
 } load_state;
+
+#define MAX_BASE_DEPTH 8
 
 static void full_name(const key_spec *k, char *buf, size_t n) {
     if (k->section[0]) snprintf(buf, n, "%s.%s", k->section, k->key);
@@ -539,18 +543,88 @@ static int apply_section(strata_config *c, load_state *st, const char *name, int
     return 0;
 }
 
+static int read_file(const char *path, char **text, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_fail("%s: cannot read: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = strata_xmalloc(cap);
+    int read_errno = 0;
+    for (;;) {
+        if (len == cap) buf = strata_xrealloc(buf, cap *= 2);
+        errno = 0;
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) read_errno = errno ? errno : EIO;
+            break;
+        }
+    }
+    fclose(f);
+    if (read_errno) {
+        free(buf);
+        return strata_fail("%s: cannot read: %s", path, strerror(read_errno));
+    }
+    *text = buf;
+    *len_out = len;
+    return 0;
+}
+
+static int parse_yaml(strata_config *c, load_state *st, const char *name, const char *text, size_t len);
+
+/* `base: FILE` (relative to the including file's folder): FILE is loaded first and this
+ * file's keys override it, so a variant names only what it changes. */
+static int apply_base(strata_config *c, load_state *st, const char *name, const yaml_node_t *key,
+                      const yaml_node_t *value) {
+    int line = node_line(key);
+    if (value->type != YAML_SCALAR_NODE || !scalar_text(value)[0])
+        return strata_fail("%s:%d: key 'base': expected the path of a config file to build on", name, line);
+    if (st->depth >= MAX_BASE_DEPTH)
+        return strata_fail("%s:%d: key 'base': more than %d files deep (does a file build on itself?)", name, line,
+                           MAX_BASE_DEPTH);
+    const char *rel = scalar_text(value);
+    char path[STRATA_PATH_MAX];
+    const char *slash = strrchr(name, '/');
+    int n = rel[0] == '/' || !slash ? snprintf(path, sizeof path, "%s", rel)
+                                    : snprintf(path, sizeof path, "%.*s/%s", (int)(slash - name), name, rel);
+    if (n < 0 || (size_t)n >= sizeof path) return strata_fail("%s:%d: key 'base': path too long", name, line);
+    char *text = NULL;
+    size_t len = 0;
+    if (read_file(path, &text, &len)) return strata_fail_wrap("%s:%d: key 'base'", name, line);
+    load_state sub;
+    memset(&sub, 0, sizeof sub);
+    sub.depth = st->depth + 1;
+    int rc = parse_yaml(c, &sub, path, text, len);
+    free(text);
+    if (rc) return -1;
+    for (int i = 0; i < N_KEYS; i++) st->from_base[i] |= sub.key_line[i] > 0 || sub.from_base[i];
+    return 0;
+}
+
 static int apply_document(strata_config *c, load_state *st, const char *name, yaml_document_t *doc) {
     yaml_node_t *root = yaml_document_get_root_node(doc);
     if (!root) return strata_fail("%s: empty config; expected a mapping of sections (model, data, train, ...)", name);
     if (root->type != YAML_MAPPING_NODE)
         return strata_fail("%s:%d: expected a mapping of sections at the top level, got a %s", name,
                            node_line(root), node_kind(root));
+    /* the base goes first wherever `base:` is written, so this file always overrides it */
+    yaml_node_pair_t *base = NULL;
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        if (k->type != YAML_SCALAR_NODE || strcmp((const char *)k->data.scalar.value, "base")) continue;
+        if (base)
+            return strata_fail("%s:%d: duplicate key 'base' (first at line %d)", name, node_line(k),
+                               node_line(yaml_document_get_node(doc, base->key)));
+        base = p;
+    }
+    if (base && apply_base(c, st, name, yaml_document_get_node(doc, base->key), yaml_document_get_node(doc, base->value)))
+        return -1;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(doc, p->key);
         yaml_node_t *v = yaml_document_get_node(doc, p->value);
         if (k->type != YAML_SCALAR_NODE)
             return strata_fail("%s:%d: keys must be scalars, got a %s", name, node_line(k), node_kind(k));
         const char *kname = (const char *)k->data.scalar.value;
+        if (!strcmp(kname, "base")) continue;
         int idx = find_key("", kname);
         int sec = find_section(kname);
         if (idx >= 0) {
@@ -724,7 +798,7 @@ static int load_text(strata_config *c, const char *name, const char *path_field,
     for (int i = 0; i < n_sets; i++)
         if (apply_set(&tmp, &st, sets[i])) return -1;
     for (int i = 0; i < N_KEYS; i++) {
-        if ((schema[i].flags & F_REQUIRED) && st.key_line[i] == 0) {
+        if ((schema[i].flags & F_REQUIRED) && st.key_line[i] == 0 && !st.from_base[i]) {
             char full[96];
             full_name(&schema[i], full, sizeof full);
             return strata_fail("%s: missing required key '%s'", name, full);
@@ -742,26 +816,9 @@ int strata_config_load_string(strata_config *c, const char *name, const char *ya
 
 int strata_config_load(strata_config *c, const char *path, const char *const *sets, int n_sets) {
     if (!path) return load_text(c, BUILTIN_NAME, "", builtin_yaml, sizeof builtin_yaml - 1, sets, n_sets);
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_fail("%s: cannot read: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = strata_xmalloc(cap);
-    int read_errno = 0;
-    for (;;) {
-        if (len == cap) buf = strata_xrealloc(buf, cap *= 2);
-        errno = 0;
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) read_errno = errno ? errno : EIO;
-            break;
-        }
-    }
-    fclose(f);
-    if (read_errno) {
-        free(buf);
-        return strata_fail("%s: cannot read: %s", path, strerror(read_errno));
-    }
+    char *buf = NULL;
+    size_t len = 0;
+    if (read_file(path, &buf, &len)) return -1;
     int rc = load_text(c, path, path, buf, len, sets, n_sets);
     free(buf);
     return rc;

@@ -3,7 +3,9 @@
  * Every key lives in one schema table (core/config.c): its section, name, type, range,
  * default and help. Parsing, `--set section.key=value` overrides, defaults and
  * `strata config` printing all go through that table, so a key cannot be accepted in one
- * place and rejected in another. Errors name the file, the line and the key, and the
+ * place and rejected in another. A file may start from another with `base: FILE` (a path
+ * relative to its own folder): the base is read first and the file's own keys override
+ * it, so configs/gpt2-1.5b-zero3.yaml names only what differs from gpt2-1.5b.yaml. Errors name the file, the line and the key, and the
  * caller exits with STRATA_EXIT_USAGE (2) before any work starts. */
 #ifndef STRATA_CONFIG_H
 #define STRATA_CONFIG_H

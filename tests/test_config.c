@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/common.h"
@@ -109,6 +110,8 @@ static const bad_case bad_cases[] = {
      "bad.yaml: optim.min_lr (0.001) must not exceed optim.lr (0.0001)"},
     {"nvme offload without a path", HEAD TRAIN "offload:\n  optimizer: nvme\n", NULL,
      "bad.yaml: offload.optimizer is nvme, which needs offload.nvme_path"},
+    {"params offloaded below stage 3", HEAD TRAIN "offload:\n  params: cpu\n", NULL,
+     "bad.yaml: offload.params is cpu, which needs zero.stage 3 (stages 0-2 keep full parameters on every rank)"},
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,
      "bad.yaml: offload.block_kb (1026) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)"},
 
@@ -179,6 +182,73 @@ static void test_bad_file_on_disk(void) {
     snprintf(expect, sizeof expect, "%s: cannot read: No such file or directory", path);
     CHECK(rc == -1 && !strcmp(strata_error(), expect), "missing file: want '%s', got '%s'", expect, strata_error());
     printf("ok   bad file on disk and missing file name the path\n");
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* `base: FILE`: the variant overrides its base, required keys may come from the base, and
+ * errors name the file (base or variant) and line where they are. */
+static void test_base(void) {
+    char dir[64], base[128], var[128], sub[128], loop[128], expect[512];
+    snprintf(dir, sizeof dir, "/tmp/strata_test_base_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(base, sizeof base, "%s/base.yaml", dir);
+    snprintf(var, sizeof var, "%s/variant.yaml", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    mkdir(sub, 0700);
+    write_text(base, HEAD TRAIN "zero:\n  stage: 1\noptim:\n  lr: 1e-3\n");
+    /* base written after the keys it is overridden by, in a subfolder-relative path */
+    snprintf(loop, sizeof loop, "%s/sub/v2.yaml", dir);
+    write_text(var, "zero:\n  stage: 3\nbase: base.yaml\n");
+    write_text(loop, "base: ../variant.yaml\noptim:\n  lr: 5e-4\n");
+    strata_config c;
+    int rc = strata_config_load(&c, var, NULL, 0);
+    CHECK(rc == 0 && c.zero.stage == 3 && c.optim.lr == 1e-3 && c.model.n_layer == 2 && c.train.steps == 10 &&
+              !strcmp(c.path, var),
+          "base: variant overrides zero.stage, keeps the rest (%s)", rc ? strata_error() : "ok");
+    const char *sets[1] = {"zero.stage=2"};
+    rc = strata_config_load(&c, loop, sets, 1);
+    CHECK(rc == 0 && c.zero.stage == 2 && c.optim.lr == 5e-4 && c.model.n_embd == 8,
+          "base: two levels, relative to each file's folder, then --set (%s)", rc ? strata_error() : "ok");
+
+    write_text(base, HEAD TRAIN "optim:\n  lr: fast\n");
+    rc = strata_config_load(&c, var, NULL, 0);
+    snprintf(expect, sizeof expect, "%s:12: key 'optim.lr': expected a number, got 'fast'", base);
+    CHECK(rc == -1 && !strcmp(strata_error(), expect), "error in a base: want '%s', got '%s'", expect, strata_error());
+
+    write_text(var, "base: missing.yaml\n");
+    rc = strata_config_load(&c, var, NULL, 0);
+    snprintf(expect, sizeof expect, "%s:1: key 'base': %s/missing.yaml: cannot read: No such file or directory", var, dir);
+    CHECK(rc == -1 && !strcmp(strata_error(), expect), "missing base: want '%s', got '%s'", expect, strata_error());
+
+    write_text(var, "base: variant.yaml\n");
+    rc = strata_config_load(&c, var, NULL, 0);
+    CHECK(rc == -1 && strstr(strata_error(), "more than 8 files deep (does a file build on itself?)"),
+          "a file that builds on itself is refused: %s", strata_error());
+
+    write_text(var, "base: base.yaml\nbase: base.yaml\n");
+    rc = strata_config_load(&c, var, NULL, 0);
+    snprintf(expect, sizeof expect, "%s:2: duplicate key 'base' (first at line 1)", var);
+    CHECK(rc == -1 && !strcmp(strata_error(), expect), "duplicate base: want '%s', got '%s'", expect, strata_error());
+
+    write_text(base, "model:\n  n_layer: 2\n");
+    write_text(var, "base: base.yaml\n");
+    rc = strata_config_load(&c, var, NULL, 0);
+    snprintf(expect, sizeof expect, "%s: missing required key 'model.n_head'", var);
+    CHECK(rc == -1 && !strcmp(strata_error(), expect), "required key in neither: want '%s', got '%s'", expect,
+          strata_error());
+    unlink(loop);
+    rmdir(sub);
+    unlink(var);
+    unlink(base);
+    rmdir(dir);
+    printf("ok   base: inheritance, overrides and its errors\n");
 }
 
 static void test_defaults(void) {
@@ -356,6 +426,12 @@ static void test_shipped_configs(void) {
         {"configs/quickstart.yaml", 4, 4, 128, 0},   {"configs/tinyshakespeare.yaml", 4, 4, 128, 0},
         {"configs/gpt2-124m.yaml", 12, 12, 768, 0},  {"configs/gpt2-350m.yaml", 24, 16, 1024, 0},
         {"configs/gpt2-774m.yaml", 36, 20, 1280, 0}, {"configs/gpt2-1.5b.yaml", 48, 25, 1600, 2},
+        {"configs/gpt2-124m-zero1.yaml", 12, 12, 768, 1},   {"configs/gpt2-124m-zero2.yaml", 12, 12, 768, 2},
+        {"configs/gpt2-124m-zero3.yaml", 12, 12, 768, 3},   {"configs/gpt2-350m-zero1.yaml", 24, 16, 1024, 1},
+        {"configs/gpt2-350m-zero2.yaml", 24, 16, 1024, 2},  {"configs/gpt2-350m-zero3.yaml", 24, 16, 1024, 3},
+        {"configs/gpt2-774m-zero1.yaml", 36, 20, 1280, 1},  {"configs/gpt2-774m-zero2.yaml", 36, 20, 1280, 2},
+        {"configs/gpt2-774m-zero3.yaml", 36, 20, 1280, 3},  {"configs/gpt2-1.5b-zero1.yaml", 48, 25, 1600, 1},
+        {"configs/gpt2-1.5b-zero2.yaml", 48, 25, 1600, 2},  {"configs/gpt2-1.5b-zero3.yaml", 48, 25, 1600, 3},
     };
     for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
         char *path = source_path(shipped[i].file);
@@ -397,6 +473,7 @@ int main(void) {
     check_quiet = 1; /* each catalogue entry prints its own line */
     test_bad_catalogue();
     test_bad_file_on_disk();
+    test_base();
     test_defaults();
     test_minimal_and_derived();
     test_overrides();
