@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # On a bare GPU machine: build Strata with the CUDA backend, run every unit test (the GPU
-# ones included: kernels vs the CPU oracle, streams and events, no allocation in steps),
-# compare 20 training steps on the GPU with the CPU run, and benchmark GPT-2 124M
-# (B=16, T=1024, bf16) against PyTorch eager in the same run. Tables go to $OUT when set.
+# ones included: kernels vs the CPU oracle, streams and events, no allocation in steps,
+# collectives on device buffers), compare 20 training steps on the GPU with the CPU run
+# and across comm backends (nccl at world 1, two ranks sharing the GPU over staged MPI),
+# and benchmark GPT-2 124M (B=16, T=1024, bf16) against PyTorch eager in the same run.
+# Tables go to $OUT when set.
+#
+# NCCL: the toolkit's if it has one, else PyTorch's pip package (nvidia-nccl-cu13 or
+# -cu12), found with python3 and passed to CMake by path.
 #
 # Machines without libyaml/liburing headers: put Debian's .deb files for liburing-dev,
 # liburing2, libyaml-dev, libyaml-0-2 in $STRATA_DEBS (default .dev/debs); they are unpacked
@@ -23,10 +28,58 @@ if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1; then
 fi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
+nccl_args=()
+if ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h > /dev/null 2>&1; then
+  NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2> /dev/null || true)
+  NCCL_SO=$(find "${NCCL_DIR:-/nonexistent}/lib" -name 'libnccl.so*' 2> /dev/null | sort | head -1 || true)
+  if [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/include/nccl.h" ] && [ -n "$NCCL_SO" ]; then
+    nccl_args=(-DNCCL_LIB="$NCCL_SO" -DNCCL_INCLUDE_DIR="$NCCL_DIR/include")
+    export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "NCCL from pip: $NCCL_SO"
+  else
+    log "no NCCL found (toolkit or pip nvidia-nccl-cu13/-cu12): comm.backend nccl is not built"
+  fi
+fi
+root_flag=()
+[ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
+# Two ranks on GPU 0 whatever the GPU count: strata binds a rank to the GPU of its local
+# rank, so every rank is told it is local rank 0. --bind-to none leaves OpenMP its cores;
+# the ranks inherit this environment (LD_LIBRARY_PATH, STRATA_CUDA_UNVERIFIED).
+mpi2() { mpirun -np 2 --bind-to none "${root_flag[@]}" -x OMP_NUM_THREADS=4 \
+                bash -c 'OMPI_COMM_WORLD_LOCAL_RANK=0 exec "$@"' rank-on-gpu0 "$@"; }
+
+# Runs "$@" for at most $1 seconds (named $2 in messages); call it as `watched ... || ...`
+# (set -e). On a hang: every thread's stack of it, its children and theirs (mpirun's
+# ranks) into $OUT/hangs.txt, then kill; returns 124.
+watched() {
+  local limit=$1 name=$2
+  shift 2
+  "$@" &
+  local pid=$! _
+  for _ in $(seq "$limit"); do sleep 1; kill -0 $pid 2> /dev/null || break; done
+  if ! kill -0 $pid 2> /dev/null; then
+    wait $pid
+    return
+  fi
+  local procs p
+  procs="$pid $(pgrep -P $pid | tr '\n' ' ')"
+  for p in $(pgrep -P $pid); do procs="$procs $(pgrep -P "$p" | tr '\n' ' ')"; done
+  echo "$name: HUNG after $limit s; stacks:" | tee -a "$OUT/hangs.txt"
+  for p in $procs; do
+    echo "-- pid $p: $(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null | cut -c1-150)" | tee -a "$OUT/hangs.txt"
+    command -v gdb > /dev/null && gdb -p "$p" -batch -ex "thread apply all bt 12" 2> /dev/null | grep -E "^Thread|^#" \
+      | grep -vE "libc|pthread_cond|futex|clone|start_thread" | head -60 | tee -a "$OUT/hangs.txt"
+  done
+  for p in $procs; do kill -9 "$p" 2> /dev/null || true; done
+  wait $pid 2> /dev/null || true
+  return 124
+}
+
 log "build"
 t0=$(date +%s)
 cmake -S "$ROOT" -B "$ROOT/build-gpu" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" \
-      "${prefix_args[@]}" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+      "${prefix_args[@]}" "${nccl_args[@]}" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+grep -E "strata: (CUDA|NCCL)" "$OUT/cmake.log" || true
 cmake --build "$ROOT/build-gpu" -j"$JOBS" > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 log "built in $(( $(date +%s) - t0 )) s"
 S=$ROOT/build-gpu/strata
@@ -36,6 +89,21 @@ log "unit tests (GPU tests included)"
 grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | tee "$OUT/ctest-summary.txt"
 "$ROOT/build-gpu/tests/test_cuda" > "$OUT/test_cuda.log" 2>&1 || true
 tail -5 "$OUT/test_cuda.log"
+
+log "collectives on device buffers: world 1 (single, nccl), then 2 ranks on GPU 0 (staged mpi; nccl refused)"
+{
+  rc=0
+  watched 300 "test_comm_gpu world 1" "$ROOT/build-gpu/tests/test_comm_gpu" > "$OUT/test_comm_gpu.log" 2>&1 || rc=$?
+  echo "test_comm_gpu world 1: exit $rc; $(tail -1 "$OUT/test_comm_gpu.log")"
+  if command -v mpirun > /dev/null; then
+    rc=0
+    watched 300 "test_comm_gpu 2 ranks" mpi2 "$ROOT/build-gpu/tests/test_comm_gpu" > "$OUT/test_comm_gpu_np2.log" 2>&1 || rc=$?
+    echo "test_comm_gpu 2 ranks on GPU 0: exit $rc; $(tail -1 "$OUT/test_comm_gpu_np2.log")"
+  else
+    echo "test_comm_gpu 2 ranks: skipped (no mpirun)"
+  fi
+} | tee "$OUT/comm.txt"
+grep -h "FAIL" "$OUT"/test_comm_gpu*.log | head -20 || true
 
 W=$(mktemp -d /tmp/strata-gpu-check.XXXXXX)
 cd "$W"
@@ -94,6 +162,41 @@ for st in 2 3; do
     echo "zero stage $st on CUDA: $r; $(grep -c '"step"' runs/u$st/metrics.jsonl 2> /dev/null) steps" | tee -a "$OUT/unverified.txt"
   fi
 done
+
+log "comm backends in training, zero stages 0-3: nccl at world 1, and 2 ranks on GPU 0 over staged mpi (micro-batch 4 each), against world 1"
+for st in 0 1 2 3; do
+  watched 180 "nccl world 1 stage $st" env STRATA_CUDA_UNVERIFIED=1 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st \
+    --set comm.backend=nccl --set run.dir=runs/n$st > n$st.log 2>&1 || { echo "nccl stage $st: exit $?"; tail -5 n$st.log; }
+  if command -v mpirun > /dev/null; then
+    watched 240 "mpi 2 ranks stage $st" mpi2 env STRATA_CUDA_UNVERIFIED=1 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st \
+      --set comm.backend=mpi --set train.micro_batch=4 --set run.dir=runs/m$st > m$st.log 2>&1 \
+      || { echo "mpi 2 ranks stage $st: exit $?"; tail -5 m$st.log; }
+  fi
+done
+python3 - "$OUT" <<'PY'
+import json, os, sys
+def losses(d):
+    return [json.loads(l)["loss"] for l in open(f"runs/{d}/metrics.jsonl")]
+rows = ["| run | steps | worst relative loss difference vs world 1 (stage 0) | |", "|---|---|---|---|"]
+try:
+    ref = losses("gpu")
+except Exception as e:
+    ref = None
+    rows.append(f"| world-1 reference | failed: {e} | | |")
+for st in range(4):
+    for run, what in ((f"n{st}", f"nccl, world 1, stage {st}"), (f"m{st}", f"mpi staged, 2 ranks on GPU 0, stage {st}")):
+        if not os.path.isdir(f"runs/{run}"):
+            continue
+        try:
+            got = losses(run)
+            worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+            ok = len(got) == len(ref) and worst < 2e-2
+            rows.append(f"| {what} | {len(got)} | {worst:.2e} | {'PASS' if ok else 'FAIL'} at 2e-2 |")
+        except Exception as e:
+            rows.append(f"| {what} | failed: {e} | | FAIL |")
+open(sys.argv[1] + "/comm_train.md", "w").write("\n".join(rows) + "\n")
+print("\n".join(rows))
+PY
 
 log "GPT-2 124M, B=16, T=1024, bf16"
 {

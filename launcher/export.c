@@ -378,8 +378,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
         strata_ckpt_close(o.ck);
         return STRATA_EXIT_ERROR;
     }
-    strata_stream *cs = strata_stream_create(dev, "comm", STRATA_STREAM_HOST);
-    strata_comm *comm = strata_comm_open_single(dev, cs);
+    strata_comm *comm = strata_comm_open_local(dev);
     strata_model_shape shape = strata_model_shape_from_config(cfg);
     int V = shape.vocab_size, Vp = shape.padded_vocab_size, C = shape.n_embd;
     size_t BT = (size_t)B * T;
@@ -464,7 +463,6 @@ done:
     strata_arena_release(&arena);
     strata_model_free(&m);
     strata_comm_close(comm);
-    strata_stream_destroy(dev, cs);
     strata_device_close(dev);
     strata_ckpt_close(o.ck);
     return rc;

@@ -182,8 +182,7 @@ int strata_cmd_sample(int argc, char **argv) {
         strata_ckpt_close(ck);
         return STRATA_EXIT_ERROR;
     }
-    strata_stream *cs = strata_stream_create(dev, "comm", STRATA_STREAM_HOST);
-    strata_comm *comm = strata_comm_open(dev, cs, cfg.comm.timeout_s);
+    strata_comm *comm = strata_comm_open_local(dev);
     strata_model_shape shape = strata_model_shape_from_config(&cfg);
     strata_model m;
     strata_model_init(&m, &shape);
@@ -208,7 +207,6 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_arena_release(&arena);
     strata_model_free(&m);
     strata_comm_close(comm);
-    strata_stream_destroy(dev, cs);
     strata_device_close(dev);
     strata_ckpt_close(ck);
     if (have_tk) strata_tokenizer_free(&tk);

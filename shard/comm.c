@@ -1,4 +1,5 @@
-/* shard/comm.c: MPI start-up and the "single" and "mpi" collective backends.
+/* shard/comm.c: MPI start-up, the choice of backend, and the "single" and "mpi"
+ * collective backends (the "nccl" one's NCCL half is shard/comm_nccl.cu).
  *
  * A collective call validates its buffers, counts itself, and enqueues on the comm
  * stream; it returns before any data moves. On the mpi backend the stream's worker
@@ -7,11 +8,15 @@
  * than left hanging on a rank that died.
  *
  * MPI takes int counts, so a buffer of more than `chunk_elems` elements goes out in
- * pieces. A reduce-scatter or all-gather whose full buffer is too large for one call,
- * and a reduce-scatter whose output aliases its own block of the input (which
- * MPI_IN_PLACE cannot express: MPI's in-place result lands at the start of the buffer),
- * run as one reduce (or broadcast) per rank's block instead; that moves the same bytes
- * and leaves the rest of the input untouched. */
+ * pieces. A reduce-scatter or all-gather whose full buffer is too large for one call
+ * runs as one reduce (or broadcast) per rank's block instead; that moves the same bytes
+ * and leaves the rest of the input untouched. A reduce-scatter whose output aliases its
+ * own block of the input (which MPI_IN_PLACE cannot express: MPI's in-place result
+ * lands at the start of the buffer) reduces into a scratch block, or in the per-block
+ * form roots its own block's reduce in place.
+ *
+ * On device memory (which this MPI cannot read) the worker stages every piece through
+ * a pinned buffer allocated at open; see "staged" below. */
 #include "shard/comm.h"
 
 #include <limits.h>
@@ -21,8 +26,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/common.h"
+#ifdef STRATA_HAVE_NCCL
+#include "shard/comm_nccl.h"
+#endif
 
 /* ---- process-wide MPI state ---- */
 
@@ -116,28 +125,13 @@ static MPI_Datatype elem_mpi(comm_elem e) {
     return e == ELEM_F32 ? MPI_FLOAT : e == ELEM_F64 ? MPI_DOUBLE : MPI_BYTE;
 }
 
+typedef enum comm_backend { BACKEND_SINGLE, BACKEND_MPI, BACKEND_NCCL } comm_backend;
+
 typedef struct comm_ops comm_ops;
 
-struct strata_comm {
-    float *scratch; /* reduce-scatter in place: the reduced block lands here first */
-    size_t scratch_n;
-    const comm_ops *ops;
-    strata_device *d;
-    strata_stream *stream;
-    double timeout_s;
-    int rank, world;
-    size_t chunk_elems; /* the most elements one MPI call carries */
-
-    MPI_Comm mpi;          /* mpi backend: a dup of MPI_COMM_WORLD */
-    MPI_Request *requests; /* (world): one per rank for the per-block fallbacks */
-
-    pthread_mutex_t mu; /* guards stats and the span trace */
-    strata_comm_stats stats;
-    strata_comm_span *spans;
-    int span_cap, span_n, tracing;
-};
-
-/* One enqueued collective, owned by the stream until its task frees it. */
+/* One collective. submit() fills one on its stack; a backend that needs it after the
+ * call returns (the mpi worker, the single backend's trace) copies it into a record from
+ * the comm's free list, which its last task gives back. */
 typedef struct coll_task {
     strata_comm *c;
     strata_coll_kind kind;
@@ -147,13 +141,45 @@ typedef struct coll_task {
     size_t count; /* elements of `elem`: total (all-reduce, broadcast) or per rank */
     int root;
     int aliased; /* out is this rank's block of in (reduce-scatter, all-gather) */
+    int host;    /* the buffer is host memory (the f64 agreement): never staged */
     double start_ms;
+    struct coll_task *next_free;
 } coll_task;
+
+struct strata_comm {
+    const comm_ops *ops;
+    strata_device *d;
+    strata_stream *stream;
+    int owns_stream; /* opened by strata_comm_open_config / _local: destroyed at close */
+    double timeout_s;
+    int rank, world;
+    size_t chunk_elems; /* the most elements one MPI call carries */
+
+    MPI_Comm mpi;          /* mpi backend and nccl's host agreement: a dup of MPI_COMM_WORLD */
+    MPI_Request *requests; /* (world): one per rank for the per-block fallbacks */
+    float *scratch;        /* reduce-scatter in place: the reduced block lands here first */
+    size_t scratch_n;
+
+    /* mpi backend on buffers MPI cannot read (device memory): everything goes through
+     * `stage`, pinned, copied on stage_stream by the comm stream's worker. */
+    unsigned char *stage;
+    size_t stage_bytes;
+    strata_stream *stage_stream;
+
+    struct strata_nccl *nccl; /* nccl backend (shard/comm_nccl.cu) */
+
+    pthread_mutex_t mu; /* guards stats, the span trace and the task free list */
+    strata_comm_stats stats;
+    strata_comm_span *spans;
+    int span_cap, span_n, tracing;
+    coll_task *free_tasks;
+    int n_tasks; /* records made so far; all on the free list when the stream is idle */
+};
 
 /* Each backend enqueues the data movement; validation and counting are shared. */
 struct comm_ops {
     const char *name;
-    int (*enqueue)(strata_comm *c, coll_task *t);
+    int (*enqueue)(strata_comm *c, const coll_task *req);
 };
 
 const char *strata_coll_name(strata_coll_kind k) {
@@ -190,13 +216,33 @@ static int tracing_on(strata_comm *c) {
     return on;
 }
 
+/* A record for a collective that outlives its call: reused, so once the deepest queue
+ * of a run has been seen, steps allocate nothing. */
+static coll_task *task_get(strata_comm *c, const coll_task *req) {
+    pthread_mutex_lock(&c->mu);
+    coll_task *t = c->free_tasks;
+    if (t) c->free_tasks = t->next_free;
+    else c->n_tasks++;
+    pthread_mutex_unlock(&c->mu);
+    if (!t) t = strata_xmalloc(sizeof *t);
+    *t = *req;
+    return t;
+}
+
+static void task_put(strata_comm *c, coll_task *t) {
+    pthread_mutex_lock(&c->mu);
+    t->next_free = c->free_tasks;
+    c->free_tasks = t;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ---- mpi backend: runs on the comm stream's worker ---- */
 
 static _Noreturn void coll_abort(const coll_task *t, const char *why) {
     strata_log(STRATA_LOG_ERROR, "comm", "%s of %llu bytes %s: aborting the job",
                strata_coll_name(t->kind), (unsigned long long)task_full_bytes(t), why);
     mpi_enter();
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    if (mpi_is_active) MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1);
 }
 
@@ -342,24 +388,140 @@ static void run_barrier(coll_task *t) {
     wait_requests(t, t->c->requests, 1);
 }
 
+/* ---- mpi backend, staged: MPI sees only the pinned staging buffer ----
+ *
+ * Each piece is copied in (on stage_stream, waited for), reduced or exchanged in place in
+ * the staging buffer, and copied out. A reduce-scatter stages the same slice of every
+ * rank's block (W copies per chunk) and receives into the space after them; an
+ * all-gather stages this rank's slice at its place and copies the W slices out. Reads
+ * of a chunk finish before its writes, and a chunk writes only what later chunks do not
+ * read, so the aliased forms need no scratch. */
+
+static void stage_copy(const coll_task *t, void *dst, const void *src, size_t bytes) {
+    strata_comm *c = t->c;
+    if (strata_memcpy_async(c->d, c->stage_stream, dst, src, bytes) == 0) return;
+    char why[600];
+    snprintf(why, sizeof why, "failed to stage %zu bytes through pinned memory: %s", bytes, strata_error());
+    coll_abort(t, why);
+}
+
+static void stage_wait(const coll_task *t) {
+    strata_comm *c = t->c;
+    if (strata_stream_sync(c->d, c->stage_stream) == 0) return;
+    char why[600];
+    snprintf(why, sizeof why, "failed waiting for its staging copies: %s", strata_error());
+    coll_abort(t, why);
+}
+
+static void staged_allreduce(coll_task *t) {
+    strata_comm *c = t->c;
+    size_t es = elem_size(t->elem), k = strata_min_size(c->chunk_elems, c->stage_bytes / es);
+    char *buf = t->out;
+    for (size_t off = 0; off < t->count; off += k) {
+        size_t n = strata_min_size(k, t->count - off);
+        stage_copy(t, c->stage, buf + off * es, n * es);
+        stage_wait(t);
+        mpi_enter();
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, c->stage, (int)n, elem_mpi(t->elem), MPI_SUM, c->mpi, &c->requests[0]);
+        mpi_leave();
+        check_mpi(t, rc, "MPI_Iallreduce");
+        wait_requests(t, c->requests, 1);
+        stage_copy(t, buf + off * es, c->stage, n * es);
+        stage_wait(t);
+    }
+}
+
+/* Per-rank elements of one staged chunk: `slots` of them fit the staging buffer, and
+ * the W of one MPI call stay within chunk_elems (at least one, whatever the limit). */
+static size_t stage_chunk(const strata_comm *c, size_t elem, size_t slots) {
+    size_t k = strata_min_size(c->stage_bytes / (elem * slots), c->chunk_elems / (size_t)c->world);
+    return k ? k : 1;
+}
+
+static void staged_reduce_scatter(coll_task *t) {
+    strata_comm *c = t->c;
+    const float *in = t->in;
+    float *out = t->out;
+    size_t n = t->count, W = (size_t)c->world, k = stage_chunk(c, sizeof(float), W + 1);
+    for (size_t off = 0; off < n; off += k) {
+        size_t m = strata_min_size(k, n - off);
+        float *st_in = (float *)c->stage, *st_out = st_in + W * m; /* (W, m) then (m) */
+        for (size_t r = 0; r < W; r++) stage_copy(t, st_in + r * m, in + r * n + off, m * sizeof(float));
+        stage_wait(t);
+        mpi_enter();
+        int rc = MPI_Ireduce_scatter_block(st_in, st_out, (int)m, MPI_FLOAT, MPI_SUM, c->mpi, &c->requests[0]);
+        mpi_leave();
+        check_mpi(t, rc, "MPI_Ireduce_scatter_block");
+        wait_requests(t, c->requests, 1);
+        stage_copy(t, out + off, st_out, m * sizeof(float));
+        stage_wait(t);
+    }
+}
+
+static void staged_allgather(coll_task *t) {
+    strata_comm *c = t->c;
+    char *out = t->out;
+    const char *in = t->in;
+    size_t b = t->count, W = (size_t)c->world, R = (size_t)c->rank, k = stage_chunk(c, 1, W);
+    for (size_t off = 0; off < b; off += k) {
+        size_t m = strata_min_size(k, b - off);
+        stage_copy(t, c->stage + R * m, in + off, m);
+        stage_wait(t);
+        mpi_enter();
+        int rc = MPI_Iallgather(MPI_IN_PLACE, (int)m, MPI_BYTE, c->stage, (int)m, MPI_BYTE, c->mpi, &c->requests[0]);
+        mpi_leave();
+        check_mpi(t, rc, "MPI_Iallgather");
+        wait_requests(t, c->requests, 1);
+        for (size_t r = 0; r < W; r++)
+            if (r != R || !t->aliased) stage_copy(t, out + r * b + off, c->stage + r * m, m);
+        stage_wait(t);
+    }
+}
+
+static void staged_broadcast(coll_task *t) {
+    strata_comm *c = t->c;
+    char *buf = t->out;
+    int is_root = t->root == c->rank;
+    size_t k = strata_min_size(c->chunk_elems, c->stage_bytes);
+    for (size_t off = 0; off < t->count; off += k) {
+        size_t m = strata_min_size(k, t->count - off);
+        if (is_root) {
+            stage_copy(t, c->stage, buf + off, m);
+            stage_wait(t);
+        }
+        mpi_enter();
+        int rc = MPI_Ibcast(c->stage, (int)m, MPI_BYTE, t->root, c->mpi, &c->requests[0]);
+        mpi_leave();
+        check_mpi(t, rc, "MPI_Ibcast");
+        wait_requests(t, c->requests, 1);
+        if (!is_root) {
+            stage_copy(t, buf + off, c->stage, m);
+            stage_wait(t);
+        }
+    }
+}
+
 static void mpi_task(void *arg) {
     coll_task *t = arg;
+    strata_comm *c = t->c;
+    int staged = c->stage && !t->host;
     t->start_ms = strata_now_ms();
     switch (t->kind) {
-    case STRATA_COLL_ALLREDUCE: run_allreduce(t); break;
-    case STRATA_COLL_REDUCE_SCATTER: run_reduce_scatter(t); break;
-    case STRATA_COLL_ALLGATHER: run_allgather(t); break;
-    case STRATA_COLL_BROADCAST: run_broadcast(t); break;
+    case STRATA_COLL_ALLREDUCE: staged ? staged_allreduce(t) : run_allreduce(t); break;
+    case STRATA_COLL_REDUCE_SCATTER: staged ? staged_reduce_scatter(t) : run_reduce_scatter(t); break;
+    case STRATA_COLL_ALLGATHER: staged ? staged_allgather(t) : run_allgather(t); break;
+    case STRATA_COLL_BROADCAST: staged ? staged_broadcast(t) : run_broadcast(t); break;
     case STRATA_COLL_BARRIER: run_barrier(t); break;
     case STRATA_COLL_KINDS: break;
     }
-    span_add(t->c, t->kind, t->start_ms, strata_now_ms());
-    free(t);
+    span_add(c, t->kind, t->start_ms, strata_now_ms());
+    task_put(c, t);
 }
 
-static int mpi_enqueue(strata_comm *c, coll_task *t) {
+static int mpi_enqueue(strata_comm *c, const coll_task *req) {
+    coll_task *t = task_get(c, req);
     if (strata_host_task(c->d, c->stream, mpi_task, t)) {
-        free(t);
+        task_put(c, t);
         return -1;
     }
     return 0;
@@ -373,118 +535,322 @@ static void single_span_begin(void *arg) { ((coll_task *)arg)->start_ms = strata
 static void single_span_end(void *arg) {
     coll_task *t = arg;
     span_add(t->c, t->kind, t->start_ms, strata_now_ms());
-    free(t);
+    task_put(t->c, t);
 }
 
-static int single_enqueue(strata_comm *c, coll_task *t) {
+static int single_enqueue(strata_comm *c, const coll_task *req) {
     /* The copy goes through the device table so it also works on device memory. */
-    int traced = tracing_on(c);
-    if (traced && strata_host_task(c->d, c->stream, single_span_begin, t)) {
-        free(t);
+    int copy = !req->aliased && (req->kind == STRATA_COLL_REDUCE_SCATTER || req->kind == STRATA_COLL_ALLGATHER);
+    if (!tracing_on(c))
+        return copy ? strata_memcpy_async(c->d, c->stream, req->out, req->in, req->count * elem_size(req->elem)) : 0;
+    coll_task *t = task_get(c, req);
+    if (strata_host_task(c->d, c->stream, single_span_begin, t)) {
+        task_put(c, t);
         return -1;
     }
-    int rc = 0;
-    if (!t->aliased && (t->kind == STRATA_COLL_REDUCE_SCATTER || t->kind == STRATA_COLL_ALLGATHER))
-        rc = strata_memcpy_async(c->d, c->stream, t->out, t->in, t->count * elem_size(t->elem));
-    if (traced) {
-        /* Always enqueued once begin was, so the task is freed exactly once. */
-        if (strata_host_task(c->d, c->stream, single_span_end, t)) rc = -1;
-    } else {
-        free(t);
-    }
+    int rc = copy ? strata_memcpy_async(c->d, c->stream, t->out, t->in, t->count * elem_size(t->elem)) : 0;
+    /* Always enqueued once begin was, so the record goes back exactly once. */
+    if (strata_host_task(c->d, c->stream, single_span_end, t)) rc = -1;
     return rc;
 }
 
 static const comm_ops single_ops = {"single", single_enqueue};
 
+/* ---- nccl backend: collectives on the calling thread, into the DEVICE stream ---- */
+
+#ifdef STRATA_HAVE_NCCL
+static void nccl_done(void *ctx, strata_coll_kind kind, double start_ms, double end_ms) {
+    span_add(ctx, kind, start_ms, end_ms);
+}
+
+static int nccl_enqueue(strata_comm *c, const coll_task *req) {
+    if (!req->host)
+        return strata_nccl_enqueue(c->nccl, req->kind, req->out, req->in, req->count, req->root,
+                                   task_full_bytes(req));
+    /* The f64 agreement is small and on host memory: MPI on this thread, after the
+     * stream, as the other backends order it. */
+    if (strata_stream_sync(c->d, c->stream)) return -1;
+    coll_task t = *req;
+    t.start_ms = strata_now_ms();
+    if (c->mpi != MPI_COMM_NULL) run_allreduce(&t);
+    span_add(c, t.kind, t.start_ms, strata_now_ms());
+    return 0;
+}
+
+static const comm_ops nccl_ops = {"nccl", nccl_enqueue};
+
+/* Rank 0 (or the only rank) makes the id; MPI carries it to the others with a flag
+ * saying it was made, so a failure there fails every rank instead of hanging them. */
+static int nccl_setup(strata_comm *c) {
+    unsigned char id[1 + STRATA_NCCL_ID_BYTES] = {0};
+    if (c->rank == 0) id[0] = strata_nccl_unique_id(id + 1) == 0;
+    if (c->mpi != MPI_COMM_NULL) {
+        mpi_enter();
+        int rc = MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, c->mpi);
+        mpi_leave();
+        if (rc != MPI_SUCCESS) return strata_fail("comm.backend nccl: broadcasting the NCCL unique id failed");
+    }
+    if (!id[0]) {
+        if (c->rank == 0) return strata_fail_wrap("comm.backend nccl: making the NCCL unique id");
+        return strata_fail("comm.backend nccl: rank 0 could not make the NCCL unique id (see its message)");
+    }
+    c->nccl = strata_nccl_open(c->stream, c->d->ordinal, id + 1, c->rank, c->world, c->timeout_s, nccl_done, c);
+    return c->nccl ? 0 : -1;
+}
+
+/* Two ranks on one GPU (NCCL refuses them): sets *a < *b and the GPU's name, the same
+ * answer on every rank; returns 0 when every rank has its own GPU. Collective. */
+static int shared_gpu(strata_device *d, int *a, int *b, char *which, size_t n) {
+    enum { KEY = 192 };
+    char key[KEY] = "", bus[64] = "";
+    if (strata_nccl_gpu_bus_id(d->ordinal, bus, (int)sizeof bus))
+        snprintf(bus, sizeof bus, "cuda:%d", d->ordinal);
+    char host[128] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(key, sizeof key, "%s/%s", host, bus);
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    char *all = strata_xcalloc((size_t)world, KEY);
+    mpi_enter();
+    int rc = MPI_Allgather(key, KEY, MPI_CHAR, all, KEY, MPI_CHAR, MPI_COMM_WORLD);
+    mpi_leave();
+    int found = 0;
+    for (int i = 0; i < world && !found && rc == MPI_SUCCESS; i++)
+        for (int j = i + 1; j < world && !found; j++)
+            if (!strncmp(all + (size_t)i * KEY, all + (size_t)j * KEY, KEY)) {
+                *a = i;
+                *b = j;
+                snprintf(which, n, "%s", all + (size_t)i * KEY);
+                found = 1;
+            }
+    free(all);
+    return found;
+}
+#endif
+
 /* ---- open / close ---- */
 
-static strata_comm *comm_open(strata_device *d, strata_stream *stream, double timeout_s, int single) {
-    if (!d || !stream) {
-        strata_fail("comm open: the %s is NULL", d ? "stream" : "device");
-        return NULL;
-    }
-    if (!(timeout_s > 0)) {
-        strata_fail("comm.timeout_s is %g: it must be a positive number of seconds", timeout_s);
-        return NULL;
-    }
-    strata_comm *c = strata_xcalloc(1, sizeof *c);
-    c->d = d;
-    c->stream = stream;
-    c->timeout_s = timeout_s;
-    c->rank = 0;
-    c->world = 1;
-    c->mpi = MPI_COMM_NULL;
-    /* Well below INT_MAX. STRATA_COMM_CHUNK_ELEMS lowers it so tests reach the chunked
-     * paths with small buffers. */
-    c->chunk_elems = (size_t)1 << 30;
-    const char *env = getenv("STRATA_COMM_CHUNK_ELEMS");
-    if (env) {
-        char *end = NULL;
-        long long v = strtoll(env, &end, 10);
-        if (end == env || *end || v < 1 || v > (1LL << 30)) {
-            strata_fail("STRATA_COMM_CHUNK_ELEMS=\"%s\": expected an integer in [1, %lld]", env,
-                        1LL << 30);
-            free(c);
-            return NULL;
-        }
-        c->chunk_elems = (size_t)v;
-    }
-    pthread_mutex_init(&c->mu, NULL);
-
-    if (mpi_is_active && !single) {
-        c->ops = &mpi_ops;
-        mpi_enter();
-        int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
-        if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
-        if (rc == MPI_SUCCESS) MPI_Comm_rank(c->mpi, &c->rank);
-        if (rc == MPI_SUCCESS) MPI_Comm_size(c->mpi, &c->world);
-        mpi_leave();
-        if (rc != MPI_SUCCESS) {
-            char msg[MPI_MAX_ERROR_STRING] = "";
-            int len = 0;
-            MPI_Error_string(rc, msg, &len);
-            strata_fail("comm open: duplicating MPI_COMM_WORLD failed: %s", msg);
-            pthread_mutex_destroy(&c->mu);
-            free(c);
-            return NULL;
-        }
-        c->requests = strata_xmalloc((size_t)c->world * sizeof *c->requests);
-        for (int r = 0; r < c->world; r++) c->requests[r] = MPI_REQUEST_NULL;
-    } else {
-        c->ops = &single_ops;
-    }
-    STRATA_DEBUG("comm", "opened backend %s: rank %d of %d, timeout %g s", c->ops->name, c->rank,
-                 c->world, timeout_s);
-    return c;
+static int env_size(const char *name, long long lo, long long hi, size_t *out) {
+    const char *env = getenv(name);
+    if (!env) return 0;
+    char *end = NULL;
+    long long v = strtoll(env, &end, 10);
+    if (end == env || *end || v < lo || v > hi)
+        return strata_fail("%s=\"%s\": expected an integer in [%lld, %lld]", name, env, lo, hi);
+    *out = (size_t)v;
+    return 0;
 }
 
-strata_comm *strata_comm_open(strata_device *d, strata_stream *stream, double timeout_s) {
-    return comm_open(d, stream, timeout_s, 0);
-}
-strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream) {
-    return comm_open(d, stream, 60.0, 1);
-}
-
-void strata_comm_close(strata_comm *c) {
-    if (!c) return;
-    free(c->scratch);
-    strata_stream_sync(c->d, c->stream); /* queued tasks still point at c */
+/* Frees what a comm holds, however far its open got. The stream must be idle. */
+static void comm_destroy(strata_comm *c) {
+#ifdef STRATA_HAVE_NCCL
+    strata_nccl_close(c->nccl);
+#endif
     if (c->mpi != MPI_COMM_NULL) {
         mpi_enter();
         MPI_Comm_free(&c->mpi);
         mpi_leave();
     }
+    if (c->stage_stream) strata_stream_destroy(c->d, c->stage_stream);
+    if (c->stage) strata_free(c->d, STRATA_MEM_PINNED, c->stage);
+    if (c->owns_stream) strata_stream_destroy(c->d, c->stream);
+    for (coll_task *t = c->free_tasks, *next; t; t = next) {
+        next = t->next_free;
+        free(t);
+    }
+    free(c->scratch);
     free(c->requests);
     free(c->spans);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
+static int setup_mpi(strata_comm *c) {
+    mpi_enter();
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) MPI_Comm_rank(c->mpi, &c->rank);
+    if (rc == MPI_SUCCESS) MPI_Comm_size(c->mpi, &c->world);
+    mpi_leave();
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING] = "";
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        return strata_fail("comm open: duplicating MPI_COMM_WORLD failed: %s", msg);
+    }
+    c->requests = strata_xmalloc((size_t)c->world * sizeof *c->requests);
+    for (int r = 0; r < c->world; r++) c->requests[r] = MPI_REQUEST_NULL;
+    return 0;
+}
+
+/* Staging is on wherever MPI may be handed memory it cannot read: any device but the
+ * CPU. STRATA_COMM_STAGE=1 turns it on for the CPU too (CI proves the path that way),
+ * =0 off (an MPI that reads device memory itself). */
+static int setup_stage(strata_comm *c) {
+    int on = strcmp(c->d->ops->name, "cpu") != 0;
+    const char *env = getenv("STRATA_COMM_STAGE");
+    if (env) {
+        if (strcmp(env, "0") && strcmp(env, "1"))
+            return strata_fail("STRATA_COMM_STAGE=\"%s\": expected 0 or 1", env);
+        on = env[0] == '1';
+    }
+    size_t bytes = (size_t)16 << 20;
+    if (env_size("STRATA_COMM_STAGE_BYTES", 8LL * (c->world + 1), 1LL << 30, &bytes)) return -1;
+    if (!on) return 0;
+    c->stage_stream = strata_stream_create(c->d, "comm-stage", STRATA_STREAM_DEVICE);
+    if (!c->stage_stream) return strata_fail_wrap("comm open: the staging stream");
+    c->stage = strata_alloc(c->d, STRATA_MEM_PINNED, bytes);
+    if (!c->stage) return strata_fail_wrap("comm open: %zu bytes of pinned staging memory", bytes);
+    c->stage_bytes = bytes;
+    return 0;
+}
+
+static strata_comm *comm_open(strata_device *d, strata_stream *stream, double timeout_s, comm_backend backend,
+                              int owns_stream) {
+    if (!d || !stream) {
+        strata_fail("comm open: the %s is NULL", d ? "stream" : "device");
+        return NULL;
+    }
+    strata_comm *c = strata_xcalloc(1, sizeof *c);
+    c->d = d;
+    c->stream = stream;
+    c->owns_stream = owns_stream;
+    c->timeout_s = timeout_s;
+    c->rank = 0;
+    c->world = 1;
+    c->mpi = MPI_COMM_NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    /* Well below INT_MAX. STRATA_COMM_CHUNK_ELEMS lowers it so tests reach the chunked
+     * paths with small buffers. */
+    c->chunk_elems = (size_t)1 << 30;
+    int rc = 0;
+    if (!(timeout_s > 0))
+        rc = strata_fail("comm.timeout_s is %g: it must be a positive number of seconds", timeout_s);
+    if (!rc) rc = env_size("STRATA_COMM_CHUNK_ELEMS", 1, 1LL << 30, &c->chunk_elems);
+    if (!rc && mpi_is_active && backend != BACKEND_SINGLE) rc = setup_mpi(c);
+    switch (backend) {
+    case BACKEND_SINGLE: c->ops = &single_ops; break;
+    case BACKEND_MPI:
+        c->ops = &mpi_ops;
+        if (!rc) rc = setup_stage(c);
+        break;
+    case BACKEND_NCCL:
+#ifdef STRATA_HAVE_NCCL
+        c->ops = &nccl_ops;
+        if (!rc) rc = nccl_setup(c);
+#else
+        rc = strata_fail("comm.backend nccl: this strata was built without NCCL");
+#endif
+        break;
+    }
+    if (rc) {
+        comm_destroy(c);
+        return NULL;
+    }
+    STRATA_DEBUG("comm", "opened backend %s: rank %d of %d, timeout %g s, %zu bytes of pinned staging",
+                 c->ops->name, c->rank, c->world, timeout_s, c->stage_bytes);
+    return c;
+}
+
+strata_comm *strata_comm_open(strata_device *d, strata_stream *stream, double timeout_s) {
+    return comm_open(d, stream, timeout_s, mpi_is_active ? BACKEND_MPI : BACKEND_SINGLE, 0);
+}
+strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream) {
+    return comm_open(d, stream, 60.0, BACKEND_SINGLE, 0);
+}
+
+/* The config's comm.backend, resolved for this device and launch (see comm.h). */
+static int choose_backend(strata_device *d, const strata_config *cfg, comm_backend *out) {
+    int cuda = !strcmp(d->ops->name, "cuda");
+    *out = mpi_is_active ? BACKEND_MPI : BACKEND_SINGLE;
+    if (cfg->comm.backend == STRATA_COMM_NCCL) {
+        if (!cuda)
+            return strata_fail("comm.backend is nccl but the device is %s: NCCL moves GPU buffers only; "
+                               "use comm.backend: mpi (or auto)", d->ops->name);
+#ifdef STRATA_HAVE_NCCL
+        int a = 0, b = 0;
+        char gpu[192];
+        if (mpi_is_active && shared_gpu(d, &a, &b, gpu, sizeof gpu))
+            return strata_fail("comm.backend is nccl but ranks %d and %d share the GPU %s, which NCCL refuses "
+                               "('Duplicate GPU detected'); use comm.backend: mpi (or auto), or one rank per GPU",
+                               a, b, gpu);
+        *out = BACKEND_NCCL;
+        return 0;
+#else
+        return strata_fail("comm.backend is nccl but this strata was built without NCCL (CMake found no "
+                           "libnccl: configure with -DNCCL_LIB=<path to libnccl.so> -DNCCL_INCLUDE_DIR=<dir "
+                           "of nccl.h>); or use comm.backend: mpi (or auto)");
+#endif
+    }
+    if (!mpi_is_active || cfg->comm.backend != STRATA_COMM_AUTO || !cuda) return 0;
+#ifdef STRATA_HAVE_NCCL
+    int a = 0, b = 0;
+    char gpu[192];
+    if (!shared_gpu(d, &a, &b, gpu, sizeof gpu)) {
+        *out = BACKEND_NCCL;
+        return 0;
+    }
+    if (strata_log_rank() == 0)
+        STRATA_INFO("comm", "comm.backend auto: ranks %d and %d share the GPU %s, which NCCL refuses; "
+                    "using mpi with device buffers staged through pinned memory", a, b, gpu);
+#else
+    if (strata_log_rank() == 0)
+        STRATA_WARN("comm", "comm.backend auto: built without NCCL; using mpi with device buffers staged "
+                    "through pinned memory");
+#endif
+    return 0;
+}
+
+/* NCCL and the world-1 copies run on a DEVICE stream on a GPU, so the compute and
+ * accumulate streams meet them through native CUDA events; the mpi backend's worker is
+ * a HOST stream, as is every comm stream on the CPU device (a real thread there). */
+static strata_comm *open_owned(strata_device *d, comm_backend backend, double timeout_s) {
+    int device_stream = backend != BACKEND_MPI && strcmp(d->ops->name, "cpu") != 0;
+    strata_stream *s = strata_stream_create(d, "comm", device_stream ? STRATA_STREAM_DEVICE : STRATA_STREAM_HOST);
+    if (!s) {
+        strata_fail_wrap("comm open: the collective stream");
+        return NULL;
+    }
+    return comm_open(d, s, timeout_s, backend, 1);
+}
+
+strata_comm *strata_comm_open_config(strata_device *d, const strata_config *cfg) {
+    if (!d || !cfg) {
+        strata_fail("comm open: the %s is NULL", d ? "config" : "device");
+        return NULL;
+    }
+    comm_backend backend;
+    if (choose_backend(d, cfg, &backend)) return NULL;
+    return open_owned(d, backend, cfg->comm.timeout_s);
+}
+
+strata_comm *strata_comm_open_local(strata_device *d) {
+    if (!d) {
+        strata_fail("comm open: the device is NULL");
+        return NULL;
+    }
+    return open_owned(d, BACKEND_SINGLE, 60.0);
+}
+
+void strata_comm_close(strata_comm *c) {
+    if (!c) return;
+    strata_stream_sync(c->d, c->stream); /* queued tasks still point at c */
+    comm_destroy(c);
+}
+
 int strata_comm_rank(const strata_comm *c) { return c->rank; }
 int strata_comm_world(const strata_comm *c) { return c->world; }
 const char *strata_comm_backend_name(const strata_comm *c) { return c->ops->name; }
 strata_stream *strata_comm_stream(const strata_comm *c) { return c->stream; }
+size_t strata_comm_pinned_bytes(const strata_comm *c) { return c->stage_bytes; }
+
+int strata_comm_task_records(const strata_comm *c) {
+    strata_comm *m = (strata_comm *)c; /* the lock is not part of the logical state */
+    pthread_mutex_lock(&m->mu);
+    int n = c->n_tasks;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
 
 /* ---- the collectives: validate, count, enqueue ---- */
 
@@ -509,11 +875,10 @@ static uint64_t ring_bytes(const coll_task *t) {
 
 static int submit(strata_comm *c, strata_coll_kind kind, comm_elem elem, void *out,
                   const void *in, size_t count, int root, int aliased) {
-    coll_task *t = strata_xmalloc(sizeof *t);
-    *t = (coll_task){.c = c, .kind = kind, .elem = elem, .out = out, .in = in, .count = count,
-                     .root = root, .aliased = aliased};
-    count_call(c, kind, ring_bytes(t));
-    return c->ops->enqueue(c, t);
+    coll_task req = {.c = c, .kind = kind, .elem = elem, .out = out, .in = in, .count = count,
+                     .root = root, .aliased = aliased, .host = elem == ELEM_F64};
+    count_call(c, kind, ring_bytes(&req));
+    return c->ops->enqueue(c, &req);
 }
 
 /* 1 when [a, a+an) and [b, b+bn) share a byte. */

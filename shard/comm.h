@@ -1,13 +1,25 @@
 /* shard/comm.h: collectives between ranks, enqueued on a stream.
  *
- * Every collective is enqueued on a stream of the device interface (on the CPU backend a
- * HOST stream, whose worker thread drives the non-blocking MPI calls), so it overlaps
- * compute and meets it only through events. Two backends today:
- *  - single: world size 1 without mpirun; collectives are copies (or nothing);
- *  - mpi: MPI_Iallreduce / MPI_Ireduce_scatter_block / MPI_Iallgather / MPI_Ibcast driven by
- *    an MPI_Test loop with a watchdog: a collective that does not finish within
- *    comm.timeout_s ends the whole job (MPI_Abort) with a message, never a hang.
- * NCCL (issue 5) fills in the same table.
+ * Every collective is enqueued on the comm's stream, so it overlaps compute and meets it
+ * only through events. Three backends, picked by strata_comm_open_config from
+ * comm.backend (auto|mpi|nccl), the device and the launch:
+ *  - single: world size 1 without mpirun (comm.backend auto or mpi); collectives are
+ *    copies (or nothing);
+ *  - mpi: MPI_Iallreduce / MPI_Ireduce_scatter_block / MPI_Iallgather / MPI_Ibcast,
+ *    driven on a HOST stream's worker thread by an MPI_Test loop with a watchdog: a
+ *    collective that does not finish within comm.timeout_s ends the whole job
+ *    (MPI_Abort) with a message, never a hang. Buffers MPI cannot read (any device but
+ *    the CPU; STRATA_COMM_STAGE=1 forces it on the CPU, =0 off) go through a pinned
+ *    staging buffer allocated at open (16 MiB, STRATA_COMM_STAGE_BYTES): copy a piece
+ *    in, MPI on host memory, copy it out. This is how several ranks share one GPU;
+ *  - nccl: one NCCL call per collective on a DEVICE stream (comm.backend nccl, or auto
+ *    on a GPU under mpirun unless two ranks share a GPU, which NCCL refuses). Rank 0
+ *    makes the unique id and MPI broadcasts it; without mpirun the one rank makes its
+ *    own (world 1, for testing NCCL on one GPU). Counts are size_t, never chunked. A
+ *    watchdog thread aborts the communicator and the job when a started collective
+ *    exceeds comm.timeout_s or NCCL reports an asynchronous error.
+ * On a GPU the single and nccl backends run on DEVICE streams, so the engine's streams
+ * wait on them with native CUDA events; mpi keeps a HOST stream.
  *
  * Every call is counted: calls and bytes per kind. "Bytes" is what one rank sends under
  * the ring algorithm, the ZeRO paper's accounting: all-reduce 2(N-1)/N S, reduce-scatter
@@ -18,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/config.h"
 #include "core/device.h"
 
 typedef enum strata_coll_kind {
@@ -53,8 +66,16 @@ int strata_mpi_active(void);
 /* Ends every rank of the job at once (MPI_Abort when MPI is active, else exit). */
 _Noreturn void strata_mpi_abort(int code);
 
-/* Opens the backend for this process: "mpi" when MPI is active, "single" otherwise.
- * `stream` is where collectives run; it must be a HOST stream for the mpi backend. */
+/* Opens the backend the config asks for (see the top of this file) on a stream of the
+ * right kind that the comm makes, owns and destroys at close. NULL + error naming
+ * comm.backend when it cannot be had (nccl on the CPU, or in a build without NCCL, or
+ * with two ranks on one GPU). Collective under mpirun: every rank calls it. */
+strata_comm *strata_comm_open_config(strata_device *d, const strata_config *cfg);
+/* A world of one on a stream it owns (DEVICE on a GPU), even inside an MPI job: for
+ * commands that run one rank's engine (sample, export). */
+strata_comm *strata_comm_open_local(strata_device *d);
+/* On a caller's stream, which outlives the comm: "mpi" when MPI is active, "single"
+ * otherwise. `stream` must be a HOST stream for the mpi backend. */
 strata_comm *strata_comm_open(strata_device *d, strata_stream *stream, double timeout_s);
 /* A world of one, even inside an MPI job (tests compute their single-rank reference so). */
 strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream);
@@ -63,6 +84,12 @@ int strata_comm_rank(const strata_comm *c);
 int strata_comm_world(const strata_comm *c);
 const char *strata_comm_backend_name(const strata_comm *c);
 strata_stream *strata_comm_stream(const strata_comm *c);
+/* Pinned host bytes the comm holds (the mpi backend's staging buffer, else 0), allocated
+ * at open: the memory plan counts them. */
+size_t strata_comm_pinned_bytes(const strata_comm *c);
+/* Host records of queued collectives made so far; they are reused, so once the deepest
+ * queue of a run has been reached, steps make none. */
+int strata_comm_task_records(const strata_comm *c);
 
 /* Enqueued on the comm stream; return 0 or -1 when the enqueue itself fails. Errors of
  * the collective itself (MPI error, timeout) abort the job with the message. fp32 sums. */
@@ -76,8 +103,9 @@ int strata_allgather(strata_comm *c, void *out, const void *in, size_t bytes_per
 int strata_broadcast(strata_comm *c, void *buf, size_t bytes, int root);
 int strata_barrier(strata_comm *c);
 
-/* Blocking, on the calling thread's behalf: enqueue, then wait. For the small step-end
- * agreement (loss, stop flag, NaN flag) and start-up checks. Sum of doubles. */
+/* Blocking, on the calling thread's behalf: enqueue, then wait (nccl: wait for the
+ * stream, then MPI on this thread). For the small step-end agreement (loss, stop flag,
+ * NaN flag) and start-up checks. Sum of doubles in host memory. */
 int strata_allreduce_host_f64(strata_comm *c, double *buf, int n);
 
 /* Counters since open (or the last reset), and an optional trace of spans. */

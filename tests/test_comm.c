@@ -1,9 +1,14 @@
 /* tests/test_comm.c: every collective on rank-dependent data with exact expected
  * results, at any world size: plain (world 1, "single" backend) or under mpirun ("mpi").
- * Small-integer sums are exact in fp32, so results are compared with ==.
+ * Small-integer sums are exact in fp32, so results are compared with ==. Under mpirun
+ * the same checks also run on comms that stage every buffer through pinned memory
+ * (STRATA_COMM_STAGE=1, the path device buffers take), with staging buffers small
+ * enough to need many chunks; STRATA_COMM_STAGE=1 in the environment stages the main
+ * comm too. Then the backend choice from a config, and the reuse of task records.
  *
  * STRATA_TEST_COMM_WATCHDOG=1 turns it into the watchdog check that tests/e2e_comm.sh
  * runs: rank 0 never joins a barrier and the other ranks must abort the job. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/config.h"
 #include "core/device.h"
 #include "shard/comm.h"
 #include "tests/check.h"
@@ -26,7 +32,7 @@ static void ffree(float *p) { strata_free(dev, STRATA_MEM_DEVICE, p); }
 /* Sum over ranks r of (r * 1000 + v) = 1000 * W(W-1)/2 + W * v. */
 static float rank_sum(int v) { return 1000.0f * (float)(W * (W - 1) / 2) + (float)W * (float)v; }
 
-static void test_allreduce(strata_comm *c) {
+static void test_allreduce(strata_comm *c, const char *label) {
     const size_t sizes[] = {0, 1, 7, 1000, (1u << 20) + 3}; /* the last is 4 MiB */
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
         size_t n = sizes[s];
@@ -36,7 +42,7 @@ static void test_allreduce(strata_comm *c) {
         strata_stream_sync(dev, strata_comm_stream(c));
         size_t bad = 0;
         for (size_t i = 0; i < n; i++) bad += buf[i] != rank_sum((int)(i % 997));
-        CHECK(rc == 0 && bad == 0, "all-reduce of %zu floats: %zu wrong", n, bad);
+        CHECK(rc == 0 && bad == 0, "%sall-reduce of %zu floats: %zu wrong", label, n, bad);
         ffree(buf);
     }
 }
@@ -277,6 +283,132 @@ static void test_errors(strata_comm *c, strata_stream *s) {
     CHECK(strata_comm_open(dev, NULL, 10) == NULL, "a NULL stream is refused: %s", strata_error());
 }
 
+/* A gate on the comm stream: the stream stops at it until the test opens it, so a
+ * round's collectives are all queued at once, however fast the worker is. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+} gate;
+static void gate_wait(void *arg) {
+    gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+static void gate_open(gate *g) {
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Records of queued collectives are reused: rounds of DEPTH + 1 queued collectives make
+ * DEPTH + 1 records once (the single backend none: it needs them only to trace). */
+static void test_task_reuse(strata_comm *c, const char *label) {
+    enum { DEPTH = 24 };
+    float *b = falloc(1000);
+    memset(b, 0, 1000 * sizeof(float));
+    int counts[3], before = strata_comm_task_records(c);
+    for (int round = 0; round < 3; round++) {
+        gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+        strata_host_task(dev, strata_comm_stream(c), gate_wait, &g);
+        for (int i = 0; i < DEPTH; i++) strata_allreduce(c, b, 1000);
+        strata_broadcast(c, b, 400, 0);
+        gate_open(&g);
+        strata_stream_sync(dev, strata_comm_stream(c));
+        counts[round] = strata_comm_task_records(c);
+    }
+    int want = strcmp(strata_comm_backend_name(c), "single") ? DEPTH + 1 : before;
+    if (want < before) want = before;
+    CHECK(counts[0] == want && counts[1] == want && counts[2] == want,
+          "%stask records after 3 rounds of %d queued collectives: %d %d %d (want %d each)", label, DEPTH + 1,
+          counts[0], counts[1], counts[2], want);
+    size_t bad = 0;
+    for (int i = 0; i < 1000; i++) bad += b[i] != 0.0f;
+    CHECK(bad == 0, "%sall-reduces of zeros stay zero: %zu wrong", label, bad);
+    ffree(b);
+}
+
+/* Sets (value) or unsets (NULL) an environment variable, returning its old value. */
+static char *swap_env(const char *name, const char *value) {
+    const char *old = getenv(name);
+    char *saved = old ? strata_xstrdup(old) : NULL, *v = value ? strata_xstrdup(value) : NULL;
+    if (v) setenv(name, v, 1); /* value may be the string being replaced */
+    else unsetenv(name);
+    free(v);
+    return saved;
+}
+static void restore_env(const char *name, char *saved) {
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+}
+
+/* A comm opened with STRATA_COMM_CHUNK_ELEMS / STRATA_COMM_STAGE / _STAGE_BYTES set to
+ * the given values (NULL: unset) for the open only. */
+static strata_comm *open_with(strata_stream *s, const char *chunk, const char *stage, const char *stage_bytes) {
+    char *c0 = swap_env("STRATA_COMM_CHUNK_ELEMS", chunk);
+    char *s0 = swap_env("STRATA_COMM_STAGE", stage);
+    char *b0 = swap_env("STRATA_COMM_STAGE_BYTES", stage_bytes);
+    strata_comm *c = strata_comm_open(dev, s, 60.0);
+    restore_env("STRATA_COMM_CHUNK_ELEMS", c0);
+    restore_env("STRATA_COMM_STAGE", s0);
+    restore_env("STRATA_COMM_STAGE_BYTES", b0);
+    return c;
+}
+
+static void test_stage_env_errors(strata_stream *s) {
+    strata_comm *c = open_with(s, NULL, "2", NULL);
+    CHECK(c == NULL && strstr(strata_error(), "STRATA_COMM_STAGE=\"2\""), "STRATA_COMM_STAGE=2 is refused: %s",
+          strata_error());
+    c = open_with(s, NULL, "1", "10");
+    CHECK(c == NULL && strstr(strata_error(), "STRATA_COMM_STAGE_BYTES"),
+          "a staging buffer of 10 bytes is refused: %s", strata_error());
+    c = open_with(s, NULL, "0", NULL);
+    CHECK(c != NULL && strata_comm_pinned_bytes(c) == 0, "STRATA_COMM_STAGE=0 holds no pinned memory");
+    strata_comm_close(c);
+}
+
+/* The backend and its stream come from the config, the device and the launch. */
+static void test_open_config(void) {
+    strata_config cfg;
+    strata_config_defaults(&cfg);
+    const char *want = strata_mpi_active() ? "mpi" : "single";
+    strata_comm *c = strata_comm_open_config(dev, &cfg);
+    CHECK(c && !strcmp(strata_comm_backend_name(c), want) && strata_comm_world(c) == W && strata_comm_rank(c) == R,
+          "comm.backend auto on the cpu opens %s at world %d", c ? strata_comm_backend_name(c) : strata_error(), W);
+    if (c) {
+        float *b = falloc(100);
+        for (int i = 0; i < 100; i++) b[i] = (float)(R * 1000 + i);
+        int rc = strata_allreduce(c, b, 100);
+        strata_stream_sync(dev, strata_comm_stream(c));
+        size_t bad = 0;
+        for (int i = 0; i < 100; i++) bad += b[i] != rank_sum(i);
+        CHECK(rc == 0 && bad == 0, "an all-reduce on the comm's own stream: %zu wrong", bad);
+        ffree(b);
+        strata_comm_close(c); /* destroys its stream too */
+    }
+    CHECK(strata_config_set(&cfg, "comm.backend=mpi") == 0, "comm.backend=mpi is a valid setting");
+    c = strata_comm_open_config(dev, &cfg);
+    CHECK(c && !strcmp(strata_comm_backend_name(c), want), "comm.backend mpi opens %s",
+          c ? strata_comm_backend_name(c) : strata_error());
+    strata_comm_close(c);
+
+    CHECK(strata_config_set(&cfg, "comm.backend=nccl") == 0, "comm.backend=nccl is a valid setting");
+    c = strata_comm_open_config(dev, &cfg);
+    CHECK(c == NULL && strstr(strata_error(), "comm.backend is nccl") && strstr(strata_error(), "cpu"),
+          "comm.backend nccl on the cpu is refused: %s", strata_error());
+
+    c = strata_comm_open_local(dev);
+    CHECK(c && !strcmp(strata_comm_backend_name(c), "single") && strata_comm_world(c) == 1 &&
+              strata_comm_pinned_bytes(c) == 0,
+          "a local comm is a world of one even under mpirun");
+    strata_comm_close(c);
+    CHECK(strata_comm_open_config(NULL, &cfg) == NULL && strata_comm_open_config(dev, NULL) == NULL,
+          "a NULL device or config is refused: %s", strata_error());
+}
+
 static int run_watchdog(strata_comm *c) {
     if (R == 0) {
         /* Never joins: the others' barrier must time out and end the job, this rank too. */
@@ -321,28 +453,62 @@ int main(int argc, char **argv) {
     CHECK(!strcmp(strata_comm_backend_name(c), want_backend), "backend is %s",
           strata_comm_backend_name(c));
     CHECK(local >= 0 && local < W, "local rank %d", local);
+    const char *stage_env = getenv("STRATA_COMM_STAGE");
+    int staged = strata_mpi_active() && stage_env && !strcmp(stage_env, "1");
+    CHECK((strata_comm_pinned_bytes(c) > 0) == staged, "the main comm %s (%zu pinned bytes)",
+          staged ? "stages through pinned memory" : "reads buffers directly", strata_comm_pinned_bytes(c));
 
-    test_allreduce(c);
-    test_reduce_scatter(c, "");
-    test_allgather(c, "");
-    test_broadcast(c, "");
+    const char *main_label = staged ? "staged " : "";
+    test_allreduce(c, main_label);
+    test_reduce_scatter(c, main_label);
+    test_allgather(c, main_label);
+    test_broadcast(c, main_label);
     test_host_f64(c);
     test_counters(c);
     test_ordering_with_events(c);
+    test_task_reuse(c, main_label);
     test_errors(c, s);
+    test_open_config();
 
     /* A second comm whose MPI calls carry at most 100000 elements: the chunked and
      * per-block paths (with a remainder chunk), on the same data and oracles. */
-    setenv("STRATA_COMM_CHUNK_ELEMS", "100000", 1);
-    strata_comm *small = strata_comm_open(dev, s, 60.0);
-    unsetenv("STRATA_COMM_CHUNK_ELEMS");
+    strata_comm *small = open_with(s, "100000", stage_env, getenv("STRATA_COMM_STAGE_BYTES"));
     CHECK(small != NULL, "comm with 100000-element chunks opens");
     if (small) {
-        test_allreduce(small);
-        test_reduce_scatter(small, "chunked ");
-        test_allgather(small, "chunked ");
-        test_broadcast(small, "chunked ");
+        const char *label = staged ? "staged chunked " : "chunked ";
+        test_allreduce(small, label);
+        test_reduce_scatter(small, label);
+        test_allgather(small, label);
+        test_broadcast(small, label);
         strata_comm_close(small);
+    }
+
+    if (strata_mpi_active()) {
+        /* Staged through 1 MiB (4-5 MiB buffers take several chunks), then through an odd
+         * 300001 bytes with 100000-element MPI calls (remainder chunks everywhere). */
+        strata_comm *st = open_with(s, NULL, "1", "1048576");
+        CHECK(st && strata_comm_pinned_bytes(st) == 1048576, "a staged comm holds its 1 MiB of pinned memory");
+        if (st) {
+            test_allreduce(st, "staged ");
+            test_reduce_scatter(st, "staged ");
+            test_allgather(st, "staged ");
+            test_broadcast(st, "staged ");
+            test_host_f64(st);
+            test_counters(st);
+            test_ordering_with_events(st);
+            test_task_reuse(st, "staged ");
+            strata_comm_close(st);
+        }
+        st = open_with(s, "100000", "1", "300001");
+        CHECK(st && strata_comm_pinned_bytes(st) == 300001, "a staged comm with 300001 bytes and 100000-element calls opens");
+        if (st) {
+            test_allreduce(st, "staged small ");
+            test_reduce_scatter(st, "staged small ");
+            test_allgather(st, "staged small ");
+            test_broadcast(st, "staged small ");
+            strata_comm_close(st);
+        }
+        test_stage_env_errors(s);
     }
 
     /* Every rank returns the same verdict. */
