@@ -41,6 +41,40 @@ int strata_fail_wrap(const char *fmt, ...) {
 const char *strata_error(void) { return error_buf[0] ? error_buf : "unknown error"; }
 void strata_clear_error(void) { error_buf[0] = 0; }
 
+/* ---- the device fault record ---- */
+
+static pthread_mutex_t fault_mu = PTHREAD_MUTEX_INITIALIZER;
+static int fault_kind;
+static char fault_msg[ERROR_MAX];
+
+void strata_fault_record(int oom, const char *fmt, ...) {
+    char msg[ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&fault_mu);
+    if (fault_kind == STRATA_FAULT_NONE) {
+        fault_kind = oom ? STRATA_FAULT_OOM : STRATA_FAULT_DEVICE;
+        memcpy(fault_msg, msg, sizeof fault_msg);
+    }
+    pthread_mutex_unlock(&fault_mu);
+}
+
+static int fault_read(char *msg, size_t n, int clear) {
+    pthread_mutex_lock(&fault_mu);
+    int kind = fault_kind;
+    if (msg && n) snprintf(msg, n, "%s", kind ? fault_msg : "");
+    if (clear) {
+        fault_kind = STRATA_FAULT_NONE;
+        fault_msg[0] = 0;
+    }
+    pthread_mutex_unlock(&fault_mu);
+    return kind;
+}
+int strata_fault_peek(char *msg, size_t n) { return fault_read(msg, n, 0); }
+int strata_fault_take(char *msg, size_t n) { return fault_read(msg, n, 1); }
+
 /* ---- logging ---- */
 
 static strata_log_level log_level = STRATA_LOG_INFO;

@@ -22,6 +22,8 @@ enum {
     STRATA_EXIT_ERROR = 1,  /* run-time failure: I/O, NaN, a rank died, corrupt checkpoint */
     STRATA_EXIT_USAGE = 2,  /* bad command line or config: nothing was started */
     STRATA_EXIT_NOFIT = 3,  /* the memory plan does not fit: nothing was allocated */
+    STRATA_EXIT_OOM = 4,    /* the device ran out of memory mid-run (another process took some):
+                               the last completed step was checkpointed; resume when it is free */
 };
 
 /* Records a formatted message as this thread's error and returns -1, so
@@ -31,6 +33,24 @@ int strata_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int strata_fail_wrap(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *strata_error(void);
 void strata_clear_error(void);
+
+/* The process-wide device fault record. A kernel wrapper has no status to return (the
+ * kernel table's functions are void), so a device failure it can survive, an allocation
+ * that ran out of memory, is recorded here and the wrapper carries on: the kernel did not
+ * run, which spoils only the step in flight. The engine takes the record before any update
+ * touches the state and abandons the step. The first fault wins (later ones are usually
+ * its consequences); recording and taking are thread-safe. */
+enum {
+    STRATA_FAULT_NONE = 0,
+    STRATA_FAULT_DEVICE = 1, /* some other device failure */
+    STRATA_FAULT_OOM = 2,    /* out of device memory */
+};
+void strata_fault_record(int oom, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The pending fault's kind (STRATA_FAULT_*), its message copied into msg (n > 0); the
+ * record is left in place. */
+int strata_fault_peek(char *msg, size_t n);
+/* The same, and clears the record. */
+int strata_fault_take(char *msg, size_t n);
 
 typedef enum strata_log_level {
     STRATA_LOG_ERROR = 0,

@@ -173,7 +173,7 @@ static const key_spec schema[] = {
     BOOL_("zero", "overlap_comm", zero.overlap_comm, "true", "overlap gradient reduction with backward"),
     INT_("zero", "prefetch_units", zero.prefetch_units, 0, 1024, "1", "stage 3: blocks gathered ahead"),
 
-    ENUM_("comm", "backend", comm.backend, comm_names, "auto", "auto = nccl on cuda, mpi on cpu"),
+    ENUM_("comm", "backend", comm.backend, comm_names, "auto", "auto = nccl on GPUs (mpi when ranks share one), mpi on cpu"),
     DBL("comm", "timeout_s", comm.timeout_s, 0, 604800, "300", F_MIN_EXCL,
         "a collective that takes longer ends the job"),
 
@@ -776,9 +776,9 @@ int strata_config_check(const strata_config *c, const char *name) {
     if (c->offload.params != STRATA_OFFLOAD_NONE && c->zero.stage != 3)
         return strata_fail("%s: offload.params is %s, which needs zero.stage 3 (stages 0-2 keep full parameters on "
                            "every rank)", name, strata_offload_name(c->offload.params));
-    if (c->offload.params == STRATA_OFFLOAD_NVME)
-        return strata_fail("%s: offload.params: nvme is not available in this version; use cpu (pinned host memory)",
-                           name);
+    if (c->offload.params == STRATA_OFFLOAD_NVME && c->offload.optimizer == STRATA_OFFLOAD_NONE)
+        return strata_fail("%s: offload.params is nvme, which needs offload.optimizer cpu or nvme (the CPU update "
+                           "writes the parameters to disk)", name);
     if (c->offload.block_kb % 4)
         return strata_fail("%s: offload.block_kb (%d) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)",
                            name, c->offload.block_kb);

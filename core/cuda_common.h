@@ -22,17 +22,38 @@ extern "C" {
 extern const strata_kernels strata_kernels_cuda;
 }
 
-/* A CUDA runtime call that must not fail inside a void kernel wrapper: the table's
- * kernels have no status to return, so a failure is fatal and says which call failed. */
-#define CUDA_CHECK(call)                                                                  \
+/* What CUDA_CHECK below does with a failure (core/device_cuda.cu): out of memory is handed to
+ * strata_cuda_record_oom after clearing CUDA's (non-sticky) error; anything else panics. */
+void strata_cuda_fault(const char *file, int line, const char *call, cudaError_t err, size_t bytes);
+/* Records an out-of-memory device fault: "<call> at <file>:<line> failed: <why> (needed N
+ * bytes; device free X of Y)". Also for cuBLASLt's CUBLAS_STATUS_ALLOC_FAILED. */
+void strata_cuda_record_oom(const char *file, int line, const char *call, size_t bytes, const char *why);
+
+/* A CUDA runtime call inside a void kernel wrapper, which has no status to return. Out of
+ * memory (cudaErrorMemoryAllocation: another process took the memory, or a kernel module
+ * loaded at first launch found none) is recorded as the process's device fault
+ * (core/common.h) naming the call, the bytes it needed where known (0: unknown) and the
+ * device's free memory, and the wrapper carries on: the work did not run, which spoils only
+ * the step in flight, and the engine abandons that step before any update. Every other
+ * error is a bug or a dead device: it panics, saying which call failed. */
+#define CUDA_CHECK_BYTES(call, bytes)                                                     \
     do {                                                                                  \
         cudaError_t cuda_err_ = (call);                                                   \
         if (cuda_err_ != cudaSuccess)                                                     \
-            strata_panic(__FILE__, __LINE__, "%s failed: %s (%s)", #call,                 \
-                         cudaGetErrorString(cuda_err_), cudaGetErrorName(cuda_err_));     \
+            strata_cuda_fault(__FILE__, __LINE__, #call, cuda_err_, (size_t)(bytes));      \
+    } while (0)
+#define CUDA_CHECK(call) CUDA_CHECK_BYTES(call, 0)
+
+/* A kernel launch's status (cudaGetLastError right after it), handled as CUDA_CHECK does:
+ * a launch that found no memory for its module or its local memory is a recorded fault. */
+#define CUDA_LAUNCH_CHECK(what)                                                           \
+    do {                                                                                  \
+        cudaError_t cuda_err_ = cudaGetLastError();                                       \
+        if (cuda_err_ != cudaSuccess)                                                     \
+            strata_cuda_fault(__FILE__, __LINE__, what, cuda_err_, 0);                    \
     } while (0)
 
-/* The same for a call whose failure the caller can report: returns strata_fail's -1. */
+/* A CUDA runtime call whose failure the caller can report: returns strata_fail's -1. */
 #define CUDA_TRY(call)                                                                    \
     do {                                                                                  \
         cudaError_t cuda_err_ = (call);                                                   \

@@ -899,10 +899,16 @@ extern "C" strata_device *strata_device_cuda_open(int ordinal) {
                     cudaGetErrorString(e));
         return NULL;
     }
-    if (ordinal < 0 || ordinal >= n) {
-        strata_fail("cuda device %d: this machine has %d GPU%s (ordinals 0..%d)", ordinal, n,
-                    n == 1 ? "" : "s", n - 1);
+    if (ordinal < 0 || n < 1) {
+        strata_fail("cuda device %d: this machine has %d GPU%s", ordinal, n, n == 1 ? "" : "s");
         return NULL;
+    }
+    if (ordinal >= n) {
+        /* more ranks on this node than GPUs (the ordinal is the MPI local rank): they share
+         * GPUs round-robin, which only the mpi backend allows (NCCL refuses it) */
+        STRATA_WARN("device", "local rank %d of a node with %d GPU%s: using cuda:%d, shared with other ranks",
+                    ordinal, n, n == 1 ? "" : "s", ordinal % n);
+        ordinal %= n;
     }
     if (make_current(ordinal)) return NULL;
     cudaDeviceProp prop;
@@ -930,6 +936,12 @@ extern "C" strata_device *strata_device_cuda_open(int ordinal) {
     d->ordinal = ordinal;
     snprintf(d->description, sizeof d->description, "cuda:%d %.80s (%.1f GiB)", ordinal, prop.name,
              (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+
+    /* What the context costs and what the backend's own setup adds (cuBLASLt handle and
+     * workspace, event slots): the memory plan measures both again, with anything else on
+     * the GPU, as its device "runtime" row (launcher/plan.c); this says which is which. */
+    size_t ctx_free = 0, ctx_total = 0;
+    if (cudaMemGetInfo(&ctx_free, &ctx_total) != cudaSuccess) (void)cudaGetLastError();
 
     void *slots = NULL;
     size_t slot_bytes = (size_t)SLOT_MAX * SLOT_STRIDE * sizeof(uint32_t);
@@ -961,6 +973,15 @@ extern "C" strata_device *strata_device_cuda_open(int ordinal) {
         cudaFreeHost(slots);
         goto fail;
     }
+    {
+        size_t fr = ctx_free, tot = ctx_total;
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
+        char b1[32], b2[32];
+        STRATA_DEBUG("device", "cuda:%d: %s in use once the context existed (this context and any other "
+                     "process), %s more after kernel setup (cuBLASLt workspace, event slots)", ordinal,
+                     strata_fmt_bytes(b1, sizeof b1, (double)(ctx_total - ctx_free)),
+                     strata_fmt_bytes(b2, sizeof b2, (double)ctx_free - (double)fr));
+    }
     return d;
 fail:
     pthread_cond_destroy(&cd->host_cv);
@@ -985,3 +1006,26 @@ cudaStream_t strata_cuda_stream_handle(strata_stream *s) {
 strata_cuda_kstate *strata_cuda_kstate_of(strata_stream *s) { return impl_of(s->d)->ks; }
 
 int strata_cuda_is_compute(strata_stream *s) { return s == s->d->compute; }
+
+/* ---- device faults (CUDA_CHECK, core/cuda_common.h) ---- */
+
+void strata_cuda_record_oom(const char *file, int line, const char *call, size_t bytes, const char *why) {
+    size_t fr = 0, tot = 0;
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fr = tot = 0;
+    }
+    char need[64] = "", fs[32], ts[32];
+    if (bytes) snprintf(need, sizeof need, "needed %zu bytes; ", bytes);
+    strata_fault_record(1, "%s at %s:%d failed: %s (%sdevice cuda:%d free %s of %s then)", call, file, line, why,
+                        need, dev, strata_fmt_bytes(fs, sizeof fs, (double)fr),
+                        strata_fmt_bytes(ts, sizeof ts, (double)tot));
+}
+
+void strata_cuda_fault(const char *file, int line, const char *call, cudaError_t err, size_t bytes) {
+    if (err != cudaErrorMemoryAllocation)
+        strata_panic(file, line, "%s failed: %s (%s)", call, cudaGetErrorString(err), cudaGetErrorName(err));
+    (void)cudaGetLastError(); /* not sticky: clear it, so the next launch's check does not see it */
+    strata_cuda_record_oom(file, line, call, bytes, cudaGetErrorString(err));
+}

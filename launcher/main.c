@@ -34,7 +34,8 @@ static const char *usage_text =
     "  dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
     "        loss, logits and every gradient of one batch, for checks against PyTorch\n"
     "\n"
-    "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit.\n";
+    "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit,\n"
+    "4 the device ran out of memory mid-run (an emergency checkpoint was written).\n";
 
 static int cmd_config(int argc, char **argv) {
     const char *path = NULL;
@@ -185,8 +186,9 @@ int main(int argc, char **argv) {
         }
         strata_log_init(rank, world);
         int rc = strata_cmd_train(sub_argc, sub_argv, rank, world, local_rank);
-        /* a rank that fails alone must not leave the others waiting in MPI_Finalize */
-        if (rc != STRATA_EXIT_OK && world > 1) strata_mpi_abort(rc);
+        /* a rank that fails alone must not leave the others waiting in MPI_Finalize; an
+         * out-of-memory stop is agreed by every rank, which all return together */
+        if (rc != STRATA_EXIT_OK && rc != STRATA_EXIT_OOM && world > 1) strata_mpi_abort(rc);
         strata_mpi_finalize();
         return rc;
     }

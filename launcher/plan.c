@@ -26,9 +26,15 @@ void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, in
         }
 }
 
-void strata_plan_add_nvme(strata_plan *p, size_t bytes) {
-    p->bytes[STRATA_TIER_NVME][STRATA_CAT_OPTIMIZER] = bytes;
+void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes) {
+    p->bytes[STRATA_TIER_NVME][STRATA_CAT_OPTIMIZER] = bytes - param_bytes;
+    p->bytes[STRATA_TIER_NVME][STRATA_CAT_PARAMS] = param_bytes;
     p->need[STRATA_TIER_NVME] = bytes;
+}
+
+void strata_plan_add_pinned_buffers(strata_plan *p, size_t bytes) {
+    p->bytes[STRATA_TIER_PINNED][STRATA_CAT_BUFFERS] += bytes;
+    p->need[STRATA_TIER_PINNED] += bytes;
 }
 
 void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
@@ -39,7 +45,7 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_arena_init(&a, NULL);
     strata_engine *e = strata_engine_create(cfg, &m, &a, NULL, NULL, 0, world);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
-    strata_plan_add_nvme(p, strata_engine_nvme_bytes(e));
+    strata_plan_add_nvme(p, strata_engine_nvme_bytes(e), strata_engine_nvme_param_bytes(e));
     strata_engine_destroy(e);
     strata_arena_release(&a);
     strata_model_free(&m);
@@ -61,21 +67,40 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
     int cuda = dev ? !strcmp(dev->ops->name, "cuda") : 0;
     p->cpu_backend = !cuda;
     size_t host = cfg->memory.host_gb > 0 ? (size_t)(cfg->memory.host_gb * GB) : host_available();
+    /* a CUDA device's memory: free and total now, and what Strata itself holds of it */
+    int measured = 0;
+    int probe = !dev && cfg->device != STRATA_BACKEND_CPU && strata_cuda_available(); /* a GPU to ask */
+    size_t free_b = 0, total = 0, live = 0;
+    if (cuda) {
+        measured = dev->ops->mem_info(dev, &free_b, &total) == 0;
+        live = dev->mem[STRATA_MEM_DEVICE].live_bytes;
+    } else if (probe) {
+        strata_device *d = strata_device_open("cuda", 0); /* only to ask */
+        if (d) {
+            measured = d->ops->mem_info(d, &free_b, &total) == 0;
+            strata_device_close(d);
+        }
+        p->cpu_backend = 0;
+    }
+    p->runtime_bytes = p->runtime_held = 0;
+    p->runtime_estimated = 0;
+    if (measured) {
+        size_t others = total - free_b; /* everything in use on the GPU, Strata's allocations included */
+        p->runtime_held = others > live ? others - live : 0;
+        p->runtime_bytes = p->runtime_held + STRATA_PLAN_MODULE_ALLOWANCE_BYTES;
+    } else if (!dev && (cfg->device == STRATA_BACKEND_CUDA || (cfg->device == STRATA_BACKEND_AUTO && cfg->memory.gpu_gb > 0))) {
+        /* a GPU run planned on a machine without one */
+        p->runtime_held = STRATA_PLAN_CONTEXT_ESTIMATE_BYTES + STRATA_PLAN_WORKSPACE_BYTES;
+        p->runtime_bytes = p->runtime_held + STRATA_PLAN_MODULE_ALLOWANCE_BYTES;
+        p->runtime_estimated = 1;
+    }
     if (cfg->memory.gpu_gb > 0) {
         p->capacity[STRATA_TIER_DEVICE] = (size_t)(cfg->memory.gpu_gb * GB);
         p->cpu_backend = 0; /* an explicit device budget is checked on its own */
-    } else if (cuda) {
-        size_t free_b = 0, total = 0;
-        dev->ops->mem_info(dev, &free_b, &total);
-        p->capacity[STRATA_TIER_DEVICE] = free_b;
-    } else if (!dev && cfg->device != STRATA_BACKEND_CPU && strata_cuda_available()) {
-        strata_device *d = strata_device_open("cuda", 0); /* only to ask how much is free */
-        size_t free_b = 0, total = 0;
-        if (d) {
-            d->ops->mem_info(d, &free_b, &total);
-            strata_device_close(d);
-        }
-        p->capacity[STRATA_TIER_DEVICE] = free_b;
+    } else if (measured) {
+        p->capacity[STRATA_TIER_DEVICE] = total; /* the runtime row counts what is already in use */
+    } else if (cuda || probe) {
+        p->capacity[STRATA_TIER_DEVICE] = 0; /* the GPU did not answer: unknown */
         p->cpu_backend = 0;
     } else if (!dev && cfg->device == STRATA_BACKEND_CUDA) {
         p->capacity[STRATA_TIER_DEVICE] = 0; /* no GPU here: unknown unless memory.gpu_gb says */
@@ -99,11 +124,19 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
     /* host memory holds pinned + host, and on the CPU backend the "device" tier too */
     size_t host_need = p->need[STRATA_TIER_PINNED] + p->need[STRATA_TIER_HOST] +
                        (p->cpu_backend ? p->need[STRATA_TIER_DEVICE] : 0);
-    if (!p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] && p->need[STRATA_TIER_DEVICE] > p->capacity[STRATA_TIER_DEVICE]) {
+    size_t device_need = strata_plan_device_total(p);
+    if (!p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] && device_need > p->capacity[STRATA_TIER_DEVICE]) {
         p->fits = 0;
-        snprintf(p->why, sizeof p->why, "device memory: needs %s, %s available",
-                 strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_DEVICE]),
-                 strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_DEVICE]));
+        char b3[32], b4[32];
+        if (p->runtime_bytes)
+            snprintf(p->why, sizeof p->why, "device memory: needs %s (arena %s + CUDA runtime %s%s), %s available",
+                     strata_fmt_bytes(b1, 32, (double)device_need),
+                     strata_fmt_bytes(b3, 32, (double)p->need[STRATA_TIER_DEVICE]),
+                     strata_fmt_bytes(b4, 32, (double)p->runtime_bytes), p->runtime_estimated ? ", estimated" : "",
+                     strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_DEVICE]));
+        else
+            snprintf(p->why, sizeof p->why, "device memory: needs %s, %s available", strata_fmt_bytes(b1, 32, (double)device_need),
+                     strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_DEVICE]));
     } else if (cfg->offload.pinned_budget_gb > 0 && p->need[STRATA_TIER_PINNED] > p->capacity[STRATA_TIER_PINNED]) {
         p->fits = 0;
         snprintf(p->why, sizeof p->why, "pinned host memory: needs %s, offload.pinned_budget_gb allows %s",
@@ -134,20 +167,43 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
         for (int c = 0; c < STRATA_CAT_COUNT; c++) strata_fmt_bytes(b[c], 32, (double)p->bytes[t][c]);
         strata_fmt_bytes(b[5], 32, (double)p->need[t]);
         if (p->capacity[t]) {
+            size_t used = t == STRATA_TIER_DEVICE ? strata_plan_device_total(p) : p->need[t];
             strata_fmt_bytes(b[6], 32, (double)p->capacity[t]);
-            strata_fmt_bytes(b[7], 32, (double)p->capacity[t] - (double)p->need[t]);
+            strata_fmt_bytes(b[7], 32, (double)p->capacity[t] - (double)used);
         } else {
             snprintf(b[6], 32, "-");
             snprintf(b[7], 32, "-");
         }
         fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", tier_names[t], b[0], b[1], b[2], b[3], b[4],
                 b[5], b[6], b[7]);
+        if (t == STRATA_TIER_DEVICE && p->runtime_bytes) {
+            /* the runtime row: outside the arena, inside the device's headroom */
+            char r[4][32];
+            strata_fmt_bytes(r[0], 32, (double)p->runtime_held);
+            strata_fmt_bytes(r[1], 32, (double)(p->runtime_bytes - p->runtime_held));
+            strata_fmt_bytes(r[2], 32, (double)p->runtime_bytes);
+            strata_fmt_bytes(r[3], 32, (double)strata_plan_device_total(p));
+            fprintf(f, "  %-12s %59s %11s\n", "+ runtime", "", r[2]);
+            if (p->runtime_estimated)
+                fprintf(f, "    (no GPU here, so estimated: CUDA context %s + cuBLASLt workspace %s, + %s for kernel "
+                           "modules loaded at first launch)\n",
+                        strata_fmt_bytes(r[0], 32, (double)STRATA_PLAN_CONTEXT_ESTIMATE_BYTES),
+                        strata_fmt_bytes(r[3], 32, (double)STRATA_PLAN_WORKSPACE_BYTES), r[1]);
+            else
+                fprintf(f, "    (measured on the GPU before allocating: %s for the CUDA context, cuBLASLt workspace "
+                           "and any other process; + %s allowed for kernel modules loaded at first launch)\n",
+                        r[0], r[1]);
+            fprintf(f, "  %-12s %59s %11s   (what nvidia-smi should show at the peak)\n", "= device", "",
+                    strata_fmt_bytes(r[3], 32, (double)strata_plan_device_total(p)));
+        }
     }
     if (p->cpu_backend) fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
     if (!p->cpu_backend && !p->capacity[STRATA_TIER_DEVICE])
         fprintf(f, "  (no GPU here: give its memory with --gpu-gb to check the device tier)\n");
     fprintf(f, "  verdict: %s%s%s\n", p->fits ? "fits" : "DOES NOT FIT (", p->why, p->fits ? "" : ")");
 }
+
+size_t strata_plan_device_total(const strata_plan *p) { return p->need[STRATA_TIER_DEVICE] + p->runtime_bytes; }
 
 /* ---- the remedy ladder ---- */
 
@@ -211,8 +267,13 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
     return n;
 }
 
-int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev, char sets[][96], int max_sets,
+int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *dev, char sets[][96], int max_sets,
                         char *sets_line, size_t line_len, double *cost) {
+    /* the options are planned without a device, so with the dtype the device will compute
+     * in (the CPU backend computes in fp32 whatever train.dtype says) */
+    strata_config dev_cfg = *cfg_in;
+    if (dev) dev_cfg.train.dtype = dev->compute_dtype == STRATA_BF16 ? STRATA_DTYPE_BF16 : STRATA_DTYPE_FP32;
+    const strata_config *cfg = &dev_cfg;
     strata_plan p;
     strata_plan_compute(&p, cfg, world);
     strata_plan_check(&p, cfg, dev);

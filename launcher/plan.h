@@ -15,11 +15,27 @@
 
 enum { STRATA_TIER_DEVICE = 0, STRATA_TIER_PINNED, STRATA_TIER_HOST, STRATA_TIER_NVME, STRATA_TIERS };
 
+/* The device memory a CUDA run uses outside Strata's arena, its "runtime" row. With a GPU
+ * at hand it is measured just before the arena is allocated: total - free - Strata's live
+ * allocations, which is the CUDA context, the cuBLASLt workspace (core/kernels_cuda.cu),
+ * NCCL's buffers and any other process on the GPU, everything nvidia-smi counts; to that
+ * the plan adds an allowance for the kernel modules CUDA loads lazily at each kernel's
+ * first launch (Strata's own and cuBLASLt's), which no measurement before step 1 sees.
+ * Without a GPU (`strata plan --gpu-gb N` for a cuda config) the context is estimated. The
+ * CPU backend has no runtime row: its plan is exact. */
+#define STRATA_PLAN_MODULE_ALLOWANCE_BYTES ((size_t)64 << 20)   /* lazily loaded kernel modules */
+#define STRATA_PLAN_CONTEXT_ESTIMATE_BYTES ((size_t)512 << 20)  /* about a CUDA 12/13 context on an H100 */
+#define STRATA_PLAN_WORKSPACE_BYTES ((size_t)32 << 20)          /* the cuBLASLt workspace */
+
 typedef struct strata_plan {
     int world, stage;
     size_t bytes[STRATA_TIERS][STRATA_CAT_COUNT];
     size_t need[STRATA_TIERS];
     size_t capacity[STRATA_TIERS]; /* 0 = unknown / not used */
+    /* need[STRATA_TIER_DEVICE] is the arena alone; the fit check adds the runtime */
+    size_t runtime_bytes;          /* device memory outside the arena, allowance included (0: none) */
+    size_t runtime_held;           /* of it, held when measured (or estimated) */
+    int runtime_estimated;         /* no GPU here: runtime_held is the context estimate + workspace */
     int cpu_backend;               /* device memory is host memory: one budget for both */
     int fits;
     char nvme_error[1100];         /* nvme_path unusable (missing, not a directory) */
@@ -28,13 +44,20 @@ typedef struct strata_plan {
 
 /* Fills p->bytes/need from an arena that an engine was planned into. */
 void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, int stage);
-void strata_plan_add_nvme(strata_plan *p, size_t bytes);
+/* NVMe bytes in all, of which param_bytes are stage-3 parameter shards (offload.params). */
+void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes);
+/* Pinned buffers made outside the arena (the collectives' staging buffer). */
+void strata_plan_add_pinned_buffers(strata_plan *p, size_t bytes);
 /* Plans cfg at world size `world` without a device (no allocation). */
 void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world);
-/* Capacities from memory.gpu_gb/host_gb/nvme_gb, else queried (dev may be NULL), and the
- * verdict in p->fits / p->why. */
+/* Capacities from memory.gpu_gb/host_gb/nvme_gb, else queried (dev may be NULL; a CUDA
+ * device's capacity is its total memory), the device runtime row (above), and the verdict
+ * in p->fits / p->why. Call it before the arena is allocated. */
 void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *dev);
 void strata_plan_print(const strata_plan *p, FILE *f);
+/* The device memory the plan predicts a run holds at its peak, as nvidia-smi counts it on
+ * CUDA (the arena plus the runtime row) and as the allocator counts it on the CPU. */
+size_t strata_plan_device_total(const strata_plan *p);
 
 /* The cheapest change (by estimated extra step time) that fits, keeping the global batch:
  * writes the --set line into `sets_line` and the overrides into sets[] (up to max_sets

@@ -145,7 +145,6 @@ typedef struct trainer {
     strata_cli cli;
     int rank, world;
     strata_device *dev;
-    strata_stream *comm_stream;
     strata_comm *comm;
     strata_model m;
     strata_arena arena;
@@ -155,8 +154,10 @@ typedef struct trainer {
     FILE *metrics;
     char config_yaml[65536];
     char auto_change[800];  /* what memory.auto chose, "" if nothing */
-    size_t planned_device;  /* device bytes the plan predicted */
+    size_t planned_device;  /* device bytes the plan predicted (the arena) */
     size_t planned_pinned;  /* pinned host bytes the plan predicted */
+    size_t planned_runtime; /* the plan's CUDA runtime row (0 on the CPU backend) */
+    size_t device_used_peak; /* device memory in use (device_used), highest seen after a step */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -175,6 +176,20 @@ static void config_to_yaml(const strata_config *c, char *buf, size_t n) {
     buf[n - 1] = 0;
 }
 
+/* Device memory in use as nvidia-smi counts it on CUDA (total - free: every process on the
+ * GPU); on the CPU backend, where "device" memory is host memory shared with everything
+ * else, Strata's own device allocations, which the plan predicts exactly. */
+static size_t device_used(const trainer *t) {
+    if (strcmp(t->dev->ops->name, "cuda")) return t->dev->mem[STRATA_MEM_DEVICE].live_bytes;
+    size_t free_b = 0, total = 0;
+    if (t->dev->ops->mem_info(t->dev, &free_b, &total)) return 0;
+    return total - free_b;
+}
+
+static double percent_off(size_t got, size_t predicted) {
+    return predicted ? 100.0 * ((double)got - (double)predicted) / (double)predicted : 0.0;
+}
+
 static int save_checkpoint(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng) {
     strata_ckpt_meta meta = {.step = step, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
                              .rng_state = rng->state, .tokens_seen = tokens, .last_loss = loss,
@@ -184,6 +199,130 @@ static int save_checkpoint(trainer *t, int64_t step, double loss, double tokens,
     if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, sizeof dir)) return -1;
     if (t->rank == 0) STRATA_INFO("ckpt", "saved %s (%.0f ms)", dir, strata_now_ms() - t0);
     return 0;
+}
+
+/* Appends one shell word to buf, single-quoted when it holds anything the shell would read. */
+static void append_word(char *buf, size_t n, const char *w) {
+    size_t o = strlen(buf);
+    int plain = *w != 0;
+    for (const char *c = w; *c; c++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%", *c)) plain = 0;
+    if (o + 1 >= n) return;
+    if (o) buf[o++] = ' ';
+    if (plain) {
+        snprintf(buf + o, n - o, "%s", w);
+        return;
+    }
+    if (o < n) buf[o++] = '\'';
+    for (const char *c = w; *c && o + 5 < n; c++) {
+        if (*c == '\'') { memcpy(buf + o, "'\\''", 4); o += 4; }
+        else buf[o++] = *c;
+    }
+    if (o + 1 < n) buf[o++] = '\'';
+    buf[o < n ? o : n - 1] = 0;
+}
+
+/* The command that repeats this run, resuming from `ckpt_dir` (or from scratch when NULL). */
+static void resume_command(const trainer *t, const char *ckpt_dir, char *buf, size_t n) {
+    buf[0] = 0;
+    if (t->world > 1) {
+        char np[16];
+        snprintf(np, sizeof np, "%d", t->world);
+        append_word(buf, n, "mpirun");
+        append_word(buf, n, "-np");
+        append_word(buf, n, np);
+    }
+    append_word(buf, n, "strata");
+    append_word(buf, n, "train");
+    if (t->cli.config_path) append_word(buf, n, t->cli.config_path);
+    for (int i = 0; i < t->cli.n_sets; i++) {
+        append_word(buf, n, "--set");
+        append_word(buf, n, t->cli.sets[i]);
+    }
+    if (ckpt_dir) {
+        append_word(buf, n, "--resume");
+        append_word(buf, n, ckpt_dir);
+    }
+}
+
+/* Step `step` (0-based) hit a device fault, out of memory in practice, on some rank, and
+ * every rank skipped its update, so the state is still that of `step` completed steps:
+ * checkpoint it through the usual atomic path, then say who needed how much, what the
+ * device holds now, and the command that resumes. Every rank comes here together (they
+ * agreed on the fault), since the checkpoint is collective. */
+static int out_of_memory(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng) {
+    char fault[1024];
+    int kind = strata_fault_take(fault, sizeof fault);
+    if (kind != STRATA_FAULT_NONE && t->rank != 0) /* rank 0's own is in the summary below */
+        STRATA_ERROR("train", "step %lld: %s", (long long)step + 1, fault);
+    int64_t done = step; /* completed steps, whose state is intact */
+    char dir[STRATA_PATH_MAX] = "";
+    int saved = 0;
+    if (done > 0) {
+        strata_ckpt_meta meta = {.step = done, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
+                                 .rng_state = rng->state, .tokens_seen = tokens, .last_loss = loss,
+                                 .config_yaml = t->config_yaml};
+        if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, sizeof dir) == 0) saved = 1;
+        else if (t->rank == 0) STRATA_ERROR("ckpt", "the emergency checkpoint of step %lld failed: %s", (long long)done, strata_error());
+    }
+    if (t->rank != 0) return STRATA_EXIT_OOM;
+    size_t free_b = 0, total = 0;
+    char b[6][32], cmd[4096];
+    int have_info = t->dev->ops->mem_info(t->dev, &free_b, &total) == 0;
+    size_t plan = t->planned_device + t->planned_runtime;
+    STRATA_ERROR("train", "%s in step %lld: %s", kind == STRATA_FAULT_DEVICE ? "device fault" : "out of device memory",
+                 (long long)step + 1, kind != STRATA_FAULT_NONE ? fault : "on another rank (its message is above)");
+    fprintf(stderr, "  Every rank abandoned the step before its update, so no parameter or optimizer state was touched.\n");
+    char holds[160];
+    if (t->planned_runtime)
+        snprintf(holds, sizeof holds, "%s (arena %s + CUDA runtime %s)", strata_fmt_bytes(b[3], 32, (double)plan),
+                 strata_fmt_bytes(b[4], 32, (double)t->planned_device), strata_fmt_bytes(b[5], 32, (double)t->planned_runtime));
+    else
+        snprintf(holds, sizeof holds, "%s", strata_fmt_bytes(b[3], 32, (double)plan));
+    if (have_info)
+        fprintf(stderr, "  Device %s now: %s free of %s (%s in use); Strata's plan holds %s of it.\n",
+                t->dev->description, strata_fmt_bytes(b[0], 32, (double)free_b), strata_fmt_bytes(b[1], 32, (double)total),
+                strata_fmt_bytes(b[2], 32, (double)(total - free_b)), holds);
+    fprintf(stderr, "  The plan fitted when the run started, so another process probably took device memory since: "
+                    "%s lists who holds it.\n", strcmp(t->dev->ops->name, "cuda") ? "`top -o %MEM`" : "`nvidia-smi`");
+    if (saved) {
+        resume_command(t, dir, cmd, sizeof cmd);
+        fprintf(stderr, "  The state of step %lld is saved in %s. When the memory is free again, resume with:\n    %s\n",
+                (long long)done, dir, cmd);
+    } else if (done == 0) {
+        resume_command(t, NULL, cmd, sizeof cmd);
+        fprintf(stderr, "  No step had completed, so there is nothing to save; when the memory is free again, start "
+                        "over with:\n    %s\n", cmd);
+    } else {
+        fprintf(stderr, "  The emergency checkpoint could not be written; resume from the last periodic one with "
+                        "--resume latest.\n");
+    }
+    return STRATA_EXIT_OOM;
+}
+
+/* A fault recorded after the engine's check (in the norm or the optimizer update) with a
+ * step that otherwise completed: the update may be partly applied, so there is nothing
+ * trustworthy to save, and the run ends here, pointing at the last checkpoint written. */
+static void update_fault(trainer *t, int64_t step) {
+    char fault[1024];
+    int kind = strata_fault_take(fault, sizeof fault);
+    if (kind == STRATA_FAULT_NONE) return;
+    strata_log(STRATA_LOG_ERROR, "train", "%s in the optimizer update of step %lld: %s. The update may be partly "
+               "applied, so it is not checkpointed; resume from the last checkpoint with --resume latest "
+               "(`nvidia-smi` lists who else holds device memory).",
+               kind == STRATA_FAULT_OOM ? "out of device memory" : "device fault", (long long)step + 1, fault);
+    int code = kind == STRATA_FAULT_OOM ? STRATA_EXIT_OOM : STRATA_EXIT_ERROR;
+    if (t->world > 1) strata_mpi_abort(code);
+    exit(code);
+}
+
+/* The plan of what this rank allocates: the engine's arena, its NVMe file and the
+ * collectives' pinned staging buffer, checked against the machine. */
+static void plan_this_run(trainer *t, strata_plan *plan) {
+    strata_plan_from_arena(plan, &t->arena, t->world, t->cfg.zero.stage);
+    strata_plan_add_nvme(plan, strata_engine_nvme_bytes(t->engine), strata_engine_nvme_param_bytes(t->engine));
+    strata_plan_add_pinned_buffers(plan, strata_comm_pinned_bytes(t->comm));
+    strata_plan_check(plan, &t->cfg, t->dev);
 }
 
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank) {
@@ -213,8 +352,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                     cfg->path[0] ? cfg->path : "<built-in>", world > 1 ? "training with several ranks" : "zero.stage 2 and 3");
         return STRATA_EXIT_USAGE;
     }
-    t->comm_stream = strata_stream_create(t->dev, "comm", STRATA_STREAM_HOST);
-    t->comm = strata_comm_open(t->dev, t->comm_stream, cfg->comm.timeout_s);
+    t->comm = strata_comm_open_config(t->dev, cfg);
     if (!t->comm) fatal(t, "opening the collectives");
     int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
     if (rank == 0)
@@ -228,9 +366,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
 
     /* the plan is checked before anything is allocated */
     strata_plan plan;
-    strata_plan_from_arena(&plan, &t->arena, world, cfg->zero.stage);
-    strata_plan_add_nvme(&plan, strata_engine_nvme_bytes(t->engine));
-    strata_plan_check(&plan, cfg, t->dev);
+    plan_this_run(t, &plan);
     if (!plan.fits) {
         char sets[8][96], line[800];
         double cost = 0;
@@ -265,12 +401,11 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_model_init(&t->m, &shape);
         strata_arena_init(&t->arena, t->dev);
         t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
-        strata_plan_from_arena(&plan, &t->arena, world, cfg->zero.stage);
-        strata_plan_add_nvme(&plan, strata_engine_nvme_bytes(t->engine));
-        strata_plan_check(&plan, cfg, t->dev);
+        plan_this_run(t, &plan);
     }
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
     t->planned_pinned = plan.need[STRATA_TIER_PINNED];
+    t->planned_runtime = plan.runtime_bytes;
     if (rank == 0) {
         STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
                     shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab_size,
@@ -314,6 +449,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     } else if (strata_engine_init_params(t->engine, cfg->train.seed)) {
         fatal(t, "initialising parameters");
     }
+    /* a kernel that found no memory while the state was set up leaves it incomplete */
+    char setup_fault[1024];
+    if (strata_fault_take(setup_fault, sizeof setup_fault) != STRATA_FAULT_NONE) {
+        strata_fail("%s", setup_fault);
+        fatal(t, t->cli.resume ? "loading the checkpoint" : "initialising parameters");
+    }
 
     char metrics_path[STRATA_PATH_MAX + 32];
     if (rank == 0) {
@@ -348,6 +489,14 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         uint64_t comm_bytes = 0; /* this rank's collective traffic in the step (ring accounting) */
         for (int k = 0; k < STRATA_COLL_KINDS; k++) comm_bytes += cs1.bytes[k] - cs0.bytes[k];
         if (r.nonfinite) {
+            /* a device fault poisons the step's loss (shard/engine.c): is that what this is,
+             * on any rank? (every rank asks, so a collective checkpoint can follow) */
+            double faulted = strata_fault_peek(NULL, 0) != STRATA_FAULT_NONE;
+            if (world > 1 && strata_allreduce_host_f64(t->comm, &faulted, 1)) fatal(t, "agreeing on a device fault");
+            if (faulted > 0) {
+                exit_code = out_of_memory(t, step, loss, tokens_seen, &rng);
+                break;
+            }
             if (rank == 0)
                 STRATA_ERROR("train", "step %lld: loss %g, gradient norm %g: not finite, so the update was skipped "
                              "and the run stops here; the last good checkpoint is %s. Lower optim.lr or set "
@@ -356,6 +505,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             exit_code = STRATA_EXIT_ERROR;
             break;
         }
+        update_fault(t, step);
         loss = r.loss;
         tokens_seen += tokens_per_step;
         int64_t done = step + 1;
@@ -375,6 +525,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                 fflush(stdout);
             }
             strata_engine_memory mem = strata_engine_get_memory(t->engine);
+            size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime;
+            if (used > t->device_used_peak) t->device_used_peak = used;
             fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.9g, ", (long long)done, loss);
             if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
             fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
@@ -387,6 +539,10 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                     mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
                     t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)comm_bytes,
                     ms - r.comm_wait_ms - r.offload_wait_ms - r.data_ms, r.comm_wait_ms, r.offload_wait_ms, r.data_ms);
+            /* the device as nvidia-smi sees it (CUDA) against the plan's prediction of it */
+            fprintf(t->metrics, ", \"device_used_bytes\": %zu, \"device_used_peak_bytes\": %zu, "
+                    "\"plan_device_total_bytes\": %zu, \"device_used_vs_plan_pct\": %.3f",
+                    used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
             if (t->auto_change[0] && done == start + 1) fprintf(t->metrics, ", \"memory_auto\": \"%s\"", t->auto_change);
             fprintf(t->metrics, "}\n");
             fflush(t->metrics);
@@ -405,6 +561,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         }
     }
 
+    /* the last step's offloaded update runs behind it; its errors must not go unseen */
+    if (exit_code == STRATA_EXIT_OK && strata_engine_sync(t->engine)) fatal(t, "finishing the last optimizer update");
     if (exit_code == STRATA_EXIT_OK && !stop_requested && rank == 0 && cfg->train.sample_tokens > 0 &&
         strata_engine_params_resident(t->engine) == 0) {
         int n = cfg->train.sample_tokens;
@@ -418,11 +576,17 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         free(tokens);
     }
     if (rank == 0) {
-        char b1[32], b2[32];
-        size_t peak = t->dev->mem[STRATA_MEM_DEVICE].peak_bytes;
+        char b1[32], b2[32], b3[32], b4[32];
+        size_t peak = t->dev->mem[STRATA_MEM_DEVICE].peak_bytes, predicted = t->planned_device + t->planned_runtime;
         STRATA_INFO("plan", "device memory: planned %s, peak allocated %s (%+.2f%%)",
                     strata_fmt_bytes(b1, 32, (double)t->planned_device), strata_fmt_bytes(b2, 32, (double)peak),
-                    t->planned_device ? 100.0 * ((double)peak - (double)t->planned_device) / (double)t->planned_device : 0.0);
+                    percent_off(peak, t->planned_device));
+        if (t->planned_runtime)
+            STRATA_INFO("plan", "device memory in use (nvidia-smi's view): last %s, peak %s; predicted %s "
+                        "(plan + CUDA runtime) (%+.2f%%)",
+                        strata_fmt_bytes(b1, 32, (double)device_used(t)),
+                        strata_fmt_bytes(b3, 32, (double)t->device_used_peak),
+                        strata_fmt_bytes(b4, 32, (double)predicted), percent_off(t->device_used_peak, predicted));
     }
     if (t->metrics) fclose(t->metrics);
     strata_engine_destroy(t->engine);
@@ -431,7 +595,6 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_loader_close(&t->train);
     if (t->have_val) strata_loader_close(&t->val);
     strata_comm_close(t->comm);
-    strata_stream_destroy(t->dev, t->comm_stream);
     strata_device_close(t->dev);
     free(t);
     return exit_code;

@@ -25,9 +25,18 @@
 #define MAX_SEGMENTS 64
 #define NVME_ALIGN STRATA_NVME_ALIGN
 
+/* offload-out's task when the parameters live on NVMe: write the staged update home;
+ * param-in's task: read a unit's parameters for a gather. */
+typedef struct param_io {
+    struct strata_offload *o;
+    int u, b;
+    void *dst;
+} param_io;
+
 typedef struct update_task {
     struct strata_offload *o;
     int u, b;
+    param_io write;
     const float *grad;
     void *param_out;
     strata_offload_segment seg[MAX_SEGMENTS];
@@ -38,7 +47,8 @@ typedef struct update_task {
 struct strata_offload {
     const strata_config *cfg;
     strata_device *dev;
-    int nvme; /* 1: state on NVMe, 0: state in pinned memory */
+    int nvme;        /* 1: state on NVMe, 0: state in pinned memory */
+    int params_nvme; /* 1: the units' compute-dtype parameters live on NVMe too (stage 3) */
     int n_units, rank;
     size_t *n, max_n;
     strata_dtype param_dtype;
@@ -48,7 +58,13 @@ struct strata_offload {
     size_t *file_off;         /* nvme tier: per unit, offset of its kind-0 block; kinds follow */
     size_t file_stride;       /* per unit: bytes of one kind, 4096-aligned */
     size_t *unit_stride;
+    size_t *param_off;        /* params on nvme: per unit, offset of its parameters */
+    size_t *param_stride;     /* their bytes, 4096-aligned */
     size_t file_bytes;
+    void *param_io;           /* params on nvme: a pinned, aligned slot for blocking I/O */
+    strata_stream *param_in;  /* HOST: parameter reads for the gathers */
+    param_io *fetch;          /* one per fetch tag */
+    int n_fetch;
     int n_buf;                /* staging buffers per direction (offload.buffer_count) */
     uint64_t seq;             /* updates enqueued so far: buffer = seq % n_buf */
     float **grad_stage;       /* pinned: gradients on their way to the CPU update */
@@ -77,6 +93,7 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
     o->cfg = cfg;
     o->dev = dev;
     o->nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME;
+    o->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
     o->n_units = n_units;
     o->rank = rank;
     o->param_dtype = param_dtype;
@@ -85,6 +102,8 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
     o->state = strata_xcalloc(n_units, sizeof *o->state);
     o->file_off = strata_xcalloc(n_units, sizeof *o->file_off);
     o->unit_stride = strata_xcalloc(n_units, sizeof *o->unit_stride);
+    o->param_off = strata_xcalloc(n_units, sizeof *o->param_off);
+    o->param_stride = strata_xcalloc(n_units, sizeof *o->param_stride);
     o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
     o->prefetched_unit = -1;
     pthread_mutex_init(&o->mu, NULL);
@@ -101,6 +120,17 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
                 reserve_pinned(a, STRATA_CAT_OPTIMIZER, kind_names[k], u, n[u] * sizeof(float), (void **)&o->state[u][k]);
         }
     }
+    if (o->params_nvme) {
+        for (int u = 0; u < n_units; u++) {
+            o->param_stride[u] = strata_round_up(n[u] * o->es, NVME_ALIGN);
+            o->param_off[u] = o->file_bytes;
+            o->file_bytes += o->param_stride[u];
+        }
+        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_io", -1, strata_round_up(o->max_n * o->es, NVME_ALIGN),
+                       &o->param_io);
+        o->n_fetch = cfg->zero.prefetch_units + 2; /* the gather ring and the embedding */
+        o->fetch = strata_xcalloc(o->n_fetch, sizeof *o->fetch);
+    }
     if (o->nvme)
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
@@ -110,7 +140,9 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
     o->param_stage = strata_xcalloc(o->n_buf, sizeof *o->param_stage);
     for (int b = 0; b < o->n_buf; b++) {
         reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
-        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_stage", b, o->max_n * o->es, &o->param_stage[b]);
+        /* rounded up so a parameter write to NVMe is whole 4 KiB blocks */
+        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_stage", b, strata_round_up(o->max_n * o->es, NVME_ALIGN),
+                       &o->param_stage[b]);
     }
     strata_event ***evs[4] = {&o->ev_grad_in, &o->ev_grad_free, &o->ev_param_full, &o->ev_param_free};
     for (int k = 0; k < 4; k++) *evs[k] = strata_xcalloc(o->n_buf, sizeof(strata_event *));
@@ -118,6 +150,7 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
         o->in = strata_stream_create(dev, "offload-in", STRATA_STREAM_HOST);
         o->stream = strata_stream_create(dev, "offload", STRATA_STREAM_HOST);
         o->out = strata_stream_create(dev, "offload-out", STRATA_STREAM_HOST);
+        if (o->params_nvme) o->param_in = strata_stream_create(dev, "param-in", STRATA_STREAM_HOST);
         for (int k = 0; k < 4; k++)
             for (int b = 0; b < o->n_buf; b++) (*evs[k])[b] = strata_event_create(dev);
     }
@@ -127,10 +160,10 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
 void strata_offload_destroy(strata_offload *o) {
     if (!o) return;
     if (o->dev) {
-        strata_stream *streams[3] = {o->in, o->stream, o->out};
-        for (int i = 0; i < 3; i++)
+        strata_stream *streams[4] = {o->in, o->stream, o->out, o->param_in};
+        for (int i = 0; i < 4; i++)
             if (streams[i]) strata_stream_sync(o->dev, streams[i]);
-        for (int i = 0; i < 3; i++) strata_stream_destroy(o->dev, streams[i]);
+        for (int i = 0; i < 4; i++) strata_stream_destroy(o->dev, streams[i]);
         strata_event **evs[4] = {o->ev_grad_in, o->ev_grad_free, o->ev_param_full, o->ev_param_free};
         for (int k = 0; k < 4; k++)
             for (int b = 0; b < o->n_buf; b++) strata_event_destroy(o->dev, evs[k][b]);
@@ -147,19 +180,27 @@ void strata_offload_destroy(strata_offload *o) {
     free(o->state);
     free(o->file_off);
     free(o->unit_stride);
+    free(o->param_off);
+    free(o->fetch);
+    free(o->param_stride);
     free(o->tasks);
     free(o);
 }
 
-size_t strata_offload_nvme_bytes(const strata_offload *o) { return o->nvme ? o->file_bytes : 0; }
+size_t strata_offload_nvme_bytes(const strata_offload *o) { return o->file_bytes; }
+size_t strata_offload_nvme_param_bytes(const strata_offload *o) {
+    size_t n = 0;
+    for (int u = 0; u < o->n_units && o->params_nvme; u++) n += o->param_stride[u];
+    return n;
+}
 
 int strata_offload_open(strata_offload *o, void *pinned_base, size_t pinned_bytes) {
-    if (!o->nvme) return 0;
+    if (!o->file_bytes) return 0;
     void *bufs[1] = {pinned_base};
     size_t sizes[1] = {pinned_bytes};
     o->store = strata_nvme_open(o->cfg->offload.nvme_path, o->rank, o->file_bytes, (size_t)o->cfg->offload.block_kb * 1024,
                                 o->cfg->offload.queue_depth, bufs, sizes, pinned_base ? 1 : 0);
-    if (!o->store) return strata_fail_wrap("offload.optimizer: nvme");
+    if (!o->store) return strata_fail_wrap(o->nvme ? "offload.optimizer: nvme" : "offload.params: nvme");
     return 0;
 }
 
@@ -190,10 +231,43 @@ int strata_offload_write_state(strata_offload *o, int u, int kind, const float *
     return strata_nvme_write(o->store, state_offset(o, u, kind), slot, o->unit_stride[u]);
 }
 
+int strata_offload_write_params(strata_offload *o, int u, const void *src) {
+    STRATA_ASSERT(o->params_nvme);
+    memcpy(o->param_io, src, o->n[u] * o->es);
+    memset((char *)o->param_io + o->n[u] * o->es, 0, o->param_stride[u] - o->n[u] * o->es);
+    return strata_nvme_write(o->store, o->param_off[u], o->param_io, o->param_stride[u]);
+}
+
+size_t strata_offload_param_bytes(const strata_offload *o, int u) { return strata_round_up(o->n[u] * o->es, NVME_ALIGN); }
+
+strata_stream *strata_offload_param_stream(const strata_offload *o) { return o->param_in; }
+
+static void record_error(strata_offload *o, const char *what);
+
+static void param_read_run(void *arg) {
+    param_io *r = arg;
+    strata_offload *o = r->o;
+    if (strata_nvme_read(o->store, o->param_off[r->u], r->dst, o->param_stride[r->u]))
+        record_error(o, "offload: reading parameters");
+}
+
+int strata_offload_fetch_params(strata_offload *o, int u, void *dst, int tag) {
+    STRATA_ASSERT(o->params_nvme && tag >= 0 && tag < o->n_fetch);
+    o->fetch[tag] = (param_io){o, u, 0, dst};
+    return strata_host_task(o->dev, o->param_in, param_read_run, &o->fetch[tag]);
+}
+
 static void record_error(strata_offload *o, const char *what) {
     pthread_mutex_lock(&o->mu);
     if (!o->error[0]) snprintf(o->error, sizeof o->error, "%s: %s", what, strata_error());
     pthread_mutex_unlock(&o->mu);
+}
+
+static void param_write_run(void *arg) {
+    param_io *w = arg;
+    strata_offload *o = w->o;
+    if (strata_nvme_write(o->store, o->param_off[w->u], o->param_stage[w->b], o->param_stride[w->u]))
+        record_error(o, "offload: writing parameters");
 }
 
 static int prefetch(strata_offload *o, int u, int slot) {
@@ -274,13 +348,19 @@ int strata_offload_update(strata_offload *o, int u, const float *grad, void *par
     rc = rc || strata_event_record(d, o->ev_param_full[b], o->stream);
     /* out: the updated parameters to where the device reads them */
     rc = rc || strata_stream_wait_event(d, o->out, o->ev_param_full[b]);
-    rc = rc || strata_memcpy_async(d, o->out, param_out, o->param_stage[b], n * o->es);
+    if (o->params_nvme) {
+        t->write = (param_io){o, u, b, NULL};
+        rc = rc || strata_host_task(d, o->out, param_write_run, &t->write);
+    } else {
+        rc = rc || strata_memcpy_async(d, o->out, param_out, o->param_stage[b], n * o->es);
+    }
     rc = rc || strata_event_record(d, o->ev_param_free[b], o->out);
     if (!rc && done) rc = strata_event_record(d, done, o->out);
     return rc ? -1 : 0;
 }
 
 int strata_offload_sync(strata_offload *o) {
+    if (o->param_in) strata_stream_sync(o->dev, o->param_in);
     strata_stream_sync(o->dev, o->in);
     strata_stream_sync(o->dev, o->stream);
     strata_stream_sync(o->dev, o->out);

@@ -41,8 +41,9 @@ typedef struct strata_offload strata_offload;
 strata_offload *strata_offload_create(const strata_config *cfg, strata_device *dev, strata_arena *a, int n_units,
                                       const size_t *n, strata_dtype param_dtype, int rank);
 void strata_offload_destroy(strata_offload *o);
-/* Bytes of the NVMe file (0 unless offload.optimizer is nvme). */
+/* Bytes of the NVMe file (0 unless offload.optimizer or offload.params is nvme). */
 size_t strata_offload_nvme_bytes(const strata_offload *o);
+size_t strata_offload_nvme_param_bytes(const strata_offload *o); /* of them, parameters */
 /* After the arena is committed: opens the NVMe store (registering the arena's pinned block). */
 int strata_offload_open(strata_offload *o, void *pinned_base, size_t pinned_bytes);
 
@@ -52,11 +53,22 @@ int strata_offload_write_state(strata_offload *o, int u, int kind, const float *
 
 /* Enqueues unit u's update on the offload stream, after `after` (an event recorded where
  * the gradient was finished; may be NULL). grad: n[u] fp32 in device memory; param_out:
- * n[u] elements of the compute dtype in device memory. `done` is recorded after the
- * parameters are written. Segments carry the weight-decay split. */
+ * n[u] elements of the compute dtype in device memory (ignored, may be NULL, when the
+ * parameters live on NVMe). `done` is recorded after the parameters are written. Segments carry the weight-decay split. */
 int strata_offload_update(strata_offload *o, int u, const float *grad, void *param_out,
                           const strata_offload_segment *seg, int n_seg, const strata_adamw_args *args,
                           strata_event *after, strata_event *done);
+/* offload.params: nvme (zero stage 3): each unit's compute-dtype parameter shard lives in
+ * the same per-rank file. The update writes it there instead of to the device; gathers
+ * read it into a pinned buffer first, on the param stream (a HOST stream: the caller
+ * enqueues its waits there, then the read, then records its own event). dst must be
+ * 4096-aligned with room for strata_offload_param_bytes(o, u); tag (0 .. prefetch_units+1)
+ * names the caller's buffer, so reads into different buffers may be queued at once. */
+int strata_offload_write_params(strata_offload *o, int u, const void *src); /* blocking */
+size_t strata_offload_param_bytes(const strata_offload *o, int u);
+strata_stream *strata_offload_param_stream(const strata_offload *o);
+int strata_offload_fetch_params(strata_offload *o, int u, void *dst, int tag);
+
 /* Waits for every enqueued update; returns the first error any of them hit. */
 int strata_offload_sync(strata_offload *o);
 

@@ -58,6 +58,11 @@ struct strata_engine {
     int n_slots;         /* stage 3: gather ring, prefetch_units + 1 */
     void **slot;
     void *embed_param;
+    /* offload.params: nvme: pinned buffers the shards are read into before their gather
+     * (one per gather slot, and the embedding's), and the reads' events */
+    int params_nvme;
+    void **pin_slot, *pin_embed;
+    strata_event **ev_fetched, *ev_embed_fetched;
     strata_event **ev_gathered, **ev_slot_free;
     strata_event *ev_embed_gathered, *ev_embed_free;
     unit_op *ops;        /* schedule of one training micro-step */
@@ -157,8 +162,8 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->U = m->n_units;
     e->overlap = cfg->zero.overlap_comm;
     /* a plan without a device uses the dtype the config would run with */
-    int bf16 = cfg->train.dtype == STRATA_DTYPE_BF16 ||
-               (cfg->train.dtype == STRATA_DTYPE_AUTO && cfg->device == STRATA_BACKEND_CUDA);
+    int bf16 = cfg->device != STRATA_BACKEND_CPU && (cfg->train.dtype == STRATA_DTYPE_BF16 ||
+                                                      (cfg->train.dtype == STRATA_DTYPE_AUTO && cfg->device == STRATA_BACKEND_CUDA));
     e->dtype = dev ? dev->compute_dtype : bf16 ? STRATA_BF16 : STRATA_F32;
     e->es = strata_dtype_size(e->dtype);
     e->padded = strata_xcalloc(e->U, sizeof *e->padded);
@@ -179,6 +184,8 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     for (int u = 0; u < e->U; u++) {
         size_t P = e->padded[u], S = e->shard[u];
         if (e->stage <= 2) reserve(e, arena, STRATA_CAT_PARAMS, "params", u, P * e->es, &e->params_full[u]);
+        else if (cfg->offload.params == STRATA_OFFLOAD_NVME) /* in the offload file; counted as NVMe bytes */
+            e->mem.params += S * e->es;
         else /* offload.params: cpu keeps the shards in pinned host memory; gathers read them there */
             reserve_kind(e, arena, cfg->offload.params == STRATA_OFFLOAD_CPU ? STRATA_MEM_PINNED : STRATA_MEM_DEVICE,
                          STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
@@ -224,6 +231,17 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         for (int k = 0; k < e->n_slots; k++)
             reserve(e, arena, STRATA_CAT_BUFFERS, "gather_slot", k, e->max_block_padded * e->es, &e->slot[k]);
         reserve(e, arena, STRATA_CAT_BUFFERS, "embed_params", -1, e->padded[0] * e->es, &e->embed_param);
+        e->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
+        if (e->params_nvme) {
+            size_t max_shard = 0;
+            for (int u = 1; u < e->U; u++) max_shard = e->shard[u] > max_shard ? e->shard[u] : max_shard;
+            e->pin_slot = strata_xcalloc(e->n_slots, sizeof(void *));
+            for (int k = 0; k < e->n_slots; k++)
+                reserve_kind(e, arena, STRATA_MEM_PINNED, STRATA_CAT_BUFFERS, "param_read", k,
+                             strata_round_up(max_shard * e->es, 4096), &e->pin_slot[k]);
+            reserve_kind(e, arena, STRATA_MEM_PINNED, STRATA_CAT_BUFFERS, "param_read_embed", -1,
+                         strata_round_up(e->shard[0] * e->es, 4096), &e->pin_embed);
+        }
     }
     size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
     strata_model_plan(m, arena, dev, e->dtype, e->B, e->T, cfg->train.activation_checkpointing);
@@ -245,6 +263,11 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         for (int k = 0; k < e->n_slots; k++) {
             e->ev_gathered[k] = strata_event_create(dev);
             e->ev_slot_free[k] = strata_event_create(dev);
+        }
+        if (e->params_nvme) {
+            e->ev_fetched = strata_xcalloc(e->n_slots, sizeof *e->ev_fetched);
+            for (int k = 0; k < e->n_slots; k++) e->ev_fetched[k] = strata_event_create(dev);
+            e->ev_embed_fetched = strata_event_create(dev);
         }
     }
     if (dev && !arena->source[STRATA_MEM_PINNED].alloc) {
@@ -274,7 +297,9 @@ void strata_engine_destroy(strata_engine *e) {
         for (int k = 0; k < e->n_slots; k++) {
             strata_event_destroy(d, e->ev_gathered[k]);
             strata_event_destroy(d, e->ev_slot_free[k]);
+            if (e->ev_fetched) strata_event_destroy(d, e->ev_fetched[k]);
         }
+        strata_event_destroy(d, e->ev_embed_fetched);
         for (int u = 0; u < e->U && e->ev_update; u++) {
             if (e->ev_params_ready[u] != e->ev_update[u]) strata_event_destroy(d, e->ev_params_ready[u]);
             strata_event_destroy(d, e->ev_update[u]);
@@ -284,6 +309,8 @@ void strata_engine_destroy(strata_engine *e) {
     free(e->ev_update);
     free(e->ev_params_ready);
     free(e->ev_gathered);
+    free(e->ev_fetched);
+    free(e->pin_slot);
     free(e->ev_slot_free);
     free(e->padded);
     free(e->shard);
@@ -403,7 +430,7 @@ static size_t opt_n(const strata_engine *e, int u) { return e->stage == 0 ? e->p
 static void *param_dest(strata_engine *e, int u) {
     if (e->stage == 0) return e->params_full[u];
     if (e->stage <= 2) return (char *)e->params_full[u] + (size_t)e->rank * e->shard[u] * e->es;
-    return e->params_shard[u];
+    return e->params_shard[u]; /* NULL when the shards live on NVMe */
 }
 
 /* Publishes the master weights as the compute-dtype parameters forward reads: convert
@@ -422,6 +449,10 @@ static int publish_params(strata_engine *e) {
             rc = strata_offload_read_state(e->off, u, STRATA_STATE_MASTER, host);
             if (rc) break;
             strata_kernels_cpu.convert(NULL, conv, e->dtype, host, STRATA_F32, n);
+            if (e->params_nvme) {
+                rc = strata_offload_write_params(e->off, u, conv);
+                continue;
+            }
             strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es);
             strata_stream_sync(e->dev, e->dev->compute);
             if (e->stage >= 1 && e->stage <= 2) {
@@ -514,13 +545,30 @@ static int unit_segments(const strata_engine *e, int u, size_t lo, size_t n, str
 
 /* ---- stage 3 gathers ---- */
 
+/* offload.params: nvme: reads unit u's shard into pinned `dst` on the param stream, after
+ * the update that wrote it and after `dst_free` (the gather that last read dst). */
+static int fetch_shard(strata_engine *e, int u, void *dst, int tag, strata_event *dst_free, strata_event *fetched) {
+    strata_stream *ps = strata_offload_param_stream(e->off);
+    strata_stream_wait_event(e->dev, ps, e->ev_update[u]);
+    strata_stream_wait_event(e->dev, ps, dst_free);
+    if (strata_offload_fetch_params(e->off, u, dst, tag)) return -1;
+    return strata_event_record(e->dev, fetched, ps);
+}
+
 static int issue_gathers(strata_engine *e, int upto) {
     if (upto >= e->n_gathers) upto = e->n_gathers - 1;
     while (e->issued <= upto) {
         int g = e->issued++, s = g % e->n_slots, u = e->gather_unit[g];
         strata_stream_wait_event(e->dev, comm_stream(e), e->ev_slot_free[s]);
         if (e->off) strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[u]);
-        if (strata_allgather(e->comm, e->slot[s], e->params_shard[u], e->shard[u] * e->es)) return -1;
+        const void *shard = e->params_shard[u];
+        if (e->params_nvme) {
+            /* read the shard from NVMe into pinned slot s once its last gather is done */
+            if (fetch_shard(e, u, e->pin_slot[s], s, e->ev_gathered[s], e->ev_fetched[s])) return -1;
+            strata_stream_wait_event(e->dev, comm_stream(e), e->ev_fetched[s]);
+            shard = e->pin_slot[s];
+        }
+        if (strata_allgather(e->comm, e->slot[s], shard, e->shard[u] * e->es)) return -1;
         strata_event_record(e->dev, e->ev_gathered[s], comm_stream(e));
     }
     return 0;
@@ -529,7 +577,13 @@ static int issue_gathers(strata_engine *e, int upto) {
 static int gather_embed(strata_engine *e) {
     strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_free);
     if (e->off) strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[0]);
-    if (strata_allgather(e->comm, e->embed_param, e->params_shard[0], e->shard[0] * e->es)) return -1;
+    const void *shard = e->params_shard[0];
+    if (e->params_nvme) {
+        if (fetch_shard(e, 0, e->pin_embed, e->n_slots, e->ev_embed_gathered, e->ev_embed_fetched)) return -1;
+        strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_fetched);
+        shard = e->pin_embed;
+    }
+    if (strata_allgather(e->comm, e->embed_param, shard, e->shard[0] * e->es)) return -1;
     strata_event_record(e->dev, e->ev_embed_gathered, comm_stream(e));
     compute_wait(e, e->ev_embed_gathered);
     e->m->params[0] = e->embed_param;
@@ -670,6 +724,21 @@ static void adamw_unit(strata_engine *e, int u, size_t lo, size_t n, void *param
     }
 }
 
+/* A device fault recorded in the micro-steps (out of memory: a kernel or copy that did not
+ * run, core/common.h) spoils this step. It poisons the step's loss, so the step-end
+ * agreement finds it not finite on every rank and every rank skips the update, as for a
+ * NaN: the state stays the last completed step's, and the caller, finding the fault
+ * (strata_fault_take), may checkpoint it. STRATA_FAULT_OOM_STEP=N injects such a fault at
+ * optimizer step N (counted from 1, as in the progress line). */
+static void poison_on_fault(strata_engine *e, int64_t step) {
+    const char *oom = getenv("STRATA_FAULT_OOM_STEP");
+    if (oom && atoll(oom) == step + 1)
+        strata_fault_record(1, "cudaMalloc of %zu bytes (unit 0's gradient) failed: out of memory "
+                               "(injected by STRATA_FAULT_OOM_STEP=%s)", e->padded[0] * 4, oom);
+    if (strata_fault_peek(NULL, 0)) /* all bits set: a NaN */
+        strata_memset_async(e->dev, e->dev->compute, e->m->loss_sum, 0xff, sizeof(float));
+}
+
 int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
@@ -683,6 +752,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
     comm_sync(e);
+    poison_on_fault(e, step);
 
     /* global gradient norm: each rank sums squares over the elements it owns */
     double sums[2] = {0.0, 0.0};
@@ -912,3 +982,6 @@ const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *l
 }
 
 size_t strata_engine_nvme_bytes(const strata_engine *e) { return e->off ? strata_offload_nvme_bytes(e->off) : 0; }
+size_t strata_engine_nvme_param_bytes(const strata_engine *e) {
+    return e->off ? strata_offload_nvme_param_bytes(e->off) : 0;
+}

@@ -53,6 +53,8 @@ strata_engine_memory strata_engine_get_memory(const strata_engine *e);
 const size_t *strata_engine_padded(const strata_engine *e);
 /* Bytes this rank keeps on NVMe (offload.optimizer: nvme), for the memory plan. */
 size_t strata_engine_nvme_bytes(const strata_engine *e);
+/* Of those, the stage-3 parameter shards (offload.params: nvme). */
+size_t strata_engine_nvme_param_bytes(const strata_engine *e);
 
 /* After strata_arena_commit: initial parameters from the seed (a pure function of the
  * element index, so every world size and stage starts from identical weights). */

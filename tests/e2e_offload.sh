@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Offload on the CPU backend: optimizer state in pinned memory (cpu) or in an O_DIRECT file
-# (nvme) gives bitwise the losses of no offload, at stages 1-3, world 1 and 2, over 20
-# steps; params at stage 3 in pinned memory too; a too-small, missing or read-only
-# nvme_path is refused at start with a clear message; the pinned pool never grows.
+# (nvme) gives bitwise the losses of no offload, at stages 0-3, world 1 and 2, over 20
+# steps; at stage 3 the parameter shards live in the same tier too; a checkpoint taken with
+# everything on NVMe resumes bitwise; a too-small, missing or read-only nvme_path is
+# refused at start with a clear message; the pinned pool never grows.
 set -euo pipefail
 S=${STRATA:?set by ctest}
 command -v mpirun > /dev/null || { echo "mpirun not found: skipping"; exit 77; }
@@ -30,11 +31,11 @@ run: {dir: runs/x}
 offload: {nvme_path: "$W/swap", block_kb: 64, queue_depth: 8}
 YAML
 for n in 1 2; do
-  for st in 1 2 3; do
+  for st in 0 1 2 3; do
     run $n train o.yaml --set run.dir=runs/none_${n}_$st --set zero.stage=$st > /dev/null
     for o in cpu nvme; do
       extra=()
-      [ $st -eq 3 ] && [ $o = cpu ] && extra=(--set offload.params=cpu)
+      [ $st -eq 3 ] && extra=(--set offload.params=$o)
       run $n train o.yaml --set run.dir=runs/${o}_${n}_$st --set zero.stage=$st --set offload.optimizer=$o "${extra[@]}" > /dev/null
       diff <(losses runs/none_${n}_$st) <(losses runs/${o}_${n}_$st) > /dev/null || fail "world $n stage $st offload $o: losses differ"
       p2=$(grep '"step": 2,' runs/${o}_${n}_$st/metrics.jsonl | grep -o '"pinned_bytes": [0-9]*')
@@ -43,8 +44,18 @@ for n in 1 2; do
     done
     [ -z "$(ls swap)" ] || fail "the NVMe swap file was not removed at exit: $(ls swap)"
   done
-  pass "world $n, stages 1-3: offload cpu and nvme give bitwise the losses of no offload over 20 steps; pinned pool flat"
+  pass "world $n, stages 0-3: offload cpu and nvme (params too at stage 3) give bitwise the losses of no offload over 20 steps; pinned pool flat"
 done
+
+# a checkpoint of a run whose parameters and optimizer state live on NVMe resumes bitwise
+run 2 train o.yaml --set run.dir=runs/res --set zero.stage=3 --set offload.optimizer=nvme --set offload.params=nvme \
+  --set run.checkpoint_every=10 > /dev/null
+run 2 train o.yaml --set run.dir=runs/res2 --set zero.stage=3 --set offload.optimizer=nvme --set offload.params=nvme \
+  --resume runs/res/ckpt/step_00000010 > /dev/null
+diff <(losses runs/res | sed -n '11,20p') <(losses runs/res2) > /dev/null || fail "nvme offload: resumed losses differ"
+diff <(losses runs/none_2_3) <(losses runs/res) > /dev/null || fail "nvme offload with checkpoints: losses differ from no offload"
+pass "world 2 stage 3, params and optimizer on NVMe: resume from step 10 is bitwise identical (steps 11-20)"
+
 
 # nvme_path too small: refused at start with the bytes needed and free
 if mkdir small && mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then

@@ -46,6 +46,9 @@ for n in 1 2 4; do
     run $n train wide.yaml --set zero.stage=$st > /dev/null
     planned=$(field runs/w/metrics.jsonl plan_device_bytes); peak=$(field runs/w/metrics.jsonl peak_mem_bytes)
     [ -n "$planned" ] && [ "$planned" = "$peak" ] || fail "world $n stage $st: planned $planned, allocated $peak"
+    # no CUDA runtime row on the CPU: the predicted device total is the arena, and so is what is in use
+    total=$(field runs/w/metrics.jsonl plan_device_total_bytes); used=$(field runs/w/metrics.jsonl device_used_peak_bytes)
+    [ "$total" = "$planned" ] && [ "$used" = "$planned" ] || fail "world $n stage $st: predicted total $total, in use $used, planned $planned"
   done
   for o in cpu nvme; do
     rm -rf runs/w
@@ -86,6 +89,16 @@ check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3"
 # strata plan says the same without training
 set +e; "$S" plan quick.yaml --gpu-gb 0.05 > plan.txt; rc=$?; set -e
 [ $rc -eq 3 ] && grep -q "cheapest change that fits" plan.txt || fail "strata plan should refuse with exit 3"
+! grep -q "runtime" plan.txt || fail "a CPU plan has no CUDA runtime row: $(cat plan.txt)"
+
+# a GPU run planned where no GPU answers counts the CUDA runtime it will need, estimated
+set +e; CUDA_VISIBLE_DEVICES='' "$S" plan quick.yaml --set device=cuda --gpu-gb 0.5 > gplan.txt; rc=$?; set -e
+[ $rc -eq 3 ] && grep -q "arena .* + CUDA runtime 608.00 MiB, estimated), 512.00 MiB available" gplan.txt ||
+  fail "a cuda plan in 0.5 GiB should be refused for the estimated runtime: $(cat gplan.txt)"
+CUDA_VISIBLE_DEVICES='' "$S" plan quick.yaml --set device=cuda --gpu-gb 1 > gplan.txt || fail "a cuda plan in 1 GiB should fit: $(cat gplan.txt)"
+grep -q "no GPU here, so estimated: CUDA context 512.00 MiB + cuBLASLt workspace 32.00 MiB, + 64.00 MiB" gplan.txt ||
+  fail "the runtime row should say it is an estimate: $(cat gplan.txt)"
+pass "a cuda plan without a GPU counts an estimated CUDA runtime of 608 MiB in the fit check"
 
 # 2,000 steps of a tiny model: resident memory flat after warm-up
 cat > tiny.yaml <<'YAML'

@@ -110,6 +110,8 @@ static const bad_case bad_cases[] = {
      "bad.yaml: optim.min_lr (0.001) must not exceed optim.lr (0.0001)"},
     {"nvme offload without a path", HEAD TRAIN "offload:\n  optimizer: nvme\n", NULL,
      "bad.yaml: offload.optimizer is nvme, which needs offload.nvme_path"},
+    {"params on nvme without the optimizer offloaded", HEAD TRAIN "zero: {stage: 3}\noffload:\n  params: nvme\n  nvme_path: /tmp\n", NULL,
+     "bad.yaml: offload.params is nvme, which needs offload.optimizer cpu or nvme (the CPU update writes the parameters to disk)"},
     {"params offloaded below stage 3", HEAD TRAIN "offload:\n  params: cpu\n", NULL,
      "bad.yaml: offload.params is cpu, which needs zero.stage 3 (stages 0-2 keep full parameters on every rank)"},
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,

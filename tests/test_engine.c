@@ -29,7 +29,7 @@ enum { MAX_STEPS = 20, B = 2 };
  * (STRATA_TEST_STEPS) since it checks threads, not numerics, at 10-50x the cost. */
 static int STEPS = MAX_STEPS;
 static char data_glob[256];
-static char offload_sets[3][64]; /* extra --set lines for the offload runs, "" when unused */
+static char offload_sets[4][320]; /* extra --set lines for the offload runs, "" when unused */
 static strata_device *dev;
 static strata_stream *comm_stream, *single_stream;
 static strata_comm *comm, *single;
@@ -52,9 +52,9 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     snprintf(sets[2], 320, "train.grad_accum=%d", accum);
     snprintf(sets[3], 320, "zero.overlap_comm=%s", overlap ? "true" : "false");
     snprintf(sets[4], 320, "data.train=%s", data_glob);
-    const char *sp[8] = {sets[0], sets[1], sets[2], sets[3], sets[4]};
+    const char *sp[9] = {sets[0], sets[1], sets[2], sets[3], sets[4]};
     int n_sets = 5;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (offload_sets[i][0]) sp[n_sets++] = offload_sets[i];
     const char *yaml = "device: cpu\n"
                        "model: {n_layer: 4, n_head: 2, n_embd: 64, seq_len: 16, vocab_size: 256}\n"
@@ -188,28 +188,34 @@ int main(int argc, char **argv) {
     }
 
     /* offload: the same runs with the optimizer state in pinned memory (and, at stage 3,
-     * the parameter shards too); the CPU's update of step s overlaps step s+1's forward */
-    for (int stage = 0; stage <= 3; stage++) {
+     * the parameter shards too, then once more with both on NVMe); the CPU's update of
+     * step s overlaps step s+1's forward */
+    for (int stage = 0; stage <= 4; stage++) {
+        int nvme = stage == 4;
         run plain, off;
+        if (nvme) stage = 3;
         run_open(&plain, comm, rank, world, stage, B, 2, 1);
         run_steps(&plain, STEPS);
-        snprintf(offload_sets[0], sizeof offload_sets[0], "offload.optimizer=cpu");
-        if (stage == 3) snprintf(offload_sets[1], sizeof offload_sets[1], "offload.params=cpu");
+        const char *tier = nvme ? "nvme" : "cpu";
+        snprintf(offload_sets[0], sizeof offload_sets[0], "offload.optimizer=%s", tier);
+        if (stage == 3) snprintf(offload_sets[1], sizeof offload_sets[1], "offload.params=%s", tier);
         /* 1, 2, 3, 4 staging buffers: the pipeline is exact at every depth */
         snprintf(offload_sets[2], sizeof offload_sets[2], "offload.buffer_count=%d", stage + 1);
+        snprintf(offload_sets[3], sizeof offload_sets[3], "offload.nvme_path=%s", dir);
         run_open(&off, comm, rank, world, stage, B, 2, 1);
-        offload_sets[0][0] = offload_sets[1][0] = offload_sets[2][0] = 0;
+        offload_sets[0][0] = offload_sets[1][0] = offload_sets[2][0] = offload_sets[3][0] = 0;
         run_steps(&off, STEPS);
         int same = 1;
         for (int s = 0; s < STEPS; s++) same &= plain.loss[s] == off.loss[s];
-        CHECK(same, "world %d stage %d: offload.optimizer cpu (%d staging buffers) gives bitwise the losses of no offload",
-              world, stage, stage + 1);
+        CHECK(same, "world %d stage %d: offload %s (%d staging buffers) gives bitwise the losses of no offload", world,
+              stage, tier, stage + 1);
         double val_plain = 0, val_off = 0;
         CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 && strata_engine_eval(off.e, &off.L, 1, &val_off) == 0 &&
                   val_plain == val_off,
               "world %d stage %d: eval after the last (overlapped) update agrees: %.9g vs %.9g", world, stage, val_plain, val_off);
         run_close(&plain);
         run_close(&off);
+        if (nvme) stage = 4;
     }
 
     /* memory and communication per stage, one step without accumulation */
