@@ -18,6 +18,13 @@ OUT=${OUT:-$ROOT/gpu-check-out}
 mkdir -p "$OUT"
 JOBS=$(nproc)
 log() { echo "[gpu-check] $*"; }
+# Parts (GPU_CHECK_PARTS, default all): check (tests, GPU vs CPU, comm backends, ~5 min),
+# torch (bf16 against transformers), bench (124M and 1.5B against PyTorch, ~6 min), memory
+# (plan vs nvidia-smi, ~5 min), offload (1.5B offload vs FSDP2, 7.5B, ~10 min). The device
+# tool runs one command for at most 10 minutes, so there run them in separate calls; the
+# build is incremental and shared.
+PARTS=" ${GPU_CHECK_PARTS:-check torch bench memory offload} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 prefix_args=()
 if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1; then
   P=/tmp/strata-deps
@@ -84,6 +91,19 @@ cmake --build "$ROOT/build-gpu" -j"$JOBS" > "$OUT/build.log" 2>&1 || { grep -E "
 log "built in $(( $(date +%s) - t0 )) s"
 S=$ROOT/build-gpu/strata
 
+W=$(mktemp -d /tmp/strata-gpu-check.XXXXXX)
+cd "$W"
+cat "$ROOT"/core/*.c "$ROOT"/core/*.h "$ROOT"/shard/*.c > corpus.txt
+"$S" prepare --text corpus.txt --out data > /dev/null
+cat > tiny.yaml <<'YAML'
+model: {n_layer: 4, n_head: 4, n_embd: 128, seq_len: 128, vocab_size: 256}
+data: {train: "data/train_*.bin", val: "data/val_*.bin"}
+train: {steps: 20, micro_batch: 8, eval_every: 10, log_every: 5, sample_tokens: 0}
+optim: {lr: 2.0e-3, warmup_steps: 5}
+run: {checkpoint_every: 0}
+YAML
+
+if want check; then
 log "unit tests (GPU tests included)"
 (cd "$ROOT/build-gpu" && ctest -L unit -j4 --timeout 300 --output-on-failure > "$OUT/ctest.log" 2>&1) || true
 grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | tee "$OUT/ctest-summary.txt"
@@ -105,17 +125,6 @@ log "collectives on device buffers: world 1 (single, nccl), then 2 ranks on GPU 
 } | tee "$OUT/comm.txt"
 grep -h "FAIL" "$OUT"/test_comm_gpu*.log | head -20 || true
 
-W=$(mktemp -d /tmp/strata-gpu-check.XXXXXX)
-cd "$W"
-cat "$ROOT"/core/*.c "$ROOT"/core/*.h "$ROOT"/shard/*.c > corpus.txt
-"$S" prepare --text corpus.txt --out data > /dev/null
-cat > tiny.yaml <<'YAML'
-model: {n_layer: 4, n_head: 4, n_embd: 128, seq_len: 128, vocab_size: 256}
-data: {train: "data/train_*.bin", val: "data/val_*.bin"}
-train: {steps: 20, micro_batch: 8, eval_every: 10, log_every: 5, sample_tokens: 0}
-optim: {lr: 2.0e-3, warmup_steps: 5}
-run: {checkpoint_every: 0}
-YAML
 log "20 steps: GPU (bf16) against CPU (fp32)"
 timeout 300 "$S" train tiny.yaml --set device=cpu --set run.dir=runs/cpu > cpu.log 2>&1 || { tail cpu.log; }
 timeout 300 "$S" train tiny.yaml --set device=cuda --set run.dir=runs/gpu > gpu.log 2>&1 || { tail -20 gpu.log; }
@@ -198,47 +207,101 @@ open(sys.argv[1] + "/comm_train.md", "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY
 
-log "GPT-2 124M, B=16, T=1024, bf16"
-{
-echo "| run | tokens/s (median) | ms/step | peak GPU memory |"
-echo "|---|---|---|---|"
-for st in 0 1; do
+fi
+
+if want bench; then
+log "GPT-2 124M (B=16) and 1.5B (B=8), T=1024, bf16: Strata stages 0 and 3 against PyTorch eager and torch.compile"
+# MFU: model FLOPs (6N + 12LCT per token, as strata's metrics count them) over 989 TFLOP/s,
+# the H100 SXM's dense bf16 peak (the PCIe H100's is 756: the column says which was used).
+PEAK=${PEAK_TFLOPS:-989}
+strata_row() { # name config micro_batch stage [extra --set...]
+  local name=$1 cfg=$2 mb=$3 st=$4; shift 4
   rm -rf runs/b
-  if timeout 300 "$S" train "$ROOT/configs/gpt2-124m.yaml" --set device=cuda --set train.steps=20 --set train.micro_batch=16 \
-       --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 --set train.eval_every=0 \
-       --set train.sample_tokens=0 --set 'data.train=data/train_*.bin' --set data.val= > b.log 2>&1; then
-    python3 - "$st" <<'PY'
+  if watched 400 "$name" env STRATA_CUDA_UNVERIFIED=1 "$S" train "$cfg" --set device=cuda --set train.steps=12 \
+       --set train.micro_batch=$mb --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 \
+       --set train.eval_every=0 --set train.sample_tokens=0 --set train.sample_every=0 --set 'data.train=data/train_*.bin' \
+       --set data.val= "$@" > b.log 2>&1; then
+    python3 - "$name" "$PEAK" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open("runs/b/metrics.jsonl")][3:]
 tps = statistics.median(r["tokens_per_s"] for r in rows); ms = statistics.median(r["step_ms"] for r in rows)
-peak = max(r["peak_mem_bytes"] for r in rows) / 2**30
-print(f"| strata stage {sys.argv[1]} | {tps:,.0f} | {ms:.1f} | {peak:.2f} GiB (arena) |")
+tf = statistics.median(r["tflops"] for r in rows)
+used = max(r.get("device_used_peak_bytes", 0) for r in rows) / 2**30
+arena = max(r["peak_mem_bytes"] for r in rows) / 2**30
+print(f"| {sys.argv[1]} | {tps:,.0f} | {ms:.1f} | {tf:.0f} ({100 * tf / float(sys.argv[2]):.1f}%) | {used:.2f} GiB device ({arena:.2f} arena) |")
 PY
   else
-    echo "| strata stage $st | failed: $(tail -1 b.log | cut -c1-120) | | |"
+    echo "| $name | failed: $(grep -m1 -E 'error|HUNG' b.log | cut -c1-120) | | | |"
   fi
-done
-if python3 -c "import torch, transformers" 2> /dev/null; then
-  python3 - <<'PY'
-import time, torch, statistics
+}
+torch_row() { # layers embd heads batch mode
+  python3 - "$@" "$PEAK" <<'PY' 2> torch.log || echo "| PyTorch $5 L$1 | failed: $(tail -1 torch.log | cut -c1-100) | | | |"
+import sys, time, statistics, torch
 from transformers import GPT2Config, GPT2LMHeadModel
+L, C, H, B, mode, peak = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
 torch.manual_seed(0)
-cfg = GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
-                 resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+cfg = GPT2Config(n_layer=L, n_head=H, n_embd=C, n_positions=1024, vocab_size=50257, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
 m = GPT2LMHeadModel(cfg).cuda()
 opt = torch.optim.AdamW(m.parameters(), lr=6e-4, fused=True)
-x = torch.randint(0, 50257, (16, 1024), device="cuda")
+step_model = torch.compile(m) if mode == "compile" else m
+x = torch.randint(0, 50257, (B, 1024), device="cuda")
 torch.cuda.reset_peak_memory_stats()
 times = []
 for i in range(15):
     torch.cuda.synchronize(); t = time.time()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = m(x, labels=x).loss
+        loss = step_model(x, labels=x).loss
     loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize(); times.append(time.time() - t)
-ms = statistics.median(times[3:]) * 1e3
-print(f"| PyTorch {torch.__version__} eager (bf16 autocast, fused AdamW) | {16*1024/(ms/1e3):,.0f} | {ms:.1f} | {torch.cuda.max_memory_allocated()/2**30:.2f} GiB |")
+s = statistics.median(times[5:])
+n = sum(p.numel() for p in m.parameters())
+tf = (6 * n + 12 * L * C * 1024) * B * 1024 / s / 1e12
+free, total = torch.cuda.mem_get_info()
+print(f"| PyTorch {torch.__version__} {mode} (bf16 autocast, fused AdamW) | {B * 1024 / s:,.0f} | {s * 1e3:.1f} | {tf:.0f} ({100 * tf / peak:.1f}%) | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated |")
 PY
+}
+{
+echo "GPT-2 124M, B=16, T=1024, bf16 (MFU against $PEAK TFLOP/s)"
+echo
+echo "| run | tokens/s (median) | ms/step | model TFLOP/s (MFU) | peak GPU memory |"
+echo "|---|---|---|---|---|"
+strata_row "Strata stage 0" "$ROOT/configs/gpt2-124m.yaml" 16 0
+strata_row "Strata stage 3" "$ROOT/configs/gpt2-124m.yaml" 16 3
+[ "${STRATA_ATTENTION_TC_BENCH:-1}" = 1 ] && STRATA_ATTENTION=tc strata_row "Strata stage 0, STRATA_ATTENTION=tc" "$ROOT/configs/gpt2-124m.yaml" 16 0
+if python3 -c "import torch, transformers" 2> /dev/null; then
+  torch_row 12 768 12 16 eager
+  torch_row 12 768 12 16 compile
 fi
+echo
+echo "GPT-2 1.5B, B=8, T=1024, bf16, activation checkpointing per block"
+echo
+echo "| run | tokens/s (median) | ms/step | model TFLOP/s (MFU) | peak GPU memory |"
+echo "|---|---|---|---|---|"
+strata_row "Strata stage 0" "$ROOT/configs/gpt2-1.5b.yaml" 8 0
+strata_row "Strata stage 3" "$ROOT/configs/gpt2-1.5b.yaml" 8 3
+python3 -c "import torch, transformers" 2> /dev/null && torch_row 48 1600 25 8 eager
 } | tee "$OUT/bench_gpu.md"
+fi
+
+if want torch; then
+log "Strata against transformers on the GPU in bf16 (tests/torch_reference.py --device cuda)"
+if python3 -c "import torch, transformers, safetensors" 2> /dev/null; then
+  { python3 "$ROOT/tests/torch_reference.py" --strata "$S" --workdir "$W/torch-tiny" --device cuda | tail -4
+    python3 "$ROOT/tests/torch_reference.py" --strata "$S" --workdir "$W/torch-124m" --device cuda --gpt2-124m-shape | tail -4
+  } 2>&1 | tee "$OUT/torch_bf16.txt"
+else
+  echo "torch/transformers/safetensors missing: skipped" | tee "$OUT/torch_bf16.txt"
+fi
+fi
+
+if want memory; then
+  log "predicted vs measured GPU memory (bench/gpu-memory.sh)"
+  STRATA="$S" OUT="$OUT" bash "$ROOT/bench/gpu-memory.sh" || log "gpu-memory.sh failed"
+fi
+
+if want offload; then
+  log "offload: 1.5B optimizer on GPU / CPU / NVMe vs FSDP2, NVMe floor, 7.5B (bench/bench_offload_gpu.sh)"
+  STRATA="$S" OUT="$OUT" bash "$ROOT/bench/bench_offload_gpu.sh" || log "bench_offload_gpu.sh failed"
+fi
+
 log "done; tables in $OUT"

@@ -25,6 +25,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/data.h"
+#include "core/kernels.h"
 #include "core/model.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
@@ -314,7 +315,8 @@ done:
 
 static int dump_usage(void) {
     fprintf(stderr, "usage: strata dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
-                    "                         [--set section.key=value]...\n");
+                    "                         [--device cpu|cuda] [--set section.key=value]...\n"
+                    "  --device cuda computes in bf16 on the GPU (fp32 on the CPU, the default)\n");
     return STRATA_EXIT_USAGE;
 }
 
@@ -330,9 +332,10 @@ static int parse_positive(const char *opt, const char *s, int *out) {
 }
 
 int strata_cmd_dump_grads(int argc, char **argv) {
-    const char *what = NULL, *out = NULL, *data = NULL;
+    const char *what = NULL, *out = NULL, *data = NULL, *device = "cpu";
     int B = 0, T = 0;
-    /* the caller's overrides first; ours last, so the run is always world 1, stage 0, CPU */
+    /* the caller's overrides first; ours last, so the run is always world 1, stage 0, on
+     * --device (fp32 on the CPU, bf16 on CUDA) */
     const char *sets[64 + 4];
     int n_sets = 0;
     for (int i = 0; i < argc; i++) {
@@ -343,6 +346,12 @@ int strata_cmd_dump_grads(int argc, char **argv) {
             if (parse_positive(a, argv[++i], &B)) return STRATA_EXIT_USAGE;
         } else if (!strcmp(a, "--seq") && v) {
             if (parse_positive(a, argv[++i], &T)) return STRATA_EXIT_USAGE;
+        } else if (!strcmp(a, "--device") && v) {
+            device = argv[++i];
+            if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
+                fprintf(stderr, "strata dump-grads: --device expects cpu or cuda, got '%s'\n", device);
+                return STRATA_EXIT_USAGE;
+            }
         } else if (!strcmp(a, "--set") && v && n_sets < 64) sets[n_sets++] = argv[++i];
         else if (a[0] != '-' && !what) what = a;
         else {
@@ -351,10 +360,11 @@ int strata_cmd_dump_grads(int argc, char **argv) {
         }
     }
     if (!what || !out || !data) return dump_usage();
-    sets[n_sets++] = "device=cpu";
+    int cuda = !strcmp(device, "cuda");
+    sets[n_sets++] = cuda ? "device=cuda" : "device=cpu";
     sets[n_sets++] = "zero.stage=0";
     sets[n_sets++] = "train.grad_accum=1";
-    sets[n_sets++] = "train.dtype=fp32";
+    sets[n_sets++] = cuda ? "train.dtype=bf16" : "train.dtype=fp32";
     strata_opened_ckpt o;
     int rc = strata_open_checkpoint("dump-grads", what, sets, n_sets, &o);
     if (rc) return rc;
@@ -372,7 +382,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     T = strata_config_seq_len(cfg);
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
 
-    strata_device *dev = strata_device_open("cpu", 0);
+    strata_device *dev = strata_device_open(device, 0);
     if (!dev) {
         fprintf(stderr, "strata dump-grads: %s\n", strata_error());
         strata_ckpt_close(o.ck);
@@ -388,7 +398,9 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     strata_arena_init(&arena, dev);
     strata_engine *e = strata_engine_create(cfg, &m, &arena, dev, comm, 0, 1);
     const size_t *padded = strata_engine_padded(e);
-    float **grads = strata_xcalloc(m.n_units, sizeof *grads);
+    float **grads = strata_xcalloc(m.n_units, sizeof *grads);      /* device */
+    float **grads_host = strata_xcalloc(m.n_units, sizeof *grads); /* their copies */
+    float *logits_f32 = NULL;                                        /* device: logits as fp32 */
     int32_t *inputs = strata_xmalloc(BT * sizeof(int32_t)), *targets = strata_xmalloc(BT * sizeof(int32_t));
     float *logits = strata_xmalloc(BT * Vp * sizeof(float));
     float loss = 0.0f, pad_max = 0.0f;
@@ -408,7 +420,10 @@ int strata_cmd_dump_grads(int argc, char **argv) {
         if (!grads[u]) goto done;
         strata_memset_async(dev, dev->compute, grads[u], 0, padded[u] * sizeof(float));
         m.grads[u] = grads[u];
+        grads_host[u] = strata_xmalloc(padded[u] * sizeof(float));
     }
+    logits_f32 = strata_alloc(dev, STRATA_MEM_DEVICE, BT * Vp * sizeof(float));
+    if (!logits_f32) goto done;
 
     /* Forward with the loss but without the gradient, so the logits survive to be read;
      * then the head again in training mode (it turns logits into dlogits in place) and
@@ -416,16 +431,18 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     strata_model_set_batch(&m, inputs, targets);
     strata_memset_async(dev, dev->compute, m.loss_sum, 0, sizeof(float));
     for (int u = 0; u < m.n_units; u++) strata_model_forward_unit(&m, u, 0, 0.0f, 1.0f / (float)BT);
-    strata_memcpy_async(dev, dev->compute, logits, m.logits, BT * Vp * sizeof(float));
+    dev->k->convert(dev->compute, logits_f32, STRATA_F32, m.logits, dev->compute_dtype, BT * Vp);
+    strata_memcpy_async(dev, dev->compute, logits, logits_f32, BT * Vp * sizeof(float));
     strata_memcpy_async(dev, dev->compute, &loss, m.loss_sum, sizeof(float));
     strata_model_forward_unit(&m, m.n_units - 1, 1, 1.0f / (float)BT, 0.0f);
     for (int u = m.n_units - 1; u >= 0; u--) strata_model_backward_unit(&m, u);
+    for (int u = 0; u < m.n_units; u++)
+        strata_memcpy_async(dev, dev->compute, grads_host[u], grads[u], padded[u] * sizeof(float));
     strata_stream_sync(dev, dev->compute);
-    /* the CPU backend's device memory is host memory: the gradients are read in place */
     if (!isfinite(loss)) STRATA_WARN("export", "loss is %g: the checkpoint or the data is broken", loss);
 
     /* rows V..Vp-1 of wte never meet a token or a target: their gradient must be exactly 0 */
-    for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++) pad_max = fmaxf(pad_max, fabsf(grads[0][i]));
+    for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++) pad_max = fmaxf(pad_max, fabsf(grads_host[0][i]));
     for (size_t r = 0; r < BT; r++) memmove(logits + r * V, logits + r * Vp, (size_t)V * sizeof(float));
 
     common_meta(&w, &o);
@@ -443,7 +460,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
         goto done;
     for (int i = 0; i < m.n_tensors; i++) {
         const strata_ckpt_tensor *t = &m.tensors[i];
-        if (st_write(&w, 4 + i, grads[t->unit] + t->offset)) goto done;
+        if (st_write(&w, 4 + i, grads_host[t->unit] + t->offset)) goto done;
     }
     if (st_commit(&w)) goto done;
     printf("wrote %s: loss %.6f over %d x %d tokens, %d gradients (step %lld)\n", out, loss, B, T, m.n_tensors,
@@ -452,9 +469,13 @@ int strata_cmd_dump_grads(int argc, char **argv) {
 done:
     if (rc) fprintf(stderr, "strata dump-grads: %s\n", strata_error());
     st_free(&w);
-    for (int u = 0; u < m.n_units; u++)
+    for (int u = 0; u < m.n_units; u++) {
         if (grads[u]) strata_free(dev, STRATA_MEM_DEVICE, grads[u]);
+        free(grads_host[u]);
+    }
+    if (logits_f32) strata_free(dev, STRATA_MEM_DEVICE, logits_f32);
     free(grads);
+    free(grads_host);
     free(inputs);
     free(targets);
     free(logits);

@@ -212,6 +212,7 @@ typedef struct option {
     int halvings;   /* micro-batch halved this many times, accumulation doubled as often */
     int stage;
     int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
+    int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
     double cost;    /* estimated extra fraction of step time */
 } option;
 
@@ -239,6 +240,9 @@ static double option_cost(const strata_config *c, const option *o) {
     /* the optimizer on the CPU: its update no longer overlaps nothing on the device, and the
      * gradients and parameters cross PCIe; from NVMe the state also crosses the disk */
     if (o->offload > (int)c->offload.optimizer) cost += o->offload == 1 ? 0.30 : 1.00;
+    /* parameter shards off the device: every gather (forward and backward) crosses PCIe,
+     * or is read from disk first */
+    if (o->params > (int)c->offload.params) cost += o->params == 1 ? 0.40 : 2.00;
     return cost;
 }
 
@@ -264,6 +268,10 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->offload.optimizer = (strata_offload_choice)o->offload;
         snprintf(sets[n++], 96, "offload.optimizer=%s", o->offload == 1 ? "cpu" : "nvme");
     }
+    if (o->params != (int)base->offload.params && n < max_sets) {
+        out->offload.params = (strata_offload_choice)o->params;
+        snprintf(sets[n++], 96, "offload.params=%s", o->params == 1 ? "cpu" : "nvme");
+    }
     return n;
 }
 
@@ -284,15 +292,19 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
     int max_halvings = 0;
     while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
         max_halvings++;
-    option best = {0, 0, 0, 0, -1};
+    option best = {0, 0, 0, 0, 0, -1};
     int max_offload = cfg->offload.nvme_path[0] ? 2 : 1;
     for (int ci = 0; ci < 3; ci++) {
         if (ci > 0 && cfg->train.activation_checkpointing && ckpts[ci] >= cfg->train.activation_checkpointing) continue;
         for (int h = 0; h <= max_halvings; h++)
             for (int st = cfg->zero.stage; st <= 3; st++)
-            for (int off = (int)cfg->offload.optimizer; off <= max_offload; off++) {
-                if (st != cfg->zero.stage && world == 1) continue; /* nothing to partition across */
-                option o = {ckpts[ci], h, st, off, 0};
+            for (int off = (int)cfg->offload.optimizer; off <= max_offload; off++)
+            for (int par = (int)cfg->offload.params; par <= (st == 3 ? max_offload : 0); par++) {
+                /* one rank has nothing to partition: stage 3 helps it only by moving the
+                 * parameter shards off the device */
+                if (st != cfg->zero.stage && world == 1 && !(st == 3 && par > 0)) continue;
+                if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
+                option o = {ckpts[ci], h, st, off, par, 0};
                 o.cost = option_cost(cfg, &o);
                 if (best.cost >= 0 && o.cost >= best.cost) continue;
                 strata_config c2;

@@ -31,6 +31,13 @@ data: {train: "data/train_*.bin"}
 train: {steps: 1, micro_batch: 1, eval_every: 0, sample_tokens: 0}
 run: {dir: runs/d}
 YAML
+cat > long.yaml <<'YAML'
+device: cpu
+model: {n_layer: 16, n_head: 4, n_embd: 128, seq_len: 16, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 1, micro_batch: 1, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/l}
+YAML
 cat > wide.yaml <<'YAML'
 device: cpu
 model: {n_layer: 4, n_head: 4, n_embd: 256, seq_len: 16, vocab_size: 256}
@@ -52,17 +59,17 @@ for n in 1 2 4; do
   done
   for o in cpu nvme; do
     rm -rf runs/w
-    run $n train wide.yaml --set zero.stage=3 --set offload.optimizer=$o --set "offload.nvme_path=$PWD" > /dev/null
+    run $n train wide.yaml --set zero.stage=3 --set offload.optimizer=$o --set offload.params=$o --set "offload.nvme_path=$PWD" > /dev/null
     for tier in device pinned; do
       if [ $tier = device ]; then planned=$(field runs/w/metrics.jsonl plan_device_bytes); got=$(field runs/w/metrics.jsonl peak_mem_bytes)
       else planned=$(field runs/w/metrics.jsonl plan_pinned_bytes); got=$(field runs/w/metrics.jsonl pinned_bytes); fi
       [ -n "$planned" ] && [ "$planned" = "$got" ] || fail "world $n offload $o: $tier planned $planned, allocated $got"
     done
   done
-  pass "world $n, stages 0-3 and offload cpu/nvme: planned device and pinned bytes equal the allocated bytes"
+  pass "world $n, stages 0-3 and offload cpu/nvme (optimizer and parameters): planned device and pinned bytes equal the allocated bytes"
 done
 
-# five over-budget runs: refused with exit 3 and a change that, applied, trains
+# over-budget runs: refused with exit 3 and a change that, applied, trains
 check_refusal() { # name world config budget_gb expected_change
   local name=$1 n=$2 cfg=$3 gb=$4 expect=$5
   set +e
@@ -83,6 +90,7 @@ check_refusal quick-50m 1 quick.yaml 0.05 "train.micro_batch=4 --set train.grad_
 check_refusal quick-20m 1 quick.yaml 0.02 "offload.optimizer=cpu"
 check_refusal deep-40m 1 deep.yaml 0.04 "offload.optimizer=cpu"
 check_refusal deep-25m 1 deep.yaml 0.025 "train.activation_checkpointing=every:2"
+check_refusal long-20m 1 long.yaml 0.02 "zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu"
 check_refusal wide-w2 2 wide.yaml 0.05 "zero.stage=1"
 check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3"
 
