@@ -260,6 +260,8 @@ free, total = torch.cuda.mem_get_info()
 print(f"| PyTorch {torch.__version__} {mode} (bf16 autocast, fused AdamW) | {B * 1024 / s:,.0f} | {s * 1e3:.1f} | {tf:.0f} ({100 * tf / peak:.1f}%) | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated |")
 PY
 }
+log "attention kernels: CUDA cores against tensor cores (bench/bench_attention.c)"
+"$ROOT/build-gpu/bench/bench_attention" 20 2>&1 | tee "$OUT/bench_attention.md" || true
 {
 echo "GPT-2 124M, B=16, T=1024, bf16 (MFU against $PEAK TFLOP/s)"
 echo

@@ -23,12 +23,19 @@
  *    (the write carries a system-scope fence, so the host that sees it sees the work);
  *  - record on a HOST stream: a queued marker that stores the ticket and wakes waiters;
  *  - DEVICE stream waits on a DEVICE record: cudaStreamWaitEvent (native, cheapest);
- *  - DEVICE stream waits on a HOST record: cuStreamWaitValue32(slot >= ticket). This was
- *    chosen over a cudaLaunchHostFunc that blocks until the ticket arrives: a blocked
- *    host function holds CUDA's callback thread (every stream's host functions wait
- *    behind it), costs a callback round trip even when the wait is short, and, tried
- *    on an H100 (driver 580), it left the enqueueing thread's next CUDA calls stuck
- *    behind it, so the host work it waited for was never released;
+ *  - DEVICE stream waits on a HOST record not yet reached: by default the calling
+ *    thread waits for the record before it enqueues anything more. That cannot deadlock:
+ *    a HOST record takes its ticket when enqueued and every wait captures records made
+ *    before it, so a record depends only on work already enqueued, never on what the
+ *    waiting thread would enqueue next. It costs the thread its lookahead, not the GPU
+ *    its ordering. The first GPU runs that made devices wait on the GPU side instead
+ *    (cuStreamWaitValue32, below) hung at ZeRO stage 2, the one path that used it, so
+ *    that path is now opt-in (STRATA_CUDA_DEVICE_WAITS=1) until a GPU run proves it.
+ *    With it: cuStreamWaitValue32(slot >= ticket), chosen over a cudaLaunchHostFunc that
+ *    blocks until the ticket arrives: a blocked host function holds CUDA's callback
+ *    thread (every stream's host functions wait behind it), costs a callback round trip
+ *    even when the wait is short, and, tried on an H100 (driver 580), it left the
+ *    enqueueing thread's next CUDA calls stuck behind it;
  *  - HOST stream (or event_sync/query on the host) waits on either: reads the slot
  *    (a condition variable for host markers, a polling loop with backoff for device
  *    writes, which raise no host signal).
@@ -128,6 +135,7 @@ typedef struct cuda_device {
 
     wait_value_fn wait_value;   /* NULL: no stream memory operations, use the fallbacks */
     write_value_fn write_value;
+    int device_waits;           /* STRATA_CUDA_DEVICE_WAITS=1: GPU-side waits on host records */
 
     alloc_entry *allocs;
     size_t alloc_cap, alloc_count;
@@ -735,6 +743,10 @@ static int cuda_stream_wait_event(strata_stream *s, strata_event *e) {
         t.ticket = ticket;
         return host_submit(s, &t);
     }
+    if (kind == STRATA_STREAM_HOST && !cd->device_waits) {
+        wait_host_slot(cd, slot, ticket); /* see the top of the file */
+        return 0;
+    }
     if (make_current(cd->ordinal)) return -1;
     if (kind == STRATA_STREAM_DEVICE) {
         /* The cudaEvent may have been re-recorded since the snapshot; waiting for the
@@ -861,6 +873,8 @@ static const strata_device_ops cuda_ops = {
 /* cuStreamWaitValue32/WriteValue32 through the runtime's driver entry points, so the
  * library needs no link against libcuda. NULL pointers select the fallbacks. */
 static void load_memops(cuda_device *cd) {
+    const char *dw = getenv("STRATA_CUDA_DEVICE_WAITS");
+    cd->device_waits = dw && !strcmp(dw, "1");
     const char *env = getenv("STRATA_CUDA_MEMOPS");
     if (env && !strcmp(env, "0")) return;
     void *wait = NULL, *write = NULL;

@@ -115,4 +115,12 @@ struct strata_kernels {
 
 extern const strata_kernels strata_kernels_cpu;
 
+#ifdef STRATA_HAVE_CUDA
+/* The CUDA backend's attention kernels for every later call in the process: 0 the CUDA-core
+ * ones (the default), 1 the tensor-core ones (STRATA_ATTENTION=tc), -1 back to what
+ * STRATA_ATTENTION says. Returns the choice in effect before. Tests and benchmarks use it
+ * to compare the two in one process. */
+int strata_cuda_attention_select(int impl);
+#endif
+
 #endif

@@ -153,6 +153,32 @@ static int close_enough(const char *what, const float *gpu, const float *cpu, si
 
 #define BF16_RTOL 2e-2
 #define F32_RTOL 2e-3 /* fp32 results of bf16 inputs: only the summation order differs */
+/* The tensor-core attention rounds P (forward, dV) and dS (dQ, dK) to bf16 as mma inputs,
+ * as FlashAttention-2 does: up to 2^-8 of each term, in series with the output's own
+ * rounding. Where terms of size ~1 cancel to a small sum (a row with few keys, a dV summed
+ * over many queries) while the tensor's rms is small (T 1024), single elements reach
+ * 5.6e-2 of (|cpu| + rms): measured by running the kernels' source under a host emulation
+ * of mma.sync, where such elements match a reference that rounds P and dS the same way to
+ * within the output's rounding. So the per-element bound is loose, and the check with
+ * teeth is the whole tensor's: the error's rms is 1.7e-3 to 2.4e-3 of the tensor's rms at
+ * every measured shape. */
+#define ATT_TC_RTOL 1e-1
+#define ATT_TC_RMS 5e-3
+
+/* rms(gpu - cpu) <= tol * rms(cpu): a small error in every element, which a per-element
+ * bound loose enough for rounding outliers would let through */
+static int rms_close(const char *what, const float *gpu, const float *cpu, size_t n, double tol) {
+    double se = 0.0, ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)gpu[i] - (double)cpu[i];
+        se += e * e;
+        ss += (double)cpu[i] * cpu[i];
+    }
+    double rel = n ? sqrt(se / (double)n) / (sqrt(ss / (double)n) + 1e-30) : 0.0;
+    int ok = rel <= tol; /* NaN fails */
+    CHECK(ok, "%-34s n %-8zu rms err / rms %.3g (tol %.0e)", what, n, rel, tol);
+    return ok;
+}
 
 /* ---- kernels ---- */
 
@@ -257,23 +283,49 @@ static void test_matmul(int M, int K, int N, int w_nk, int with_bias, int with_g
     free(dinp), free(g_dinp), free(g_dw), free(g_db);
 }
 
-static void test_attention(int B, int T, int C, int NH) {
-    char name[120], what[200];
-    snprintf(name, sizeof name, "B %d T %d C %d NH %d (hs %d)", B, T, C, NH, C / NH);
+static const char *const att_impl_name[2] = {"cuda cores", "tensor cores"};
+
+/* x (n) uploaded `off` elements into a bf16 buffer of n + off; *base is the allocation */
+static void *up_bf16_off(const float *x, size_t n, size_t off, void **base) {
+    float *p = strata_xcalloc(n + off, sizeof *p);
+    memcpy(p + off, x, n * sizeof *p);
+    *base = up_bf16(p, n + off);
+    free(p);
+    return (char *)*base + off * 2;
+}
+static void *dalloc_off(size_t bytes, size_t off_bytes, void **base) {
+    *base = dalloc(bytes + off_bytes);
+    return (char *)*base + off_bytes;
+}
+
+/* One implementation against the CPU oracle. An offset of `off` bf16 elements into each
+ * bf16 buffer (1: 2-byte aligned tensors) is a call the tensor-core path must hand to
+ * the CUDA-core kernels, since it moves 16 bytes at a time. qkv ~ N(0, in_scale^2): at 8
+ * the scaled scores have a standard deviation of 64, so the softmax is nearly one-hot and
+ * a row's running max moves by hundreds between key tiles. */
+static void test_attention(int impl, int B, int T, int C, int NH, size_t off, float in_scale) {
+    char name[160], what[240];
+    snprintf(name, sizeof name, "%s, B %d T %d C %d NH %d (hs %d)%s%s", att_impl_name[impl], B, T, C, NH,
+             C / NH, off ? ", misaligned" : "", in_scale != 1.0f ? ", large scores" : "");
+    strata_cuda_attention_select(impl);
     size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
-    float *qkv = host_rand(n3, 1.0f, 1);
+    float *qkv = host_rand(n3, in_scale, 1);
     float *out = strata_xmalloc(n1 * 4), *lse = strata_xmalloc(nl * 4);
     ck->attention_forward(CPU->compute, out, lse, qkv, B, T, C, NH);
-    void *d_qkv = up_bf16(qkv, n3), *d_out = dalloc(n1 * 2), *d_lse = dalloc(nl * 4);
+    void *b_qkv, *b_out, *b_dout, *b_dqkv;
+    void *d_qkv = up_bf16_off(qkv, n3, off, &b_qkv), *d_out = dalloc_off(n1 * 2, off * 2, &b_out);
+    void *d_lse = dalloc(nl * 4);
+    double rtol = impl ? ATT_TC_RTOL : BF16_RTOL;
     gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, C, NH);
     float *g_out = down_bf16(d_out, n1), *g_lse = down_f32(d_lse, nl);
     snprintf(what, sizeof what, "attention_forward out, %s", name);
-    close_enough(what, g_out, out, n1, BF16_RTOL);
+    close_enough(what, g_out, out, n1, rtol);
+    if (impl) rms_close(what, g_out, out, n1, ATT_TC_RMS);
     snprintf(what, sizeof what, "attention_forward lse, %s", name);
     close_enough(what, g_lse, lse, nl, 1e-4);
 
     float *dout = host_rand(n1, 1.0f, 1), *dqkv = strata_xmalloc(n3 * 4);
-    void *d_dout = up_bf16(dout, n1), *d_dqkv = dalloc(n3 * 2);
+    void *d_dout = up_bf16_off(dout, n1, off, &b_dout), *d_dqkv = dalloc_off(n3 * 2, off * 2, &b_dqkv);
     /* dqkv (=): garbage beforehand must not leak through */
     strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2);
     /* Both backwards read the GPU's forward (out in bf16, as the model stores it): the
@@ -282,9 +334,82 @@ static void test_attention(int B, int T, int C, int NH) {
     gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
     float *g_dqkv = down_bf16(d_dqkv, n3);
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
-    close_enough(what, g_dqkv, dqkv, n3, BF16_RTOL);
-    dfree(d_qkv), dfree(d_out), dfree(d_lse), dfree(d_dout), dfree(d_dqkv);
+    close_enough(what, g_dqkv, dqkv, n3, rtol);
+    if (impl) rms_close(what, g_dqkv, dqkv, n3, ATT_TC_RMS);
+    dfree(b_qkv), dfree(b_out), dfree(d_lse), dfree(b_dout), dfree(b_dqkv);
     free(qkv), free(out), free(lse), free(g_out), free(g_lse), free(dout), free(dqkv), free(g_dqkv);
+}
+
+/* Both implementations against the oracle at head sizes 64 and 128 (the tensor-core
+ * ones) over lengths that fill no tile, one partial tile, exactly one, several with a
+ * partial last one, and many; and at head sizes only the CUDA-core kernels have. */
+static void test_attention_shapes(int impl) {
+    static const int T[] = {1, 17, 64, 100, 256, 1024};
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
+        test_attention(impl, 1 + (int)(i % 2), T[i], 64 * (2 + (int)(i % 3)), 2 + (int)(i % 3), 0, 1.0f); /* hs 64 */
+        test_attention(impl, 2 - (int)(i % 2), T[i], 128 * (2 + (int)(i % 2)), 2 + (int)(i % 2), 0, 1.0f); /* hs 128 */
+    }
+    test_attention(impl, 2, 100, 96, 3, 0, 1.0f);  /* hs 32 */
+    test_attention(impl, 2, 70, 64, 4, 0, 1.0f);   /* hs 16 */
+    test_attention(impl, 2, 100, 128, 2, 1, 1.0f); /* hs 64, 2-byte aligned */
+    test_attention(impl, 2, 200, 128, 2, 0, 8.0f); /* hs 64, large scores */
+    test_attention(impl, 1, 200, 256, 2, 0, 8.0f); /* hs 128, large scores */
+}
+
+static int count_diff_u16(const void *a, const void *b, size_t n) {
+    const uint16_t *x = a, *y = b;
+    int d = 0;
+    for (size_t i = 0; i < n; i++) d += x[i] != y[i];
+    return d;
+}
+
+/* The tensor-core kernels against the CUDA-core ones on the same inputs: forward out and
+ * lse; then both backwards from the same (CUDA-core) forward. The tensor-core backward
+ * has one writer per element and no atomics, so a second run is bit-identical. */
+static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
+    char name[120], what[200];
+    snprintf(name, sizeof name, "tensor vs cuda cores, B %d T %d C %d NH %d (hs %d)", B, T, C, NH, C / NH);
+    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = host_rand(n3, 1.0f, 1), *dout = host_rand(n1, 1.0f, 1);
+    void *d_qkv = up_bf16(qkv, n3), *d_dout = up_bf16(dout, n1);
+    void *d_out[2], *d_lse[2], *d_dqkv[3];
+    float *g_out[2], *g_lse[2], *g_dqkv[2];
+    for (int impl = 0; impl < 2; impl++) {
+        strata_cuda_attention_select(impl);
+        d_out[impl] = dalloc(n1 * 2), d_lse[impl] = dalloc(nl * 4);
+        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, B, T, C, NH);
+        g_out[impl] = down_bf16(d_out[impl], n1), g_lse[impl] = down_f32(d_lse[impl], nl);
+    }
+    snprintf(what, sizeof what, "attention_forward out, %s", name);
+    close_enough(what, g_out[1], g_out[0], n1, ATT_TC_RTOL);
+    rms_close(what, g_out[1], g_out[0], n1, ATT_TC_RMS);
+    snprintf(what, sizeof what, "attention_forward lse, %s", name);
+    close_enough(what, g_lse[1], g_lse[0], nl, 1e-4);
+    for (int run = 0; run < 3; run++) {
+        int impl = run ? 1 : 0;
+        strata_cuda_attention_select(impl);
+        d_dqkv[run] = dalloc(n3 * 2);
+        strata_memset_async(G, G->compute, d_dqkv[run], 0x7f, n3 * 2);
+        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, C, NH);
+        if (run < 2) g_dqkv[run] = down_bf16(d_dqkv[run], n3);
+    }
+    snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
+    close_enough(what, g_dqkv[1], g_dqkv[0], n3, ATT_TC_RTOL);
+    rms_close(what, g_dqkv[1], g_dqkv[0], n3, ATT_TC_RMS);
+    uint16_t *h1 = strata_xmalloc(n3 * 2), *h2 = strata_xmalloc(n3 * 2);
+    strata_memcpy_async(G, G->compute, h1, d_dqkv[1], n3 * 2);
+    strata_memcpy_async(G, G->compute, h2, d_dqkv[2], n3 * 2);
+    gsync();
+    int diff = count_diff_u16(h1, h2, n3);
+    CHECK(diff == 0, "attention_backward on tensor cores is deterministic: two runs differ in %d of %zu "
+                     "elements, %s", diff, n3, name);
+    for (int i = 0; i < 2; i++) {
+        dfree(d_out[i]), dfree(d_lse[i]);
+        free(g_out[i]), free(g_lse[i]), free(g_dqkv[i]);
+    }
+    for (int i = 0; i < 3; i++) dfree(d_dqkv[i]);
+    dfree(d_qkv), dfree(d_dout);
+    free(qkv), free(dout), free(h1), free(h2);
 }
 
 /* Element-wise kernels; `off` elements into the buffers makes every pointer misaligned
@@ -459,8 +584,10 @@ static void test_utilities(void) {
 }
 
 /* A GPT-2 block's worth of kernels, forward and backward, twice after a warm-up: the
- * device memory counters must not move (cuBLASLt's workspace was made at open). */
-static void test_no_alloc_in_step(void) {
+ * device memory counters must not move (cuBLASLt's workspace was made at open; the
+ * tensor-core attention backward keeps its scratch in dqkv). */
+static void test_no_alloc_in_step(int att_impl) {
+    strata_cuda_attention_select(att_impl);
     int B = 2, T = 64, C = 128, NH = 2, V = 500, Vp = 512, BT = B * T;
     size_t sz[] = {(size_t)BT * C, (size_t)BT * 3 * C, (size_t)BT * 4 * C, (size_t)Vp * C, (size_t)BT * Vp};
     void *x = dalloc(sz[0] * 2), *ln = dalloc(sz[0] * 2), *qkv = dalloc(sz[1] * 2), *att = dalloc(sz[0] * 2);
@@ -497,8 +624,8 @@ static void test_no_alloc_in_step(void) {
     int same = 1;
     for (int k = 0; k < STRATA_MEM_KINDS; k++)
         same &= G->mem[k].n_alloc == before[k].n_alloc && G->mem[k].live_bytes == before[k].live_bytes;
-    CHECK(same, "two steps of kernels allocate nothing (device allocs %llu -> %llu)",
-          (unsigned long long)before[STRATA_MEM_DEVICE].n_alloc,
+    CHECK(same, "two steps of kernels (attention on %s) allocate nothing (device allocs %llu -> %llu)",
+          att_impl_name[att_impl], (unsigned long long)before[STRATA_MEM_DEVICE].n_alloc,
           (unsigned long long)G->mem[STRATA_MEM_DEVICE].n_alloc);
     void *all[] = {x, ln, qkv, att, fch, fchg, wte, logits, w, bias, dw, db, stats, losses, tgt, acc, dqkv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfree(all[i]);
@@ -634,6 +761,56 @@ static void test_cross_kind_events(strata_device *d, const char *label) {
     strata_free(d, STRATA_MEM_DEVICE, mid);
 }
 
+/* The default way a DEVICE stream waits on a HOST record (core/device_cuda.cu): the calling
+ * thread waits for the record, then enqueues what follows. A gate opened 100 ms later by
+ * another thread holds the HOST stream; the wait returns only once the fill ran, and the
+ * device work after it sees the filled data. */
+typedef struct delayed_gate {
+    gate *g;
+    int ms;
+} delayed_gate;
+static void *open_later(void *arg) {
+    delayed_gate *dg = arg;
+    usleep((useconds_t)dg->ms * 1000);
+    gate_open(dg->g);
+    return NULL;
+}
+static void test_host_waits(strata_device *d) {
+    size_t n = (size_t)8 << 20;
+    unsigned char *src = strata_alloc(d, STRATA_MEM_PINNED, n), *dst = strata_alloc(d, STRATA_MEM_PINNED, n);
+    void *mid = strata_alloc(d, STRATA_MEM_DEVICE, n);
+    strata_stream *h = strata_stream_create(d, "gated", STRATA_STREAM_HOST);
+    strata_event *e = strata_event_create(d);
+    memset(src, 0x11, n);
+    memset(dst, 0, n);
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    fill_arg fa = {src, n, 0xC3};
+    strata_host_task(d, h, gate_wait, &g);
+    strata_host_task(d, h, fill_fn, &fa);
+    strata_event_record(d, e, h);
+    delayed_gate dg = {&g, 100};
+    pthread_t opener;
+    pthread_create(&opener, NULL, open_later, &dg);
+    double t0 = strata_now_ms();
+    int rc = strata_stream_wait_event(d, d->compute, e);
+    double waited = strata_now_ms() - t0;
+    CHECK(rc == 0 && waited >= 80 && strata_event_query(d, e) == 1,
+          "host waits: a device wait on a pending host record returns once it is reached (%.0f ms)", waited);
+    strata_memcpy_async(d, d->compute, mid, src, n);
+    strata_memcpy_async(d, d->compute, dst, mid, n);
+    strata_stream_sync(d, d->compute);
+    CHECK(dst[0] == 0xC3 && dst[n - 1] == 0xC3, "host waits: device work after the wait sees the host's data");
+    t0 = strata_now_ms();
+    rc = strata_stream_wait_event(d, d->compute, e);
+    CHECK(rc == 0 && strata_now_ms() - t0 < 5, "host waits: a reached host record costs no wait");
+    pthread_join(opener, NULL);
+    strata_event_destroy(d, e);
+    strata_stream_destroy(d, h);
+    strata_free(d, STRATA_MEM_PINNED, src);
+    strata_free(d, STRATA_MEM_PINNED, dst);
+    strata_free(d, STRATA_MEM_DEVICE, mid);
+}
+
 /* Re-recording an event after a wait was enqueued does not move that wait's target:
  * a DEVICE wait on a HOST record must be released by the first record. */
 static void test_wait_snapshot(strata_device *d, const char *label) {
@@ -709,29 +886,44 @@ int main(void) {
     test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
     test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
     test_matmul(50, 40, 72, 1, 1, 0);
-    test_attention(1, 1024, 128, 2); /* hs 64, T 1024 */
-    test_attention(2, 100, 96, 3);   /* hs 32, T not a multiple of any tile */
-    test_attention(2, 70, 64, 4);    /* hs 16 */
-    test_attention(1, 130, 256, 2);  /* hs 128 */
+    test_attention_shapes(0);
+    test_attention_shapes(1);
+    test_attention_tc_vs_simt(2, 1024, 768, 12); /* GPT-2 124M's heads */
+    test_attention_tc_vs_simt(3, 200, 256, 4);   /* hs 64, a partial last tile */
+    test_attention_tc_vs_simt(1, 1024, 1024, 8); /* hs 128 */
+    test_attention_tc_vs_simt(2, 77, 512, 4);    /* hs 128, a partial tile */
+    strata_cuda_attention_select(-1);
     test_elementwise(10007, 0);
     test_elementwise(4099, 1);
     test_crossentropy(40, 1000, 1024);
     test_adamw();
     test_utilities();
-    test_no_alloc_in_step();
-    test_cross_kind_events(G, "memops");
-    test_wait_snapshot(G, "memops");
+    test_no_alloc_in_step(0);
+    test_no_alloc_in_step(1);
+    strata_cuda_attention_select(-1);
+    test_host_waits(G);
 
-    /* the same device-layer checks with stream memory operations turned off */
+    /* GPU-side waits on host records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below
+     * enqueue a device wait before the gate opens, which only GPU-side waits allow; with
+     * stream memory operations, then with the polling-kernel fallback */
+    setenv("STRATA_CUDA_DEVICE_WAITS", "1", 1);
+    strata_device *dw = strata_device_open("cuda", 0);
+    CHECK(dw != NULL, "open with STRATA_CUDA_DEVICE_WAITS=1: %s", dw ? dw->description : strata_error());
+    if (dw) {
+        test_cross_kind_events(dw, "device waits, memops");
+        test_wait_snapshot(dw, "device waits, memops");
+        strata_device_close(dw);
+    }
     setenv("STRATA_CUDA_MEMOPS", "0", 1);
     strata_device *f = strata_device_open("cuda", 0);
     CHECK(f != NULL, "open with STRATA_CUDA_MEMOPS=0: %s", f ? f->description : strata_error());
     if (f) {
-        test_cross_kind_events(f, "fallback");
-        test_wait_snapshot(f, "fallback");
+        test_cross_kind_events(f, "device waits, fallback");
+        test_wait_snapshot(f, "device waits, fallback");
         strata_device_close(f);
     }
     unsetenv("STRATA_CUDA_MEMOPS");
+    unsetenv("STRATA_CUDA_DEVICE_WAITS");
 
     strata_device_close(G);
     strata_device_close(CPU);
