@@ -105,7 +105,7 @@ YAML
 
 if want check; then
 log "unit tests (GPU tests included)"
-(cd "$ROOT/build-gpu" && ctest -L unit -j4 --timeout 300 --output-on-failure > "$OUT/ctest.log" 2>&1) || true
+(cd "$ROOT/build-gpu" && ctest -L unit -j4 --timeout 200 --output-on-failure > "$OUT/ctest.log" 2>&1) || true
 grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | tee "$OUT/ctest-summary.txt"
 "$ROOT/build-gpu/tests/test_cuda" > "$OUT/test_cuda.log" 2>&1 || true
 tail -5 "$OUT/test_cuda.log"
@@ -113,11 +113,11 @@ tail -5 "$OUT/test_cuda.log"
 log "collectives on device buffers: world 1 (single, nccl), then 2 ranks on GPU 0 (staged mpi; nccl refused)"
 {
   rc=0
-  watched 300 "test_comm_gpu world 1" "$ROOT/build-gpu/tests/test_comm_gpu" > "$OUT/test_comm_gpu.log" 2>&1 || rc=$?
+  watched 120 "test_comm_gpu world 1" "$ROOT/build-gpu/tests/test_comm_gpu" > "$OUT/test_comm_gpu.log" 2>&1 || rc=$?
   echo "test_comm_gpu world 1: exit $rc; $(tail -1 "$OUT/test_comm_gpu.log")"
   if command -v mpirun > /dev/null; then
     rc=0
-    watched 300 "test_comm_gpu 2 ranks" mpi2 "$ROOT/build-gpu/tests/test_comm_gpu" > "$OUT/test_comm_gpu_np2.log" 2>&1 || rc=$?
+    watched 120 "test_comm_gpu 2 ranks" mpi2 "$ROOT/build-gpu/tests/test_comm_gpu" > "$OUT/test_comm_gpu_np2.log" 2>&1 || rc=$?
     echo "test_comm_gpu 2 ranks on GPU 0: exit $rc; $(tail -1 "$OUT/test_comm_gpu_np2.log")"
   else
     echo "test_comm_gpu 2 ranks: skipped (no mpirun)"
@@ -126,10 +126,10 @@ log "collectives on device buffers: world 1 (single, nccl), then 2 ranks on GPU 
 grep -h "FAIL" "$OUT"/test_comm_gpu*.log | head -20 || true
 
 log "20 steps: GPU (bf16) against CPU (fp32)"
-timeout 300 "$S" train tiny.yaml --set device=cpu --set run.dir=runs/cpu > cpu.log 2>&1 || { tail cpu.log; }
-timeout 300 "$S" train tiny.yaml --set device=cuda --set run.dir=runs/gpu > gpu.log 2>&1 || { tail -20 gpu.log; }
+timeout 120 "$S" train tiny.yaml --set device=cpu --set run.dir=runs/cpu > cpu.log 2>&1 || { tail cpu.log; }
+timeout 60 "$S" train tiny.yaml --set device=cuda --set run.dir=runs/gpu > gpu.log 2>&1 || { tail -20 gpu.log; }
 for st in 1; do
-  timeout 300 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st --set run.dir=runs/gpu$st > gpu$st.log 2>&1 || { tail -5 gpu$st.log; }
+  timeout 60 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st --set run.dir=runs/gpu$st > gpu$st.log 2>&1 || { tail -5 gpu$st.log; }
 done
 python3 - "$OUT" <<'PY'
 import json, sys
@@ -174,10 +174,10 @@ done
 
 log "comm backends in training, zero stages 0-3: nccl at world 1, and 2 ranks on GPU 0 over staged mpi (micro-batch 4 each), against world 1"
 for st in 0 1 2 3; do
-  watched 180 "nccl world 1 stage $st" env STRATA_CUDA_UNVERIFIED=1 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st \
+  watched 60 "nccl world 1 stage $st" env STRATA_CUDA_UNVERIFIED=1 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st \
     --set comm.backend=nccl --set run.dir=runs/n$st > n$st.log 2>&1 || { echo "nccl stage $st: exit $?"; tail -5 n$st.log; }
   if command -v mpirun > /dev/null; then
-    watched 240 "mpi 2 ranks stage $st" mpi2 env STRATA_CUDA_UNVERIFIED=1 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st \
+    watched 90 "mpi 2 ranks stage $st" mpi2 env STRATA_CUDA_UNVERIFIED=1 "$S" train tiny.yaml --set device=cuda --set zero.stage=$st \
       --set comm.backend=mpi --set train.micro_batch=4 --set run.dir=runs/m$st > m$st.log 2>&1 \
       || { echo "mpi 2 ranks stage $st: exit $?"; tail -5 m$st.log; }
   fi
@@ -217,7 +217,7 @@ PEAK=${PEAK_TFLOPS:-989}
 strata_row() { # name config micro_batch stage [extra --set...]
   local name=$1 cfg=$2 mb=$3 st=$4; shift 4
   rm -rf runs/b
-  if watched 400 "$name" env STRATA_CUDA_UNVERIFIED=1 "$S" train "$cfg" --set device=cuda --set train.steps=12 \
+  if watched 240 "$name" env STRATA_CUDA_UNVERIFIED=1 "$S" train "$cfg" --set device=cuda --set train.steps=12 \
        --set train.micro_batch=$mb --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 \
        --set train.eval_every=0 --set train.sample_tokens=0 --set train.sample_every=0 --set 'data.train=data/train_*.bin' \
        --set data.val= "$@" > b.log 2>&1; then
