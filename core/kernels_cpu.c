@@ -233,16 +233,31 @@ typedef struct gemm_scratch {
     float *apad; /* (KC, MR): an edge sliver of A, zero-padded */
 } gemm_scratch;
 
-static void gemm_scratch_init(gemm_scratch *w)
+/* Scratch lives in thread-local buffers that only ever grow, so after the first step a
+ * kernel call allocates nothing (OpenMP keeps its worker threads, and their buffers, for
+ * the life of the process). GEMM and attention keep separate buffers. */
+typedef struct tls_buf {
+    float *p;
+    size_t cap; /* floats */
+} tls_buf;
+
+static float *tls_get(tls_buf *b, size_t floats)
 {
-    w->bp = scratch_alloc((size_t)KC * NB_MAX);
-    w->apad = scratch_alloc((size_t)KC * MR);
+    if (b->cap < floats) {
+        free(b->p);
+        b->p = scratch_alloc(floats);
+        b->cap = floats;
+    }
+    return b->p;
 }
 
-static void gemm_scratch_free(gemm_scratch *w)
+enum { SCRATCH_GEMM = 0, SCRATCH_ATTN = 1 };
+static __thread tls_buf tls_bp[2], tls_apad[2], tls_st, tls_dpt;
+
+static void gemm_scratch_init(gemm_scratch *w, int owner)
 {
-    free(w->bp);
-    free(w->apad);
+    w->bp = tls_get(&tls_bp[owner], (size_t)KC * NB_MAX);
+    w->apad = tls_get(&tls_apad[owner], (size_t)KC * MR);
 }
 
 static const float zero_row[NR]; /* the init row of a bias-free, non-accumulating tile */
@@ -406,7 +421,7 @@ static void gemm(const gemm_args *g)
 #pragma omp parallel if (par)
     {
         gemm_scratch w;
-        gemm_scratch_init(&w);
+        gemm_scratch_init(&w, SCRATCH_GEMM);
 #pragma omp for schedule(static)
         for (long t = 0; t < tasks; t++) {
             int i0 = (int)(t / tn) * mb, j0 = (int)(t % tn) * nb;
@@ -414,7 +429,6 @@ static void gemm(const gemm_args *g)
             int j1 = j0 + nb < g->N ? j0 + nb : g->N;
             gemm_block(g, i0, i1, j0, j1, &w);
         }
-        gemm_scratch_free(&w);
     }
 }
 
@@ -617,16 +631,9 @@ typedef struct attn_scratch {
 
 static void attn_scratch_init(attn_scratch *w, int T, int backward)
 {
-    w->st = scratch_alloc((size_t)T * QB);
-    w->dpt = backward ? scratch_alloc((size_t)T * QB) : NULL;
-    gemm_scratch_init(&w->g);
-}
-
-static void attn_scratch_free(attn_scratch *w)
-{
-    free(w->st);
-    free(w->dpt);
-    gemm_scratch_free(&w->g);
+    w->st = tls_get(&tls_st, (size_t)T * QB);
+    w->dpt = backward ? tls_get(&tls_dpt, (size_t)T * QB) : NULL;
+    gemm_scratch_init(&w->g, SCRATCH_ATTN);
 }
 
 /* first query column of the block that sees key u */
@@ -709,7 +716,6 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
                 gemm_block(&g, 0, nq, 0, hs, &w.g);
             }
         }
-        attn_scratch_free(&w);
     }
 }
 
@@ -793,7 +799,6 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                 gemm_block(&gdk, 0, nk, 0, hs, &w.g);
             }
         }
-        attn_scratch_free(&w);
     }
 }
 
