@@ -206,6 +206,8 @@ void strata_model_init_params(const strata_model *m, int u, uint64_t seed, size_
         int is_bias = len > 5 && !strcmp(name + len - 5, ".bias");
         int is_ln = strstr(name, ".ln_") != NULL;
         int is_proj = strstr(name, "c_proj.weight") != NULL;
+        /* element-indexed, so threads change nothing but the time (a 7B model draws 7e9) */
+#pragma omp parallel for schedule(static) if (b - a > 65536)
         for (size_t e = a; e < b; e++) {
             size_t k = e - t->offset; /* index inside the tensor: the RNG counter */
             float v;
