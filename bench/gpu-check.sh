@@ -20,9 +20,9 @@ JOBS=$(nproc)
 log() { echo "[gpu-check] $*"; }
 # Parts (GPU_CHECK_PARTS, default all): check (tests, GPU vs CPU, comm backends, ~5 min),
 # torch (bf16 against transformers), bench (124M and 1.5B against PyTorch, ~6 min), memory
-# (plan vs nvidia-smi, ~5 min), offload (1.5B offload vs FSDP2, 7.5B, ~10 min). The device
-# tool runs one command for at most 10 minutes, so there run them in separate calls; the
-# build is incremental and shared.
+# (plan vs nvidia-smi, ~5 min), offload (1.5B offload vs FSDP2 ~6 min, then 7.1B ~6 min;
+# OFFLOAD_PARTS="1.5b" or "7b" picks one). The device tool runs one command for at most 10
+# minutes, so there run them in separate calls; the build is incremental and shared.
 PARTS=" ${GPU_CHECK_PARTS:-check torch bench memory offload} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 prefix_args=()
@@ -218,7 +218,7 @@ strata_row() { # name config micro_batch stage [extra --set...]
   local name=$1 cfg=$2 mb=$3 st=$4; shift 4
   rm -rf runs/b
   if watched 240 "$name" env STRATA_CUDA_UNVERIFIED=1 "$S" train "$cfg" --set device=cuda --set train.steps=12 \
-       --set train.micro_batch=$mb --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 \
+       --set train.micro_batch=$mb --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 --set run.checkpoint_at_end=false \
        --set train.eval_every=0 --set train.sample_tokens=0 --set train.sample_every=0 --set 'data.train=data/train_*.bin' \
        --set data.val= "$@" > b.log 2>&1; then
     python3 - "$name" "$PEAK" <<'PY'
@@ -302,7 +302,7 @@ if want memory; then
 fi
 
 if want offload; then
-  log "offload: 1.5B optimizer on GPU / CPU / NVMe vs FSDP2, NVMe floor, 7.5B (bench/bench_offload_gpu.sh)"
+  log "offload: 1.5B optimizer on GPU / CPU / NVMe vs FSDP2, NVMe floor, 7.1B (bench/bench_offload_gpu.sh)"
   STRATA="$S" OUT="$OUT" bash "$ROOT/bench/bench_offload_gpu.sh" || log "bench_offload_gpu.sh failed"
 fi
 

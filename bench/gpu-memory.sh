@@ -28,7 +28,7 @@ cat "$ROOT"/core/*.c "$ROOT"/core/*.h "$ROOT"/shard/*.c > corpus.txt
 export STRATA_CUDA_UNVERIFIED=1 # zero stage 3 on CUDA is still marked unverified
 
 common=(--set device=cuda --set 'data.train=data/train_*.bin' --set data.val= --set train.eval_every=0
-        --set train.sample_tokens=0 --set train.sample_every=0 --set run.checkpoint_every=0 --set train.log_every=1)
+        --set train.sample_tokens=0 --set train.sample_every=0 --set run.checkpoint_every=0 --set run.checkpoint_at_end=false --set train.log_every=1)
 smi_used() { nvidia-smi -i "$GPU" --query-gpu=memory.used --format=csv,noheader,nounits | head -1 | tr -d ' '; }
 
 # measure NAME CONFIG SETS...: one run with nvidia-smi sampling; prints a table row

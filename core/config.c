@@ -166,6 +166,8 @@ static const key_spec schema[] = {
     INT_("run", "checkpoint_every", run.checkpoint_every, 0, BIG, "0",
          "steps between checkpoints; 0 = only at the end and on a stop"),
     INT_("run", "keep", run.keep, 0, 1000000, "3", "checkpoints kept; 0 = all"),
+    BOOL_("run", "checkpoint_at_end", run.checkpoint_at_end, "true",
+          "write a checkpoint after the last step (benchmarks turn it off)"),
 
     INT_("zero", "stage", zero.stage, 0, 3, "0", "0 none, 1 optimizer state, 2 + gradients, 3 + parameters"),
     DBL("zero", "reduce_bucket_mb", zero.reduce_bucket_mb, 0, 1e6, "25", F_MIN_EXCL,

@@ -69,6 +69,7 @@ typedef struct strata_config {
         char dir[STRATA_PATH_MAX]; /* run directory: metrics, checkpoints, plots */
         int checkpoint_every;      /* steps; 0 = only at the end and on a stop */
         int keep;                  /* checkpoints kept; 0 = all */
+        int checkpoint_at_end;     /* after the last step (a stop signal always writes one) */
     } run;
 
     struct {

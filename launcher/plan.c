@@ -214,6 +214,7 @@ typedef struct option {
     int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
     int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
     double cost;    /* estimated extra fraction of step time */
+    int order;      /* position in the enumeration, which breaks ties in cost */
 } option;
 
 /* Estimated costs, as fractions of a step's time:
@@ -275,25 +276,15 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
     return n;
 }
 
-int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *dev, char sets[][96], int max_sets,
-                        char *sets_line, size_t line_len, double *cost) {
-    /* the options are planned without a device, so with the dtype the device will compute
-     * in (the CPU backend computes in fp32 whatever train.dtype says) */
-    strata_config dev_cfg = *cfg_in;
-    if (dev) dev_cfg.train.dtype = dev->compute_dtype == STRATA_BF16 ? STRATA_DTYPE_BF16 : STRATA_DTYPE_FP32;
-    const strata_config *cfg = &dev_cfg;
-    strata_plan p;
-    strata_plan_compute(&p, cfg, world);
-    strata_plan_check(&p, cfg, dev);
-    if (sets_line && line_len) sets_line[0] = 0;
-    if (cost) *cost = 0;
-    if (p.fits) return 0;
+/* Every change within reach of cfg, in a fixed order (the order breaks ties in cost), with
+ * its estimated cost; returns how many (at most max). */
+static int enumerate_options(const strata_config *cfg, int world, option *out, int max) {
     int ckpts[3] = {cfg->train.activation_checkpointing, 2, 1};
     int max_halvings = 0;
     while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
         max_halvings++;
-    option best = {0, 0, 0, 0, 0, -1};
     int max_offload = cfg->offload.nvme_path[0] ? 2 : 1;
+    int n = 0;
     for (int ci = 0; ci < 3; ci++) {
         if (ci > 0 && cfg->train.activation_checkpointing && ckpts[ci] >= cfg->train.activation_checkpointing) continue;
         for (int h = 0; h <= max_halvings; h++)
@@ -304,26 +295,117 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
                  * parameter shards off the device */
                 if (st != cfg->zero.stage && world == 1 && !(st == 3 && par > 0)) continue;
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
-                option o = {ckpts[ci], h, st, off, par, 0};
+                if (n == max) return n;
+                option o = {ckpts[ci], h, st, off, par, 0, 0};
                 o.cost = option_cost(cfg, &o);
-                if (best.cost >= 0 && o.cost >= best.cost) continue;
-                strata_config c2;
-                char tmp[8][96];
-                apply_option(cfg, &o, &c2, tmp, 8);
-                strata_plan_compute(&p, &c2, world);
-                strata_plan_check(&p, &c2, dev);
-                if (p.fits) best = o;
+                out[n++] = o;
             }
     }
+    return n;
+}
+
+/* 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 offloads: all of them */
+#define MAX_OPTIONS (3 * 32 * 4 * 3 * 3)
+
+static int option_fits(const strata_config *cfg, const option *o, int world, strata_device *dev) {
+    strata_config c2;
+    char tmp[8][96];
+    strata_plan p;
+    apply_option(cfg, o, &c2, tmp, 8);
+    strata_plan_compute(&p, &c2, world);
+    strata_plan_check(&p, &c2, dev);
+    return p.fits;
+}
+
+static void join_sets(char sets[][96], int n, char *line, size_t line_len) {
+    size_t o = 0;
+    if (line_len) line[0] = 0;
+    for (int i = 0; i < n && o < line_len; i++)
+        o += (size_t)snprintf(line + o, line_len - o, "%s--set %s", i ? " " : "", sets[i]);
+}
+
+/* The options are planned without a device, so with the dtype the device will compute in
+ * (the CPU backend computes in fp32 whatever train.dtype says). */
+static strata_config device_config(const strata_config *cfg, strata_device *dev) {
+    strata_config c = *cfg;
+    if (dev) c.train.dtype = dev->compute_dtype == STRATA_BF16 ? STRATA_DTYPE_BF16 : STRATA_DTYPE_FP32;
+    return c;
+}
+
+int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *dev, char sets[][96], int max_sets,
+                        char *sets_line, size_t line_len, double *cost) {
+    strata_config dev_cfg = device_config(cfg_in, dev);
+    const strata_config *cfg = &dev_cfg;
+    strata_plan p;
+    strata_plan_compute(&p, cfg, world);
+    strata_plan_check(&p, cfg, dev);
+    if (sets_line && line_len) sets_line[0] = 0;
+    if (cost) *cost = 0;
+    if (p.fits) return 0;
+    option *opts = strata_xcalloc(MAX_OPTIONS, sizeof *opts);
+    int n_opts = enumerate_options(cfg, world, opts, MAX_OPTIONS);
+    option best = {0, 0, 0, 0, 0, -1, 0};
+    for (int i = 0; i < n_opts; i++) {
+        if (best.cost >= 0 && opts[i].cost >= best.cost) continue;
+        if (option_fits(cfg, &opts[i], world, dev)) best = opts[i];
+    }
+    free(opts);
     if (best.cost < 0) return -1;
-    (void)max_offload;
     strata_config out;
     int n = apply_option(cfg, &best, &out, sets, max_sets);
-    if (sets_line) {
-        size_t o = 0;
-        for (int i = 0; i < n && o < line_len; i++)
-            o += (size_t)snprintf(sets_line + o, line_len - o, "%s--set %s", i ? " " : "", sets[i]);
-    }
+    if (sets_line) join_sets(sets, n, sets_line, line_len);
     if (cost) *cost = best.cost;
     return n;
+}
+
+/* Blocks recomputed by a checkpointing choice (0 none, K every K). */
+static int recomputed_blocks(const strata_config *cfg, int ckpt) {
+    int L = cfg->model.n_layer;
+    return ckpt > 0 ? (L + ckpt - 1) / ckpt : 0;
+}
+
+/* o changes everything c does, at least as far: if c fits, o only adds work. */
+static int option_extends(const strata_config *cfg, const option *o, const option *c) {
+    return recomputed_blocks(cfg, o->ckpt) >= recomputed_blocks(cfg, c->ckpt) && o->halvings >= c->halvings &&
+           o->stage >= c->stage && o->offload >= c->offload && o->params >= c->params;
+}
+
+static int by_cost(const void *a, const void *b) {
+    const option *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost > y->cost ? 1 : -1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+int strata_plan_candidates(const strata_config *cfg_in, int world, strata_device *dev, strata_plan_candidate *out,
+                           int max) {
+    strata_config dev_cfg = device_config(cfg_in, dev);
+    const strata_config *cfg = &dev_cfg;
+    strata_plan p;
+    strata_plan_compute(&p, cfg, world);
+    strata_plan_check(&p, cfg, dev);
+    if (p.fits) return 0;
+    option *opts = strata_xcalloc(MAX_OPTIONS, sizeof *opts);
+    int n_opts = enumerate_options(cfg, world, opts, MAX_OPTIONS);
+    /* ties keep the enumeration order, as in strata_plan_suggest, so the first candidate is
+     * its suggestion (qsort is not stable: the index goes into the key) */
+    for (int i = 0; i < n_opts; i++) opts[i].order = i;
+    qsort(opts, (size_t)n_opts, sizeof *opts, by_cost);
+    option *taken = strata_xcalloc((size_t)(max > 0 ? max : 1), sizeof *taken);
+    int n = 0;
+    for (int i = 0; i < n_opts && n < max; i++) {
+        int dup = 0;
+        for (int k = 0; k < n && !dup; k++) dup = option_extends(cfg, &opts[i], &taken[k]);
+        if (dup || !option_fits(cfg, &opts[i], world, dev)) continue;
+        strata_plan_candidate *c = &out[n];
+        strata_config applied;
+        memset(c, 0, sizeof *c);
+        c->n_sets = apply_option(cfg, &opts[i], &applied, c->sets, STRATA_PLAN_MAX_SETS);
+        join_sets(c->sets, c->n_sets, c->line, sizeof c->line);
+        c->cost = opts[i].cost;
+        for (int k = 0; k < n && !dup; k++) dup = !strcmp(out[k].line, c->line);
+        if (!dup) taken[n++] = opts[i];
+    }
+    free(taken);
+    free(opts);
+    return n > 0 ? n : -1;
 }

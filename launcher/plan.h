@@ -1,5 +1,6 @@
 /* launcher/plan.h: the memory plan per tier, the check against the machine, and the
- * cheapest change that makes a run fit (issue: know before step 1 whether a run fits).
+ * changes that make a run fit, cheapest estimate first (issue: know before step 1 whether a
+ * run fits).
  *
  * The numbers come from building the engine's arena without allocating it, so they are
  * exactly what `strata train` would allocate. */
@@ -65,5 +66,21 @@ size_t strata_plan_device_total(const strata_plan *p);
  * nothing tried fits. `cost` gets the estimated fraction of step time added. */
 int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev, char sets[][96],
                         int max_sets, char *sets_line, size_t line_len, double *cost);
+
+/* One change that fits, as strata_plan_suggest writes it. */
+#define STRATA_PLAN_MAX_SETS 8
+typedef struct strata_plan_candidate {
+    char sets[STRATA_PLAN_MAX_SETS][96]; /* the --set overrides, n_sets of them */
+    int n_sets;
+    char line[800];                      /* "--set a=b --set c=d" */
+    double cost;                         /* estimated fraction of step time added */
+} strata_plan_candidate;
+
+/* Up to max changes that fit, cheapest estimate first (the first is strata_plan_suggest's),
+ * for memory.auto to measure. A change that adds to a cheaper one already listed (more
+ * recomputation, halvings, stage or offload on top of it) only adds work, so it is left
+ * out. Returns how many, 0 when cfg already fits, -1 when nothing tried fits. */
+int strata_plan_candidates(const strata_config *cfg, int world, strata_device *dev, strata_plan_candidate *out,
+                           int max);
 
 #endif

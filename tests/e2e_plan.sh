@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The memory plan: planned bytes equal the allocator's at every stage and world size,
 # over-budget runs are refused (exit 3) with a change that, applied, trains; memory.auto
-# applies it itself; 2,000 steps keep RSS flat.
+# measures the changes that fit and applies the fastest; 2,000 steps keep RSS flat.
 set -euo pipefail
 S=${STRATA:?set by ctest}
 command -v mpirun > /dev/null || { echo "mpirun not found: skipping"; exit 77; }
@@ -69,9 +69,53 @@ for n in 1 2 4; do
   pass "world $n, stages 0-3 and offload cpu/nvme (optimizer and parameters): planned device and pinned bytes equal the allocated bytes"
 done
 
-# over-budget runs: refused with exit 3 and a change that, applied, trains
-check_refusal() { # name world config budget_gb expected_change
-  local name=$1 n=$2 cfg=$3 gb=$4 expect=$5
+# memory.auto's choice in auto.log and the metrics of its run in $dir, with at least
+# $min_trials changes measured: the table, the fastest measured chosen, said once (rank 0),
+# applied by every rank, nothing of the trials counted in the run's memory, and the run
+# equal step for step to one started with the chosen change by hand (same init, same data).
+check_auto() { # name world config budget_gb min_trials
+  local name=$1 n=$2 cfg=$3 gb=$4 min_trials=$5 dir chosen
+  dir=$(sed -n 's/^run: {dir: \(.*\)}$/\1/p' "$cfg")
+  [ "$(grep -c "memory.auto: .*chose" auto.log)" -eq 1 ] || fail "$name: the choice should be logged once: $(grep chose auto.log)"
+  head -1 "$dir/metrics.jsonl" > auto.json
+  python3 - auto.json auto.log "$min_trials" > verdict.txt <<'PY' || fail "$name: $(cat verdict.txt)"
+import json, re, sys
+d = json.load(open(sys.argv[1])); log = open(sys.argv[2]).read(); min_trials = int(sys.argv[3])
+trials, chosen = d["memory_auto_trials"], d["memory_auto"]
+def check(ok, what):
+    if not ok: print(what); sys.exit(1)
+check(d["plan_device_bytes"] == d["peak_mem_bytes"], "the run's peak %d is not its plan %d: the trials count" % (d["peak_mem_bytes"], d["plan_device_bytes"]))
+check(len(trials) >= min_trials, "%d changes measured, expected at least %d" % (len(trials), min_trials))
+if len(trials) < 2:
+    check(d["memory_auto_basis"] == "the only change that fits", "basis: " + d["memory_auto_basis"])
+    print("the only change that fits, so nothing measured"); sys.exit(0)
+measured = [t for t in trials if t["ms_per_step"] is not None]
+check(measured, "no trial measured: %s" % trials)
+best = min(measured, key=lambda t: t["ms_per_step"])
+check(chosen == best["change"], "chose '%s', but '%s' measured fastest" % (chosen, best["change"]))
+check(d["memory_auto_basis"] == "measured fastest", "basis: " + d["memory_auto_basis"])
+check("estimate    ms/step  change" in log, "no table of measured times in the log")
+for t in measured:
+    check(re.search(r" +[0-9]+\.[0-9]  %s$" % re.escape(t["change"]), log, re.M), "no row for '%s' in the table" % t["change"])
+check("chose %s (measured fastest: " % chosen in log, "no 'chose ... (measured fastest' line")
+print("the fastest measured of " + ", ".join("%s %.1f ms" % (t["change"].replace("--set ", ""), t["ms_per_step"]) for t in measured))
+PY
+  chosen=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["memory_auto"])' auto.json)
+  applies=$(grep "memory.auto: this rank applies" auto.log | sed 's/.*this rank applies //' | sort | uniq -c)
+  [ "$(wc -l <<<"$applies")" -eq 1 ] && [ "$(awk '{print $1}' <<<"$applies")" -eq "$n" ] &&
+    [ "$(sed 's/^ *[0-9]* //' <<<"$applies")" = "$chosen" ] || fail "$name: the $n ranks should all apply '$chosen': $applies"
+  # shellcheck disable=SC2086
+  run $n train "$cfg" --set memory.gpu_gb=$gb --set train.steps=3 --set run.dir=runs/by-hand $chosen > by-hand.log 2>&1 ||
+    fail "$name: '$chosen' by hand does not train: $(tail -3 by-hand.log)"
+  [ "$(grep -o '"loss": [^,]*' "$dir/metrics.jsonl")" = "$(grep -o '"loss": [^,]*' runs/by-hand/metrics.jsonl)" ] ||
+    fail "$name: memory.auto's run differs from '$chosen' by hand: the trials reached the run"
+  rm -rf runs/by-hand
+}
+
+# over-budget runs: refused with exit 3 and a change that, applied, trains; memory.auto
+# measures the cheapest changes that fit and trains with the fastest
+check_refusal() { # name world config budget_gb expected_change min_trials
+  local name=$1 n=$2 cfg=$3 gb=$4 expect=$5 min_trials=$6
   set +e
   out=$(run $n train "$cfg" --set memory.gpu_gb=$gb 2>&1); rc=$?
   set -e
@@ -82,17 +126,33 @@ check_refusal() { # name world config budget_gb expected_change
   grep -q -- "$expect" <<<"$line" || fail "$name: suggestion '$line' lacks '$expect'"
   # shellcheck disable=SC2086
   run $n train "$cfg" --set memory.gpu_gb=$gb $line > applied.log 2>&1 || fail "$name: the suggestion '$line' does not train: $(tail -3 applied.log)"
-  run $n train "$cfg" --set memory.gpu_gb=$gb --set memory.auto=true > auto.log 2>&1 || fail "$name: memory.auto did not train: $(tail -3 auto.log)"
+  STRATA_LOG=debug run $n train "$cfg" --set memory.gpu_gb=$gb --set memory.auto=true --set train.steps=3 > auto.log 2>&1 ||
+    fail "$name: memory.auto did not train: $(tail -3 auto.log)"
   grep -q "memory.auto: .* chose" auto.log || fail "$name: memory.auto did not say what it chose"
-  pass "$name at world $n with $gb GiB: refused, suggested '$line', which trains; memory.auto also trains"
+  check_auto "$name" "$n" "$cfg" "$gb" "$min_trials"
+  pass "$name at world $n with $gb GiB: refused, suggested '$line', which trains; memory.auto trains with $(cat verdict.txt)"
 }
-check_refusal quick-50m 1 quick.yaml 0.05 "train.micro_batch=4 --set train.grad_accum=4"
-check_refusal quick-20m 1 quick.yaml 0.02 "offload.optimizer=cpu"
-check_refusal deep-40m 1 deep.yaml 0.04 "offload.optimizer=cpu"
-check_refusal deep-25m 1 deep.yaml 0.025 "train.activation_checkpointing=every:2"
-check_refusal long-20m 1 long.yaml 0.02 "zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu"
-check_refusal wide-w2 2 wide.yaml 0.05 "zero.stage=1"
-check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3"
+check_refusal quick-50m 1 quick.yaml 0.05 "train.micro_batch=4 --set train.grad_accum=4" 3
+check_refusal quick-20m 1 quick.yaml 0.02 "offload.optimizer=cpu" 3
+check_refusal deep-40m 1 deep.yaml 0.04 "offload.optimizer=cpu" 2
+check_refusal deep-25m 1 deep.yaml 0.025 "train.activation_checkpointing=every:2" 0
+check_refusal long-20m 1 long.yaml 0.02 "zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu" 0
+check_refusal wide-w2 2 wide.yaml 0.05 "zero.stage=1" 2
+check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3" 2
+
+# a trial that fails is skipped with its reason; when none runs, memory.auto takes the
+# cheapest estimate and warns
+rm -rf runs/q
+STRATA_FAULT_NAN_STEP=2 "$S" train quick.yaml --set memory.gpu_gb=0.05 --set memory.auto=true > nan.log 2>&1 ||
+  fail "memory.auto with every trial failing did not train: $(tail -3 nan.log)"
+[ "$(grep -c "skipped  .* (step 2: loss not finite)" nan.log)" -eq 3 ] || fail "each failed trial should say why: $(cat nan.log)"
+grep -q "warning: \[plan\] memory.auto: no trial could run .*; chose --set train.micro_batch=4 --set train.grad_accum=4 (cheapest estimate" nan.log &&
+  grep -q '"memory_auto_basis": "cheapest estimate, no trial ran"' runs/q/metrics.jsonl ||
+  fail "with no trial run, memory.auto should warn and take the cheapest estimate: $(grep plan nan.log)"
+STRATA_AUTO_TRIALS=1 "$S" train quick.yaml --set memory.gpu_gb=0.05 --set memory.auto=true > one.log 2>&1 &&
+  ! grep -q "ms/step" one.log && grep -q '"memory_auto": "--set train.micro_batch=4 --set train.grad_accum=4"' runs/q/metrics.jsonl ||
+  fail "STRATA_AUTO_TRIALS=1 should take the cheapest estimate unmeasured: $(grep plan one.log)"
+pass "memory.auto: failed trials skipped with their reason, then the cheapest estimate with a warning; STRATA_AUTO_TRIALS=1 measures nothing"
 
 # strata plan says the same without training
 set +e; "$S" plan quick.yaml --gpu-gb 0.05 > plan.txt; rc=$?; set -e

@@ -93,4 +93,18 @@ grep -q "not finite" <<<"$out" || fail "NaN message: $out"
 "$S" sample runs/e --tokens 5 > /dev/null || fail "the last good checkpoint of the NaN run does not load"
 [ "$(cat runs/e/ckpt/latest)" = step_00000005 ] || fail "latest after a NaN at step 6 should be step 5"
 pass "non-finite loss stops the run, last checkpoint intact ($(cat runs/e/ckpt/latest))"
+# --- checkpoint space is checked before step 1; run.checkpoint_at_end: false writes none
+"$S" train tiny.yaml --set run.dir=runs/f --set run.checkpoint_every=0 --set run.checkpoint_at_end=false \
+  --set train.steps=3 --set train.sample_tokens=0 > f.log 2>&1 || fail "run without a final checkpoint: $(tail -3 f.log)"
+[ ! -d runs/f/ckpt ] || fail "run.checkpoint_at_end: false still wrote $(ls runs/f/ckpt)"
+if mkdir small && mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then
+  set +e; out=$("$S" train tiny.yaml --set run.dir=small/run --set train.steps=2 --set run.checkpoint_every=1 2>&1); rc=$?; set -e
+  umount small
+  grep -q "checkpoints: each takes .* (run.dir's filesystem) has .* free" <<<"$out" || fail "no checkpoint-space warning: $out"
+  [ $rc -ne 0 ] && grep -q "checkpoint of step" <<<"$out" || fail "the write that does not fit should fail the run: rc $rc"
+  pass "checkpoint space: warned before step 1 ($(grep -o 'each takes [^,]*' <<<"$out")), and the write that did not fit failed cleanly"
+else
+  echo "note: cannot mount a tmpfs here; the checkpoint-space check is skipped"
+fi
+pass "run.checkpoint_at_end: false leaves no checkpoint"
 echo "all e2e_train checks passed"
