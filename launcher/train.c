@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "launcher/auto.h"
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
@@ -155,9 +156,7 @@ typedef struct trainer {
     FILE *metrics;
     char config_yaml[65536];
     char auto_change[800];  /* what memory.auto chose, "" if nothing */
-    const char *auto_basis; /* why that one: measured fastest, cheapest estimate, ... */
-    struct auto_trial *auto_trials; /* the candidates memory.auto measured, n_auto_trials of them */
-    int n_auto_trials;
+    strata_auto autosel;    /* memory.auto's candidates, trials and the basis of its choice */
     size_t planned_device;  /* device bytes the plan predicted (the arena) */
     size_t planned_pinned;  /* pinned host bytes the plan predicted */
     size_t planned_runtime; /* the plan's CUDA runtime row (0 on the CPU backend) */
@@ -329,286 +328,6 @@ static void plan_this_run(trainer *t, strata_plan *plan) {
     strata_plan_check(plan, &t->cfg, t->dev);
 }
 
-/* ---- memory.auto: measure the changes that fit, keep the fastest ---- */
-
-#define AUTO_MAX_TRIALS 8
-#define AUTO_DEFAULT_TRIALS 3
-#define AUTO_TRIAL_STEPS 3 /* the first warms up (first touch, offload pipeline); the rest are timed */
-
-typedef struct auto_trial {
-    strata_plan_candidate c;
-    double ms;         /* median step time after the first, on the slowest rank; < 0: not measured */
-    char skipped[256]; /* why it was not measured */
-} auto_trial;
-
-/* Whether any rank says bad: every rank must call it, at the same point. */
-static int any_rank(trainer *t, int bad) {
-    double v = bad ? 1.0 : 0.0;
-    if (t->world > 1 && strata_allreduce_host_f64(t->comm, &v, 1)) fatal(t, "memory.auto: agreeing on a trial");
-    return v > 0;
-}
-
-/* Rank 0's n values on every rank: a sum to which only rank 0 contributes. */
-static void from_rank0(trainer *t, double *v, int n) {
-    if (t->world == 1) return;
-    if (t->rank != 0) memset(v, 0, (size_t)n * sizeof *v);
-    if (strata_allreduce_host_f64(t->comm, v, n)) fatal(t, "memory.auto: sharing rank 0's candidates");
-}
-
-/* Rank 0's candidates on every rank, so that all ranks measure the same ones in lockstep
- * (the host memory each rank sees free, which the plan checks against, may differ). */
-static int share_candidates(trainer *t, auto_trial *tr, int n) {
-    double count = n;
-    from_rank0(t, &count, 1);
-    n = (int)count;
-    if (t->world == 1 || n <= 0) return n;
-    enum { PER = 2 + STRATA_PLAN_MAX_SETS * 96 };
-    double *v = strata_xcalloc((size_t)n * PER, sizeof *v);
-    for (int i = 0; i < n && t->rank == 0; i++) {
-        double *c = v + (size_t)i * PER;
-        c[0] = tr[i].c.n_sets;
-        c[1] = tr[i].c.cost;
-        for (int k = 0; k < STRATA_PLAN_MAX_SETS * 96; k++) c[2 + k] = (unsigned char)tr[i].c.sets[k / 96][k % 96];
-    }
-    from_rank0(t, v, n * PER);
-    for (int i = 0; i < n; i++) {
-        const double *c = v + (size_t)i * PER;
-        strata_plan_candidate *pc = &tr[i].c;
-        pc->n_sets = (int)c[0];
-        pc->cost = c[1];
-        for (int k = 0; k < STRATA_PLAN_MAX_SETS * 96; k++) pc->sets[k / 96][k % 96] = (char)c[2 + k];
-        size_t o = 0;
-        pc->line[0] = 0;
-        for (int k = 0; k < pc->n_sets && o < sizeof pc->line; k++)
-            o += (size_t)snprintf(pc->line + o, sizeof pc->line - o, "%s--set %s", k ? " " : "", pc->sets[k]);
-    }
-    free(v);
-    return n;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* One trial: the run with candidate c built from nothing (model, arena, engine, as the real
- * run builds them), AUTO_TRIAL_STEPS optimizer steps on `data`, and everything released.
- * Returns this rank's median time of the steps after the first, or -1 with the reason in
- * why. Every rank calls it in lockstep. Failures that leave no rank inside a collective
- * (the allocation, a fault in a step, which the step's loss agreement already shares) skip
- * the trial; at world 1 so does any error, while with several ranks an error in
- * initialisation, a step or the last update ends the job, as it would in the run itself,
- * since the other ranks may be waiting in a collective for this one. */
-static double trial_ms(trainer *t, const strata_plan_candidate *c, strata_loader *data, char *why, size_t why_len) {
-    strata_config cfg = t->cfg; /* the engine keeps a pointer to it: it outlives the engine here */
-    int bad = 0, built = 0;
-    double ms[AUTO_TRIAL_STEPS], median = -1;
-    char fault[1024];
-    strata_model m;
-    strata_arena arena;
-    strata_engine *e = NULL;
-    why[0] = 0;
-    for (int i = 0; i < c->n_sets && !bad; i++) bad = strata_config_set(&cfg, c->sets[i]) != 0;
-    if (!bad) bad = strata_config_check(&cfg, "memory.auto") != 0;
-    if (bad) snprintf(why, why_len, "%s", strata_error());
-    if (!bad) {
-        strata_model_shape shape = strata_model_shape_from_config(&cfg);
-        strata_model_init(&m, &shape);
-        strata_arena_init(&arena, t->dev);
-        e = strata_engine_create(&cfg, &m, &arena, t->dev, t->comm, t->rank, t->world);
-        built = 1;
-        if (strata_arena_commit(&arena)) {
-            bad = 1;
-            snprintf(why, why_len, "%s", strata_error());
-        }
-    }
-    if (any_rank(t, bad)) {
-        if (!why[0]) snprintf(why, why_len, "failed on another rank");
-        bad = 1;
-        goto done;
-    }
-    if (strata_engine_init_params(e, cfg.train.seed) || strata_fault_take(fault, sizeof fault) != STRATA_FAULT_NONE) {
-        if (t->world > 1) fatal(t, "memory.auto: initialising the parameters of a trial");
-        snprintf(why, why_len, "initialising parameters: %s", strata_error());
-        bad = 1;
-        goto done;
-    }
-    /* Each step is timed whole: with offload it starts by waiting for the update the step
-     * before deferred, so every timed step pays for one update, as in the run. */
-    for (int s = 0; s < AUTO_TRIAL_STEPS && !bad; s++) {
-        strata_step_result r;
-        double t0 = strata_now_ms();
-        if (strata_engine_step(e, data, s, &r)) {
-            if (t->world > 1) fatal(t, "memory.auto: a trial step");
-            snprintf(why, why_len, "step %d: %s", s + 1, strata_error());
-            bad = 1;
-            break;
-        }
-        ms[s] = strata_now_ms() - t0;
-        STRATA_DEBUG("plan", "memory.auto: %s: step %d %.1f ms", c->line, s + 1, ms[s]);
-        if (r.nonfinite) { /* every rank saw it: the step's loss is agreed on */
-            if (strata_fault_take(fault, sizeof fault) != STRATA_FAULT_NONE) snprintf(why, why_len, "step %d: %.200s", s + 1, fault);
-            else snprintf(why, why_len, "step %d: loss not finite", s + 1);
-            bad = 1;
-        }
-    }
-    if (strata_engine_sync(e) && !bad) {
-        if (t->world > 1) fatal(t, "memory.auto: the last update of a trial");
-        snprintf(why, why_len, "the last update: %s", strata_error());
-        bad = 1;
-    }
-    if (!bad && strata_fault_take(fault, sizeof fault) != STRATA_FAULT_NONE) {
-        snprintf(why, why_len, "%.200s", fault);
-        bad = 1;
-    }
-    if (!bad) {
-        double *timed = ms + 1;
-        int k = AUTO_TRIAL_STEPS - 1;
-        qsort(timed, (size_t)k, sizeof *timed, by_value);
-        median = k % 2 ? timed[k / 2] : 0.5 * (timed[k / 2 - 1] + timed[k / 2]);
-    }
-done:
-    if (built) {
-        strata_engine_destroy(e);
-        strata_arena_release(&arena);
-        strata_model_free(&m);
-    }
-    strata_fault_take(NULL, 0); /* nothing of a trial reaches the run */
-    return bad ? -1 : median;
-}
-
-/* Measures every candidate on every rank; a trial's time is the slowest rank's, and a
- * trial that failed anywhere is skipped everywhere. */
-static void run_trials(trainer *t, auto_trial *tr, int n) {
-    const strata_config *cfg = &t->cfg;
-    strata_loader data; /* a loader of its own: the run's reads start from scratch */
-    char why[256] = "";
-    int bad = strata_loader_open(&data, cfg->data.train, strata_config_seq_len(cfg), cfg->model.vocab_size,
-                                 cfg->data.shuffle, cfg->train.seed) != 0;
-    if (bad) snprintf(why, sizeof why, "opening data.train: %s", strata_error());
-    if (any_rank(t, bad)) {
-        for (int i = 0; i < n; i++) {
-            tr[i].ms = -1;
-            snprintf(tr[i].skipped, sizeof tr[i].skipped, "%s", why[0] ? why : "data.train failed on another rank");
-        }
-        if (!bad) strata_loader_close(&data);
-        return;
-    }
-    double *v = strata_xcalloc((size_t)t->world + 1, sizeof *v);
-    for (int i = 0; i < n; i++) {
-        double ms = trial_ms(t, &tr[i].c, &data, why, sizeof why);
-        if (ms < 0 && t->rank != 0) STRATA_WARN("plan", "memory.auto: trial of %s failed here: %s", tr[i].c.line, why);
-        memset(v, 0, ((size_t)t->world + 1) * sizeof *v);
-        v[t->rank] = ms < 0 ? 0 : ms;
-        v[t->world] = ms < 0;
-        if (t->world > 1 && strata_allreduce_host_f64(t->comm, v, t->world + 1)) fatal(t, "memory.auto: sharing trial times");
-        tr[i].ms = -1;
-        tr[i].skipped[0] = 0;
-        if (v[t->world] > 0) {
-            snprintf(tr[i].skipped, sizeof tr[i].skipped, "%s", ms < 0 ? why : "failed on another rank");
-            continue;
-        }
-        for (int r = 0; r < t->world; r++)
-            if (v[r] > tr[i].ms) tr[i].ms = v[r];
-    }
-    free(v);
-    strata_loader_close(&data);
-    /* the run's peak counts start here: the trials' arenas are released */
-    for (int k = 0; k < STRATA_MEM_KINDS; k++) t->dev->mem[k].peak_bytes = t->dev->mem[k].live_bytes;
-}
-
-/* The change memory.auto applies, said in the log: of the changes that fit, the cheapest
- * few by estimate (STRATA_AUTO_TRIALS, default 3; 0 or 1 takes the cheapest estimate unmeasured)
- * are each trained for a few steps, and the fastest measured wins. NULL when rank 0 found
- * none (its plan differs from this rank's), leaving the caller's own suggestion. */
-static const strata_plan_candidate *auto_choose(trainer *t, const strata_plan *plan) {
-    int want = AUTO_DEFAULT_TRIALS;
-    const char *env = getenv("STRATA_AUTO_TRIALS");
-    if (env && *env) want = atoi(env);
-    if (want < 1) want = 1;
-    if (want > AUTO_MAX_TRIALS) want = AUTO_MAX_TRIALS;
-    t->auto_trials = strata_xcalloc(AUTO_MAX_TRIALS, sizeof *t->auto_trials);
-    auto_trial *tr = t->auto_trials;
-    int n = 0;
-    if (t->rank == 0) {
-        strata_plan_candidate c[AUTO_MAX_TRIALS];
-        n = strata_plan_candidates(&t->cfg, t->world, t->dev, c, want);
-        for (int i = 0; i < n; i++) tr[i].c = c[i];
-    }
-    n = share_candidates(t, tr, n);
-    if (n <= 0) return NULL;
-    if (n == 1) {
-        t->auto_basis = want < 2 ? "cheapest estimate, not measured (STRATA_AUTO_TRIALS below 2)" : "the only change that fits";
-        if (t->rank == 0)
-            STRATA_INFO("plan", "memory.auto: %s; chose %s (%s, about +%.0f%% step time)", plan->why, tr[0].c.line,
-                        t->auto_basis, tr[0].c.cost * 100);
-        return &tr[0].c;
-    }
-    t->n_auto_trials = n;
-    double t0 = strata_now_ms();
-    run_trials(t, tr, n);
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (tr[i].ms >= 0 && (best < 0 || tr[i].ms < tr[best].ms)) best = i;
-    if (t->rank == 0) {
-        STRATA_INFO("plan", "memory.auto: measured the %d cheapest changes that fit by estimate, %d steps each "
-                    "(%.1f s in all):", n, AUTO_TRIAL_STEPS, (strata_now_ms() - t0) / 1e3);
-        STRATA_INFO("plan", "  %9s %10s  %s", "estimate", "ms/step", "change");
-        for (int i = 0; i < n; i++) {
-            char est[16];
-            snprintf(est, sizeof est, "+%.0f%%", tr[i].c.cost * 100);
-            if (tr[i].ms >= 0) STRATA_INFO("plan", "  %9s %10.1f  %s", est, tr[i].ms, tr[i].c.line);
-            else STRATA_INFO("plan", "  %9s %10s  %s (%s)", est, "skipped", tr[i].c.line, tr[i].skipped);
-        }
-    }
-    if (best < 0) {
-        t->auto_basis = "cheapest estimate, no trial ran";
-        if (t->rank == 0)
-            STRATA_WARN("plan", "memory.auto: no trial could run (reasons above); chose %s (cheapest estimate, about "
-                        "+%.0f%% step time)", tr[0].c.line, tr[0].c.cost * 100);
-        return &tr[0].c;
-    }
-    t->auto_basis = "measured fastest";
-    if (t->rank == 0)
-        STRATA_INFO("plan", "memory.auto: %s; chose %s (measured fastest: %.1f ms/step; estimated +%.0f%%)", plan->why,
-                    tr[best].c.line, tr[best].ms, tr[best].c.cost * 100);
-    return &tr[best].c;
-}
-
-/* s as a JSON string. */
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-        else fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
-/* memory.auto's choice, its basis, and what each trial measured, for the first metrics row. */
-static void write_auto_metrics(const trainer *t) {
-    fprintf(t->metrics, ", \"memory_auto\": ");
-    json_string(t->metrics, t->auto_change);
-    fprintf(t->metrics, ", \"memory_auto_basis\": ");
-    json_string(t->metrics, t->auto_basis ? t->auto_basis : "");
-    fprintf(t->metrics, ", \"memory_auto_trials\": [");
-    for (int i = 0; i < t->n_auto_trials; i++) {
-        const auto_trial *tr = &t->auto_trials[i];
-        fprintf(t->metrics, "%s{\"change\": ", i ? ", " : "");
-        json_string(t->metrics, tr->c.line);
-        fprintf(t->metrics, ", \"estimated_cost\": %.4f, ", tr->c.cost);
-        if (tr->ms >= 0) fprintf(t->metrics, "\"ms_per_step\": %.3f}", tr->ms);
-        else {
-            fprintf(t->metrics, "\"ms_per_step\": null, \"skipped\": ");
-            json_string(t->metrics, tr->skipped);
-            fputc('}', t->metrics);
-        }
-    }
-    fputc(']', t->metrics);
-}
-
 /* Checkpoints are bytes too: warn before step 1 when run.dir's filesystem cannot hold the
  * checkpoints the run will keep (the write would fail atomically, but hours in). */
 static void check_checkpoint_space(const trainer *t) {
@@ -706,7 +425,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_engine_destroy(t->engine);
         strata_arena_release(&t->arena);
         strata_model_free(&t->m);
-        const strata_plan_candidate *pick = auto_choose(t, &plan);
+        t->autosel = (strata_auto){.cfg = cfg, .dev = t->dev, .comm = t->comm, .rank = rank, .world = world};
+        const strata_plan_candidate *pick = strata_auto_choose(&t->autosel, &plan);
         if (pick) {
             n = pick->n_sets;
             memcpy(sets, pick->sets, sizeof sets);
@@ -718,7 +438,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         snprintf(t->auto_change, sizeof t->auto_change, "%s", line);
         STRATA_DEBUG("plan", "memory.auto: this rank applies %s", line);
         if (!pick) {
-            t->auto_basis = "cheapest estimate";
+            t->autosel.basis = "cheapest estimate";
             if (rank == 0)
                 STRATA_INFO("plan", "memory.auto: %s; chose %s (cheapest that fits, about +%.0f%% step time)", plan.why,
                             line, cost * 100);
@@ -872,7 +592,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             fprintf(t->metrics, ", \"device_used_bytes\": %zu, \"device_used_peak_bytes\": %zu, "
                     "\"plan_device_total_bytes\": %zu, \"device_used_vs_plan_pct\": %.3f",
                     used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
-            if (t->auto_change[0] && done == start + 1) write_auto_metrics(t);
+            if (t->auto_change[0] && done == start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, t->metrics);
             fprintf(t->metrics, "}\n");
             fflush(t->metrics);
         }
@@ -925,7 +645,6 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     if (t->have_val) strata_loader_close(&t->val);
     strata_comm_close(t->comm);
     strata_device_close(t->dev);
-    free(t->auto_trials);
     free(t);
     return exit_code;
 }
