@@ -15,42 +15,42 @@
 
 /* As train's fatal: a rank that cannot go on ends the whole job, since the others may be
  * waiting for it in a collective. */
-static _Noreturn void auto_fatal(const strata_auto *t, const char *what) {
+static _Noreturn void auto_fatal(const strata_auto *a, const char *what) {
     strata_log(STRATA_LOG_ERROR, "plan", "%s: %s", what, strata_error());
-    if (t->world > 1) strata_mpi_abort(STRATA_EXIT_ERROR);
+    if (a->world > 1) strata_mpi_abort(STRATA_EXIT_ERROR);
     exit(STRATA_EXIT_ERROR);
 }
 
 /* Whether any rank says bad: every rank must call it, at the same point. */
-static int any_rank(strata_auto *t, int bad) {
+static int any_rank(strata_auto *a, int bad) {
     double v = bad ? 1.0 : 0.0;
-    if (t->world > 1 && strata_allreduce_host_f64(t->comm, &v, 1)) auto_fatal(t, "memory.auto: agreeing on a trial");
+    if (a->world > 1 && strata_allreduce_host_f64(a->comm, &v, 1)) auto_fatal(a, "memory.auto: agreeing on a trial");
     return v > 0;
 }
 
 /* Rank 0's n values on every rank: a sum to which only rank 0 contributes. */
-static void from_rank0(strata_auto *t, double *v, int n) {
-    if (t->world == 1) return;
-    if (t->rank != 0) memset(v, 0, (size_t)n * sizeof *v);
-    if (strata_allreduce_host_f64(t->comm, v, n)) auto_fatal(t, "memory.auto: sharing rank 0's candidates");
+static void from_rank0(strata_auto *a, double *v, int n) {
+    if (a->world == 1) return;
+    if (a->rank != 0) memset(v, 0, (size_t)n * sizeof *v);
+    if (strata_allreduce_host_f64(a->comm, v, n)) auto_fatal(a, "memory.auto: sharing rank 0's candidates");
 }
 
 /* Rank 0's candidates on every rank, so that all ranks measure the same ones in lockstep
  * (the host memory each rank sees free, which the plan checks against, may differ). */
-static int share_candidates(strata_auto *t, strata_auto_trial *tr, int n) {
+static int share_candidates(strata_auto *a, strata_auto_trial *tr, int n) {
     double count = n;
-    from_rank0(t, &count, 1);
+    from_rank0(a, &count, 1);
     n = (int)count;
-    if (t->world == 1 || n <= 0) return n;
+    if (a->world == 1 || n <= 0) return n;
     enum { PER = 2 + STRATA_PLAN_MAX_SETS * 96 };
     double *v = strata_xcalloc((size_t)n * PER, sizeof *v);
-    for (int i = 0; i < n && t->rank == 0; i++) {
+    for (int i = 0; i < n && a->rank == 0; i++) {
         double *c = v + (size_t)i * PER;
         c[0] = tr[i].c.n_sets;
         c[1] = tr[i].c.cost;
         for (int k = 0; k < STRATA_PLAN_MAX_SETS * 96; k++) c[2 + k] = (unsigned char)tr[i].c.sets[k / 96][k % 96];
     }
-    from_rank0(t, v, n * PER);
+    from_rank0(a, v, n * PER);
     for (int i = 0; i < n; i++) {
         const double *c = v + (size_t)i * PER;
         strata_plan_candidate *pc = &tr[i].c;
@@ -79,8 +79,8 @@ static int by_value(const void *a, const void *b) {
  * the trial; at world 1 so does any error, while with several ranks an error in
  * initialisation, a step or the last update ends the job, as it would in the run itself,
  * since the other ranks may be waiting in a collective for this one. */
-static double trial_ms(strata_auto *t, const strata_plan_candidate *c, strata_loader *data, char *why, size_t why_len) {
-    strata_config cfg = *t->cfg; /* the engine keeps a pointer to it: it outlives the engine here */
+static double trial_ms(strata_auto *a, const strata_plan_candidate *c, strata_loader *data, char *why, size_t why_len) {
+    strata_config cfg = *a->cfg; /* the engine keeps a pointer to it: it outlives the engine here */
     int bad = 0, built = 0;
     double ms[AUTO_TRIAL_STEPS], median = -1;
     char fault[1024];
@@ -94,21 +94,21 @@ static double trial_ms(strata_auto *t, const strata_plan_candidate *c, strata_lo
     if (!bad) {
         strata_model_shape shape = strata_model_shape_from_config(&cfg);
         strata_model_init(&m, &shape);
-        strata_arena_init(&arena, t->dev);
-        e = strata_engine_create(&cfg, &m, &arena, t->dev, t->comm, t->rank, t->world);
+        strata_arena_init(&arena, a->dev);
+        e = strata_engine_create(&cfg, &m, &arena, a->dev, a->comm, a->rank, a->world);
         built = 1;
         if (strata_arena_commit(&arena)) {
             bad = 1;
             snprintf(why, why_len, "%s", strata_error());
         }
     }
-    if (any_rank(t, bad)) {
+    if (any_rank(a, bad)) {
         if (!why[0]) snprintf(why, why_len, "failed on another rank");
         bad = 1;
         goto done;
     }
     if (strata_engine_init_params(e, cfg.train.seed) || strata_fault_take(fault, sizeof fault) != STRATA_FAULT_NONE) {
-        if (t->world > 1) auto_fatal(t, "memory.auto: initialising the parameters of a trial");
+        if (a->world > 1) auto_fatal(a, "memory.auto: initialising the parameters of a trial");
         snprintf(why, why_len, "initialising parameters: %s", strata_error());
         bad = 1;
         goto done;
@@ -119,7 +119,7 @@ static double trial_ms(strata_auto *t, const strata_plan_candidate *c, strata_lo
         strata_step_result r;
         double t0 = strata_now_ms();
         if (strata_engine_step(e, data, s, &r)) {
-            if (t->world > 1) auto_fatal(t, "memory.auto: a trial step");
+            if (a->world > 1) auto_fatal(a, "memory.auto: a trial step");
             snprintf(why, why_len, "step %d: %s", s + 1, strata_error());
             bad = 1;
             break;
@@ -133,7 +133,7 @@ static double trial_ms(strata_auto *t, const strata_plan_candidate *c, strata_lo
         }
     }
     if (strata_engine_sync(e) && !bad) {
-        if (t->world > 1) auto_fatal(t, "memory.auto: the last update of a trial");
+        if (a->world > 1) auto_fatal(a, "memory.auto: the last update of a trial");
         snprintf(why, why_len, "the last update: %s", strata_error());
         bad = 1;
     }
@@ -159,14 +159,14 @@ done:
 
 /* Measures every candidate on every rank; a trial's time is the slowest rank's, and a
  * trial that failed anywhere is skipped everywhere. */
-static void run_trials(strata_auto *t, strata_auto_trial *tr, int n) {
-    const strata_config *cfg = t->cfg;
+static void run_trials(strata_auto *a, strata_auto_trial *tr, int n) {
+    const strata_config *cfg = a->cfg;
     strata_loader data; /* a loader of its own: the run's reads start from scratch */
     char why[256] = "";
     int bad = strata_loader_open(&data, cfg->data.train, strata_config_seq_len(cfg), cfg->model.vocab_size,
                                  cfg->data.shuffle, cfg->train.seed) != 0;
     if (bad) snprintf(why, sizeof why, "opening data.train: %s", strata_error());
-    if (any_rank(t, bad)) {
+    if (any_rank(a, bad)) {
         for (int i = 0; i < n; i++) {
             tr[i].ms = -1;
             snprintf(tr[i].skipped, sizeof tr[i].skipped, "%s", why[0] ? why : "data.train failed on another rank");
@@ -174,62 +174,62 @@ static void run_trials(strata_auto *t, strata_auto_trial *tr, int n) {
         if (!bad) strata_loader_close(&data);
         return;
     }
-    double *v = strata_xcalloc((size_t)t->world + 1, sizeof *v);
+    double *v = strata_xcalloc((size_t)a->world + 1, sizeof *v);
     for (int i = 0; i < n; i++) {
-        double ms = trial_ms(t, &tr[i].c, &data, why, sizeof why);
-        if (ms < 0 && t->rank != 0) STRATA_WARN("plan", "memory.auto: trial of %s failed here: %s", tr[i].c.line, why);
-        memset(v, 0, ((size_t)t->world + 1) * sizeof *v);
-        v[t->rank] = ms < 0 ? 0 : ms;
-        v[t->world] = ms < 0;
-        if (t->world > 1 && strata_allreduce_host_f64(t->comm, v, t->world + 1)) auto_fatal(t, "memory.auto: sharing trial times");
+        double ms = trial_ms(a, &tr[i].c, &data, why, sizeof why);
+        if (ms < 0 && a->rank != 0) STRATA_WARN("plan", "memory.auto: trial of %s failed here: %s", tr[i].c.line, why);
+        memset(v, 0, ((size_t)a->world + 1) * sizeof *v);
+        v[a->rank] = ms < 0 ? 0 : ms;
+        v[a->world] = ms < 0;
+        if (a->world > 1 && strata_allreduce_host_f64(a->comm, v, a->world + 1)) auto_fatal(a, "memory.auto: sharing trial times");
         tr[i].ms = -1;
         tr[i].skipped[0] = 0;
-        if (v[t->world] > 0) {
+        if (v[a->world] > 0) {
             snprintf(tr[i].skipped, sizeof tr[i].skipped, "%s", ms < 0 ? why : "failed on another rank");
             continue;
         }
-        for (int r = 0; r < t->world; r++)
+        for (int r = 0; r < a->world; r++)
             if (v[r] > tr[i].ms) tr[i].ms = v[r];
     }
     free(v);
     strata_loader_close(&data);
     /* the run's peak counts start here: the trials' arenas are released */
-    for (int k = 0; k < STRATA_MEM_KINDS; k++) t->dev->mem[k].peak_bytes = t->dev->mem[k].live_bytes;
+    for (int k = 0; k < STRATA_MEM_KINDS; k++) a->dev->mem[k].peak_bytes = a->dev->mem[k].live_bytes;
 }
 
 /* The change memory.auto applies, said in the log: of the changes that fit, the cheapest
  * few by estimate (STRATA_AUTO_TRIALS, default 3; 0 or 1 takes the cheapest estimate unmeasured)
  * are each trained for a few steps, and the fastest measured wins. NULL when rank 0 found
  * none (its plan differs from this rank's), leaving the caller's own suggestion. */
-const strata_plan_candidate *strata_auto_choose(strata_auto *t, const strata_plan *plan) {
+const strata_plan_candidate *strata_auto_choose(strata_auto *a, const strata_plan *plan) {
     int want = AUTO_DEFAULT_TRIALS;
     const char *env = getenv("STRATA_AUTO_TRIALS");
     if (env && *env) want = atoi(env);
     if (want < 1) want = 1;
     if (want > STRATA_AUTO_MAX_TRIALS) want = STRATA_AUTO_MAX_TRIALS;
-    strata_auto_trial *tr = t->trials;
+    strata_auto_trial *tr = a->trials;
     int n = 0;
-    if (t->rank == 0) {
+    if (a->rank == 0) {
         strata_plan_candidate c[STRATA_AUTO_MAX_TRIALS];
-        n = strata_plan_candidates(t->cfg, t->world, t->dev, c, want);
+        n = strata_plan_candidates(a->cfg, a->world, a->dev, c, want);
         for (int i = 0; i < n; i++) tr[i].c = c[i];
     }
-    n = share_candidates(t, tr, n);
+    n = share_candidates(a, tr, n);
     if (n <= 0) return NULL;
     if (n == 1) {
-        t->basis = want < 2 ? "cheapest estimate, not measured (STRATA_AUTO_TRIALS below 2)" : "the only change that fits";
-        if (t->rank == 0)
+        a->basis = want < 2 ? "cheapest estimate, not measured (STRATA_AUTO_TRIALS below 2)" : "the only change that fits";
+        if (a->rank == 0)
             STRATA_INFO("plan", "memory.auto: %s; chose %s (%s, about +%.0f%% step time)", plan->why, tr[0].c.line,
-                        t->basis, tr[0].c.cost * 100);
+                        a->basis, tr[0].c.cost * 100);
         return &tr[0].c;
     }
-    t->n_trials = n;
+    a->n_trials = n;
     double t0 = strata_now_ms();
-    run_trials(t, tr, n);
+    run_trials(a, tr, n);
     int best = -1;
     for (int i = 0; i < n; i++)
         if (tr[i].ms >= 0 && (best < 0 || tr[i].ms < tr[best].ms)) best = i;
-    if (t->rank == 0) {
+    if (a->rank == 0) {
         STRATA_INFO("plan", "memory.auto: measured the %d cheapest changes that fit by estimate, %d steps each "
                     "(%.1f s in all):", n, AUTO_TRIAL_STEPS, (strata_now_ms() - t0) / 1e3);
         STRATA_INFO("plan", "  %9s %10s  %s", "estimate", "ms/step", "change");
@@ -241,14 +241,14 @@ const strata_plan_candidate *strata_auto_choose(strata_auto *t, const strata_pla
         }
     }
     if (best < 0) {
-        t->basis = "cheapest estimate, no trial ran";
-        if (t->rank == 0)
+        a->basis = "cheapest estimate, no trial ran";
+        if (a->rank == 0)
             STRATA_WARN("plan", "memory.auto: no trial could run (reasons above); chose %s (cheapest estimate, about "
                         "+%.0f%% step time)", tr[0].c.line, tr[0].c.cost * 100);
         return &tr[0].c;
     }
-    t->basis = "measured fastest";
-    if (t->rank == 0)
+    a->basis = "measured fastest";
+    if (a->rank == 0)
         STRATA_INFO("plan", "memory.auto: %s; chose %s (measured fastest: %.1f ms/step; estimated +%.0f%%)", plan->why,
                     tr[best].c.line, tr[best].ms, tr[best].c.cost * 100);
     return &tr[best].c;
@@ -267,14 +267,14 @@ static void json_string(FILE *f, const char *s) {
 }
 
 /* memory.auto's choice, its basis, and what each trial measured, for the first metrics row. */
-void strata_auto_write_metrics(const strata_auto *t, const char *change, FILE *f) {
+void strata_auto_write_metrics(const strata_auto *a, const char *change, FILE *f) {
     fprintf(f, ", \"memory_auto\": ");
     json_string(f, change);
     fprintf(f, ", \"memory_auto_basis\": ");
-    json_string(f, t->basis ? t->basis : "");
+    json_string(f, a->basis ? a->basis : "");
     fprintf(f, ", \"memory_auto_trials\": [");
-    for (int i = 0; i < t->n_trials; i++) {
-        const strata_auto_trial *tr = &t->trials[i];
+    for (int i = 0; i < a->n_trials; i++) {
+        const strata_auto_trial *tr = &a->trials[i];
         fprintf(f, "%s{\"change\": ", i ? ", " : "");
         json_string(f, tr->c.line);
         fprintf(f, ", \"estimated_cost\": %.4f, ", tr->c.cost);
