@@ -57,6 +57,16 @@ diff <(losses runs/none_2_3) <(losses runs/res) > /dev/null || fail "nvme offloa
 pass "world 2 stage 3, params and optimizer on NVMe: resume from step 10 is bitwise identical (steps 11-20)"
 
 
+# steady state: a run right after another (same nvme_path, same run dir) starts as fast,
+# finds no stale swap file or lock, and leaves none behind
+t_start() { local t0; t0=$(date +%s%N); "$S" train o.yaml --set run.dir=runs/again --set zero.stage=3 --set offload.optimizer=nvme \
+  --set offload.params=nvme --set train.steps=2 > again.log 2>&1 || fail "back-to-back run failed: $(tail -3 again.log)"; echo $(( ($(date +%s%N) - t0) / 1000000 )); }
+ms1=$(t_start); ms2=$(t_start)
+[ "$ms2" -le $(( ms1 * 3 / 2 + 500 )) ] || fail "the second run took $ms2 ms against $ms1 ms for the first"
+[ -z "$(ls swap)" ] || fail "stale swap files after two runs: $(ls swap)"
+[ -z "$(find runs/again -name '*.tmp*')" ] || fail "temporary files left in the run dir: $(find runs/again -name '*.tmp*')"
+pass "back-to-back runs on the same nvme_path: $ms1 ms then $ms2 ms, no stale files"
+
 # nvme_path too small: refused at start with the bytes needed and free
 if mkdir small && mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then
   set +e; out=$("$S" train o.yaml --set offload.optimizer=nvme --set "offload.nvme_path=$W/small" 2>&1); rc=$?; set -e
