@@ -36,6 +36,7 @@
 /* ---- process-wide MPI state ---- */
 
 static int mpi_is_active = 0;
+static MPI_Op bf16_sum_op = MPI_OP_NULL; /* made with the first mpi comm (below) */
 static int mpi_thread_level = MPI_THREAD_SINGLE;
 /* Below MPI_THREAD_MULTIPLE, two comm streams must not call MPI at the same time. */
 static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -104,6 +105,7 @@ int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_r
 void strata_mpi_finalize(void) {
     if (!mpi_is_active) return;
     mpi_is_active = 0;
+    if (bf16_sum_op != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op);
     MPI_Finalize();
 }
 
@@ -118,11 +120,33 @@ _Noreturn void strata_mpi_abort(int code) {
 
 /* ---- the comm object ---- */
 
-typedef enum comm_elem { ELEM_F32, ELEM_F64, ELEM_BYTE } comm_elem;
+typedef enum comm_elem { ELEM_F32, ELEM_F64, ELEM_BYTE, ELEM_BF16 } comm_elem;
 
-static size_t elem_size(comm_elem e) { return e == ELEM_F32 ? 4 : e == ELEM_F64 ? 8 : 1; }
+static size_t elem_size(comm_elem e) { return e == ELEM_F32 ? 4 : e == ELEM_F64 ? 8 : e == ELEM_BF16 ? 2 : 1; }
+
+/* MPI has no bf16: it travels as 16-bit words and sums through a user op that adds in
+ * fp32 and rounds back to bf16 (to nearest even), as NCCL's bf16 sum does. */
+static float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_value(a[i]) + bf16_value(b[i]));
+}
+static MPI_Op elem_sum(comm_elem e) { return e == ELEM_BF16 ? bf16_sum_op : MPI_SUM; }
 static MPI_Datatype elem_mpi(comm_elem e) {
-    return e == ELEM_F32 ? MPI_FLOAT : e == ELEM_F64 ? MPI_DOUBLE : MPI_BYTE;
+    return e == ELEM_F32 ? MPI_FLOAT : e == ELEM_F64 ? MPI_DOUBLE : e == ELEM_BF16 ? MPI_UINT16_T : MPI_BYTE;
 }
 
 typedef enum comm_backend { BACKEND_SINGLE, BACKEND_MPI, BACKEND_NCCL } comm_backend;
@@ -157,8 +181,8 @@ struct strata_comm {
 
     MPI_Comm mpi;          /* mpi backend and nccl's host agreement: a dup of MPI_COMM_WORLD */
     MPI_Request *requests; /* (world): one per rank for the per-block fallbacks */
-    float *scratch;        /* reduce-scatter in place: the reduced block lands here first */
-    size_t scratch_n;
+    char *scratch;         /* reduce-scatter in place: the reduced block lands here first */
+    size_t scratch_n;      /* bytes */
 
     /* mpi backend on buffers MPI cannot read (device memory): everything goes through
      * `stage`, pinned, copied on stage_stream by the comm stream's worker. */
@@ -290,7 +314,7 @@ static void run_allreduce(coll_task *t) {
         int n = (int)strata_min_size(c->chunk_elems, t->count - off);
         mpi_enter();
         int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)t->out + off * es, n, elem_mpi(t->elem),
-                                MPI_SUM, c->mpi, &c->requests[0]);
+                                elem_sum(t->elem), c->mpi, &c->requests[0]);
         mpi_leave();
         check_mpi(t, rc, "MPI_Iallreduce");
         wait_requests(t, c->requests, 1);
@@ -299,41 +323,42 @@ static void run_allreduce(coll_task *t) {
 
 static void run_reduce_scatter(coll_task *t) {
     strata_comm *c = t->c;
-    const float *in = t->in;
-    float *out = t->out;
-    size_t n = t->count, W = (size_t)c->world;
+    const char *in = t->in;
+    char *out = t->out;
+    size_t n = t->count, W = (size_t)c->world, es = elem_size(t->elem);
+    MPI_Datatype type = elem_mpi(t->elem);
     if (n * W <= c->chunk_elems) {
         /* In place, out is a block of in: reduce into scratch, then copy, so MPI never sees
          * overlapping buffers and the other blocks of in stay as they were. The scratch
          * grows to the largest unit once and is reused: steady-state steps allocate nothing. */
-        float *dst = out;
+        char *dst = out;
         if (t->aliased) {
-            if (c->scratch_n < n) {
-                c->scratch = strata_xrealloc(c->scratch, n * sizeof(float));
-                c->scratch_n = n;
+            if (c->scratch_n < n * es) {
+                c->scratch = strata_xrealloc(c->scratch, n * es);
+                c->scratch_n = n * es;
             }
             dst = c->scratch;
         }
         mpi_enter();
-        int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &c->requests[0]);
+        int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, type, elem_sum(t->elem), c->mpi, &c->requests[0]);
         mpi_leave();
         check_mpi(t, rc, "MPI_Ireduce_scatter_block");
         wait_requests(t, c->requests, 1);
-        if (t->aliased) memcpy(out, dst, n * sizeof(float));
+        if (t->aliased) memcpy(out, dst, n * es);
         return;
     }
     /* One reduce per block, rooted at the block's owner, chunk by chunk. */
     for (size_t off = 0; off < n; off += c->chunk_elems) {
         int cnt = (int)strata_min_size(c->chunk_elems, n - off);
         for (int r = 0; r < c->world; r++) {
-            const void *send = in + (size_t)r * n + off;
+            const void *send = in + ((size_t)r * n + off) * es;
             void *recv = NULL;
             if (r == c->rank) {
-                recv = out + off;
+                recv = out + off * es;
                 if (t->aliased) send = MPI_IN_PLACE;
             }
             mpi_enter();
-            int rc = MPI_Ireduce(send, recv, cnt, MPI_FLOAT, MPI_SUM, r, c->mpi, &c->requests[r]);
+            int rc = MPI_Ireduce(send, recv, cnt, type, elem_sum(t->elem), r, c->mpi, &c->requests[r]);
             mpi_leave();
             check_mpi(t, rc, "MPI_Ireduce");
         }
@@ -422,7 +447,8 @@ static void staged_allreduce(coll_task *t) {
         stage_copy(t, c->stage, buf + off * es, n * es);
         stage_wait(t);
         mpi_enter();
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, c->stage, (int)n, elem_mpi(t->elem), MPI_SUM, c->mpi, &c->requests[0]);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, c->stage, (int)n, elem_mpi(t->elem), elem_sum(t->elem), c->mpi,
+                                &c->requests[0]);
         mpi_leave();
         check_mpi(t, rc, "MPI_Iallreduce");
         wait_requests(t, c->requests, 1);
@@ -440,20 +466,22 @@ static size_t stage_chunk(const strata_comm *c, size_t elem, size_t slots) {
 
 static void staged_reduce_scatter(coll_task *t) {
     strata_comm *c = t->c;
-    const float *in = t->in;
-    float *out = t->out;
-    size_t n = t->count, W = (size_t)c->world, k = stage_chunk(c, sizeof(float), W + 1);
+    const char *in = t->in;
+    char *out = t->out;
+    size_t es = elem_size(t->elem);
+    size_t n = t->count, W = (size_t)c->world, k = stage_chunk(c, es, W + 1);
     for (size_t off = 0; off < n; off += k) {
         size_t m = strata_min_size(k, n - off);
-        float *st_in = (float *)c->stage, *st_out = st_in + W * m; /* (W, m) then (m) */
-        for (size_t r = 0; r < W; r++) stage_copy(t, st_in + r * m, in + r * n + off, m * sizeof(float));
+        char *st_in = (char *)c->stage, *st_out = st_in + W * m * es; /* (W, m) then (m) */
+        for (size_t r = 0; r < W; r++) stage_copy(t, st_in + r * m * es, in + (r * n + off) * es, m * es);
         stage_wait(t);
         mpi_enter();
-        int rc = MPI_Ireduce_scatter_block(st_in, st_out, (int)m, MPI_FLOAT, MPI_SUM, c->mpi, &c->requests[0]);
+        int rc = MPI_Ireduce_scatter_block(st_in, st_out, (int)m, elem_mpi(t->elem), elem_sum(t->elem), c->mpi,
+                                           &c->requests[0]);
         mpi_leave();
         check_mpi(t, rc, "MPI_Ireduce_scatter_block");
         wait_requests(t, c->requests, 1);
-        stage_copy(t, out + off, st_out, m * sizeof(float));
+        stage_copy(t, out + off * es, st_out, m * es);
         stage_wait(t);
     }
 }
@@ -565,8 +593,8 @@ static void nccl_done(void *ctx, strata_coll_kind kind, double start_ms, double 
 
 static int nccl_enqueue(strata_comm *c, const coll_task *req) {
     if (!req->host)
-        return strata_nccl_enqueue(c->nccl, req->kind, req->out, req->in, req->count, req->root,
-                                   task_full_bytes(req));
+        return strata_nccl_enqueue(c->nccl, req->kind, req->out, req->in, req->count, req->elem == ELEM_BF16,
+                                   req->root, task_full_bytes(req));
     /* The f64 agreement is small and on host memory: MPI on this thread, after the
      * stream, as the other backends order it. */
     if (strata_stream_sync(c->d, c->stream)) return -1;
@@ -668,6 +696,7 @@ static void comm_destroy(strata_comm *c) {
 static int setup_mpi(strata_comm *c) {
     mpi_enter();
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
+    if (rc == MPI_SUCCESS && bf16_sum_op == MPI_OP_NULL) rc = MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) MPI_Comm_rank(c->mpi, &c->rank);
     if (rc == MPI_SUCCESS) MPI_Comm_size(c->mpi, &c->world);
@@ -911,6 +940,23 @@ int strata_reduce_scatter(strata_comm *c, float *out, const float *in, size_t n_
                            "without being in + rank * n_per_rank",
                            n_per_rank, c->rank);
     return submit(c, STRATA_COLL_REDUCE_SCATTER, ELEM_F32, out, in, n_per_rank, 0, aliased);
+}
+
+int strata_allreduce_bf16(strata_comm *c, void *buf, size_t n) {
+    if (n && !buf) return strata_fail("bf16 all-reduce of %zu values: buffer is NULL", n);
+    return submit(c, STRATA_COLL_ALLREDUCE, ELEM_BF16, buf, buf, n, 0, 1);
+}
+
+int strata_reduce_scatter_bf16(strata_comm *c, void *out, const void *in, size_t n_per_rank) {
+    if (total_fits(c, n_per_rank, 2, "bf16 reduce-scatter")) return -1;
+    if (n_per_rank && (!out || !in))
+        return strata_fail("bf16 reduce-scatter of %zu values per rank: %s is NULL", n_per_rank, out ? "in" : "out");
+    size_t n_all = n_per_rank * (size_t)c->world;
+    int aliased = n_per_rank && (const char *)out == (const char *)in + (size_t)c->rank * n_per_rank * 2;
+    if (!aliased && overlaps(out, n_per_rank * 2, in, n_all * 2))
+        return strata_fail("bf16 reduce-scatter of %zu values per rank on rank %d: out overlaps in without being "
+                           "in + rank * n_per_rank", n_per_rank, c->rank);
+    return submit(c, STRATA_COLL_REDUCE_SCATTER, ELEM_BF16, out, in, n_per_rank, 0, aliased);
 }
 
 int strata_allgather(strata_comm *c, void *out, const void *in, size_t bytes_per_rank) {

@@ -97,6 +97,10 @@ int strata_allreduce(strata_comm *c, float *buf, size_t n);
 /* in (n_per_rank * world) summed across ranks; out (n_per_rank) gets this rank's block.
  * out may alias in + rank * n_per_rank. */
 int strata_reduce_scatter(strata_comm *c, float *out, const float *in, size_t n_per_rank);
+/* The same two in bf16 (16-bit words, summed in fp32 and rounded to nearest even after each
+ * addition, as NCCL's bf16 sum does): half the bytes of fp32, for train.grad_reduce_dtype. */
+int strata_allreduce_bf16(strata_comm *c, void *buf, size_t n);
+int strata_reduce_scatter_bf16(strata_comm *c, void *out, const void *in, size_t n_per_rank);
 /* out (bytes_per_rank * world) gets every rank's in, in rank order; in may alias
  * out + rank * bytes_per_rank. */
 int strata_allgather(strata_comm *c, void *out, const void *in, size_t bytes_per_rank);

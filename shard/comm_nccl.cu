@@ -71,8 +71,10 @@ extern "C" int strata_nccl_unique_id(unsigned char id[STRATA_NCCL_ID_BYTES]) {
 }
 
 extern "C" int strata_nccl_gpu_bus_id(int ordinal, char *buf, int n) {
-    CUDA_TRY(cudaDeviceGetPCIBusId(buf, n, ordinal));
-    return 0;
+    cudaError_t e = cudaDeviceGetPCIBusId(buf, n, ordinal);
+    if (e == cudaSuccess) return 0;
+    (void)cudaGetLastError(); /* the caller carries on; a stale error would fail the next launch check */
+    return strata_fail("cuda:%d: cudaDeviceGetPCIBusId failed: %s", ordinal, cudaGetErrorString(e));
 }
 
 /* ---- the watchdog ---- */
@@ -178,6 +180,7 @@ extern "C" strata_nccl *strata_nccl_open(strata_stream *stream, int ordinal, con
     }
     cudaError_t ce = events == WATCH_SLOTS ? cudaMalloc((void **)&n->one, sizeof(float)) : cudaGetLastError();
     if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
         strata_fail("nccl on cuda:%d: creating its events and barrier buffer failed: %s", ordinal,
                     cudaGetErrorString(ce));
         free_parts(n, events);
@@ -212,21 +215,26 @@ extern "C" void strata_nccl_close(strata_nccl *n) {
     pthread_cond_broadcast(&n->cv);
     pthread_mutex_unlock(&n->mu);
     pthread_join(n->watcher, NULL);
-    if (cudaSetDevice(n->ordinal) == cudaSuccess) {
+    /* Back to the thread's device afterwards: device_cuda.cu caches it per thread. */
+    int prev = -1, ordinal = n->ordinal;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (cudaSetDevice(ordinal) == cudaSuccess) {
         ncclResult_t r = ncclCommDestroy(n->comm);
         if (r != ncclSuccess) STRATA_WARN("comm", "ncclCommDestroy failed: %s", ncclGetErrorString(r));
     }
     free_parts(n, WATCH_SLOTS);
+    if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);
 }
 
 /* ---- collectives ---- */
 
 static ncclResult_t nccl_call(strata_nccl *n, strata_coll_kind kind, void *out, const void *in, size_t count,
-                              int root, cudaStream_t cu) {
+                              int bf16, int root, cudaStream_t cu) {
+    ncclDataType_t sum_type = bf16 ? ncclBfloat16 : ncclFloat32;
     switch (kind) {
-    case STRATA_COLL_ALLREDUCE: return ncclAllReduce(out, out, count, ncclFloat32, ncclSum, n->comm, cu);
+    case STRATA_COLL_ALLREDUCE: return ncclAllReduce(out, out, count, sum_type, ncclSum, n->comm, cu);
     /* in place when out == in + rank * count, which NCCL handles */
-    case STRATA_COLL_REDUCE_SCATTER: return ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, n->comm, cu);
+    case STRATA_COLL_REDUCE_SCATTER: return ncclReduceScatter(in, out, count, sum_type, ncclSum, n->comm, cu);
     /* in place when in == out + rank * count */
     case STRATA_COLL_ALLGATHER: return ncclAllGather(in, out, count, ncclInt8, n->comm, cu);
     case STRATA_COLL_BROADCAST: return ncclBroadcast(out, out, count, ncclInt8, root, n->comm, cu);
@@ -237,7 +245,7 @@ static ncclResult_t nccl_call(strata_nccl *n, strata_coll_kind kind, void *out, 
 }
 
 extern "C" int strata_nccl_enqueue(strata_nccl *n, strata_coll_kind kind, void *out, const void *in, size_t count,
-                                   int root, uint64_t full_bytes) {
+                                   int bf16, int root, uint64_t full_bytes) {
     if (count == 0 && kind != STRATA_COLL_BARRIER) return 0; /* every rank skips it alike */
     cudaStream_t cu = strata_cuda_stream_handle(n->stream);
     pthread_mutex_lock(&n->enq_mu);
@@ -248,7 +256,7 @@ extern "C" int strata_nccl_enqueue(strata_nccl *n, strata_coll_kind kind, void *
 
     int rc = 0;
     cudaError_t ce = cudaEventRecord(e->start, cu);
-    ncclResult_t r = ce == cudaSuccess ? nccl_call(n, kind, out, in, count, root, cu) : ncclSuccess;
+    ncclResult_t r = ce == cudaSuccess ? nccl_call(n, kind, out, in, count, bf16, root, cu) : ncclSuccess;
     if (ce == cudaSuccess && r == ncclSuccess) ce = cudaEventRecord(e->end, cu);
     if (ce != cudaSuccess) {
         rc = strata_fail("nccl %s of %llu bytes: cudaEventRecord failed: %s", strata_coll_name(kind),

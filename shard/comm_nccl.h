@@ -33,9 +33,10 @@ strata_nccl *strata_nccl_open(strata_stream *stream, int ordinal, const unsigned
 /* The stream must be idle (the caller synchronises it first). */
 void strata_nccl_close(strata_nccl *n);
 
-/* Enqueues one collective on the stream; count is floats (all-reduce, reduce-scatter per
- * rank) or bytes (all-gather per rank, broadcast); full_bytes is only for messages. */
-int strata_nccl_enqueue(strata_nccl *n, strata_coll_kind kind, void *out, const void *in, size_t count,
+/* Enqueues one collective on the stream; count is elements (all-reduce, reduce-scatter per
+ * rank: fp32, or bf16 with bf16 set) or bytes (all-gather per rank, broadcast); full_bytes
+ * is only for messages. */
+int strata_nccl_enqueue(strata_nccl *n, strata_coll_kind kind, void *out, const void *in, size_t count, int bf16,
                         int root, uint64_t full_bytes);
 
 #endif

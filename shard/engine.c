@@ -27,7 +27,8 @@ typedef struct unit_op {
  * accumulator by the same stream's worker (host task), so compute never waits for it. */
 typedef struct accumulate_task {
     float *dst;
-    const float *src;
+    const void *src;
+    strata_dtype src_dtype; /* bf16 after a bf16 reduction (train.grad_reduce_dtype) */
     size_t n;
     int overwrite;
 } accumulate_task;
@@ -80,6 +81,15 @@ struct strata_engine {
     int32_t *inputs, *targets; /* host (B,T) */
     strata_engine_memory mem;
     double comm_wait_ms, data_ms; /* of the current step */
+
+    /* train.grad_reduce_dtype bf16 (with several ranks): a unit's fp32 gradient is rounded
+     * into one of two bf16 buffers on the compute stream, reduced in bf16 (half the bytes),
+     * and converted back (or accumulated) into its fp32 destination after the collective */
+    int reduce_bf16;
+    void *red_buf[2];
+    strata_event *ev_red_free[2];
+    accumulate_task red_task[2];
+    int next_red;
 
     strata_arena *arena;
     size_t max_opt_n;
@@ -224,6 +234,14 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         reserve(e, arena, STRATA_CAT_BUFFERS, "embed_grad", -1, e->padded[0] * 4, (void **)&e->embed_grad);
     }
     reserve(e, arena, STRATA_CAT_BUFFERS, "norm_sum", -1, sizeof(double), (void **)&e->norm_sum);
+    e->reduce_bf16 = world > 1 && (cfg->train.grad_reduce_dtype == STRATA_DTYPE_BF16 ||
+                                   (cfg->train.grad_reduce_dtype == STRATA_DTYPE_AUTO && e->dtype == STRATA_BF16));
+    if (e->reduce_bf16) {
+        size_t max_padded = 0;
+        for (int u = 0; u < e->U; u++) max_padded = e->padded[u] > max_padded ? e->padded[u] : max_padded;
+        for (int k = 0; k < 2; k++)
+            reserve(e, arena, STRATA_CAT_BUFFERS, "reduce_bf16", k, max_padded * 2, &e->red_buf[k]);
+    }
     build_schedule(e);
     if (e->stage == 3) {
         e->n_slots = cfg->zero.prefetch_units + 1;
@@ -248,7 +266,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
 
     if (dev) {
-        if (!strcmp(dev->ops->name, "cuda") && e->stage >= 2) {
+        if (!strcmp(dev->ops->name, "cuda") && (e->stage >= 2 || e->reduce_bf16)) {
             e->acc_stream = strata_stream_create(dev, "accumulate", STRATA_STREAM_DEVICE);
             e->ev_reduced = strata_event_create(dev);
         }
@@ -257,6 +275,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         e->ev_grad_slot_free[1] = strata_event_create(dev);
         e->ev_embed_grad_free = strata_event_create(dev);
         e->ev_embed_gathered = strata_event_create(dev);
+        for (int k = 0; k < 2 && e->reduce_bf16; k++) e->ev_red_free[k] = strata_event_create(dev);
         e->ev_embed_free = strata_event_create(dev);
         e->ev_gathered = strata_xcalloc(e->n_slots + 1, sizeof *e->ev_gathered);
         e->ev_slot_free = strata_xcalloc(e->n_slots + 1, sizeof *e->ev_slot_free);
@@ -293,6 +312,7 @@ void strata_engine_destroy(strata_engine *e) {
         strata_event_destroy(d, e->ev_grad_slot_free[1]);
         strata_event_destroy(d, e->ev_embed_grad_free);
         strata_event_destroy(d, e->ev_embed_gathered);
+        for (int k = 0; k < 2; k++) strata_event_destroy(d, e->ev_red_free[k]);
         strata_event_destroy(d, e->ev_embed_free);
         for (int k = 0; k < e->n_slots; k++) {
             strata_event_destroy(d, e->ev_gathered[k]);
@@ -365,30 +385,61 @@ static void maybe_serialize(strata_engine *e) {
 
 static void accumulate_run(void *arg) {
     accumulate_task *t = arg;
-    if (t->overwrite) memcpy(t->dst, t->src, t->n * sizeof(float));
-    else
-        for (size_t i = 0; i < t->n; i++) t->dst[i] += t->src[i];
+    if (t->overwrite) strata_kernels_cpu.convert(NULL, t->dst, STRATA_F32, t->src, t->src_dtype, t->n);
+    else strata_kernels_cpu.accumulate_f32(NULL, t->dst, t->src, t->src_dtype, t->n);
+}
+
+/* After a collective enqueued on the collective stream: dst (fp32, n) = or += src (of
+ * src_dtype), off the compute stream (a kernel on the accumulate stream on a GPU, a host
+ * task on the collective stream's worker on the CPU); `done` is recorded after it. */
+static int land_reduced(strata_engine *e, float *dst, const void *src, strata_dtype src_dtype, size_t n, int overwrite,
+                        accumulate_task *task, strata_event *done) {
+    if (e->acc_stream) {
+        strata_event_record(e->dev, e->ev_reduced, comm_stream(e));
+        strata_stream_wait_event(e->dev, e->acc_stream, e->ev_reduced);
+        if (overwrite) e->dev->k->convert(e->acc_stream, dst, STRATA_F32, src, src_dtype, n);
+        else e->dev->k->accumulate_f32(e->acc_stream, dst, src, src_dtype, n);
+        strata_event_record(e->dev, done, e->acc_stream);
+        return 0;
+    }
+    *task = (accumulate_task){dst, src, src_dtype, n, overwrite};
+    if (strata_host_task(e->dev, comm_stream(e), accumulate_run, task)) return -1;
+    strata_event_record(e->dev, done, comm_stream(e));
+    return 0;
+}
+
+/* train.grad_reduce_dtype bf16: unit u's fp32 gradient `full` (padded elements) reduced in
+ * bf16, the result landed in dst: all-reduce (all == 1: every element, into dst = full) or
+ * reduce-scatter (this rank's block, into dst, overwritten or accumulated). The fp32
+ * gradient is free once converted, so `full_free` is recorded on compute right then. */
+static int reduce_unit_bf16(strata_engine *e, int u, const float *full, int all, float *dst, int overwrite,
+                            strata_event *full_free) {
+    strata_device *d = e->dev;
+    int k = e->next_red;
+    e->next_red ^= 1;
+    size_t P = e->padded[u], S = e->shard[u];
+    compute_wait(e, e->ev_red_free[k]);
+    d->k->convert(d->compute, e->red_buf[k], STRATA_BF16, full, STRATA_F32, P);
+    if (full_free) strata_event_record(d, full_free, d->compute);
+    comm_after_compute(e);
+    const uint16_t *mine = (const uint16_t *)e->red_buf[k] + (all ? 0 : (size_t)e->rank * S);
+    int rc = all ? strata_allreduce_bf16(e->comm, e->red_buf[k], P)
+                 : strata_reduce_scatter_bf16(e->comm, (void *)mine, e->red_buf[k], S);
+    if (rc || land_reduced(e, dst, mine, STRATA_BF16, all ? P : S, overwrite, &e->red_task[k], e->ev_red_free[k]))
+        return -1;
+    maybe_serialize(e);
+    return 0;
 }
 
 /* Reduce-scatters unit u's full gradient `full` in place and adds this rank's block into
  * the shard accumulator, all on the collective stream; `done` is recorded after. */
 static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_task *task, int first_micro,
                             strata_event *done) {
+    if (e->reduce_bf16) return reduce_unit_bf16(e, u, full, 0, e->grad_acc[u], first_micro, done);
     comm_after_compute(e);
     float *mine = full + (size_t)e->rank * e->shard[u];
     if (strata_reduce_scatter(e->comm, mine, full, e->shard[u])) return -1;
-    if (e->acc_stream) {
-        strata_event_record(e->dev, e->ev_reduced, comm_stream(e));
-        strata_stream_wait_event(e->dev, e->acc_stream, e->ev_reduced);
-        if (first_micro) strata_memcpy_async(e->dev, e->acc_stream, e->grad_acc[u], mine, e->shard[u] * 4);
-        else e->dev->k->accumulate_f32(e->acc_stream, e->grad_acc[u], mine, STRATA_F32, e->shard[u]);
-        strata_event_record(e->dev, done, e->acc_stream);
-        maybe_serialize(e);
-        return 0;
-    }
-    *task = (accumulate_task){e->grad_acc[u], mine, e->shard[u], first_micro};
-    if (strata_host_task(e->dev, comm_stream(e), accumulate_run, task)) return -1;
-    strata_event_record(e->dev, done, comm_stream(e));
+    if (land_reduced(e, e->grad_acc[u], mine, STRATA_F32, e->shard[u], first_micro, task, done)) return -1;
     maybe_serialize(e);
     return 0;
 }
@@ -637,6 +688,7 @@ static int after_backward(strata_engine *e, int u, int micro) {
     int last = micro == e->A - 1;
     if (e->stage == 0) {
         if (!last) return 0;
+        if (e->reduce_bf16) return reduce_unit_bf16(e, u, e->grads_full[u], 1, e->grads_full[u], 1, NULL);
         comm_after_compute(e);
         if (strata_allreduce(e->comm, e->grads_full[u], e->padded[u])) return -1;
         maybe_serialize(e);
@@ -644,8 +696,9 @@ static int after_backward(strata_engine *e, int u, int micro) {
     }
     if (e->stage == 1) {
         if (!last) return 0;
-        comm_after_compute(e);
         float *mine = e->grads_full[u] + (size_t)e->rank * e->shard[u];
+        if (e->reduce_bf16) return reduce_unit_bf16(e, u, e->grads_full[u], 0, mine, 1, NULL);
+        comm_after_compute(e);
         if (strata_reduce_scatter(e->comm, mine, e->grads_full[u], e->shard[u])) return -1;
         maybe_serialize(e);
         return 0;

@@ -88,6 +88,55 @@ static void test_reduce_scatter(strata_comm *c, const char *label) {
     }
 }
 
+/* bf16 collectives on small integers (every partial sum below 256, so exact in bf16):
+ * rank r contributes 3r + j % 29 at element j. */
+static uint16_t bf16_of(int v) {
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16); /* exact: small integers need no rounding */
+}
+static int bf16_sum_at(size_t j) { return 3 * W * (W - 1) / 2 + W * (int)(j % 29); }
+
+static void test_bf16(strata_comm *c, const char *label) {
+    const size_t sizes[] = {1, 333, (1u << 20) + 5};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t n = sizes[s], n_all = n * (size_t)W;
+        uint16_t *buf = strata_alloc(dev, STRATA_MEM_DEVICE, n_all * 2), *out = strata_alloc(dev, STRATA_MEM_DEVICE, n * 2);
+        for (size_t j = 0; j < n; j++) buf[j] = bf16_of(3 * R + (int)(j % 29));
+        int rc = strata_allreduce_bf16(c, buf, n);
+        strata_stream_sync(dev, strata_comm_stream(c));
+        size_t bad = 0;
+        for (size_t j = 0; j < n; j++) bad += buf[j] != bf16_of(bf16_sum_at(j));
+        CHECK(rc == 0 && bad == 0, "%sbf16 all-reduce of %zu values: %zu wrong", label, n, bad);
+        for (int aliased = 0; aliased <= 1; aliased++) {
+            for (size_t j = 0; j < n_all; j++) buf[j] = bf16_of(3 * R + (int)(j % 29));
+            uint16_t *dst = aliased ? buf + (size_t)R * n : out;
+            rc = strata_reduce_scatter_bf16(c, dst, buf, n);
+            strata_stream_sync(dev, strata_comm_stream(c));
+            bad = 0;
+            for (size_t i = 0; i < n; i++) bad += dst[i] != bf16_of(bf16_sum_at((size_t)R * n + i));
+            size_t changed = 0;
+            for (size_t j = 0; j < n_all; j++)
+                if (!aliased || j / n != (size_t)R) changed += buf[j] != bf16_of(3 * R + (int)(j % 29));
+            CHECK(rc == 0 && bad == 0 && changed == 0, "%sbf16 reduce-scatter %zu/rank%s: %zu wrong, %zu others changed",
+                  label, n, aliased ? " in place" : "", bad, changed);
+        }
+        strata_free(dev, STRATA_MEM_DEVICE, buf);
+        strata_free(dev, STRATA_MEM_DEVICE, out);
+    }
+    strata_comm_stats st0 = strata_comm_get_stats(c);
+    uint16_t *b = strata_alloc(dev, STRATA_MEM_DEVICE, 1000 * 2 * (size_t)W);
+    memset(b, 0, 1000 * 2 * (size_t)W);
+    strata_reduce_scatter_bf16(c, b + (size_t)R * 1000, b, 1000);
+    strata_stream_sync(dev, strata_comm_stream(c));
+    strata_comm_stats st1 = strata_comm_get_stats(c);
+    uint64_t want = (uint64_t)(W - 1) * 2000; /* (N-1)/N of the full 2 x 1000 x N bytes */
+    CHECK(st1.bytes[STRATA_COLL_REDUCE_SCATTER] - st0.bytes[STRATA_COLL_REDUCE_SCATTER] == want,
+          "%sbf16 reduce-scatter counts 2 bytes per value (%llu)", label, (unsigned long long)want);
+    strata_free(dev, STRATA_MEM_DEVICE, b);
+}
+
 static unsigned char ag_byte(int r, size_t j) { return (unsigned char)(r * 31 + j * 7 + (j >> 9)); }
 
 static void test_allgather(strata_comm *c, const char *label) {
@@ -461,6 +510,7 @@ int main(int argc, char **argv) {
     const char *main_label = staged ? "staged " : "";
     test_allreduce(c, main_label);
     test_reduce_scatter(c, main_label);
+    test_bf16(c, main_label);
     test_allgather(c, main_label);
     test_broadcast(c, main_label);
     test_host_f64(c);
@@ -478,6 +528,7 @@ int main(int argc, char **argv) {
         const char *label = staged ? "staged chunked " : "chunked ";
         test_allreduce(small, label);
         test_reduce_scatter(small, label);
+        test_bf16(small, label);
         test_allgather(small, label);
         test_broadcast(small, label);
         strata_comm_close(small);
@@ -491,6 +542,7 @@ int main(int argc, char **argv) {
         if (st) {
             test_allreduce(st, "staged ");
             test_reduce_scatter(st, "staged ");
+            test_bf16(st, "staged ");
             test_allgather(st, "staged ");
             test_broadcast(st, "staged ");
             test_host_f64(st);
@@ -504,6 +556,7 @@ int main(int argc, char **argv) {
         if (st) {
             test_allreduce(st, "staged small ");
             test_reduce_scatter(st, "staged small ");
+            test_bf16(st, "staged small ");
             test_allgather(st, "staged small ");
             test_broadcast(st, "staged small ");
             strata_comm_close(st);

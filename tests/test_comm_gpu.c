@@ -7,8 +7,9 @@
  *    own GPU, or else the clear refusal of comm.backend nccl (NCCL rejects two ranks on
  *    one GPU) and auto falling back to mpi.
  * Each backend also runs compute -> event -> collective -> event -> compute, and nccl an
- * all-reduce of more than INT_MAX floats when the GPU has room. Ranks share GPU 0 when
- * there are more ranks than GPUs. Skips (77) without CUDA or a GPU. */
+ * all-reduce of more than INT_MAX floats when the GPU has room. Ranks share GPUs
+ * round-robin when there are more ranks than GPUs (the device open wraps the local rank).
+ * Skips (77) without CUDA or a GPU. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -239,7 +240,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     G = strata_device_open("cuda", local);
-    if (!G) G = strata_device_open("cuda", 0); /* more ranks than GPUs: share GPU 0 */
+    if (!G) G = strata_device_open("cuda", 0); /* GPU `local` would not open: try GPU 0 */
     if (!G) {
         fprintf(stderr, "[rank %d] device: %s\n", R, strata_error());
         strata_mpi_abort(1);

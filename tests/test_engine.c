@@ -6,7 +6,9 @@
  *  - communication: bytes per rank per step are the ZeRO paper's 2 psi / 3 psi;
  *  - overlap: a stage-2 reduce-scatter runs while backward compute is still running;
  *  - offload: optimizer state in pinned memory, updated by the CPU behind the next
- *    step's forward, gives bitwise the losses of the same run without offload. */
+ *    step's forward, gives bitwise the losses of the same run without offload;
+ *  - bf16 gradient reduction (train.grad_reduce_dtype, several ranks): half the gradient
+ *    bytes, losses within bf16's rounding of the fp32 reduction. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,6 +218,44 @@ int main(int argc, char **argv) {
         run_close(&plain);
         run_close(&off);
         if (nvme) stage = 4;
+    }
+
+    /* bf16 gradient reduction: the same runs reducing in bf16 move half the gradient bytes
+     * and stay within bf16's rounding of the fp32 runs */
+    for (int stage = 0; stage <= 3 && world > 1; stage++) {
+        run f32, b16;
+        run_open(&f32, comm, rank, world, stage, B, 2, 1);
+        strata_comm_reset_stats(comm);
+        run_steps(&f32, STEPS);
+        strata_comm_stats s32 = strata_comm_get_stats(comm);
+        snprintf(offload_sets[0], sizeof offload_sets[0], "train.grad_reduce_dtype=bf16");
+        run_open(&b16, comm, rank, world, stage, B, 2, 1);
+        offload_sets[0][0] = 0;
+        strata_comm_reset_stats(comm);
+        run_steps(&b16, STEPS);
+        strata_comm_stats s16 = strata_comm_get_stats(comm);
+        double worst = 0;
+        for (int s = 0; s < STEPS; s++) {
+            double rel = fabs(b16.loss[s] - f32.loss[s]) / fabs(f32.loss[s]);
+            if (rel > worst) worst = rel;
+        }
+        CHECK(worst < 1e-2, "world %d stage %d: bf16 gradient reduction within 1e-2 of fp32 (worst %.2e)", world, stage,
+              worst);
+        /* gradients alone use reduce-scatter (stages 1-3); stage 0's all-reduce also carries
+         * the 2-double step-end agreement, 32 (N-1)/N bytes a step */
+        int k = stage == 0 ? STRATA_COLL_ALLREDUCE : STRATA_COLL_REDUCE_SCATTER;
+        uint64_t agree = stage == 0 ? (uint64_t)STEPS * 2 * 16 * (world - 1) / world : 0;
+        /* ring accounting rounds each call's bytes down: at most a byte per call apart */
+        double half = (double)(s32.bytes[k] - agree) / 2, got = (double)(s16.bytes[k] - agree);
+        CHECK(fabs(got - half) <= (double)s16.calls[k],
+              "world %d stage %d: bf16 reduction moves half the gradient bytes (%llu vs %llu)", world, stage,
+              (unsigned long long)s16.bytes[k], (unsigned long long)s32.bytes[k]);
+        if (rank == 0)
+            printf("world %d stage %d: bf16 gradient reduction, worst loss rel diff %.1e, %s bytes %llu vs fp32 %llu\n",
+                   world, stage, worst, stage == 0 ? "all-reduce" : "reduce-scatter",
+                   (unsigned long long)s16.bytes[k], (unsigned long long)s32.bytes[k]);
+        run_close(&f32);
+        run_close(&b16);
     }
 
     /* memory and communication per stage, one step without accumulation */
