@@ -17,7 +17,10 @@ typedef enum strata_mem_category {
     STRATA_CAT_GRADS,        /* gradient accumulators */
     STRATA_CAT_OPTIMIZER,    /* fp32 master weights and Adam moments */
     STRATA_CAT_ACTIVATIONS,  /* activations kept for backward, and their gradients */
-    STRATA_CAT_BUFFERS,      /* communication buckets, gather slots, staging */
+    STRATA_CAT_COMM,         /* communication buckets: gradients on their way to a reduction */
+    STRATA_CAT_PREFETCH,     /* gathered parameters ahead of use (stage 3), and their reads */
+    STRATA_CAT_STAGING,      /* pinned staging of offloaded updates and NVMe I/O */
+    STRATA_CAT_WORKSPACE,    /* small scratch (norm sums) */
     STRATA_CAT_COUNT,
 } strata_mem_category;
 

@@ -33,7 +33,7 @@ void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes) {
 }
 
 void strata_plan_add_pinned_buffers(strata_plan *p, size_t bytes) {
-    p->bytes[STRATA_TIER_PINNED][STRATA_CAT_BUFFERS] += bytes;
+    p->bytes[STRATA_TIER_PINNED][STRATA_CAT_COMM] += bytes;
     p->need[STRATA_TIER_PINNED] += bytes;
 }
 
@@ -164,7 +164,10 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
             "activations", "buffers", "total", "capacity", "headroom");
     for (int t = 0; t < STRATA_TIERS; t++) {
         if (!p->need[t] && t != STRATA_TIER_DEVICE) continue;
-        for (int c = 0; c < STRATA_CAT_COUNT; c++) strata_fmt_bytes(b[c], 32, (double)p->bytes[t][c]);
+        size_t buffers = 0; /* communication buckets, prefetch, staging and workspace, broken down below */
+        for (int c = STRATA_CAT_COMM; c < STRATA_CAT_COUNT; c++) buffers += p->bytes[t][c];
+        for (int c = 0; c < STRATA_CAT_COMM; c++) strata_fmt_bytes(b[c], 32, (double)p->bytes[t][c]);
+        strata_fmt_bytes(b[4], 32, (double)buffers);
         strata_fmt_bytes(b[5], 32, (double)p->need[t]);
         if (p->capacity[t]) {
             size_t used = t == STRATA_TIER_DEVICE ? strata_plan_device_total(p) : p->need[t];
@@ -176,6 +179,18 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
         }
         fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", tier_names[t], b[0], b[1], b[2], b[3], b[4],
                 b[5], b[6], b[7]);
+        if (buffers) {
+            static const char *const kinds[] = {"comm buckets", "prefetch", "staging", "workspace"};
+            char line[256], v[32];
+            int o = snprintf(line, sizeof line, "    buffers:"), first = 1;
+            for (int c = STRATA_CAT_COMM; c < STRATA_CAT_COUNT; c++)
+                if (p->bytes[t][c] && o < (int)sizeof line) {
+                    o += snprintf(line + o, sizeof line - o, "%s %s %s", first ? "" : ",", kinds[c - STRATA_CAT_COMM],
+                                  strata_fmt_bytes(v, 32, (double)p->bytes[t][c]));
+                    first = 0;
+                }
+            fprintf(f, "%s\n", line);
+        }
         if (t == STRATA_TIER_DEVICE && p->runtime_bytes) {
             /* the runtime row: outside the arena, inside the device's headroom */
             char r[4][32];

@@ -126,7 +126,7 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
             o->param_off[u] = o->file_bytes;
             o->file_bytes += o->param_stride[u];
         }
-        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_io", -1, strata_round_up(o->max_n * o->es, NVME_ALIGN),
+        reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_io", -1, strata_round_up(o->max_n * o->es, NVME_ALIGN),
                        &o->param_io);
         o->n_fetch = cfg->zero.prefetch_units + 2; /* the gather ring and the embedding */
         o->fetch = strata_xcalloc(o->n_fetch, sizeof *o->fetch);
@@ -134,14 +134,14 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
     if (o->nvme)
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
-                reserve_pinned(a, STRATA_CAT_BUFFERS, kind_names[k], s, o->max_n * sizeof(float), (void **)&o->slot_state[s][k]);
+                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, o->max_n * sizeof(float), (void **)&o->slot_state[s][k]);
     o->n_buf = cfg->offload.buffer_count;
     o->grad_stage = strata_xcalloc(o->n_buf, sizeof *o->grad_stage);
     o->param_stage = strata_xcalloc(o->n_buf, sizeof *o->param_stage);
     for (int b = 0; b < o->n_buf; b++) {
-        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
+        reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
         /* rounded up so a parameter write to NVMe is whole 4 KiB blocks */
-        reserve_pinned(a, STRATA_CAT_BUFFERS, "offload.param_stage", b, strata_round_up(o->max_n * o->es, NVME_ALIGN),
+        reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_stage", b, strata_round_up(o->max_n * o->es, NVME_ALIGN),
                        &o->param_stage[b]);
     }
     strata_event ***evs[4] = {&o->ev_grad_in, &o->ev_grad_free, &o->ev_param_full, &o->ev_param_free};

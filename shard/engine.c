@@ -111,8 +111,8 @@ static void reserve_kind(strata_engine *e, strata_arena *a, strata_mem_kind kind
     else snprintf(name, sizeof name, "%s", what);
     strata_arena_reserve(a, kind, cat, name, bytes, dst);
     size_t *slot = cat == STRATA_CAT_PARAMS ? &e->mem.params : cat == STRATA_CAT_GRADS ? &e->mem.grads
-                 : cat == STRATA_CAT_OPTIMIZER ? &e->mem.optimizer : cat == STRATA_CAT_BUFFERS ? &e->mem.buffers
-                 : &e->mem.activations;
+                 : cat == STRATA_CAT_OPTIMIZER ? &e->mem.optimizer : cat == STRATA_CAT_ACTIVATIONS ? &e->mem.activations
+                 : &e->mem.buffers;
     *slot += bytes;
 }
 static void reserve(strata_engine *e, strata_arena *a, strata_mem_category cat, const char *what, int u,
@@ -229,35 +229,35 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     }
     if (e->stage >= 2) {
         for (int k = 0; k < 2; k++)
-            reserve(e, arena, STRATA_CAT_BUFFERS, k ? "grad_slot.1" : "grad_slot.0", -1,
+            reserve(e, arena, STRATA_CAT_COMM, k ? "grad_slot.1" : "grad_slot.0", -1,
                     e->max_block_padded * 4, (void **)&e->grad_slot[k]);
-        reserve(e, arena, STRATA_CAT_BUFFERS, "embed_grad", -1, e->padded[0] * 4, (void **)&e->embed_grad);
+        reserve(e, arena, STRATA_CAT_COMM, "embed_grad", -1, e->padded[0] * 4, (void **)&e->embed_grad);
     }
-    reserve(e, arena, STRATA_CAT_BUFFERS, "norm_sum", -1, sizeof(double), (void **)&e->norm_sum);
+    reserve(e, arena, STRATA_CAT_WORKSPACE, "norm_sum", -1, sizeof(double), (void **)&e->norm_sum);
     e->reduce_bf16 = world > 1 && (cfg->train.grad_reduce_dtype == STRATA_DTYPE_BF16 ||
                                    (cfg->train.grad_reduce_dtype == STRATA_DTYPE_AUTO && e->dtype == STRATA_BF16));
     if (e->reduce_bf16) {
         size_t max_padded = 0;
         for (int u = 0; u < e->U; u++) max_padded = e->padded[u] > max_padded ? e->padded[u] : max_padded;
         for (int k = 0; k < 2; k++)
-            reserve(e, arena, STRATA_CAT_BUFFERS, "reduce_bf16", k, max_padded * 2, &e->red_buf[k]);
+            reserve(e, arena, STRATA_CAT_COMM, "reduce_bf16", k, max_padded * 2, &e->red_buf[k]);
     }
     build_schedule(e);
     if (e->stage == 3) {
         e->n_slots = cfg->zero.prefetch_units + 1;
         e->slot = strata_xcalloc(e->n_slots, sizeof(void *));
         for (int k = 0; k < e->n_slots; k++)
-            reserve(e, arena, STRATA_CAT_BUFFERS, "gather_slot", k, e->max_block_padded * e->es, &e->slot[k]);
-        reserve(e, arena, STRATA_CAT_BUFFERS, "embed_params", -1, e->padded[0] * e->es, &e->embed_param);
+            reserve(e, arena, STRATA_CAT_PREFETCH, "gather_slot", k, e->max_block_padded * e->es, &e->slot[k]);
+        reserve(e, arena, STRATA_CAT_PREFETCH, "embed_params", -1, e->padded[0] * e->es, &e->embed_param);
         e->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
         if (e->params_nvme) {
             size_t max_shard = 0;
             for (int u = 1; u < e->U; u++) max_shard = e->shard[u] > max_shard ? e->shard[u] : max_shard;
             e->pin_slot = strata_xcalloc(e->n_slots, sizeof(void *));
             for (int k = 0; k < e->n_slots; k++)
-                reserve_kind(e, arena, STRATA_MEM_PINNED, STRATA_CAT_BUFFERS, "param_read", k,
+                reserve_kind(e, arena, STRATA_MEM_PINNED, STRATA_CAT_PREFETCH, "param_read", k,
                              strata_round_up(max_shard * e->es, 4096), &e->pin_slot[k]);
-            reserve_kind(e, arena, STRATA_MEM_PINNED, STRATA_CAT_BUFFERS, "param_read_embed", -1,
+            reserve_kind(e, arena, STRATA_MEM_PINNED, STRATA_CAT_PREFETCH, "param_read_embed", -1,
                          strata_round_up(e->shard[0] * e->es, 4096), &e->pin_embed);
         }
     }

@@ -154,6 +154,12 @@ STRATA_AUTO_TRIALS=1 "$S" train quick.yaml --set memory.gpu_gb=0.05 --set memory
   fail "STRATA_AUTO_TRIALS=1 should take the cheapest estimate unmeasured: $(grep plan one.log)"
 pass "memory.auto: failed trials skipped with their reason, then the cheapest estimate with a warning; STRATA_AUTO_TRIALS=1 measures nothing"
 
+# the buffers column is broken down by kind
+"$S" plan wide.yaml --world 2 --set zero.stage=3 --set offload.optimizer=cpu > kinds.txt || true
+grep -q "buffers: comm buckets .*, prefetch .*, workspace" kinds.txt && grep -q "buffers: staging" kinds.txt ||
+  fail "plan should break buffers down into comm buckets, prefetch, staging, workspace: $(cat kinds.txt)"
+pass "plan breaks buffers down by kind: $(grep -m1 'buffers:' kinds.txt | sed 's/^ *//')"
+
 # strata plan says the same without training
 set +e; "$S" plan quick.yaml --gpu-gb 0.05 > plan.txt; rc=$?; set -e
 [ $rc -eq 3 ] && grep -q "cheapest change that fits" plan.txt || fail "strata plan should refuse with exit 3"
