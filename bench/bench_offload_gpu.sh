@@ -63,6 +63,12 @@ if python3 -c "import torch, transformers" 2> /dev/null; then
   timeout 540 python3 "$ROOT/bench/fsdp2_offload.py" 2> fsdp2.log || echo "| FSDP2 + CPUOffloadPolicy | failed: $(tail -1 fsdp2.log | cut -c1-100) | | | | |"
 fi
 echo
+echo "CPU AdamW on this machine's cores (the update the offload runs; 16.8 M fp32 parameters):"
+echo
+"$(dirname "$S")/bench/bench_cpu_adam" 2>&1 | tail -n +1 || true
+python3 -c "import torch" 2> /dev/null && python3 "$ROOT/bench/torch_adamw.py" 2>&1 | tail -n 3 || true
+echo
+echo
 echo "NVMe floor: optimizer state read and written once per step (fp32 master, m, v)"
 "$S" bench io --nvme-dir "$NVME_DIR" --block-kb 1024 --queue-depth 32 > io.txt 2>&1 || true
 python3 - io.txt runs/nvme <<'PY'
