@@ -4,7 +4,7 @@
 GPT-2 1.5B (transformers GPT2LMHeadModel), one GPU, FSDP2 (fully_shard per block and at
 the root) with CPUOffloadPolicy: parameters, gradients and AdamW state live in CPU memory
 and the optimizer step runs on the CPU. bf16 compute with fp32 reduction, activation
-checkpointing per block (as configs/gpt2-1.5b.yaml), B=8, T=1024 by default.
+checkpointing per block only with --checkpointing, B=8, T=1024 by default.
 
 Prints one markdown table row: seconds per step (median of the steps after warm-up),
 tokens/s and peak GPU memory (torch.cuda.max_memory_allocated, and the device's used
@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     args = ap.parse_args()
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -41,7 +42,8 @@ def main():
     cfg = GPT2Config(n_layer=args.layers, n_head=args.heads, n_embd=args.embd, n_positions=args.seq,
                      vocab_size=50257, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     model = GPT2LMHeadModel(cfg)
-    model.gradient_checkpointing_enable()
+    if args.checkpointing:
+        model.gradient_checkpointing_enable()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     off = CPUOffloadPolicy()
     for block in model.transformer.h:
@@ -63,7 +65,8 @@ def main():
     s = statistics.median(times[args.warmup:])
     free, total = torch.cuda.mem_get_info()
     n = sum(p.numel() for p in model.parameters())
-    print(f"| PyTorch {torch.__version__} FSDP2 + CPUOffloadPolicy ({n / 1e9:.2f} B params) | {s:.3f} | "
+    ck = ", activation checkpointing" if args.checkpointing else ""
+    print(f"| PyTorch {torch.__version__} FSDP2 + CPUOffloadPolicy ({n / 1e9:.2f} B params{ck}) | {s:.3f} | "
           f"{args.batch * args.seq / s:,.0f} | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
           f"{(total - free) / 2**30:.2f} GiB device used |")
     dist.destroy_process_group()
