@@ -11,7 +11,7 @@
 #include "shard/engine.h"
 
 #define AUTO_DEFAULT_TRIALS 3
-#define AUTO_TRIAL_STEPS 3 /* the first warms up (first touch, offload pipeline); the rest are timed */
+#define AUTO_TRIAL_STEPS 4 /* the first warms up (first touch, offload pipeline); the median of the rest counts */
 
 /* As train's fatal: a rank that cannot go on ends the whole job, since the others may be
  * waiting for it in a collective. */
