@@ -99,6 +99,10 @@ struct strata_engine {
     /* per unit: its updated parameters are in place for forward (stages 1-2: after the
      * all-gather, on the collective stream; otherwise ev_update itself) */
     strata_event **ev_params_ready;
+    /* stages 1-2: unit u's updated shard still has to be all-gathered; issued just before
+     * the unit's next forward (or by finish_updates), not at the step's end, since a wait
+     * for a host stream's record may hold the enqueueing thread (core/device_cuda.cu) */
+    unsigned char *gather_pending;
     double offload_wait_ms;      /* of the current step */
 };
 
@@ -222,6 +226,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         free(n);
         e->ev_update = strata_xcalloc(e->U, sizeof *e->ev_update);
         e->ev_params_ready = strata_xcalloc(e->U, sizeof *e->ev_params_ready);
+        e->gather_pending = strata_xcalloc(e->U, 1);
         for (int u = 0; u < e->U && dev; u++) {
             e->ev_update[u] = strata_event_create(dev);
             e->ev_params_ready[u] = e->stage == 1 || e->stage == 2 ? strata_event_create(dev) : e->ev_update[u];
@@ -328,6 +333,7 @@ void strata_engine_destroy(strata_engine *e) {
     strata_offload_destroy(e->off);
     free(e->ev_update);
     free(e->ev_params_ready);
+    free(e->gather_pending);
     free(e->ev_gathered);
     free(e->ev_fetched);
     free(e->pin_slot);
@@ -456,10 +462,14 @@ static int offload_ready(strata_engine *e) {
  * forward waits for its own update); whatever reads the optimizer state or the
  * parameters from the host side (eval, checkpoints, sampling) waits for all of it here,
  * and an error any update hit surfaces here. */
+static int gather_updated(strata_engine *e, int u);
+
 static int finish_updates(strata_engine *e) {
     if (!e->off || !e->dev) return 0;
     double t0 = strata_now_ms();
-    int rc = strata_offload_sync(e->off);
+    int rc = 0;
+    for (int u = 0; u < e->U && !rc; u++) rc = gather_updated(e, u);
+    if (strata_offload_sync(e->off)) rc = -1;
     comm_sync(e);
     e->offload_wait_ms += strata_now_ms() - t0;
     return rc;
@@ -594,6 +604,15 @@ static int unit_segments(const strata_engine *e, int u, size_t lo, size_t n, str
     return k;
 }
 
+/* Stages 1-2: the all-gather of unit u's updated shard, once its update is done. */
+static int gather_updated(strata_engine *e, int u) {
+    if (!e->gather_pending || !e->gather_pending[u]) return 0;
+    e->gather_pending[u] = 0;
+    strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[u]);
+    if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
+    return strata_event_record(e->dev, e->ev_params_ready[u], comm_stream(e));
+}
+
 /* ---- stage 3 gathers ---- */
 
 /* offload.params: nvme: reads unit u's shard into pinned `dst` on the param stream, after
@@ -644,7 +663,13 @@ static int gather_embed(strata_engine *e) {
 /* Points m->params[u] at unit u's parameters for op `op`, gathering ahead under stage 3. */
 static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) {
     if (e->stage < 3) {
-        if (e->off && !op->backward) wait_params_ready(e, op->unit);
+        if (e->off && !op->backward) {
+            double t0 = strata_now_ms();
+            int rc = gather_updated(e, op->unit);
+            e->offload_wait_ms += strata_now_ms() - t0;
+            if (rc) return -1;
+            wait_params_ready(e, op->unit);
+        }
         e->m->params[op->unit] = e->params_full[op->unit];
         return 0;
     }
@@ -837,8 +862,8 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     strata_adamw_args args = strata_adamw_args_at(e->cfg, step, scale);
     if (e->off) {
         /* every gradient is final (the collective stream was synced): the CPU updates unit
-         * by unit, in forward order, while each finished unit's all-gather already runs
-         * and, once this returns, the next step's forward follows unit by unit */
+         * by unit, in forward order, and once this returns the next step's forward follows
+         * unit by unit, each unit's all-gather (stages 1-2) issued just before it */
         /* the previous step's updates finished behind this step's forward; their errors surface here */
         if (strata_offload_sync(e->off)) return -1;
         strata_event_record(d, e->ev_compute, d->compute);
@@ -848,11 +873,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
             if (strata_offload_update(e->off, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, &args, e->ev_compute,
                                       e->ev_update[u]))
                 return -1;
-            if (e->stage >= 1 && e->stage <= 2) {
-                strata_stream_wait_event(d, comm_stream(e), e->ev_update[u]);
-                if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
-                strata_event_record(d, e->ev_params_ready[u], comm_stream(e));
-            }
+            if (e->stage >= 1 && e->stage <= 2) e->gather_pending[u] = 1;
         }
         r->offload_wait_ms = e->offload_wait_ms;
         r->comm_wait_ms = e->comm_wait_ms;
