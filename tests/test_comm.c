@@ -20,6 +20,7 @@
 #include "core/device.h"
 #include "shard/comm.h"
 #include "tests/check.h"
+#include "tests/gate.h"
 
 static int my_rank = 0;
 
@@ -332,26 +333,6 @@ static void test_errors(strata_comm *c, strata_stream *s) {
     CHECK(strata_comm_open(dev, NULL, 10) == NULL, "a NULL stream is refused: %s", strata_error());
 }
 
-/* A gate on the comm stream: the stream stops at it until the test opens it, so a
- * round's collectives are all queued at once, however fast the worker is. */
-typedef struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open;
-} gate;
-static void gate_wait(void *arg) {
-    gate *g = arg;
-    pthread_mutex_lock(&g->mu);
-    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-static void gate_open(gate *g) {
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-
 /* Records of queued collectives are reused: rounds of DEPTH + 1 queued collectives make
  * DEPTH + 1 records once (the single backend none: it needs them only to trace). */
 static void test_task_reuse(strata_comm *c, const char *label) {
@@ -360,7 +341,7 @@ static void test_task_reuse(strata_comm *c, const char *label) {
     memset(b, 0, 1000 * sizeof(float));
     int counts[3], before = strata_comm_task_records(c);
     for (int round = 0; round < 3; round++) {
-        gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+        gate g = GATE_INIT;
         strata_host_task(dev, strata_comm_stream(c), gate_wait, &g);
         for (int i = 0; i < DEPTH; i++) strata_allreduce(c, b, 1000);
         strata_broadcast(c, b, 400, 0);

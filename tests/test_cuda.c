@@ -17,6 +17,7 @@
 #include "core/device.h"
 #include "core/kernels.h"
 #include "tests/check.h"
+#include "tests/gate.h"
 
 #ifdef STRATA_HAVE_CUDA
 
@@ -633,23 +634,6 @@ static void test_no_alloc_in_step(int att_impl) {
 
 /* ---- device layer ---- */
 
-typedef struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open;
-} gate;
-static void gate_wait(void *arg) {
-    gate *g = arg;
-    pthread_mutex_lock(&g->mu);
-    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-static void gate_open(gate *g) {
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
 
 typedef struct fill_arg {
     unsigned char *p;
@@ -695,7 +679,7 @@ static void test_cross_kind_events(strata_device *d, const char *label) {
     }
     memset(src, 0x11, n);
     memset(dst, 0x22, n);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    gate g = GATE_INIT;
     fill_arg fa = {src, n, 0xA5};
     verify_arg va = {dst, n, 0xA5, 0, 0};
     int rc = 0;
@@ -783,7 +767,7 @@ static void test_host_waits(strata_device *d) {
     strata_event *e = strata_event_create(d);
     memset(src, 0x11, n);
     memset(dst, 0, n);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    gate g = GATE_INIT;
     fill_arg fa = {src, n, 0xC3};
     strata_host_task(d, h, gate_wait, &g);
     strata_host_task(d, h, fill_fn, &fa);
@@ -816,8 +800,8 @@ static void test_host_waits(strata_device *d) {
 static void test_wait_snapshot(strata_device *d, const char *label) {
     strata_stream *h = strata_stream_create(d, "snap", STRATA_STREAM_HOST);
     strata_event *e = strata_event_create(d), *done = strata_event_create(d);
-    gate g1 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-    gate g2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    gate g1 = GATE_INIT;
+    gate g2 = GATE_INIT;
     strata_host_task(d, h, gate_wait, &g1);
     strata_event_record(d, e, h);             /* record 1 */
     strata_stream_wait_event(d, d->compute, e); /* waits for record 1 only */

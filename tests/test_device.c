@@ -10,32 +10,8 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "tests/check.h"
+#include "tests/gate.h"
 
-
-/* A host task that blocks its stream until the test opens it: lets a test hold work
- * pending for as long as it needs without guessing at sleep lengths. */
-typedef struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open;
-} gate;
-static void gate_init(gate *g) {
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
-    g->open = 0;
-}
-static void gate_open(gate *g) {
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-static void gate_wait(void *arg) {
-    gate *g = arg;
-    pthread_mutex_lock(&g->mu);
-    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
 static void gate_destroy(gate *g) {
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
