@@ -923,40 +923,36 @@ static int total_fits(const strata_comm *c, size_t per_rank, size_t elem, const 
     return 0;
 }
 
-int strata_allreduce(strata_comm *c, float *buf, size_t n) {
-    if (n && !buf) return strata_fail("all-reduce of %zu floats: buffer is NULL", n);
-    return submit(c, STRATA_COLL_ALLREDUCE, ELEM_F32, buf, buf, n, 0, 1);
+/* The element's name in messages: "floats" or "bf16 values". */
+static const char *elem_noun(comm_elem e) { return e == ELEM_BF16 ? "bf16 values" : "floats"; }
+
+static int allreduce_elem(strata_comm *c, comm_elem e, void *buf, size_t n) {
+    if (n && !buf) return strata_fail("all-reduce of %zu %s: buffer is NULL", n, elem_noun(e));
+    return submit(c, STRATA_COLL_ALLREDUCE, e, buf, buf, n, 0, 1);
 }
 
-int strata_reduce_scatter(strata_comm *c, float *out, const float *in, size_t n_per_rank) {
-    if (total_fits(c, n_per_rank, sizeof(float), "reduce-scatter")) return -1;
+static int reduce_scatter_elem(strata_comm *c, comm_elem e, void *out, const void *in, size_t n_per_rank) {
+    size_t es = elem_size(e);
+    if (total_fits(c, n_per_rank, es, "reduce-scatter")) return -1;
     if (n_per_rank && (!out || !in))
-        return strata_fail("reduce-scatter of %zu floats per rank: %s is NULL", n_per_rank,
+        return strata_fail("reduce-scatter of %zu %s per rank: %s is NULL", n_per_rank, elem_noun(e),
                            out ? "in" : "out");
     size_t n_all = n_per_rank * (size_t)c->world;
-    int aliased = n_per_rank && out == in + (size_t)c->rank * n_per_rank;
-    if (!aliased && overlaps(out, n_per_rank * sizeof(float), in, n_all * sizeof(float)))
-        return strata_fail("reduce-scatter of %zu floats per rank on rank %d: out overlaps in "
+    int aliased = n_per_rank && (const char *)out == (const char *)in + (size_t)c->rank * n_per_rank * es;
+    if (!aliased && overlaps(out, n_per_rank * es, in, n_all * es))
+        return strata_fail("reduce-scatter of %zu %s per rank on rank %d: out overlaps in "
                            "without being in + rank * n_per_rank",
-                           n_per_rank, c->rank);
-    return submit(c, STRATA_COLL_REDUCE_SCATTER, ELEM_F32, out, in, n_per_rank, 0, aliased);
+                           n_per_rank, elem_noun(e), c->rank);
+    return submit(c, STRATA_COLL_REDUCE_SCATTER, e, out, in, n_per_rank, 0, aliased);
 }
 
-int strata_allreduce_bf16(strata_comm *c, void *buf, size_t n) {
-    if (n && !buf) return strata_fail("bf16 all-reduce of %zu values: buffer is NULL", n);
-    return submit(c, STRATA_COLL_ALLREDUCE, ELEM_BF16, buf, buf, n, 0, 1);
+int strata_allreduce(strata_comm *c, float *buf, size_t n) { return allreduce_elem(c, ELEM_F32, buf, n); }
+int strata_reduce_scatter(strata_comm *c, float *out, const float *in, size_t n_per_rank) {
+    return reduce_scatter_elem(c, ELEM_F32, out, in, n_per_rank);
 }
-
+int strata_allreduce_bf16(strata_comm *c, void *buf, size_t n) { return allreduce_elem(c, ELEM_BF16, buf, n); }
 int strata_reduce_scatter_bf16(strata_comm *c, void *out, const void *in, size_t n_per_rank) {
-    if (total_fits(c, n_per_rank, 2, "bf16 reduce-scatter")) return -1;
-    if (n_per_rank && (!out || !in))
-        return strata_fail("bf16 reduce-scatter of %zu values per rank: %s is NULL", n_per_rank, out ? "in" : "out");
-    size_t n_all = n_per_rank * (size_t)c->world;
-    int aliased = n_per_rank && (const char *)out == (const char *)in + (size_t)c->rank * n_per_rank * 2;
-    if (!aliased && overlaps(out, n_per_rank * 2, in, n_all * 2))
-        return strata_fail("bf16 reduce-scatter of %zu values per rank on rank %d: out overlaps in without being "
-                           "in + rank * n_per_rank", n_per_rank, c->rank);
-    return submit(c, STRATA_COLL_REDUCE_SCATTER, ELEM_BF16, out, in, n_per_rank, 0, aliased);
+    return reduce_scatter_elem(c, ELEM_BF16, out, in, n_per_rank);
 }
 
 int strata_allgather(strata_comm *c, void *out, const void *in, size_t bytes_per_rank) {
