@@ -117,14 +117,23 @@ echo
 echo "7.1B GPT (34 layers, 4096 channels, B=4, T=1024), zero stage 3, offload.params: cpu, offload.optimizer: cpu"
 echo
 "$S" plan big.yaml 2>&1 | sed 's/^/    /'
-if timeout 580 "$S" train big.yaml > big.log 2>&1; then
-  echo
-  echo "| run | s/step (median) | tokens/s | GPU (planned) | pinned host | offload wait |"
-  echo "|---|---|---|---|---|---|"
-  summarize runs/big "7.1B, stage 3, params + optimizer offloaded"
-  echo
-  echo "loss per step: $(grep -o '"loss": [0-9.]*' runs/big/metrics.jsonl | cut -d' ' -f2 | tr '\n' ' ')"
-else
-  echo "7.1B run failed: $(grep -m3 -E 'error|FAIL|HUNG' big.log | cut -c1-200)"
-fi
+big_run() { # label, extra --set...
+  local label=$1; shift
+  rm -rf runs/big
+  if timeout 400 "$S" train big.yaml "$@" > big.log 2>&1; then
+    echo
+    echo "| run | s/step (median) | tokens/s | GPU (planned) | pinned host | offload wait |"
+    echo "|---|---|---|---|---|---|"
+    summarize runs/big "$label"
+    echo
+    echo "loss per step: $(grep -o '"loss": [0-9.]*' runs/big/metrics.jsonl | cut -d' ' -f2 | tr '\n' ' ')"
+    return 0
+  fi
+  echo "$label: failed: $(grep -m3 -E 'error|FAIL|HUNG' big.log | cut -c1-200)"
+  return 1
+}
+# stage 3 on CUDA is not yet verified: if it fails, the same model with only the optimizer
+# offloaded (the parameters, 14 GB in bf16, fit the GPU) still shows a 7B model training
+big_run "7.1B, stage 3, params + optimizer offloaded" ||
+  big_run "7.1B, stage 1, optimizer offloaded (fallback)" --set zero.stage=1 --set offload.params=none
 } | tee -a "$OUT/bench_offload.md"
