@@ -159,6 +159,8 @@ typedef struct trainer {
     strata_auto autosel;    /* memory.auto's candidates, trials and the basis of its choice */
     size_t planned_device;  /* device bytes the plan predicted (the arena) */
     size_t planned_pinned;  /* pinned host bytes the plan predicted */
+    size_t planned_nvme;    /* NVMe bytes the plan predicted */
+    size_t rss_peak;        /* resident host memory, highest seen after a step */
     size_t planned_runtime; /* the plan's CUDA runtime row (0 on the CPU backend) */
     size_t device_used_peak; /* device memory in use (device_used), highest seen after a step */
 } trainer;
@@ -453,6 +455,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     }
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
     t->planned_pinned = plan.need[STRATA_TIER_PINNED];
+    t->planned_nvme = plan.need[STRATA_TIER_NVME];
     t->planned_runtime = plan.runtime_bytes;
     if (rank == 0) {
         STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
@@ -574,7 +577,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                 fflush(stdout);
             }
             strata_engine_memory mem = strata_engine_get_memory(t->engine);
-            size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime;
+            size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime, rss = rss_bytes();
+            if (rss > t->rss_peak) t->rss_peak = rss;
             if (used > t->device_used_peak) t->device_used_peak = used;
             fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.9g, ", (long long)done, loss);
             if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
@@ -636,6 +640,16 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                         strata_fmt_bytes(b1, 32, (double)device_used(t)),
                         strata_fmt_bytes(b3, 32, (double)t->device_used_peak),
                         strata_fmt_bytes(b4, 32, (double)predicted), percent_off(t->device_used_peak, predicted));
+        size_t pinned_peak = t->dev->mem[STRATA_MEM_PINNED].peak_bytes;
+        if (t->planned_pinned || pinned_peak)
+            STRATA_INFO("plan", "pinned host memory: planned %s, peak allocated %s (%+.2f%%)",
+                        strata_fmt_bytes(b1, 32, (double)t->planned_pinned), strata_fmt_bytes(b2, 32, (double)pinned_peak),
+                        percent_off(pinned_peak, t->planned_pinned));
+        if (t->planned_nvme)
+            STRATA_INFO("plan", "nvme: planned %s, held %s in %s", strata_fmt_bytes(b1, 32, (double)t->planned_nvme),
+                        strata_fmt_bytes(b2, 32, (double)strata_engine_nvme_bytes(t->engine)), cfg->offload.nvme_path);
+        STRATA_INFO("plan", "host memory: resident peak %s (the process: code, data loader, pinned pages)",
+                    strata_fmt_bytes(b1, 32, (double)t->rss_peak));
     }
     if (t->metrics) fclose(t->metrics);
     strata_engine_destroy(t->engine);

@@ -66,6 +66,11 @@ ms1=$(t_start); ms2=$(t_start)
 [ -z "$(ls swap)" ] || fail "stale swap files after two runs: $(ls swap)"
 [ -z "$(find runs/again -name '*.tmp*')" ] || fail "temporary files left in the run dir: $(find runs/again -name '*.tmp*')"
 pass "back-to-back runs on the same nvme_path: $ms1 ms then $ms2 ms, no stale files"
+for tier in "device memory" "pinned host memory"; do
+  grep -q "\[plan\] $tier: planned \(.*\), peak allocated \1 (+0.00%)" again.log || fail "end-of-run $tier line: $(grep plan again.log)"
+done
+grep -q "\[plan\] nvme: planned \(.*\), held \1 in " again.log || fail "end-of-run nvme line: $(grep plan again.log)"
+pass "the end of a run reports every tier, planned against allocated: $(grep -c '^\[plan\]' again.log) lines"
 
 # nvme_path too small: refused at start with the bytes needed and free
 if mkdir small && mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then
