@@ -204,9 +204,18 @@ static void run_trials(strata_auto *a, strata_auto_trial *tr, int n) {
 const strata_plan_candidate *strata_auto_choose(strata_auto *a, const strata_plan *plan) {
     int want = AUTO_DEFAULT_TRIALS;
     const char *env = getenv("STRATA_AUTO_TRIALS");
-    if (env && *env) want = atoi(env);
+    if (env && *env) {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v > STRATA_AUTO_MAX_TRIALS) {
+            if (a->rank == 0)
+                STRATA_WARN("plan", "STRATA_AUTO_TRIALS=\"%s\" is not a number of trials from 0 to %d; measuring %d",
+                            env, STRATA_AUTO_MAX_TRIALS, AUTO_DEFAULT_TRIALS);
+        } else {
+            want = (int)v;
+        }
+    }
     if (want < 1) want = 1;
-    if (want > STRATA_AUTO_MAX_TRIALS) want = STRATA_AUTO_MAX_TRIALS;
     strata_auto_trial *tr = a->trials;
     int n = 0;
     if (a->rank == 0) {
