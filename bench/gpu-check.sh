@@ -19,11 +19,12 @@ mkdir -p "$OUT"
 JOBS=$(nproc)
 log() { echo "[gpu-check] $*"; }
 # Parts (GPU_CHECK_PARTS, default all): check (tests, GPU vs CPU, comm backends, ~5 min),
-# torch (bf16 against transformers), bench (124M and 1.5B against PyTorch, ~6 min), memory
+# torch (bf16 against transformers), bench (attention kernels; 124M against PyTorch eager and
+# torch.compile, ~5 min), bench15 (1.5B, ~4 min), memory
 # (plan vs nvidia-smi, ~5 min), offload (1.5B offload vs FSDP2 ~6 min, then 7.1B ~6 min;
 # OFFLOAD_PARTS="1.5b" or "7b" picks one). The device tool runs one command for at most 10
 # minutes, so there run them in separate calls; the build is incremental and shared.
-PARTS=" ${GPU_CHECK_PARTS:-check torch bench memory offload} "
+PARTS=" ${GPU_CHECK_PARTS:-check torch bench bench15 memory offload} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 prefix_args=()
 if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1; then
@@ -211,8 +212,8 @@ PY
 
 fi
 
-if want bench; then
-log "GPT-2 124M (B=16) and 1.5B (B=8), T=1024, bf16: Strata stages 0 and 3 against PyTorch eager and torch.compile"
+if want bench || want bench15; then
+log "GPT-2 124M (B=16; part bench) and 1.5B (B=8; part bench15), T=1024, bf16: Strata stages 0 and 3 against PyTorch"
 # MFU: model FLOPs (6N + 12LCT per token, as strata's metrics count them) over 989 TFLOP/s,
 # the H100 SXM's dense bf16 peak (the PCIe H100's is 756: the column says which was used).
 PEAK=${PEAK_TFLOPS:-989}
@@ -262,6 +263,7 @@ free, total = torch.cuda.mem_get_info()
 print(f"| PyTorch {torch.__version__} {mode} (bf16 autocast, fused AdamW) | {B * 1024 / s:,.0f} | {s * 1e3:.1f} | {tf:.0f} ({100 * tf / peak:.1f}%) | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated |")
 PY
 }
+if want bench; then
 log "attention kernels: CUDA cores against tensor cores (bench/bench_attention.c)"
 "$ROOT/build-gpu/bench/bench_attention" 20 2>&1 | tee "$OUT/bench_attention.md" || true
 {
@@ -276,15 +278,19 @@ if python3 -c "import torch, transformers" 2> /dev/null; then
   torch_row 12 768 12 16 eager
   torch_row 12 768 12 16 compile
 fi
-echo
-echo "GPT-2 1.5B, B=8, T=1024, bf16, activation checkpointing per block"
+} | tee "$OUT/bench_gpu.md"
+fi
+if want bench15; then
+{
+echo "GPT-2 1.5B, B=8, T=1024, bf16, activation checkpointing per block (MFU against $PEAK TFLOP/s)"
 echo
 echo "| run | tokens/s (median) | ms/step | model TFLOP/s (MFU) | peak GPU memory |"
 echo "|---|---|---|---|---|"
 strata_row "Strata stage 0" "$ROOT/configs/gpt2-1.5b.yaml" 8 0
 strata_row "Strata stage 3" "$ROOT/configs/gpt2-1.5b.yaml" 8 3
 python3 -c "import torch, transformers" 2> /dev/null && torch_row 48 1600 25 8 eager
-} | tee "$OUT/bench_gpu.md"
+} | tee "$OUT/bench_gpu_1.5b.md"
+fi
 fi
 
 if want torch; then
