@@ -195,13 +195,14 @@ static double percent_off(size_t got, size_t predicted) {
     return predicted ? 100.0 * ((double)got - (double)predicted) / (double)predicted : 0.0;
 }
 
-static int save_checkpoint(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng) {
+/* Writes the checkpoint of `step` completed steps; its directory goes to dir (dir_len). */
+static int save_checkpoint(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng, char *dir,
+                           size_t dir_len) {
     strata_ckpt_meta meta = {.step = step, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
                              .rng_state = rng->state, .tokens_seen = tokens, .last_loss = loss,
                              .config_yaml = t->config_yaml};
-    char dir[STRATA_PATH_MAX];
     double t0 = strata_now_ms();
-    if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, sizeof dir)) return -1;
+    if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, dir_len)) return -1;
     if (t->rank == 0) STRATA_INFO("ckpt", "saved %s (%.0f ms)", dir, strata_now_ms() - t0);
     return 0;
 }
@@ -264,10 +265,7 @@ static int out_of_memory(trainer *t, int64_t step, double loss, double tokens, s
     char dir[STRATA_PATH_MAX] = "";
     int saved = 0;
     if (done > 0) {
-        strata_ckpt_meta meta = {.step = done, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
-                                 .rng_state = rng->state, .tokens_seen = tokens, .last_loss = loss,
-                                 .config_yaml = t->config_yaml};
-        if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, sizeof dir) == 0) saved = 1;
+        if (save_checkpoint(t, done, loss, tokens, rng, dir, sizeof dir) == 0) saved = 1;
         else if (t->rank == 0) STRATA_ERROR("ckpt", "the emergency checkpoint of step %lld failed: %s", (long long)done, strata_error());
     }
     if (t->rank != 0) return STRATA_EXIT_OOM;
@@ -605,7 +603,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         if (world > 1 && strata_allreduce_host_f64(t->comm, &stop, 1)) fatal(t, "agreeing on a stop");
         int periodic = cfg->run.checkpoint_every > 0 && done % cfg->run.checkpoint_every == 0;
         if (periodic || (done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
-            if (save_checkpoint(t, done, loss, tokens_seen, &rng)) fatal(t, "saving a checkpoint");
+            char dir[STRATA_PATH_MAX];
+            if (save_checkpoint(t, done, loss, tokens_seen, &rng, dir, sizeof dir)) fatal(t, "saving a checkpoint");
             last_saved = done;
         }
         if (stop > 0) {

@@ -615,46 +615,46 @@ static int gather_updated(strata_engine *e, int u) {
 
 /* ---- stage 3 gathers ---- */
 
-/* offload.params: nvme: reads unit u's shard into pinned `dst` on the param stream, after
- * the update that wrote it and after `dst_free` (the gather that last read dst). */
-static int fetch_shard(strata_engine *e, int u, void *dst, int tag, strata_event *dst_free, strata_event *fetched) {
-    strata_stream *ps = strata_offload_param_stream(e->off);
-    strata_stream_wait_event(e->dev, ps, e->ev_update[u]);
-    strata_stream_wait_event(e->dev, ps, dst_free);
-    if (strata_offload_fetch_params(e->off, u, dst, tag)) return -1;
-    return strata_event_record(e->dev, fetched, ps);
+/* Stage 3: all-gathers unit u's shard into dst on the collective stream once dst's last
+ * reader is done (dst_free) and so is the unit's offloaded update, then records gathered.
+ * With offload.params: nvme the shard is first read from the offload file into the pinned
+ * buffer `pin` (named by `tag`) on the param stream; pin is free once its last gather,
+ * `gathered`'s previous record, is done. */
+static int gather_shard(strata_engine *e, int u, void *dst, strata_event *dst_free, void *pin, int tag,
+                        strata_event *fetched, strata_event *gathered) {
+    strata_device *d = e->dev;
+    strata_stream_wait_event(d, comm_stream(e), dst_free);
+    const void *shard = e->params_shard[u];
+    if (e->params_nvme) {
+        strata_stream *ps = strata_offload_param_stream(e->off);
+        strata_stream_wait_event(d, ps, e->ev_update[u]);
+        strata_stream_wait_event(d, ps, gathered);
+        if (strata_offload_fetch_params(e->off, u, pin, tag)) return -1;
+        strata_event_record(d, fetched, ps);
+        strata_stream_wait_event(d, comm_stream(e), fetched);
+        shard = pin;
+    } else if (e->off) {
+        strata_stream_wait_event(d, comm_stream(e), e->ev_update[u]);
+    }
+    if (strata_allgather(e->comm, dst, shard, e->shard[u] * e->es)) return -1;
+    return strata_event_record(d, gathered, comm_stream(e));
 }
 
 static int issue_gathers(strata_engine *e, int upto) {
     if (upto >= e->n_gathers) upto = e->n_gathers - 1;
     while (e->issued <= upto) {
         int g = e->issued++, s = g % e->n_slots, u = e->gather_unit[g];
-        strata_stream_wait_event(e->dev, comm_stream(e), e->ev_slot_free[s]);
-        if (e->off) strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[u]);
-        const void *shard = e->params_shard[u];
-        if (e->params_nvme) {
-            /* read the shard from NVMe into pinned slot s once its last gather is done */
-            if (fetch_shard(e, u, e->pin_slot[s], s, e->ev_gathered[s], e->ev_fetched[s])) return -1;
-            strata_stream_wait_event(e->dev, comm_stream(e), e->ev_fetched[s]);
-            shard = e->pin_slot[s];
-        }
-        if (strata_allgather(e->comm, e->slot[s], shard, e->shard[u] * e->es)) return -1;
-        strata_event_record(e->dev, e->ev_gathered[s], comm_stream(e));
+        if (gather_shard(e, u, e->slot[s], e->ev_slot_free[s], e->pin_slot ? e->pin_slot[s] : NULL, s,
+                         e->ev_fetched ? e->ev_fetched[s] : NULL, e->ev_gathered[s]))
+            return -1;
     }
     return 0;
 }
 
 static int gather_embed(strata_engine *e) {
-    strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_free);
-    if (e->off) strata_stream_wait_event(e->dev, comm_stream(e), e->ev_update[0]);
-    const void *shard = e->params_shard[0];
-    if (e->params_nvme) {
-        if (fetch_shard(e, 0, e->pin_embed, e->n_slots, e->ev_embed_gathered, e->ev_embed_fetched)) return -1;
-        strata_stream_wait_event(e->dev, comm_stream(e), e->ev_embed_fetched);
-        shard = e->pin_embed;
-    }
-    if (strata_allgather(e->comm, e->embed_param, shard, e->shard[0] * e->es)) return -1;
-    strata_event_record(e->dev, e->ev_embed_gathered, comm_stream(e));
+    if (gather_shard(e, 0, e->embed_param, e->ev_embed_free, e->pin_embed, e->n_slots, e->ev_embed_fetched,
+                     e->ev_embed_gathered))
+        return -1;
     compute_wait(e, e->ev_embed_gathered);
     e->m->params[0] = e->embed_param;
     return 0;
