@@ -70,8 +70,9 @@ struct strata_offload {
     float **grad_stage;       /* pinned: gradients on their way to the CPU update */
     void **param_stage;       /* pinned: updated parameters on their way to the device */
     strata_stream *in, *stream, *out; /* HOST: gradient copies, CPU updates, parameter copies */
-    /* per buffer: copied in, read by the update, written by the update, copied out */
-    strata_event **ev_grad_in, **ev_grad_free, **ev_param_full, **ev_param_free;
+    /* per buffer: gradient copied in; update done (its gradient read, its parameters
+     * written); parameters copied out */
+    strata_event **ev_grad_in, **ev_updated, **ev_param_free;
     strata_nvme_store *store;
     update_task *tasks;
     int prefetched_unit, prefetch_slot, next_slot;
@@ -144,14 +145,14 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_stage", b, strata_round_up(o->max_n * o->es, NVME_ALIGN),
                        &o->param_stage[b]);
     }
-    strata_event ***evs[4] = {&o->ev_grad_in, &o->ev_grad_free, &o->ev_param_full, &o->ev_param_free};
-    for (int k = 0; k < 4; k++) *evs[k] = strata_xcalloc(o->n_buf, sizeof(strata_event *));
+    strata_event ***evs[3] = {&o->ev_grad_in, &o->ev_updated, &o->ev_param_free};
+    for (int k = 0; k < 3; k++) *evs[k] = strata_xcalloc(o->n_buf, sizeof(strata_event *));
     if (dev) {
         o->in = strata_stream_create(dev, "offload-in", STRATA_STREAM_HOST);
         o->stream = strata_stream_create(dev, "offload", STRATA_STREAM_HOST);
         o->out = strata_stream_create(dev, "offload-out", STRATA_STREAM_HOST);
         if (o->params_nvme) o->param_in = strata_stream_create(dev, "param-in", STRATA_STREAM_HOST);
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < 3; k++)
             for (int b = 0; b < o->n_buf; b++) (*evs[k])[b] = strata_event_create(dev);
     }
     return o;
@@ -164,13 +165,12 @@ void strata_offload_destroy(strata_offload *o) {
         for (int i = 0; i < 4; i++)
             if (streams[i]) strata_stream_sync(o->dev, streams[i]);
         for (int i = 0; i < 4; i++) strata_stream_destroy(o->dev, streams[i]);
-        strata_event **evs[4] = {o->ev_grad_in, o->ev_grad_free, o->ev_param_full, o->ev_param_free};
-        for (int k = 0; k < 4; k++)
+        strata_event **evs[3] = {o->ev_grad_in, o->ev_updated, o->ev_param_free};
+        for (int k = 0; k < 3; k++)
             for (int b = 0; b < o->n_buf; b++) strata_event_destroy(o->dev, evs[k][b]);
     }
     free(o->ev_grad_in);
-    free(o->ev_grad_free);
-    free(o->ev_param_full);
+    free(o->ev_updated);
     free(o->ev_param_free);
     free(o->grad_stage);
     free(o->param_stage);
@@ -237,8 +237,6 @@ int strata_offload_write_params(strata_offload *o, int u, const void *src) {
     memset((char *)o->param_io + o->n[u] * o->es, 0, o->param_stride[u] - o->n[u] * o->es);
     return strata_nvme_write(o->store, o->param_off[u], o->param_io, o->param_stride[u]);
 }
-
-size_t strata_offload_param_bytes(const strata_offload *o, int u) { return strata_round_up(o->n[u] * o->es, NVME_ALIGN); }
 
 strata_stream *strata_offload_param_stream(const strata_offload *o) { return o->param_in; }
 
@@ -337,17 +335,16 @@ int strata_offload_update(strata_offload *o, int u, const float *grad, void *par
     size_t n = o->n[u];
     /* in: once the gradient is final and the update that last read this buffer is done */
     int rc = after ? strata_stream_wait_event(d, o->in, after) : 0;
-    rc = rc || strata_stream_wait_event(d, o->in, o->ev_grad_free[b]);
+    rc = rc || strata_stream_wait_event(d, o->in, o->ev_updated[b]);
     rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad, n * sizeof(float));
     rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
     /* run: once the gradient is in and the parameters this buffer held last have left */
     rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
     rc = rc || strata_stream_wait_event(d, o->stream, o->ev_param_free[b]);
     rc = rc || strata_host_task(d, o->stream, update_run, t);
-    rc = rc || strata_event_record(d, o->ev_grad_free[b], o->stream);
-    rc = rc || strata_event_record(d, o->ev_param_full[b], o->stream);
+    rc = rc || strata_event_record(d, o->ev_updated[b], o->stream);
     /* out: the updated parameters to where the device reads them */
-    rc = rc || strata_stream_wait_event(d, o->out, o->ev_param_full[b]);
+    rc = rc || strata_stream_wait_event(d, o->out, o->ev_updated[b]);
     if (o->params_nvme) {
         t->write = (param_io){o, u, b, NULL};
         rc = rc || strata_host_task(d, o->out, param_write_run, &t->write);

@@ -62,10 +62,9 @@ int strata_offload_update(strata_offload *o, int u, const float *grad, void *par
  * the same per-rank file. The update writes it there instead of to the device; gathers
  * read it into a pinned buffer first, on the param stream (a HOST stream: the caller
  * enqueues its waits there, then the read, then records its own event). dst must be
- * 4096-aligned with room for strata_offload_param_bytes(o, u); tag (0 .. prefetch_units+1)
+ * 4096-aligned with room for unit u's shard rounded up to 4 KiB; tag (0 .. prefetch_units+1)
  * names the caller's buffer, so reads into different buffers may be queued at once. */
 int strata_offload_write_params(strata_offload *o, int u, const void *src); /* blocking */
-size_t strata_offload_param_bytes(const strata_offload *o, int u);
 strata_stream *strata_offload_param_stream(const strata_offload *o);
 int strata_offload_fetch_params(strata_offload *o, int u, void *dst, int tag);
 
