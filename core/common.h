@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* C11 spells it _Noreturn; the CUDA sources include this header as C++. */
 #if defined(__cplusplus) && !defined(_Noreturn)
@@ -102,6 +103,21 @@ uint32_t strata_crc32c(uint32_t crc, const void *data, size_t bytes);
 uint64_t strata_hash64(uint64_t x);
 float strata_rand_uniform(uint64_t seed, uint64_t stream, uint64_t index); /* [0,1) */
 float strata_rand_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
+/* bf16 as the upper 16 bits of an fp32: widening is exact; narrowing rounds to nearest,
+ * ties to even, and keeps a NaN a (quiet) NaN. One definition for every CPU-side use. */
+static inline float strata_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint16_t strata_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* A small sequential generator for sampling and shuffling (state is checkpointed). */
 typedef struct strata_rng {

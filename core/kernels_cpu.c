@@ -154,26 +154,6 @@ static double sqdev_f64(const float *x, double c, size_t n)
     return s;
 }
 
-static inline float bf16_to_f32(uint16_t h)
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
-
-/* round to nearest, ties to even; NaN stays a (quiet) NaN */
-static inline uint16_t f32_to_bf16(float f)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {.f = f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-
 /* GELU, tanh form, written as x * sigmoid(2u) since 0.5 (1 + tanh u) = sigmoid(2u):
  * no cancellation near zero and no tanhf call. */
 #define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
@@ -965,7 +945,7 @@ static void cpu_accumulate_f32(strata_stream *s, float *dst, const void *src,
     if (src_dtype == STRATA_BF16) {
         const uint16_t *h = src;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-        for (size_t i = 0; i < n; i++) dst[i] += bf16_to_f32(h[i]);
+        for (size_t i = 0; i < n; i++) dst[i] += strata_bf16_to_f32(h[i]);
     } else {
         const float *f = src;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
@@ -982,12 +962,12 @@ static void cpu_convert(strata_stream *s, void *dst, strata_dtype dst_dtype, con
         uint16_t *h = dst;
         const float *f = src;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-        for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(f[i]);
+        for (size_t i = 0; i < n; i++) h[i] = strata_f32_to_bf16(f[i]);
     } else {
         float *f = dst;
         const uint16_t *h = src;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-        for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(h[i]);
+        for (size_t i = 0; i < n; i++) f[i] = strata_bf16_to_f32(h[i]);
     }
 }
 

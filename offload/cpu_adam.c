@@ -41,14 +41,6 @@ typedef void (*adam_span_fn)(float *master, void *out, strata_dtype out_dtype,
                              const float *grad, float *m, float *v, size_t i0, size_t i1,
                              const strata_adamw_args *a);
 
-/* round to nearest, ties to even; NaN becomes a quiet NaN with its sign and top payload */
-static inline uint16_t bf16_rne(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 static void adam_span_scalar(float *master, void *out, strata_dtype out_dtype,
                              const float *grad, float *m, float *v, size_t i0, size_t i1,
                              const strata_adamw_args *a) {
@@ -66,7 +58,7 @@ static void adam_span_scalar(float *master, void *out, strata_dtype out_dtype,
         p = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
         master[i] = p;
         if (out) {
-            if (out_dtype == STRATA_BF16) ((uint16_t *)out)[i] = bf16_rne(p);
+            if (out_dtype == STRATA_BF16) ((uint16_t *)out)[i] = strata_f32_to_bf16(p);
             else ((float *)out)[i] = p;
         }
     }

@@ -126,23 +126,11 @@ static size_t elem_size(comm_elem e) { return e == ELEM_F32 ? 4 : e == ELEM_F64 
 
 /* MPI has no bf16: it travels as 16-bit words and sums through a user op that adds in
  * fp32 and rounds back to bf16 (to nearest even), as NCCL's bf16 sum does. */
-static float bf16_value(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint16_t bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
     (void)type;
     const uint16_t *a = in;
     uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_value(a[i]) + bf16_value(b[i]));
+    for (int i = 0; i < *len; i++) b[i] = strata_f32_to_bf16(strata_bf16_to_f32(a[i]) + strata_bf16_to_f32(b[i]));
 }
 static MPI_Op elem_sum(comm_elem e) { return e == ELEM_BF16 ? bf16_sum_op : MPI_SUM; }
 static MPI_Datatype elem_mpi(comm_elem e) {
