@@ -864,7 +864,8 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
         /* every gradient is final (the collective stream was synced): the CPU updates unit
          * by unit, in forward order, and once this returns the next step's forward follows
          * unit by unit, each unit's all-gather (stages 1-2) issued just before it */
-        /* the previous step's updates finished behind this step's forward; their errors surface here */
+        /* the previous step's updates finished behind this step's forward (so this costs no
+         * wait); their errors surface here, and their task records are free to refill */
         if (strata_offload_sync(e->off)) return -1;
         strata_event_record(d, e->ev_compute, d->compute);
         strata_offload_segment seg[64];

@@ -91,12 +91,7 @@ static void test_reduce_scatter(strata_comm *c, const char *label) {
 
 /* bf16 collectives on small integers (every partial sum below 256, so exact in bf16):
  * rank r contributes 3r + j % 29 at element j. */
-static uint16_t bf16_of(int v) {
-    float f = (float)v;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16); /* exact: small integers need no rounding */
-}
+static uint16_t bf16_of(int v) { return strata_f32_to_bf16((float)v); } /* exact for small integers */
 static int bf16_sum_at(size_t j) { return 3 * W * (W - 1) / 2 + W * (int)(j % 29); }
 
 static void test_bf16(strata_comm *c, const char *label) {
