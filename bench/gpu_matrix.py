@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""bench/gpu_matrix.py: the GPU verification matrix, run part by part, rendered as one table.
+
+Every combination Strata claims to support on a GPU is trained for 20 steps and checked
+against its references:
+  - world 1, every ZeRO stage, comm backend, offload tier, activation checkpointing and
+    accumulation: bit for bit the losses (and, through the final checkpoint's CRC-32C per
+    tensor segment, the weights and Adam moments) of the stage-0, no-offload run of the
+    same shape: same kernels in the same order, so any difference is a bug;
+  - several ranks sharing the GPU over MPI with staged device buffers: within bf16
+    tolerance of world 1 (the reduction order and, with bf16 reduction, its rounding differ);
+  - every GPU run: within the kernels' tolerance of the CPU backend's fp32 run of the same
+    shape (tests/test_cuda.c holds each kernel to 2e-2 of the CPU oracle);
+  - world 1: measured peak device memory (what nvidia-smi counts) within 5% of the plan.
+A row passes only if its run exits 0 within its time limit, completes every step and meets
+each check. A run that outlives its limit is a hang: every thread's stack of it and of its
+children goes to hangs.txt, then it is killed, and the row fails.
+
+Usage (bench/gpu-check.sh runs these; each part fits one 10-minute device call):
+  gpu_matrix.py run --strata build-gpu/strata --part world1 --results DIR
+  gpu_matrix.py render --results DIR --out docs/gpu-matrix.md
+`--device cpu` runs the same rows on the CPU backend (rows that need a GPU are reported as
+not applicable); `--quick` shrinks the model and the step count (tests/e2e_matrix.sh uses
+both to keep this script honest in CI).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+STEPS = 20
+# Relative loss tolerances. BITWISE: same kernels, same order. RANKS: several ranks reduce
+# in another order (and in bf16 with grad_reduce_dtype bf16); over 20 steps at lr 2e-3 the
+# CPU backend's world-2 bf16 reduction moves the loss by 2e-5, so 1e-2 is loose enough for
+# bf16 compute yet catches a wrong shard or a missed reduction (those move it by >1e-1).
+# CPU: the GPU computes in bf16 against the CPU's fp32.
+TOL_BITWISE, TOL_RANKS, TOL_CPU, TOL_MEMORY_PCT = 0.0, 1e-2, 2e-2, 5.0
+
+# Model shapes (byte-level vocabulary unless named). Head size = n_embd / n_head.
+SHAPES = {
+    "small": dict(n_layer=4, n_head=4, n_embd=256, seq_len=256, vocab_size=256, micro_batch=8),
+    "h64-t1024": dict(n_layer=2, n_head=4, n_embd=256, seq_len=1024, vocab_size=256, micro_batch=4),
+    "h128-t1024": dict(n_layer=2, n_head=2, n_embd=256, seq_len=1024, vocab_size=256, micro_batch=4),
+    "124m": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, vocab_size=50257, micro_batch=16),
+}
+QUICK_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, seq_len=32, vocab_size=256, micro_batch=4)
+QUICK_STEPS = 4
+
+
+def row(name, shape="small", sets=(), env=None, world=1, ref=None, tol=TOL_BITWISE, cpu=True,
+        needs_gpu=False, limit_s=120):
+    return dict(name=name, shape=shape, sets=list(sets), env=env or {}, world=world, ref=ref, tol=tol,
+                cpu=cpu, needs_gpu=needs_gpu, limit_s=limit_s)
+
+
+def parts():
+    """Rows by part, in run order: a row's reference comes before it in its own part."""
+    p = {}
+    base = "stage 0"
+    w1 = [row(base)]
+    for st in (1, 2, 3):
+        w1.append(row(f"stage {st}", sets=[f"zero.stage={st}"], ref=base))
+    for st in (0, 1, 2, 3):
+        w1.append(row(f"stage {st}, comm nccl", sets=[f"zero.stage={st}", "comm.backend=nccl"], ref=base,
+                      needs_gpu=True))
+    for st in (0, 1, 2, 3):
+        for tier in ("cpu", "nvme"):
+            w1.append(row(f"stage {st}, optimizer {tier}", sets=[f"zero.stage={st}", f"offload.optimizer={tier}"],
+                          ref=base))
+    for tier in ("cpu", "nvme"):
+        w1.append(row(f"stage 3, optimizer and params {tier}",
+                      sets=["zero.stage=3", f"offload.optimizer={tier}", f"offload.params={tier}"], ref=base))
+    for st in (0, 3):
+        for ac in ("blocks", "every:2"):
+            w1.append(row(f"stage {st}, checkpointing {ac}",
+                          sets=[f"zero.stage={st}", f"train.activation_checkpointing={ac}"], ref=base))
+    acc = "stage 0, grad_accum 2"
+    half = ["train.grad_accum=2", "train.micro_batch=HALF"]
+    w1.append(row(acc, sets=half))
+    for st in (1, 2, 3):
+        w1.append(row(f"stage {st}, grad_accum 2", sets=half + [f"zero.stage={st}"], ref=acc))
+    w1.append(row("stage 3, grad_accum 2, optimizer and params cpu, checkpointing blocks",
+                  sets=half + ["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu",
+                               "train.activation_checkpointing=blocks"], ref=acc))
+    p["world1"] = w1
+
+    ranks = [row(base)]
+    for n in (2, 4):
+        for st in (0, 1, 2, 3):
+            for dt in ("fp32", "bf16"):
+                ranks.append(row(f"{n} ranks, stage {st}, reduce {dt}", world=n, ref=base, tol=TOL_RANKS,
+                                 sets=[f"zero.stage={st}", "comm.backend=mpi", f"train.grad_reduce_dtype={dt}",
+                                       f"train.micro_batch=DIV{n}"], limit_s=240))
+    p["ranks"] = ranks
+
+    att = []
+    for shape in ("h64-t1024", "h128-t1024"):
+        simt = f"{shape}, attention simt"
+        att.append(row(simt, shape=shape, env={"STRATA_ATTENTION": "simt"}))
+        att.append(row(f"{shape}, attention tc", shape=shape, env={"STRATA_ATTENTION": "tc"}, ref=simt,
+                       tol=TOL_CPU, needs_gpu=True))
+        att.append(row(f"{shape}, attention tc, stage 3", shape=shape, env={"STRATA_ATTENTION": "tc"},
+                       sets=["zero.stage=3"], ref=f"{shape}, attention tc", needs_gpu=True))
+    # GPT-2 124M (B=16, T=1024): the CPU run of it takes minutes, so its oracle is the
+    # world-1 stage-0 GPU run; stage 3 with CPU offload must match it bit for bit.
+    att.append(row("124m, stage 0", shape="124m", cpu=False, needs_gpu=True, limit_s=240))
+    att.append(row("124m, stage 3, optimizer and params cpu", shape="124m", cpu=False, needs_gpu=True,
+                   sets=["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu"], ref="124m, stage 0",
+                   limit_s=240))
+    p["attention"] = att
+    return p
+
+
+# ---- running one row --------------------------------------------------------------------------
+
+def descendants(pid):
+    kids = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            kids.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+        except (OSError, IndexError, ValueError):
+            pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def dump_stacks(pid, name, hangs_path):
+    """Every thread's stack of pid and its descendants (gdb, or cuda-gdb where gdb is missing)."""
+    dbg = shutil.which("gdb") or shutil.which("cuda-gdb")
+    with open(hangs_path, "a") as out:
+        out.write(f"== {name}: HUNG; stacks of every process and thread ==\n")
+        for p in descendants(pid):
+            try:
+                cmd = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+            except OSError:
+                continue
+            out.write(f"-- pid {p}: {cmd}\n")
+            if not dbg:
+                out.write("   (no gdb or cuda-gdb: no stacks)\n")
+                continue
+            try:
+                bt = subprocess.run([dbg, "-p", str(p), "-batch", "-ex", "thread apply all bt 20"],
+                                    capture_output=True, text=True, timeout=60).stdout
+            except subprocess.TimeoutExpired:
+                bt = "   (debugger timed out)\n"
+            out.write("".join(l + "\n" for l in bt.splitlines() if l.startswith(("Thread", "#"))))
+        out.flush()
+
+
+def run_cmd(argv, env, log_path, limit_s, name, hangs_path):
+    """Runs argv in its own session; returns (exit code, seconds, hung)."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit_s)
+            return rc, time.time() - t0, False
+        except subprocess.TimeoutExpired:
+            dump_stacks(proc.pid, name, hangs_path)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            return 124, time.time() - t0, True
+
+
+def metrics(run_dir):
+    rows = []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return [r for r in rows if "loss" in r]
+
+
+def checkpoint_crcs(run_dir):
+    """(kind, tensor, lo, hi, crc32c) of every segment of the final checkpoint (world 1)."""
+    try:
+        latest = open(os.path.join(run_dir, "ckpt", "latest")).read().strip()
+        text = open(os.path.join(run_dir, "ckpt", latest, "rank00000.yaml")).read()
+    except OSError:
+        return None
+    seg = re.compile(r'kind: (\w+), tensor: "([^"]+)", unit: \d+, lo: (\d+), hi: (\d+),.*crc32c: (0x[0-9a-f]+)')
+    return sorted(m.groups() for m in seg.finditer(text))
+
+
+def worst_rel(a, b):
+    if not a or not b:
+        return None
+    return max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b))
+
+
+class Runner:
+    def __init__(self, args):
+        self.a = args
+        self.work = os.path.abspath(args.workdir)
+        os.makedirs(self.work, exist_ok=True)
+        self.hangs = os.path.join(os.path.abspath(args.results), "hangs.txt")
+        self.done = {}  # row name -> result (with its losses) for references
+        self.crcs = {}  # row name -> its final checkpoint's segment CRCs (world 1)
+        self.cpu_refs = {}
+        self.mpirun = shutil.which("mpirun")
+        self.prepare_data()
+
+    def prepare_data(self):
+        data = os.path.join(self.work, "data")
+        if glob.glob(os.path.join(data, "train_*.bin")):
+            return
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        corpus = os.path.join(self.work, "corpus.txt")
+        with open(corpus, "wb") as out:
+            for path in sorted(glob.glob(os.path.join(root, "*", "*.[ch]")) + glob.glob(os.path.join(root, "*", "*.cu"))):
+                out.write(open(path, "rb").read())
+        subprocess.run([self.a.strata, "prepare", "--text", corpus, "--out", data], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def shape(self, r):
+        return dict(QUICK_SHAPE) if self.a.quick else dict(SHAPES[r["shape"]])
+
+    def config(self, r, device, run_dir):
+        s = self.shape(r)
+        mb = s.pop("micro_batch")
+        sets = []
+        for kv in r["sets"]:
+            k, v = kv.split("=", 1)
+            if v == "HALF":
+                v = str(mb // 2)
+            elif v.startswith("DIV"):
+                v = str(mb // int(v[3:]))
+            sets.append(f"{k}={v}")
+        steps = QUICK_STEPS if self.a.quick else STEPS
+        path = os.path.join(self.work, "m.yaml")
+        with open(path, "w") as f:
+            f.write("model: {%s}\n" % ", ".join(f"{k}: {v}" for k, v in s.items()))
+            f.write('data: {train: "%s/data/train_*.bin", val: ""}\n' % self.work)
+            f.write(f"train: {{steps: {steps}, micro_batch: {mb}, eval_every: 0, log_every: 5, sample_tokens: 0}}\n")
+            f.write("optim: {lr: 2.0e-3, warmup_steps: 5}\n")
+            f.write(f"offload: {{nvme_path: \"{self.work}/nvme\", block_kb: 64}}\n")
+        os.makedirs(os.path.join(self.work, "nvme"), exist_ok=True)
+        return path, [f"device={device}", f"run.dir={run_dir}", "run.checkpoint_every=0"] + sets
+
+    def launch(self, r, device, tag):
+        run_dir = os.path.join(self.work, "runs", tag)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cfg, sets = self.config(r, device, run_dir)
+        argv = [self.a.strata, "train", cfg] + [x for s in sets for x in ("--set", s)]
+        env = dict(os.environ, **r["env"])
+        env.setdefault("STRATA_CUDA_UNVERIFIED", "1")  # while the refusal exists, this matrix is its test
+        if r["world"] > 1:
+            argv = [self.mpirun, "-np", str(r["world"]), "--oversubscribe", "--bind-to", "none"] + \
+                   (["--allow-run-as-root"] if os.geteuid() == 0 else []) + \
+                   ["-x", "OMP_NUM_THREADS=%d" % max(1, (os.cpu_count() or 2) // r["world"])] + \
+                   [x for k in sorted(r["env"]) + ["STRATA_CUDA_UNVERIFIED"] for x in ("-x", k)] + argv
+        log = os.path.join(self.work, f"{tag}.log")
+        rc, secs, hung = run_cmd(argv, env, log, r["limit_s"], tag, self.hangs)
+        return run_dir, log, rc, secs, hung
+
+    def cpu_reference(self, r):
+        # the world-1 run of the same global batch: accumulation kept, per-rank splits and
+        # the reduction dtype (meaningless at world 1) dropped
+        keep = [s for s in r["sets"] if s.startswith("train.") and "=DIV" not in s and "grad_reduce" not in s]
+        key = (r["shape"], tuple(keep))
+        if key not in self.cpu_refs:
+            ref = dict(r, sets=keep, env={}, world=1, limit_s=600)
+            tag = "cpu-" + re.sub(r"[^a-z0-9]+", "-", (r["shape"] + " " + " ".join(key[1])).lower()).strip("-")
+            run_dir, log, rc, _, _ = self.launch(ref, "cpu", tag)
+            self.cpu_refs[key] = [m["loss"] for m in metrics(run_dir)] if rc == 0 else None
+        return self.cpu_refs[key]
+
+    def run_row(self, part, r):
+        res = dict(part=part, name=r["name"], world=r["world"], ref=r["ref"], tol=r["tol"], shape=r["shape"],
+                   sets=r["sets"], env=r["env"], device=self.a.device, reasons=[])
+        if r["needs_gpu"] and self.a.device != "cuda":
+            res["status"] = "n/a"
+            res["reasons"].append("needs a GPU")
+            return res
+        if r["world"] > 1 and not self.mpirun:
+            res["status"] = "fail"
+            res["reasons"].append("mpirun not found (carry Open MPI: bench/gpu-check.sh)")
+            return res
+        tag = re.sub(r"[^a-z0-9]+", "-", f"{part} {r['name']}".lower()).strip("-")
+        run_dir, log, rc, secs, hung = self.launch(r, self.a.device, tag)
+        m = metrics(run_dir)
+        steps = QUICK_STEPS if self.a.quick else STEPS
+        losses = [x["loss"] for x in m]
+        res.update(exit=rc, seconds=round(secs, 1), steps=len(m), losses=losses)
+        if hung:
+            res["reasons"].append(f"HUNG after {r['limit_s']} s (stacks in hangs.txt)")
+        elif rc != 0:
+            tail = [l.strip() for l in open(log, errors="replace") if "error" in l.lower()][-1:] or ["(see log)"]
+            res["reasons"].append(f"exit {rc}: {tail[0][:160]}")
+        if len(m) != steps:
+            res["reasons"].append(f"{len(m)} of {steps} steps")
+        if m:
+            timed = [x["step_ms"] for x in m[5:]] or [x["step_ms"] for x in m]
+            res["ms_per_step"] = statistics.median(timed)
+            last = m[-1]
+            res["plan_device_bytes"] = last.get("plan_device_total_bytes")
+            res["used_device_bytes"] = last.get("device_used_peak_bytes")
+            res["memory_pct"] = last.get("device_used_vs_plan_pct")
+            if r["world"] == 1 and res["memory_pct"] is not None and abs(res["memory_pct"]) > TOL_MEMORY_PCT:
+                res["reasons"].append(f"device memory {res['memory_pct']:+.1f}% off the plan")
+        crcs = checkpoint_crcs(run_dir) if r["world"] == 1 and rc == 0 else None
+        if r["ref"]:
+            ref = self.done.get(r["ref"])
+            if not ref or not ref.get("losses"):
+                res["reasons"].append(f"reference '{r['ref']}' did not run")
+            else:
+                d = worst_rel(losses, ref["losses"])
+                res["ref_diff"] = d
+                if d is None or d > r["tol"] or len(losses) != len(ref["losses"]):
+                    res["reasons"].append(f"losses differ from '{r['ref']}' by {d:.3g}" if d is not None
+                                          else "no losses to compare")
+                ref_crcs = self.crcs.get(r["ref"])
+                if r["tol"] == TOL_BITWISE and rc == 0 and not crcs:
+                    res["reasons"].append("no final checkpoint to compare weights with")
+                if r["tol"] == TOL_BITWISE and crcs and ref_crcs and crcs != ref_crcs:
+                    n = sum(1 for a, b in zip(crcs, ref_crcs) if a != b)
+                    res["reasons"].append(f"final weights/moments differ from '{r['ref']}' in {n} segments")
+        if r["cpu"] and self.a.device != "cpu" and losses:
+            cpu = self.cpu_reference(r)
+            if cpu is None:
+                res["reasons"].append("the CPU fp32 reference run failed")
+            else:
+                res["cpu_diff"] = worst_rel(losses, cpu)
+                if res["cpu_diff"] > TOL_CPU:
+                    res["reasons"].append(f"losses differ from the CPU fp32 run by {res['cpu_diff']:.3g}")
+        res["status"] = "fail" if res["reasons"] else "pass"
+        self.done[r["name"]] = res
+        self.crcs[r["name"]] = crcs
+        return res
+
+
+def cmd_run(a):
+    os.makedirs(a.results, exist_ok=True)
+    rows = parts()[a.part]
+    if a.only:
+        keep = set(a.only.split(";"))
+        rows = [r for r in rows if r["name"] in keep]
+    if a.limit_s:
+        rows = [dict(r, limit_s=a.limit_s) for r in rows]
+    runner = Runner(a)
+    out = []
+    t0 = time.time()
+    for r in rows:
+        res = runner.run_row(a.part, r)
+        out.append(res)
+        print(f"[matrix] {a.part}: {r['name']}: {res['status'].upper()}"
+              + (f" ({'; '.join(res['reasons'])})" if res["reasons"] else ""), flush=True)
+        meta = dict(part=a.part, device=a.device, quick=a.quick, seconds=round(time.time() - t0, 1),
+                    machine=machine(a.device), commit=commit(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    command=" ".join(sys.argv))
+        with open(os.path.join(a.results, f"matrix-{a.part}.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=out), f, indent=1)
+    failed = [x for x in out if x["status"] == "fail"]
+    print(f"[matrix] {a.part}: {len(out) - len(failed)} of {len(out)} rows pass or n/a in {time.time() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+def machine(device):
+    if device == "cuda" and shutil.which("nvidia-smi"):
+        try:
+            return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"{os.cpu_count()} CPU cores ({device} backend)"
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def fmt_bytes(b):
+    return "-" if b is None else f"{b / 2**20:,.0f} MiB"
+
+
+def cmd_render(a):
+    files = sorted(glob.glob(os.path.join(a.results, "matrix-*.json")))
+    order = list(parts())
+    done = {}
+    for path in files:
+        d = json.load(open(path))
+        done[d["meta"]["part"]] = d
+    lines = ["# GPU matrix", "",
+             "Written by `bench/gpu_matrix.py render` from the results of `bench/gpu-check.sh`'s matrix parts;",
+             "no row is edited by hand. Each row trains 20 steps and passes only if it exits by itself,",
+             "completes every step and meets each check (see the header of bench/gpu_matrix.py):",
+             "bit for bit the losses and final checkpoint of its reference at world 1, within "
+             f"{TOL_RANKS:g} (relative) of world 1 with several ranks, within {TOL_CPU:g} of the CPU fp32 run, "
+             f"and at world 1 measured peak device memory within {TOL_MEMORY_PCT:g}% of the plan.", ""]
+    total = {"pass": 0, "fail": 0, "n/a": 0}
+    for part in order:
+        if part not in done:
+            lines += [f"## {part}", "", "not run", ""]
+            continue
+        d = done[part]
+        m = d["meta"]
+        lines += [f"## {part}", "",
+                  f"{m['machine']}; commit {m['commit']}; {m['date']}; {m['seconds']:.0f} s"
+                  + ("; QUICK (shrunk model, 4 steps)" if m.get("quick") else ""), "",
+                  f"`{m['command']}`", "",
+                  "| combination | ranks | result | vs reference | vs CPU fp32 | device memory: plan / used | ms/step |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in d["rows"]:
+            total[r["status"]] = total.get(r["status"], 0) + 1
+            refcol = "-" if not r.get("ref") or r["status"] == "n/a" else (
+                f"{r['ref_diff']:.2e} vs {r['ref']}" if r.get("ref_diff") is not None else f"? vs {r['ref']}")
+            if r.get("ref") and r.get("ref_diff") == 0:
+                refcol = f"bitwise = {r['ref']}"
+            cpu = "-" if r.get("cpu_diff") is None else f"{r['cpu_diff']:.2e}"
+            mem = "-" if r.get("plan_device_bytes") is None else \
+                f"{fmt_bytes(r['plan_device_bytes'])} / {fmt_bytes(r['used_device_bytes'])} ({r['memory_pct']:+.1f}%)"
+            ms = "-" if r.get("ms_per_step") is None else f"{r['ms_per_step']:.1f}"
+            result = r["status"].upper() + (": " + "; ".join(r["reasons"]) if r["reasons"] else "")
+            lines.append(f"| {r['name']} | {r['world']} | {result} | {refcol} | {cpu} | {mem} | {ms} |")
+        lines.append("")
+    lines.insert(2, f"Rows: {total['pass']} pass, {total['fail']} fail, {total['n/a']} not applicable"
+                    + (f"; parts not run: {', '.join(p for p in order if p not in done)}" if len(done) < len(order) else "")
+                    + ".\n")
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines))
+    print(f"[matrix] wrote {a.out}: {total['pass']} pass, {total['fail']} fail, {total['n/a']} n/a")
+    return 1 if total["fail"] or len(done) < len(order) else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--strata", required=True)
+    r.add_argument("--part", required=True, choices=list(parts()))
+    r.add_argument("--results", required=True)
+    r.add_argument("--workdir", default="/tmp/strata-matrix")
+    r.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    r.add_argument("--quick", action="store_true")
+    r.add_argument("--only", help="row names separated by ';' (their references must be among them)")
+    r.add_argument("--limit-s", type=float, help="every row's time limit (tests plant a hang with it)")
+    g = sub.add_parser("render")
+    g.add_argument("--results", required=True)
+    g.add_argument("--out", required=True)
+    a = ap.parse_args()
+    return cmd_run(a) if a.cmd == "run" else cmd_render(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

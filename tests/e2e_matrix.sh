@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/gpu_matrix.py, the GPU verification matrix, kept honest on the CPU backend: a few of
+# its rows pass with the real binary, and planted faults are caught: a run whose losses and
+# weights drift from its reference fails (losses and checkpoint CRCs), a run that never ends
+# is reported as a hang with stacks and killed, a crash names its exit code, and the rendered
+# table says how many rows failed.
+set -euo pipefail
+S=${STRATA:?set by ctest}
+SRC=${STRATA_SOURCE_DIR:?set by ctest}
+command -v python3 > /dev/null || { echo "SKIP: no python3"; exit 77; }
+W=$(mktemp -d /tmp/strata-e2e-matrix.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail() { echo "FAIL: $*"; exit 1; }
+pass() { echo "ok: $*"; }
+M=(python3 "$SRC/bench/gpu_matrix.py")
+rows="stage 0;stage 1;stage 2;stage 3, optimizer and params nvme;stage 0, comm nccl"
+
+"${M[@]}" run --strata "$S" --part world1 --device cpu --quick --results good --workdir wgood --only "$rows" > good.log \
+  || fail "clean rows failed: $(cat good.log)"
+grep -q "stage 3, optimizer and params nvme: PASS" good.log || fail "$(cat good.log)"
+grep -q "stage 0, comm nccl: N/A (needs a GPU)" good.log || fail "$(cat good.log)"
+pass "world-1 rows on the CPU backend pass bitwise against stage 0: $(tail -1 good.log)"
+
+# planted faults: stage 1 hangs, stage 2 drifts (another learning rate), stage 3 crashes
+cat > fake.sh <<FAKE
+#!/usr/bin/env bash
+case " \$* " in
+  *zero.stage=1*) exec sleep 600 ;;
+  *zero.stage=2*) exec "$S" "\$@" --set optim.lr=2.1e-3 ;;
+  *zero.stage=3*) exit 9 ;;
+esac
+exec "$S" "\$@"
+FAKE
+chmod +x fake.sh
+set +e
+"${M[@]}" run --strata "$W/fake.sh" --part world1 --device cpu --quick --results bad --workdir wbad --limit-s 5 \
+  --only "stage 0;stage 1;stage 2;stage 3, optimizer and params nvme" > bad.log 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "the matrix passed with planted faults: $(cat bad.log)"
+grep -q "stage 0: PASS" bad.log || fail "$(cat bad.log)"
+grep -q "stage 1: FAIL (HUNG after 5.0 s" bad.log || fail "hang not reported: $(cat bad.log)"
+grep -q "^-- pid [0-9]*: sleep 600" bad/hangs.txt || fail "hangs.txt: $(cat bad/hangs.txt)"
+pgrep -f "^sleep 600" > /dev/null && fail "the hung run was not killed"
+grep -q "stage 2: FAIL (losses differ from 'stage 0' by .*; final weights/moments differ from 'stage 0' in [0-9]* segments)" bad.log \
+  || fail "drift not reported: $(cat bad.log)"
+grep -q "stage 3, optimizer and params nvme: FAIL (exit 9" bad.log || fail "crash not reported: $(cat bad.log)"
+pass "planted hang, drift and crash are each a failed row: $(grep -c FAIL bad.log) failures"
+
+set +e
+"${M[@]}" render --results bad --out bad.md > render.log; rc=$?
+set -e
+[ $rc -ne 0 ] || fail "render of a failing matrix should exit non-zero"
+grep -q "^Rows: 1 pass, 3 fail, 0 not applicable; parts not run: ranks, attention" bad.md || fail "$(head -5 bad.md)"
+grep -q "^| stage 2 | 1 | FAIL: losses differ" bad.md || fail "$(cat bad.md)"
+pass "the rendered table counts the failures and names the parts not run"
+echo "all e2e_matrix checks passed"
