@@ -14,6 +14,7 @@
  *
  * Every function ignores its stream: the CPU compute stream runs work inline. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,7 +206,11 @@ typedef struct gemm_args {
     const float *bias; /* (N) or NULL; used when !accumulate */
     int accumulate;
     float *gelu_out; /* (M,N) with row stride ldc, or NULL: receives gelu(C) */
+    int kind;        /* which product of a linear layer, for the BLAS choice: GEMM_* below */
 } gemm_args;
+
+/* the three products of a linear layer; attention's products are none of them (0) */
+enum { GEMM_FWD = 1, GEMM_DINP = 2, GEMM_DW = 3 };
 
 /* one thread's packing buffers */
 typedef struct gemm_scratch {
@@ -383,7 +388,7 @@ static void gemm_block(const gemm_args *g, int i0, int i1, int j0, int j1, gemm_
 /* The parallel driver: C is split into blocks, each computed by one thread. Blocks are
  * as tall as possible (a packed B slice is reused by every row) and are narrowed, then
  * shortened, until each thread has a few; block shapes never change the arithmetic. */
-static void gemm(const gemm_args *g)
+static void gemm_strata(const gemm_args *g)
 {
     if (g->M <= 0 || g->N <= 0) return;
     int nt = max_threads();
@@ -410,6 +415,152 @@ static void gemm(const gemm_args *g)
             gemm_block(g, i0, i1, j0, j1, &w);
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The BLAS path and the choice between it and gemm_strata                               */
+/*
+ * With STRATA_HAVE_BLAS (CMakeLists.txt links BLIS or OpenBLAS, their OpenMP builds) the
+ * model's matrix products go to cblas_sgemm, which owns the threading of the call; the
+ * products inside attention stay on gemm_block (one (batch, head) per thread, so a BLAS
+ * call there would be single-threaded and small, where packing dominates).
+ * The choice depends on the shapes only, never on timing or the thread count, so a run
+ * stays bitwise reproducible; both BLAS libraries split C, never K, across threads, so
+ * their results do not depend on the thread count either (tests/test_kernels.c checks).
+ * STRATA_CPU_GEMM=strata|blas forces one for every product; strata_cpu_gemm_select too. */
+#ifdef STRATA_HAVE_BLAS
+#include <cblas.h>
+#ifdef STRATA_BLAS_BLIS
+#include <blis.h>
+#endif
+#endif
+
+enum { GEMM_AUTO = 0, GEMM_STRATA = 1, GEMM_BLAS = 2 };
+static pthread_once_t gemm_env_once = PTHREAD_ONCE_INIT;
+static int gemm_env_choice = GEMM_AUTO;
+static int gemm_forced = -1; /* -1: the environment decides */
+
+static int gemm_blas_takes_all; /* the BLAS is at least as wide as gemm_strata: see below */
+
+static void gemm_env_read(void)
+{
+#if defined(STRATA_BLAS_BLIS)
+    arch_t arch = bli_arch_query_id();
+    gemm_blas_takes_all = arch == BLIS_ARCH_SKX || arch == BLIS_ARCH_KNL;
+#elif defined(STRATA_HAVE_BLAS)
+    gemm_blas_takes_all = 1; /* the shape table below was measured against BLIS */
+#endif
+    const char *v = getenv("STRATA_CPU_GEMM");
+    if (!v || !*v || !strcmp(v, "auto")) return;
+    if (!strcmp(v, "strata")) gemm_env_choice = GEMM_STRATA;
+    else if (!strcmp(v, "blas") && strata_cpu_gemm_has_blas()) gemm_env_choice = GEMM_BLAS;
+    else
+        strata_panic(__FILE__, __LINE__, "STRATA_CPU_GEMM=%s is not a choice: auto (the default), strata%s", v,
+                     strata_cpu_gemm_has_blas() ? " or blas" : " (this build has no BLAS: -DSTRATA_BLAS=none)");
+}
+
+static int gemm_choice(void)
+{
+    pthread_once(&gemm_env_once, gemm_env_read);
+    int forced = __atomic_load_n(&gemm_forced, __ATOMIC_ACQUIRE);
+    return forced >= 0 ? forced : gemm_env_choice;
+}
+
+int strata_cpu_gemm_has_blas(void)
+{
+#ifdef STRATA_HAVE_BLAS
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int strata_cpu_gemm_select(int impl)
+{
+    int before = gemm_choice();
+    if (impl == GEMM_BLAS && !strata_cpu_gemm_has_blas()) impl = GEMM_STRATA;
+    __atomic_store_n(&gemm_forced, impl < 0 ? -1 : impl, __ATOMIC_RELEASE);
+    return before;
+}
+
+#ifdef STRATA_HAVE_BLAS
+/* C (=) init + A @ B through cblas_sgemm. Each operand must be contiguous along rows or
+ * columns (all of the model's are). The bias row is copied into C first (beta 1), and
+ * GELU runs as its own pass after the product. */
+static void gemm_blas(const gemm_args *g)
+{
+    int nt = max_threads();
+#ifdef _OPENMP
+    if (omp_in_parallel()) nt = 1;
+#endif
+#if defined(STRATA_BLAS_BLIS)
+    bli_thread_set_num_threads(nt);
+#elif defined(STRATA_BLAS_OPENBLAS)
+    openblas_set_num_threads(nt);
+#endif
+    float beta = g->accumulate ? 1.0f : 0.0f;
+    if (!g->accumulate && g->bias) {
+#pragma omp parallel for schedule(static) if ((long)g->M * g->N > PAR_MIN)
+        for (int i = 0; i < g->M; i++) memcpy(g->c + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof(float));
+        beta = 1.0f;
+    }
+    int ta = g->a_cs == 1 ? 0 : 1, tb = g->b_cs == 1 ? 0 : 1;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g->M, g->N, g->K,
+                1.0f, g->a, (int)(ta ? g->a_cs : g->a_rs), g->b, (int)(tb ? g->b_cs : g->b_rs),
+                beta, g->c, (int)g->ldc);
+    if (g->gelu_out) {
+#pragma omp parallel for schedule(static) if ((long)g->M * g->N > PAR_MIN)
+        for (int i = 0; i < g->M; i++) {
+            const float *c = g->c + (size_t)i * g->ldc;
+            float *o = g->gelu_out + (size_t)i * g->ldc;
+            for (int j = 0; j < g->N; j++) o[j] = gelu_f(c[j]);
+        }
+    }
+}
+#endif
+
+/* Which kernel takes a linear layer's product (STRATA_CPU_GEMM=auto), from
+ * bench/bench_gemm on the development machine (AMD Zen 4, 2 cores; the table is in
+ * docs/benchmarks.md). There BLIS 0.9, which has no Zen 4 kernels, runs its AVX2 (zen3)
+ * ones, and gemm_strata's AVX-512 tile is as fast or faster on many shapes. The BLAS
+ * takes, in GFLOP/s on the model shapes of bench/bench_cpu.sh (BLIS against gemm_strata):
+ *  - forward products with a dimension of 128 or less (n_embd 128: 155-215 vs 160-165);
+ *  - input gradients with more than 256 rows (gemm_strata packs W^T column by column:
+ *    165-205 vs 155-215); at 256 rows or fewer BLIS falls to 100-180 where gemm_strata
+ *    keeps 165-195;
+ *  - weight gradients summing 512 rows or fewer (B*T; 190-215 vs 150-190); over more
+ *    rows gemm_strata reaches 175-215 where BLIS gets 110-200.
+ * Where BLIS runs AVX-512 kernels (Intel Skylake-X and later), or with OpenBLAS, every
+ * linear layer's product goes to the BLAS: on such a machine gemm_strata reached 208-223
+ * GFLOP/s against the BLAS's 330-397 (issue 16). Attention's products stay on gemm_block. */
+static int gemm_blas_takes(const gemm_args *g)
+{
+#ifdef STRATA_HAVE_BLAS
+    if (!g->kind || (g->a_cs != 1 && g->a_rs != 1) || (g->b_cs != 1 && g->b_rs != 1)) return 0;
+    int c = gemm_choice();
+    if (c != GEMM_AUTO) return c == GEMM_BLAS;
+    if (gemm_blas_takes_all) return 1;
+    switch (g->kind) {
+    case GEMM_FWD: return (g->K < g->N ? g->K : g->N) <= 128;
+    case GEMM_DINP: return g->M > 256;
+    default: return g->K <= 512;
+    }
+#else
+    (void)g;
+    return 0;
+#endif
+}
+
+static void gemm(const gemm_args *g)
+{
+    if (g->M <= 0 || g->N <= 0) return;
+#ifdef STRATA_HAVE_BLAS
+    if (g->K > 0 && gemm_blas_takes(g)) {
+        gemm_blas(g);
+        return;
+    }
+#endif
+    gemm_strata(g);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -538,7 +689,7 @@ static void cpu_matmul_forward(strata_stream *s, void *out, void *gelu_out, cons
         .a = inp, .a_rs = (size_t)K, .a_cs = 1,
         .b = w, .b_rs = w_nk ? 1 : (size_t)N, .b_cs = w_nk ? (size_t)K : 1,
         .c = out, .ldc = (size_t)N,
-        .bias = bias, .accumulate = 0, .gelu_out = gelu_out,
+        .bias = bias, .accumulate = 0, .gelu_out = gelu_out, .kind = GEMM_FWD,
     };
     gemm(&g);
 }
@@ -569,7 +720,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = M, .N = K, .K = N,
             .a = dout, .a_rs = (size_t)N, .a_cs = 1,
             .b = w, .b_rs = w_nk ? (size_t)K : 1, .b_cs = w_nk ? 1 : (size_t)N,
-            .c = dinp, .ldc = (size_t)K,
+            .c = dinp, .ldc = (size_t)K, .kind = GEMM_DINP,
         };
         gemm(&g);
     }
@@ -578,7 +729,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = K, .N = N, .K = M,
             .a = inp, .a_rs = 1, .a_cs = (size_t)K,
             .b = dout, .b_rs = (size_t)N, .b_cs = 1,
-            .c = dw, .ldc = (size_t)N, .accumulate = 1,
+            .c = dw, .ldc = (size_t)N, .accumulate = 1, .kind = GEMM_DW,
         };
         gemm(&g);
     } else { /* dW (N,K) += dout^T (N,M) @ inp (M,K) */
@@ -586,7 +737,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = N, .N = K, .K = M,
             .a = dout, .a_rs = 1, .a_cs = (size_t)N,
             .b = inp, .b_rs = (size_t)K, .b_cs = 1,
-            .c = dw, .ldc = (size_t)K, .accumulate = 1,
+            .c = dw, .ldc = (size_t)K, .accumulate = 1, .kind = GEMM_DW,
         };
         gemm(&g);
     }
