@@ -783,12 +783,24 @@ static void test_convert(void)
 /* ---------------------------------------------------------------------------------- */
 /* determinism across thread counts                                                     */
 
-static void test_determinism(void)
+/* matmul forward (bias + GELU) and backward at 1, 2, 2 threads: bitwise the same */
+static void test_matmul_determinism(int M, int Kd, int N)
 {
-    int M = 200, Kd = 192, N = 300;
     float *inp = randf((size_t)M * Kd, -1, 1), *w = randf((size_t)Kd * N, -1, 1);
-    float *dout = randf((size_t)M * N, -1, 1);
-    int same = 1;
+    float *dout = randf((size_t)M * N, -1, 1), *bias = randf((size_t)N, -1, 1);
+    int same = 1, same_f = 1;
+    for (int w_nk = 0; w_nk < 2; w_nk++) {
+        float *o[3], *g[3];
+        for (int run = 0; run < 3; run++) {
+            set_threads(run == 0 ? 1 : 2);
+            o[run] = filled((size_t)M * N, 9.0f);
+            g[run] = filled((size_t)M * N, 9.0f);
+            K->matmul_forward(S, o[run], g[run], inp, w, bias, M, Kd, N, w_nk);
+        }
+        for (int run = 1; run < 3; run++)
+            same_f &= bitwise_equal(o[0], o[run], (size_t)M * N) && bitwise_equal(g[0], g[run], (size_t)M * N);
+        for (int run = 0; run < 3; run++) free(o[run]), free(g[run]);
+    }
     for (int w_nk = 0; w_nk < 2; w_nk++) {
         float *r[3][3];
         for (int run = 0; run < 3; run++) {
@@ -805,9 +817,17 @@ static void test_determinism(void)
         for (int run = 0; run < 3; run++)
             for (int j = 0; j < 3; j++) free(r[run][j]);
     }
-    printf("%-44s %s\n", "matmul_backward bitwise, 1 vs 2 threads", same ? "ok" : "FAIL");
-    CHECK(same, "matmul_backward depends on the thread count");
+    char name[96];
+    snprintf(name, sizeof name, "matmul %dx%dx%d bitwise, 1 vs 2 threads", M, Kd, N);
+    printf("%-44s %s\n", name, same && same_f ? "ok" : "FAIL");
+    CHECK(same_f, "matmul_forward %dx%dx%d depends on the thread count", M, Kd, N);
+    CHECK(same, "matmul_backward %dx%dx%d depends on the thread count", M, Kd, N);
+    set_threads(g_threads0);
+    free(inp), free(w), free(dout), free(bias);
+}
 
+static void test_attention_determinism(void)
+{
     int B = 2, T = 80, C = 64, NH = 4;
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *qkv = randf(nq, -1, 1), *out = filled(no, 0.0f), *lse = filled((size_t)B * NH * T, 0.0f);
@@ -827,7 +847,7 @@ static void test_determinism(void)
     printf("%-44s %s\n", "attention fwd/bwd bitwise, 1 vs 2 threads", same_a ? "ok" : "FAIL");
     CHECK(same_a, "attention depends on the thread count");
     set_threads(g_threads0);
-    free(inp), free(w), free(dout), free(qkv), free(out), free(lse), free(d);
+    free(qkv), free(out), free(lse), free(d);
     for (int run = 0; run < 3; run++) free(dq[run]);
 }
 
@@ -874,13 +894,31 @@ int main(void)
     test_encoder();
     test_layernorm(10, 8);
     test_layernorm(3, 37);
-    for (int w_nk = 0; w_nk < 2; w_nk++)
-        for (int bias = 0; bias < 2; bias++) test_matmul(10, 8, 16, w_nk, bias, 0);
-    test_matmul(10, 8, 16, 0, 1, 1); /* fused bias + GELU */
-    test_matmul(19, 13, 37, 0, 1, 1); /* partial micro-tiles */
-    test_matmul(19, 13, 37, 1, 0, 0);
-    test_matmul(70, 300, 150, 0, 1, 1); /* crosses the K slice and column block */
-    test_matmul(70, 300, 150, 1, 0, 0);
+    /* every matrix product on the hand-written kernel, then on the BLAS (when built with
+     * one), then as the automatic choice splits them: each against the same oracles */
+    const char *gemm_names[] = {"auto", "strata (hand-written)", "blas"};
+    int gemm_impls[] = {1, 2, 0};
+    for (int gi = 0; gi < 3; gi++) {
+        int impl = gemm_impls[gi];
+        if (impl == 2 && !strata_cpu_gemm_has_blas()) {
+            printf("-- matrix products: no BLAS in this build (-DSTRATA_BLAS=none)\n");
+            continue;
+        }
+        strata_cpu_gemm_select(impl);
+        printf("-- matrix products: %s\n", gemm_names[impl]);
+        for (int w_nk = 0; w_nk < 2; w_nk++)
+            for (int bias = 0; bias < 2; bias++) test_matmul(10, 8, 16, w_nk, bias, 0);
+        test_matmul(10, 8, 16, 0, 1, 1); /* fused bias + GELU */
+        test_matmul(19, 13, 37, 0, 1, 1); /* partial micro-tiles */
+        test_matmul(19, 13, 37, 1, 0, 0);
+        test_matmul(70, 300, 150, 0, 1, 1); /* crosses the K slice and column block */
+        test_matmul(70, 300, 150, 1, 0, 0);
+        test_matmul(300, 96, 600, 0, 1, 1); /* auto: BLAS forward, BLAS dinp, hand dW */
+        test_matmul(300, 600, 128, 1, 0, 0); /* auto: head-like, BLAS forward */
+        test_matmul_determinism(200, 192, 300);
+        test_matmul_determinism(520, 300, 700); /* large enough to split across threads */
+    }
+    strata_cpu_gemm_select(-1);
     test_attention(2, 5, 8, 2, 1.0);
     test_attention(1, 70, 8, 2, 2.0); /* crosses the query block */
     test_gelu();
@@ -890,7 +928,7 @@ int main(void)
     test_adamw();
     test_sumsq();
     test_convert();
-    test_determinism();
+    test_attention_determinism();
     double small_ms = time_matmul(16 * 128, 128, 512, 0.0);
     time_matmul(2048, 768, 3072, small_ms * (768.0 * 3072) / (128.0 * 512));
     if (failures) {
