@@ -420,35 +420,37 @@ static void gemm_strata(const gemm_args *g)
 /* ---------------------------------------------------------------------------------- */
 /* The BLAS path and the choice between it and gemm_strata                               */
 /*
- * With STRATA_HAVE_BLAS (CMakeLists.txt links BLIS or OpenBLAS, their OpenMP builds) the
- * model's matrix products go to cblas_sgemm, which owns the threading of the call; the
- * products inside attention stay on gemm_block (one (batch, head) per thread, so a BLAS
- * call there would be single-threaded and small, where packing dominates).
- * The choice depends on the shapes only, never on timing or the thread count, so a run
- * stays bitwise reproducible; both BLAS libraries split C, never K, across threads, so
- * their results do not depend on the thread count either (tests/test_kernels.c checks).
- * STRATA_CPU_GEMM=strata|blas forces one for every product; strata_cpu_gemm_select too. */
+ * With STRATA_HAVE_BLAS (CMakeLists.txt links BLIS's OpenMP build), linear layers' products
+ * can go to BLIS. Through its typed API rather than cblas_sgemm, for three reasons:
+ *  - the thread count travels with the call (a runtime object), with no global to set:
+ *    omp_get_max_threads() from the compute thread, 1 inside one of our parallel regions;
+ *  - BLIS's small-matrix ("sup") path is switched off: its results for a row depend on how
+ *    many rows the call has (measured), which would make a sequence's activations depend
+ *    on the batch it sits in, so ZeRO world sizes and evaluation batches would disagree
+ *    in the last bits; the packed path is row-count independent, and faster on these
+ *    shapes (the sup path fell to 80-90 GFLOP/s at 256 x 768 x 3072);
+ *  - operands are passed with their row and column strides, as gemm_args holds them.
+ * BLIS splits C, never K, across threads, so its results do not depend on the thread
+ * count either (tests/test_kernels.c checks both properties). Attention's products stay on
+ * gemm_block (one (batch, head) per thread: small, single-threaded products).
+ * The choice depends on the shapes only, never on timing or the thread count, so runs stay
+ * bitwise reproducible. STRATA_CPU_GEMM=strata|blas (or strata_cpu_gemm_select) forces one
+ * for every linear layer's product. */
 #ifdef STRATA_HAVE_BLAS
-#include <cblas.h>
-#ifdef STRATA_BLAS_BLIS
 #include <blis.h>
-#endif
 #endif
 
 enum { GEMM_AUTO = 0, GEMM_STRATA = 1, GEMM_BLAS = 2 };
 static pthread_once_t gemm_env_once = PTHREAD_ONCE_INIT;
 static int gemm_env_choice = GEMM_AUTO;
-static int gemm_forced = -1; /* -1: the environment decides */
-
-static int gemm_blas_takes_all; /* the BLAS is at least as wide as gemm_strata: see below */
+static int gemm_forced = -1;    /* -1: the environment decides */
+static int gemm_blas_takes_all; /* BLIS has AVX-512 kernels for this CPU: see below */
 
 static void gemm_env_read(void)
 {
-#if defined(STRATA_BLAS_BLIS)
+#ifdef STRATA_HAVE_BLAS
     arch_t arch = bli_arch_query_id();
     gemm_blas_takes_all = arch == BLIS_ARCH_SKX || arch == BLIS_ARCH_KNL;
-#elif defined(STRATA_HAVE_BLAS)
-    gemm_blas_takes_all = 1; /* the shape table below was measured against BLIS */
 #endif
     const char *v = getenv("STRATA_CPU_GEMM");
     if (!v || !*v || !strcmp(v, "auto")) return;
@@ -484,30 +486,26 @@ int strata_cpu_gemm_select(int impl)
 }
 
 #ifdef STRATA_HAVE_BLAS
-/* C (=) init + A @ B through cblas_sgemm. Each operand must be contiguous along rows or
- * columns (all of the model's are). The bias row is copied into C first (beta 1), and
+/* C (=) init + A @ B through BLIS. The bias row is copied into C first (beta 1), and
  * GELU runs as its own pass after the product. */
 static void gemm_blas(const gemm_args *g)
 {
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
     int nt = max_threads();
 #ifdef _OPENMP
     if (omp_in_parallel()) nt = 1;
 #endif
-#if defined(STRATA_BLAS_BLIS)
-    bli_thread_set_num_threads(nt);
-#elif defined(STRATA_BLAS_OPENBLAS)
-    openblas_set_num_threads(nt);
-#endif
-    float beta = g->accumulate ? 1.0f : 0.0f;
+    bli_rntm_set_num_threads(nt, &rntm);
+    bli_rntm_disable_l3_sup(&rntm);
+    float one = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
     if (!g->accumulate && g->bias) {
 #pragma omp parallel for schedule(static) if ((long)g->M * g->N > PAR_MIN)
         for (int i = 0; i < g->M; i++) memcpy(g->c + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof(float));
         beta = 1.0f;
     }
-    int ta = g->a_cs == 1 ? 0 : 1, tb = g->b_cs == 1 ? 0 : 1;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g->M, g->N, g->K,
-                1.0f, g->a, (int)(ta ? g->a_cs : g->a_rs), g->b, (int)(tb ? g->b_cs : g->b_rs),
-                beta, g->c, (int)g->ldc);
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->M, g->N, g->K, &one, (float *)g->a, (inc_t)g->a_rs,
+                 (inc_t)g->a_cs, (float *)g->b, (inc_t)g->b_rs, (inc_t)g->b_cs, &beta, g->c, (inc_t)g->ldc, 1, NULL,
+                 &rntm);
     if (g->gelu_out) {
 #pragma omp parallel for schedule(static) if ((long)g->M * g->N > PAR_MIN)
         for (int i = 0; i < g->M; i++) {
@@ -522,27 +520,29 @@ static void gemm_blas(const gemm_args *g)
 /* Which kernel takes a linear layer's product (STRATA_CPU_GEMM=auto), from
  * bench/bench_gemm on the development machine (AMD Zen 4, 2 cores; the table is in
  * docs/benchmarks.md). There BLIS 0.9, which has no Zen 4 kernels, runs its AVX2 (zen3)
- * ones, and gemm_strata's AVX-512 tile is as fast or faster on many shapes. The BLAS
- * takes, in GFLOP/s on the model shapes of bench/bench_cpu.sh (BLIS against gemm_strata):
- *  - forward products with a dimension of 128 or less (n_embd 128: 155-215 vs 160-165);
- *  - input gradients with more than 256 rows (gemm_strata packs W^T column by column:
- *    165-205 vs 155-215); at 256 rows or fewer BLIS falls to 100-180 where gemm_strata
- *    keeps 165-195;
- *  - weight gradients summing 512 rows or fewer (B*T; 190-215 vs 150-190); over more
- *    rows gemm_strata reaches 175-215 where BLIS gets 110-200.
- * Where BLIS runs AVX-512 kernels (Intel Skylake-X and later), or with OpenBLAS, every
- * linear layer's product goes to the BLAS: on such a machine gemm_strata reached 208-223
- * GFLOP/s against the BLAS's 330-397 (issue 16). Attention's products stay on gemm_block. */
+ * ones, and gemm_strata's AVX-512 tile is as fast or faster on many shapes. GFLOP/s on
+ * the model shapes of bench/bench_cpu.sh, BLIS against gemm_strata:
+ *  - input gradients (dout @ W^T, where gemm_strata packs W^T column by column): BLIS,
+ *    184-216 against 158-222;
+ *  - forward products: BLIS when a dimension is 128 or less (n_embd 128: 156-200 against
+ *    160-167), gemm_strata otherwise (175-224 against 184-213);
+ *  - weight gradients, which sum over the M = B*T rows: BLIS for 512 rows or fewer (B*T
+ *    256: 210-215 against 157-201), gemm_strata over more (176-220 against 155-207).
+ * A row's forward output and input gradient never depend on the row count (neither rule
+ * looks at it), so a sequence's activations are the same bits in any batch.
+ * Where BLIS has AVX-512 kernels (Intel Skylake-X and later), every linear layer's product
+ * goes to it: on such a machine gemm_strata reached 208-223 GFLOP/s against a BLAS's
+ * 330-397 (issue 16). Attention's products always stay on gemm_block. */
 static int gemm_blas_takes(const gemm_args *g)
 {
 #ifdef STRATA_HAVE_BLAS
-    if (!g->kind || (g->a_cs != 1 && g->a_rs != 1) || (g->b_cs != 1 && g->b_rs != 1)) return 0;
+    if (!g->kind) return 0;
     int c = gemm_choice();
     if (c != GEMM_AUTO) return c == GEMM_BLAS;
     if (gemm_blas_takes_all) return 1;
     switch (g->kind) {
     case GEMM_FWD: return (g->K < g->N ? g->K : g->N) <= 128;
-    case GEMM_DINP: return g->M > 256;
+    case GEMM_DINP: return 1;
     default: return g->K <= 512;
     }
 #else
