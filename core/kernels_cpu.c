@@ -7,9 +7,11 @@
  * Reductions that span rows (weight and bias gradients) are parallelised over the
  * output columns and walk the rows in order.
  *
- * Speed: all matrix products, including those inside attention, go through one packed,
- * register-blocked GEMM (gemm_block) whose 8x32 micro-kernel GCC keeps in registers
- * and vectorises to fused multiply-adds. Exponentials use exp_fast, a branch-free
+ * Speed: matrix products go through one packed, register-blocked GEMM (gemm_block) whose
+ * 8x32 micro-kernel GCC keeps in registers and vectorises to fused multiply-adds, or,
+ * for the linear layers' products where it measured faster, through BLIS (gemm_blas;
+ * the choice, by shape only, is explained above gemm_blas_takes). A row's result never
+ * depends on the row count, on either path. Exponentials use exp_fast, a branch-free
  * polynomial that vectorises (libm's expf does not without -ffast-math).
  *
  * Every function ignores its stream: the CPU compute stream runs work inline. */
@@ -23,6 +25,9 @@
 #endif
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
+#endif
+#ifdef STRATA_HAVE_BLAS
+#include <blis.h>
 #endif
 
 #include "core/common.h"
@@ -439,9 +444,6 @@ static void gemm_strata(const gemm_args *g)
  * The choice depends on the shapes only, never on timing or the thread count, so runs stay
  * bitwise reproducible. STRATA_CPU_GEMM=strata|blas (or strata_cpu_gemm_select) forces one
  * for every linear layer's product. */
-#ifdef STRATA_HAVE_BLAS
-#include <blis.h>
-#endif
 
 enum { GEMM_AUTO = 0, GEMM_STRATA = 1, GEMM_BLAS = 2 };
 static pthread_once_t gemm_env_once = PTHREAD_ONCE_INIT;
