@@ -7,6 +7,9 @@
  * with nonzero values so (=) and (+=) semantics are checked too. The rest (AdamW,
  * sumsq, conversions, ...) are compared with exact or double oracles, and matmul and
  * attention backward are checked to be bitwise identical on 1 and 2 threads.
+ * The matmul checks run three times: every product on the hand-written GEMM, every one
+ * on BLIS (when the build has it), and as the automatic choice splits them; each time a
+ * row's result must also not depend on how many rows the call has.
  * A matmul timing is printed for information only. */
 #include <math.h>
 #include <stdint.h>
