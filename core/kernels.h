@@ -115,6 +115,15 @@ struct strata_kernels {
 
 extern const strata_kernels strata_kernels_cpu;
 
+/* The CPU backend's matrix products: 0 chosen by shape (the default: STRATA_CPU_GEMM=auto),
+ * 1 all on the hand-written kernel (strata), 2 all through the BLAS (blas; the hand-written
+ * kernel where the build has none), -1 back to what STRATA_CPU_GEMM says, for every later
+ * call in the process. Returns the choice in effect before. Tests and benchmarks use it to
+ * compare the two in one process. */
+int strata_cpu_gemm_select(int impl);
+/* 1 when this build links a BLAS for the CPU backend (CMake -DSTRATA_BLAS=blis|openblas) */
+int strata_cpu_gemm_has_blas(void);
+
 #ifdef STRATA_HAVE_CUDA
 /* The CUDA backend's attention kernels for every later call in the process: 0 the CUDA-core
  * ones (the default), 1 the tensor-core ones (STRATA_ATTENTION=tc), -1 back to what

@@ -7,18 +7,27 @@
  * Reductions that span rows (weight and bias gradients) are parallelised over the
  * output columns and walk the rows in order.
  *
- * Speed: all matrix products, including those inside attention, go through one packed,
- * register-blocked GEMM (gemm_block) whose 8x32 micro-kernel GCC keeps in registers
- * and vectorises to fused multiply-adds. Exponentials use exp_fast, a branch-free
+ * Speed: matrix products go through one packed, register-blocked GEMM (gemm_block) whose
+ * 8x32 micro-kernel GCC keeps in registers and vectorises to fused multiply-adds, or,
+ * for the linear layers' products where it measured faster, through BLIS (gemm_blas;
+ * the choice, by shape only, is explained above gemm_blas_takes). A row's result never
+ * depends on the row count, on either path. Exponentials use exp_fast, a branch-free
  * polynomial that vectorises (libm's expf does not without -ffast-math).
  *
  * Every function ignores its stream: the CPU compute stream runs work inline. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+#ifdef STRATA_HAVE_BLAS
+#include <blis.h>
 #endif
 
 #include "core/common.h"
@@ -205,7 +214,11 @@ typedef struct gemm_args {
     const float *bias; /* (N) or NULL; used when !accumulate */
     int accumulate;
     float *gelu_out; /* (M,N) with row stride ldc, or NULL: receives gelu(C) */
+    int kind;        /* which product of a linear layer, for the BLAS choice: GEMM_* below */
 } gemm_args;
+
+/* the three products of a linear layer; attention's products are none of them (0) */
+enum { GEMM_FWD = 1, GEMM_DINP = 2, GEMM_DW = 3 };
 
 /* one thread's packing buffers */
 typedef struct gemm_scratch {
@@ -383,7 +396,7 @@ static void gemm_block(const gemm_args *g, int i0, int i1, int j0, int j1, gemm_
 /* The parallel driver: C is split into blocks, each computed by one thread. Blocks are
  * as tall as possible (a packed B slice is reused by every row) and are narrowed, then
  * shortened, until each thread has a few; block shapes never change the arithmetic. */
-static void gemm(const gemm_args *g)
+static void gemm_strata(const gemm_args *g)
 {
     if (g->M <= 0 || g->N <= 0) return;
     int nt = max_threads();
@@ -410,6 +423,149 @@ static void gemm(const gemm_args *g)
             gemm_block(g, i0, i1, j0, j1, &w);
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The BLAS path and the choice between it and gemm_strata                               */
+/*
+ * With STRATA_HAVE_BLAS (CMakeLists.txt links BLIS's OpenMP build), linear layers' products
+ * can go to BLIS. Through its typed API rather than cblas_sgemm, for three reasons:
+ *  - the thread count travels with the call (a runtime object), with no global to set:
+ *    omp_get_max_threads() from the compute thread, 1 inside one of our parallel regions;
+ *  - BLIS's small-matrix ("sup") path is switched off: its results for a row depend on how
+ *    many rows the call has (measured), which would make a sequence's activations depend
+ *    on the batch it sits in, so ZeRO world sizes and evaluation batches would disagree
+ *    in the last bits; the packed path is row-count independent, and faster on these
+ *    shapes (the sup path fell to 80-90 GFLOP/s at 256 x 768 x 3072);
+ *  - operands are passed with their row and column strides, as gemm_args holds them.
+ * BLIS splits C, never K, across threads, so its results do not depend on the thread
+ * count either (tests/test_kernels.c checks both properties). Attention's products stay on
+ * gemm_block (one (batch, head) per thread: small, single-threaded products).
+ * The choice depends on the shapes only, never on timing or the thread count, so runs stay
+ * bitwise reproducible. STRATA_CPU_GEMM=strata|blas (or strata_cpu_gemm_select) forces one
+ * for every linear layer's product. */
+
+enum { GEMM_AUTO = 0, GEMM_STRATA = 1, GEMM_BLAS = 2 };
+static pthread_once_t gemm_env_once = PTHREAD_ONCE_INIT;
+static int gemm_env_choice = GEMM_AUTO;
+static int gemm_forced = -1;    /* -1: the environment decides */
+static int gemm_blas_takes_all; /* BLIS has AVX-512 kernels for this CPU: see below */
+
+static void gemm_env_read(void)
+{
+#ifdef STRATA_HAVE_BLAS
+    arch_t arch = bli_arch_query_id();
+    gemm_blas_takes_all = arch == BLIS_ARCH_SKX || arch == BLIS_ARCH_KNL;
+#endif
+    const char *v = getenv("STRATA_CPU_GEMM");
+    if (!v || !*v || !strcmp(v, "auto")) return;
+    if (!strcmp(v, "strata")) gemm_env_choice = GEMM_STRATA;
+    else if (!strcmp(v, "blas") && strata_cpu_gemm_has_blas()) gemm_env_choice = GEMM_BLAS;
+    else
+        strata_panic(__FILE__, __LINE__, "STRATA_CPU_GEMM=%s is not a choice: auto (the default), strata%s", v,
+                     strata_cpu_gemm_has_blas() ? " or blas" : " (this build has no BLAS: -DSTRATA_BLAS=none)");
+}
+
+static int gemm_choice(void)
+{
+    pthread_once(&gemm_env_once, gemm_env_read);
+    int forced = __atomic_load_n(&gemm_forced, __ATOMIC_ACQUIRE);
+    return forced >= 0 ? forced : gemm_env_choice;
+}
+
+int strata_cpu_gemm_has_blas(void)
+{
+#ifdef STRATA_HAVE_BLAS
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int strata_cpu_gemm_select(int impl)
+{
+    int before = gemm_choice();
+    if (impl == GEMM_BLAS && !strata_cpu_gemm_has_blas()) impl = GEMM_STRATA;
+    __atomic_store_n(&gemm_forced, impl < 0 ? -1 : impl, __ATOMIC_RELEASE);
+    return before;
+}
+
+#ifdef STRATA_HAVE_BLAS
+/* C (=) init + A @ B through BLIS. The bias row is copied into C first (beta 1), and
+ * GELU runs as its own pass after the product. */
+static void gemm_blas(const gemm_args *g)
+{
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    int nt = max_threads();
+#ifdef _OPENMP
+    if (omp_in_parallel()) nt = 1;
+#endif
+    bli_rntm_set_num_threads(nt, &rntm);
+    bli_rntm_disable_l3_sup(&rntm);
+    float one = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
+    if (!g->accumulate && g->bias) {
+#pragma omp parallel for schedule(static) if ((long)g->M * g->N > PAR_MIN)
+        for (int i = 0; i < g->M; i++) memcpy(g->c + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof(float));
+        beta = 1.0f;
+    }
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->M, g->N, g->K, &one, (float *)g->a, (inc_t)g->a_rs,
+                 (inc_t)g->a_cs, (float *)g->b, (inc_t)g->b_rs, (inc_t)g->b_cs, &beta, g->c, (inc_t)g->ldc, 1, NULL,
+                 &rntm);
+    if (g->gelu_out) {
+#pragma omp parallel for schedule(static) if ((long)g->M * g->N > PAR_MIN)
+        for (int i = 0; i < g->M; i++) {
+            const float *c = g->c + (size_t)i * g->ldc;
+            float *o = g->gelu_out + (size_t)i * g->ldc;
+            for (int j = 0; j < g->N; j++) o[j] = gelu_f(c[j]);
+        }
+    }
+}
+#endif
+
+/* Which kernel takes a linear layer's product (STRATA_CPU_GEMM=auto), from
+ * bench/bench_gemm on the development machine (AMD Zen 4, 2 cores; the table is in
+ * docs/benchmarks.md). There BLIS 0.9, which has no Zen 4 kernels, runs its AVX2 (zen3)
+ * ones, and gemm_strata's AVX-512 tile is as fast or faster on many shapes. GFLOP/s on
+ * the model shapes of bench/bench_cpu.sh, BLIS against gemm_strata:
+ *  - input gradients (dout @ W^T, where gemm_strata packs W^T column by column): BLIS,
+ *    184-216 against 158-222;
+ *  - forward products: BLIS when a dimension is 128 or less (n_embd 128: 156-200 against
+ *    160-167), gemm_strata otherwise (175-224 against 184-213);
+ *  - weight gradients, which sum over the M = B*T rows: BLIS for 512 rows or fewer (B*T
+ *    256: 210-215 against 157-201), gemm_strata over more (176-220 against 155-207).
+ * A row's forward output and input gradient never depend on the row count (neither rule
+ * looks at it), so a sequence's activations are the same bits in any batch.
+ * Where BLIS has AVX-512 kernels (Intel Skylake-X and later), every linear layer's product
+ * goes to it: on such a machine gemm_strata reached 208-223 GFLOP/s against a BLAS's
+ * 330-397 (issue 16). Attention's products always stay on gemm_block. */
+static int gemm_blas_takes(const gemm_args *g)
+{
+#ifdef STRATA_HAVE_BLAS
+    if (!g->kind) return 0;
+    int c = gemm_choice();
+    if (c != GEMM_AUTO) return c == GEMM_BLAS;
+    if (gemm_blas_takes_all) return 1;
+    switch (g->kind) {
+    case GEMM_FWD: return (g->K < g->N ? g->K : g->N) <= 128;
+    case GEMM_DINP: return 1;
+    default: return g->K <= 512;
+    }
+#else
+    (void)g;
+    return 0;
+#endif
+}
+
+static void gemm(const gemm_args *g)
+{
+    if (g->M <= 0 || g->N <= 0) return;
+#ifdef STRATA_HAVE_BLAS
+    if (g->K > 0 && gemm_blas_takes(g)) {
+        gemm_blas(g);
+        return;
+    }
+#endif
+    gemm_strata(g);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -538,7 +694,7 @@ static void cpu_matmul_forward(strata_stream *s, void *out, void *gelu_out, cons
         .a = inp, .a_rs = (size_t)K, .a_cs = 1,
         .b = w, .b_rs = w_nk ? 1 : (size_t)N, .b_cs = w_nk ? (size_t)K : 1,
         .c = out, .ldc = (size_t)N,
-        .bias = bias, .accumulate = 0, .gelu_out = gelu_out,
+        .bias = bias, .accumulate = 0, .gelu_out = gelu_out, .kind = GEMM_FWD,
     };
     gemm(&g);
 }
@@ -569,7 +725,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = M, .N = K, .K = N,
             .a = dout, .a_rs = (size_t)N, .a_cs = 1,
             .b = w, .b_rs = w_nk ? (size_t)K : 1, .b_cs = w_nk ? 1 : (size_t)N,
-            .c = dinp, .ldc = (size_t)K,
+            .c = dinp, .ldc = (size_t)K, .kind = GEMM_DINP,
         };
         gemm(&g);
     }
@@ -578,7 +734,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = K, .N = N, .K = M,
             .a = inp, .a_rs = 1, .a_cs = (size_t)K,
             .b = dout, .b_rs = (size_t)N, .b_cs = 1,
-            .c = dw, .ldc = (size_t)N, .accumulate = 1,
+            .c = dw, .ldc = (size_t)N, .accumulate = 1, .kind = GEMM_DW,
         };
         gemm(&g);
     } else { /* dW (N,K) += dout^T (N,M) @ inp (M,K) */
@@ -586,7 +742,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = N, .N = K, .K = M,
             .a = dout, .a_rs = 1, .a_cs = (size_t)N,
             .b = inp, .b_rs = (size_t)K, .b_cs = 1,
-            .c = dw, .ldc = (size_t)K, .accumulate = 1,
+            .c = dw, .ldc = (size_t)K, .accumulate = 1, .kind = GEMM_DW,
         };
         gemm(&g);
     }
@@ -874,11 +1030,24 @@ static void cpu_loss_accumulate(strata_stream *s, float *acc, const float *losse
 /* ---------------------------------------------------------------------------------- */
 /* Optimizer and utilities                                                               */
 
-/* Elements [i0, i1) in the documented order. sqrtf keeps its loop scalar (its errno
- * path blocks vectorisation without -fno-math-errno), so it runs alone in the middle
- * pass over a small block and the arithmetic around it vectorises; every operation
- * is still one IEEE operation in the same order, so the results are unchanged. */
+/* Elements [i0, i1) in the documented order. sqrtf keeps a loop scalar (its errno path
+ * blocks vectorisation without -fno-math-errno), so the square roots run alone in the
+ * middle pass over a small block, as vector instructions where the build has them (IEEE
+ * square roots are correctly rounded, so the bits are sqrtf's; the scalar pass held a
+ * GPT-2 124M step's update at half the speed), and the arithmetic around it vectorises;
+ * every operation is still one IEEE operation in the same order. */
 #define ADAMW_BLOCK 256
+
+static void sqrt_block(float *x, int n)
+{
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+#elif defined(__AVX__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) x[i] = sqrtf(x[i]);
+}
 
 static void adamw_span(float *restrict master, float *restrict m, float *restrict v,
                        const float *restrict grad, size_t i0, size_t i1,
@@ -900,7 +1069,7 @@ static void adamw_span(float *restrict master, float *restrict m, float *restric
             mhat[i] = mi / bc1;
             root[i] = vi / bc2; /* vhat */
         }
-        for (int i = 0; i < nb; i++) root[i] = sqrtf(root[i]);
+        sqrt_block(root, nb);
         for (int i = 0; i < nb; i++) pb[i] -= lr * (mhat[i] / (root[i] + eps) + wd * pb[i]);
     }
 }

@@ -7,6 +7,9 @@
  * with nonzero values so (=) and (+=) semantics are checked too. The rest (AdamW,
  * sumsq, conversions, ...) are compared with exact or double oracles, and matmul and
  * attention backward are checked to be bitwise identical on 1 and 2 threads.
+ * The matmul checks run three times: every product on the hand-written GEMM, every one
+ * on BLIS (when the build has it), and as the automatic choice splits them; each time a
+ * row's result must also not depend on how many rows the call has.
  * A matmul timing is printed for information only. */
 #include <math.h>
 #include <stdint.h>
@@ -783,12 +786,35 @@ static void test_convert(void)
 /* ---------------------------------------------------------------------------------- */
 /* determinism across thread counts                                                     */
 
-static void test_determinism(void)
+/* matmul forward (bias + GELU) and backward at 1, 2, 2 threads: bitwise the same. And a
+ * row's forward output and input gradient do not depend on how many rows the call has
+ * (the first 40 alone give the same bits), so a sequence's activations are the same in
+ * any batch: ZeRO world sizes, evaluation and training agree exactly on them. */
+static void test_matmul_determinism(int M, int Kd, int N)
 {
-    int M = 200, Kd = 192, N = 300;
     float *inp = randf((size_t)M * Kd, -1, 1), *w = randf((size_t)Kd * N, -1, 1);
-    float *dout = randf((size_t)M * N, -1, 1);
-    int same = 1;
+    float *dout = randf((size_t)M * N, -1, 1), *bias = randf((size_t)N, -1, 1);
+    int same = 1, same_f = 1, rows_f = 1, rows_b = 1, m0 = 40;
+    for (int w_nk = 0; w_nk < 2; w_nk++) {
+        float *o[3], *g[3];
+        for (int run = 0; run < 3; run++) {
+            set_threads(run == 0 ? 1 : 2);
+            o[run] = filled((size_t)M * N, 9.0f);
+            g[run] = filled((size_t)M * N, 9.0f);
+            K->matmul_forward(S, o[run], g[run], inp, w, bias, M, Kd, N, w_nk);
+        }
+        for (int run = 1; run < 3; run++)
+            same_f &= bitwise_equal(o[0], o[run], (size_t)M * N) && bitwise_equal(g[0], g[run], (size_t)M * N);
+        K->matmul_forward(S, o[1], g[1], inp, w, bias, m0, Kd, N, w_nk);
+        rows_f &= bitwise_equal(o[0], o[1], (size_t)m0 * N) && bitwise_equal(g[0], g[1], (size_t)m0 * N);
+        float *di = filled((size_t)M * Kd, 0.0f), *di0 = filled((size_t)m0 * Kd, 0.0f);
+        float *dw = filled((size_t)Kd * N, 0.0f);
+        K->matmul_backward(S, di, dw, NULL, dout, inp, w, M, Kd, N, w_nk);
+        K->matmul_backward(S, di0, dw, NULL, dout, inp, w, m0, Kd, N, w_nk);
+        rows_b &= bitwise_equal(di, di0, (size_t)m0 * Kd);
+        free(di), free(di0), free(dw);
+        for (int run = 0; run < 3; run++) free(o[run]), free(g[run]);
+    }
     for (int w_nk = 0; w_nk < 2; w_nk++) {
         float *r[3][3];
         for (int run = 0; run < 3; run++) {
@@ -805,9 +831,21 @@ static void test_determinism(void)
         for (int run = 0; run < 3; run++)
             for (int j = 0; j < 3; j++) free(r[run][j]);
     }
-    printf("%-44s %s\n", "matmul_backward bitwise, 1 vs 2 threads", same ? "ok" : "FAIL");
-    CHECK(same, "matmul_backward depends on the thread count");
+    char name[96];
+    snprintf(name, sizeof name, "matmul %dx%dx%d bitwise, 1 vs 2 threads", M, Kd, N);
+    printf("%-44s %s\n", name, same && same_f ? "ok" : "FAIL");
+    CHECK(same_f, "matmul_forward %dx%dx%d depends on the thread count", M, Kd, N);
+    CHECK(same, "matmul_backward %dx%dx%d depends on the thread count", M, Kd, N);
+    snprintf(name, sizeof name, "matmul %dx%dx%d: %d rows alone, same bits", M, Kd, N, m0);
+    printf("%-44s %s\n", name, rows_f && rows_b ? "ok" : "FAIL");
+    CHECK(rows_f, "matmul_forward %dx%dx%d: the first %d rows differ when computed alone", M, Kd, N, m0);
+    CHECK(rows_b, "matmul_backward %dx%dx%d: dinp's first %d rows differ when computed alone", M, Kd, N, m0);
+    set_threads(g_threads0);
+    free(inp), free(w), free(dout), free(bias);
+}
 
+static void test_attention_determinism(void)
+{
     int B = 2, T = 80, C = 64, NH = 4;
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *qkv = randf(nq, -1, 1), *out = filled(no, 0.0f), *lse = filled((size_t)B * NH * T, 0.0f);
@@ -827,7 +865,7 @@ static void test_determinism(void)
     printf("%-44s %s\n", "attention fwd/bwd bitwise, 1 vs 2 threads", same_a ? "ok" : "FAIL");
     CHECK(same_a, "attention depends on the thread count");
     set_threads(g_threads0);
-    free(inp), free(w), free(dout), free(qkv), free(out), free(lse), free(d);
+    free(qkv), free(out), free(lse), free(d);
     for (int run = 0; run < 3; run++) free(dq[run]);
 }
 
@@ -874,13 +912,31 @@ int main(void)
     test_encoder();
     test_layernorm(10, 8);
     test_layernorm(3, 37);
-    for (int w_nk = 0; w_nk < 2; w_nk++)
-        for (int bias = 0; bias < 2; bias++) test_matmul(10, 8, 16, w_nk, bias, 0);
-    test_matmul(10, 8, 16, 0, 1, 1); /* fused bias + GELU */
-    test_matmul(19, 13, 37, 0, 1, 1); /* partial micro-tiles */
-    test_matmul(19, 13, 37, 1, 0, 0);
-    test_matmul(70, 300, 150, 0, 1, 1); /* crosses the K slice and column block */
-    test_matmul(70, 300, 150, 1, 0, 0);
+    /* every matrix product on the hand-written kernel, then on the BLAS (when built with
+     * one), then as the automatic choice splits them: each against the same oracles */
+    const char *gemm_names[] = {"auto", "strata (hand-written)", "blas"};
+    int gemm_impls[] = {1, 2, 0};
+    for (int gi = 0; gi < 3; gi++) {
+        int impl = gemm_impls[gi];
+        if (impl == 2 && !strata_cpu_gemm_has_blas()) {
+            printf("-- matrix products: no BLAS in this build (-DSTRATA_BLAS=none)\n");
+            continue;
+        }
+        strata_cpu_gemm_select(impl);
+        printf("-- matrix products: %s\n", gemm_names[impl]);
+        for (int w_nk = 0; w_nk < 2; w_nk++)
+            for (int bias = 0; bias < 2; bias++) test_matmul(10, 8, 16, w_nk, bias, 0);
+        test_matmul(10, 8, 16, 0, 1, 1); /* fused bias + GELU */
+        test_matmul(19, 13, 37, 0, 1, 1); /* partial micro-tiles */
+        test_matmul(19, 13, 37, 1, 0, 0);
+        test_matmul(70, 300, 150, 0, 1, 1); /* crosses the K slice and column block */
+        test_matmul(70, 300, 150, 1, 0, 0);
+        test_matmul(300, 96, 600, 0, 1, 1); /* auto: BLAS forward, BLAS dinp, hand dW */
+        test_matmul(300, 600, 128, 1, 0, 0); /* auto: head-like, BLAS forward */
+        test_matmul_determinism(200, 192, 300);
+        test_matmul_determinism(520, 300, 700); /* large enough to split across threads */
+    }
+    strata_cpu_gemm_select(-1);
     test_attention(2, 5, 8, 2, 1.0);
     test_attention(1, 70, 8, 2, 2.0); /* crosses the query block */
     test_gelu();
@@ -890,7 +946,7 @@ int main(void)
     test_adamw();
     test_sumsq();
     test_convert();
-    test_determinism();
+    test_attention_determinism();
     double small_ms = time_matmul(16 * 128, 128, 512, 0.0);
     time_matmul(2048, 768, 3072, small_ms * (768.0 * 3072) / (128.0 * 512));
     if (failures) {
