@@ -2,7 +2,7 @@
 # Installs what Strata needs from Debian's packages (only what is missing). The CUDA
 # toolkit is optional: with nvcc on PATH the CUDA backend is built too.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libyaml-dev liburing-dev libopenmpi-dev openmpi-bin fortunes)
+pkgs=(build-essential cmake pkg-config libyaml-dev liburing-dev libpcre2-dev libopenmpi-dev openmpi-bin fortunes)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
