@@ -389,6 +389,27 @@ static int read_model(strata_bpe *t, const strata_json *model, const char *path)
     return 0;
 }
 
+/* Whether a post-processor adds tokens to a single text: ByteLevel (offsets only) does not,
+ * nor does a TemplateProcessing whose single template is the text alone (what
+ * transformers writes for GPT-2); a Sequence adds what its parts add. */
+static int adds_tokens(const strata_json *pp, int depth) {
+    if (is_null(pp)) return 0;
+    const char *type = type_of(pp);
+    if (!strcmp(type, "ByteLevel")) return 0;
+    if (!strcmp(type, "TemplateProcessing")) {
+        const strata_json *single = strata_json_get(pp, "single");
+        return !single || single->type != STRATA_JSON_ARRAY || single->len != 1 || !strata_json_get(&single->items[0], "Sequence");
+    }
+    if (!strcmp(type, "Sequence") && depth < 4) {
+        const strata_json *procs = strata_json_get(pp, "processors");
+        if (!procs || procs->type != STRATA_JSON_ARRAY) return 1;
+        for (size_t i = 0; i < procs->len; i++)
+            if (adds_tokens(&procs->items[i], depth + 1)) return 1;
+        return 0;
+    }
+    return 1;
+}
+
 static int read_added(strata_bpe *t, const strata_json *added, const char *path) {
     if (is_null(added)) return 0;
     if (added->type != STRATA_JSON_ARRAY) return strata_fail("%s: added_tokens must be an array, got %s", path, strata_json_kind(added));
@@ -464,9 +485,9 @@ static strata_bpe *load_json(const char *path) {
     if (r->type != STRATA_JSON_OBJECT) rc = strata_fail("%s: expected a tokenizer object, got %s", path, strata_json_kind(r));
     if (!rc && !is_null(v = strata_json_get(r, "normalizer")))
         rc = strata_fail("%s: normalizer is %s; GPT-2's byte-level BPE has none (null)", path, type_of(v));
-    if (!rc && !is_null(v = strata_json_get(r, "post_processor")) && strcmp(type_of(v), "ByteLevel"))
-        rc = strata_fail("%s: post_processor is %s, which adds tokens around every text; Strata supports ByteLevel or null",
-                         path, type_of(v));
+    if (!rc && adds_tokens(v = strata_json_get(r, "post_processor"), 0))
+        rc = strata_fail("%s: post_processor is %s, which adds tokens around every text; Strata's corpora take the "
+                         "text's own tokens (ByteLevel, a template of the text alone, or null)", path, type_of(v));
     if (!rc && !is_null(v = strata_json_get(r, "decoder")) && strcmp(type_of(v), "ByteLevel"))
         rc = strata_fail("%s: decoder is %s; byte-level BPE decodes with ByteLevel", path, type_of(v));
     if (!rc) rc = read_pre_tokenizer(t, strata_json_get(r, "pre_tokenizer"), path);
@@ -602,6 +623,39 @@ const unsigned char *strata_bpe_token_bytes(const strata_bpe *t, int id, size_t 
     if (id < 0 || id >= t->n_ids || !t->bytes[id]) return NULL;
     *len = t->bytes_len[id];
     return t->bytes[id];
+}
+
+/* ---- decoding ---- */
+
+static size_t utf8_invalid_at(const unsigned char *s, size_t n);
+
+char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_t *len) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < t->n_ids && t->bytes[ids[i]]) total += t->bytes_len[ids[i]];
+    unsigned char *raw = strata_xmalloc(total + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->bytes[ids[i]]) continue;
+        memcpy(raw + k, t->bytes[ids[i]], t->bytes_len[ids[i]]);
+        k += t->bytes_len[ids[i]];
+    }
+    /* each byte that starts no valid UTF-8 sequence becomes U+FFFD (3 bytes) */
+    char *out = strata_xmalloc(3 * total + 1);
+    size_t o = 0, pos = 0;
+    while (pos < total) {
+        size_t bad = pos + utf8_invalid_at(raw + pos, total - pos);
+        memcpy(out + o, raw + pos, bad - pos);
+        o += bad - pos;
+        if (bad == total) break;
+        memcpy(out + o, "\xEF\xBF\xBD", 3);
+        o += 3;
+        pos = bad + 1;
+    }
+    out[o] = 0;
+    free(raw);
+    *len = o;
+    return out;
 }
 
 /* ---- encoding ---- */

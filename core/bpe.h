@@ -18,8 +18,9 @@
  *
  * Refused with a message naming the field: a normalizer, another pre-tokenizer or model
  * type, BPE dropout, byte fallback, word prefixes/suffixes, a post-processor that adds
- * tokens, added tokens with lstrip/rstrip/single_word. truncation and padding (which only
- * apply to batches of model inputs) are ignored. */
+ * tokens (a template of the text alone, as transformers writes for GPT-2, adds none),
+ * added tokens with lstrip/rstrip/single_word. truncation and padding (which only apply
+ * to batches of model inputs) are ignored. */
 #ifndef STRATA_BPE_H
 #define STRATA_BPE_H
 
@@ -51,6 +52,11 @@ int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *n
 /* The bytes token `id` stands for (what decoding writes); NULL for an id outside the
  * vocabulary. */
 const unsigned char *strata_bpe_token_bytes(const strata_bpe *t, int id, size_t *len);
+
+/* Decodes ids to text as tokenizers' decode does: each token's bytes in turn (ids without
+ * a token give none), then byte sequences that are not UTF-8 replaced by U+FFFD. Returns a
+ * NUL-terminated string to free, its length in *len. */
+char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_t *len);
 
 /* Writes the tokenizer as tokenizer.json to `path` (atomically): the file it was loaded
  * from byte for byte, or, for vocab.json + merges.txt and the byte-level tokenizer, an

@@ -40,6 +40,10 @@
  *   FILE: optim.min_lr (A) must not exceed optim.lr (B)
  *   FILE: offload.S is nvme, which needs offload.nvme_path
  *   FILE: offload.block_kb (N) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)
+ *   FILE: model.S is N, but model.init_from's PATH has K M (leave model.S out to take it
+ *           from there)                      (a shape key that disagrees with config.json)
+ *   FILE: missing required key 'model.S' (model.init_from PATH does not give K)
+ *   FILE: model.init_from 'PATH': ...        (no such path, or its config.json is refused)
  * FILE is "<built-in>" for the compiled-in quickstart config. */
 #include "core/config.h"
 

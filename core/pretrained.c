@@ -288,6 +288,7 @@ struct strata_pretrained {
     const strata_st_tensor *lm_head; /* NULL when absent */
     int lm_head_file;
     size_t v_rows;                   /* real vocabulary rows of wte */
+    size_t elements_read;            /* from the files, by this process */
     char desc[256];
 };
 
@@ -301,6 +302,7 @@ void strata_pretrained_close(strata_pretrained *p) {
 }
 
 const char *strata_pretrained_describe(const strata_pretrained *p) { return p->desc; }
+size_t strata_pretrained_elements_read(const strata_pretrained *p) { return p->elements_read; }
 
 /* "h.3.attn.bias" / "h.3.attn.masked_bias": the causal-mask buffers old files carry. */
 static int is_mask_buffer(const char *n) {
@@ -447,6 +449,7 @@ int strata_pretrained_read(void *ctx, const strata_model *m, int u, size_t lo, s
         size_t rb = tb < real ? tb : real;
         float *out = dst + (a - lo);
         if (ta < rb) rc = strata_safetensors_read_f32(&p->files[p->src_file[k]], p->src[k], ta, rb, out);
+        if (ta < rb) p->elements_read += rb - ta;
         if (rb < tb) memset(out + (rb > ta ? rb - ta : 0), 0, (tb - (rb > ta ? rb : ta)) * sizeof(float));
         if (!rc && k == 0 && p->lm_head && ta < rb) {
             /* the tied head: this range of lm_head.weight must be these very numbers */

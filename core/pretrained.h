@@ -56,5 +56,7 @@ void strata_pretrained_close(strata_pretrained *p);
 int strata_pretrained_read(void *p, const strata_model *m, int u, size_t lo, size_t hi, float *dst);
 /* "N tensors in K file(s), dtype F32" for the log. */
 const char *strata_pretrained_describe(const strata_pretrained *p);
+/* Weights read from the files so far (what this rank's shards needed). */
+size_t strata_pretrained_elements_read(const strata_pretrained *p);
 
 #endif

@@ -320,8 +320,11 @@ static int zero_section(conv *c, const strata_json *z) {
             if ((r = get_number(c, key, v, &x))) { if (r < 0) return -1; continue; }
             if (!(x > 0)) return strata_fail("%s: key '%s': must be positive, got %g", c->path, key, x);
             char mb[64];
-            fmt_num(mb, sizeof mb, x * 4.0 / (1 << 20));
-            put(c, "zero", "reduce_bucket_mb", "zero_optimization.reduce_bucket_size: elements x 4 bytes, in MiB", "%s", mb);
+            snprintf(mb, sizeof mb, "%.4g", x * 4.0 / (1 << 20));
+            fmt_num(mb, sizeof mb, strtod(mb, NULL));
+            put(c, "zero", "reduce_bucket_mb", "zero_optimization.reduce_bucket_size (elements) x 4 bytes, in MiB", "%s", mb);
+            note(c, key, "carried over as zero.reduce_bucket_mb, but Strata's engine reduces each unit's gradient (a "
+                 "block) as one collective as soon as its backward ends, whatever the bucket size");
         } else if (!strcmp(m->key, "offload_optimizer")) {
             if (offload_section(c, key, v, 0)) return -1;
         } else if (!strcmp(m->key, "offload_param")) {

@@ -84,14 +84,17 @@ int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, f
 
 void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk,
                          const strata_bpe *bpe) {
+    /* byte-level models keep the escaping below for bytes that are not text */
+    if (bpe && !strata_bpe_is_bytes(bpe)) {
+        size_t len = 0;
+        char *text = strata_bpe_decode(bpe, tokens, (size_t)(n > 0 ? n : 0), &len);
+        fwrite(text, 1, len, f);
+        free(text);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         int t = tokens[i];
-        size_t len = 0;
-        /* byte-level models keep the escaping below for bytes that are not text */
-        const unsigned char *bytes = bpe && !strata_bpe_is_bytes(bpe) ? strata_bpe_token_bytes(bpe, t, &len) : NULL;
-        if (bytes) {
-            fwrite(bytes, 1, len, f);
-        } else if (tk && t >= 0 && t < tk->vocab_size) {
+        if (tk && t >= 0 && t < tk->vocab_size) {
             fwrite(tk->pieces[t], 1, tk->lens[t], f);
         } else if (vocab_size <= 256) {
             unsigned char ch = (unsigned char)t;

@@ -16,8 +16,9 @@
 int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, float temperature,
                     int top_k, strata_rng *rng);
 
-/* Writes tokens as text: the BPE's bytes (bpe), llm.c's tokenizer pieces (tk), bytes for
- * byte-level models without either (non-printable ones escaped), "<id>" otherwise. */
+/* Writes tokens as text: decoded by the BPE (bpe; as Hugging Face decodes, bytes that are
+ * not UTF-8 become U+FFFD), llm.c's tokenizer pieces (tk), bytes for byte-level models
+ * without either (non-printable ones escaped), "<id>" otherwise. */
 void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk,
                          const strata_bpe *bpe);
 

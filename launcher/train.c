@@ -373,12 +373,14 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_config *cfg = &t->cfg;
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) {
         if (rank == 0) fprintf(stderr, "%s\n", strata_error());
+        free(t);
         return STRATA_EXIT_USAGE;
     }
     config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
     if (strata_run_tokenizer_open(cfg, &t->tokenizer)) {
         if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+        free(t);
         return STRATA_EXIT_USAGE;
     }
 
@@ -508,6 +510,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_pretrained *pt = strata_pretrained_open(cfg->model.init_from, &t->m);
         if (!pt || strata_engine_init_from(t->engine, strata_pretrained_read, pt)) fatal(t, "loading model.init_from");
         if (rank == 0) STRATA_INFO("train", "initialised from %s: %s", cfg->model.init_from, strata_pretrained_describe(pt));
+        STRATA_DEBUG("train", "model.init_from: this rank read %zu of the model's %zu parameters",
+                     strata_pretrained_elements_read(pt), strata_model_num_params(&t->m));
         strata_pretrained_close(pt);
     } else if (strata_engine_init_params(t->engine, cfg->train.seed)) {
         fatal(t, "initialising parameters");

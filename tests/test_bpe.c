@@ -150,6 +150,13 @@ static void test_bytes(void) {
     size_t len;
     const unsigned char *b = t2 ? strata_bpe_token_bytes(t2, 0xC3, &len) : NULL;
     CHECK(b && len == 1 && b[0] == 0xC3, "token 195 decodes to byte 0xc3");
+    const int32_t ok_ids[] = {104, 195, 169}, bad_ids[] = {195, 104, 300, 169};
+    char *text = strata_bpe_decode(t, ok_ids, 3, &len);
+    CHECK(len == 3 && !strcmp(text, "h\xc3\xa9"), "decode: bytes that form UTF-8 pass through");
+    free(text);
+    text = strata_bpe_decode(t, bad_ids, 4, &len);
+    CHECK(len == 7 && !strcmp(text, "\xef\xbf\xbdh\xef\xbf\xbd"), "decode: stray bytes become U+FFFD, unknown ids nothing");
+    free(text);
     strata_bpe_free(t2);
     strata_bpe_free(t);
 }
@@ -181,8 +188,15 @@ static void test_refusals(void) {
                   "pre_tokenizer is of type Whitespace"), "another pre-tokenizer");
     CHECK(refused(EDIT("\"dropout\":null", "\"dropout\":0.1"), "dropout"), "BPE dropout");
     CHECK(refused(EDIT("\"lstrip\":false", "\"lstrip\":true"), "lstrip is true"), "an added token with lstrip");
-    CHECK(refused(EDIT("\"post_processor\":{\"type\":\"ByteLevel\"}", "\"post_processor\":{\"type\":\"TemplateProcessing\"}"),
+    CHECK(refused(EDIT("\"post_processor\":{\"type\":\"ByteLevel\"}",
+                       "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                       "{\"Sequence\":{\"id\":\"A\"}}]}"),
                   "post_processor is TemplateProcessing"), "a post-processor that adds tokens");
+    strata_bpe *ok = load_text("ok.json", EDIT("\"post_processor\":{\"type\":\"ByteLevel\"}",
+                                               "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
+                                               "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]}"));
+    CHECK(ok != NULL, "a template of the text alone (what transformers writes for GPT-2) is accepted");
+    strata_bpe_free(ok);
     CHECK(refused(EDIT("\"type\":\"BPE\"", "\"type\":\"WordPiece\""), "type is WordPiece"), "a WordPiece model");
     CHECK(refused(EDIT("[\"a b\"]", "[\"a d\"]"), "merge 0 (\"a\" \"d\"): \"ad\" is not in the vocabulary"),
           "a merge whose result is not in the vocabulary");
