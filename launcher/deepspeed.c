@@ -33,6 +33,7 @@ typedef struct conv {
     const strata_json *micro, *accum, *tbs;
     const strata_json *optimizer, *scheduler, *clip;
     int bf16, fp16;
+    int dtype_auto; /* bf16.enabled or fp16.enabled is "auto": the Trainer decides */
     char opt_nvme[STRATA_PATH_MAX], param_nvme[STRATA_PATH_MAX];
     int stage;
 } conv;
@@ -391,7 +392,7 @@ static int optimizer_section(conv *c, const strata_json *o) {
     /* DeepSpeed's Adam and AdamW (FusedAdam, DeepSpeedCPUAdam) defaults, written out since
      * Strata's own defaults differ (beta2 0.95, weight decay 0.1) */
     double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.0;
-    int have[5] = {0};
+    int have[5] = {0}, is_auto_[5] = {0}; /* lr, beta1, beta2, eps, weight_decay */
     int adam_w_mode = 1;
     for (size_t i = 0; params && i < params->len; i++) {
         const strata_json_member *m = &params->members[i];
@@ -399,10 +400,11 @@ static int optimizer_section(conv *c, const strata_json *o) {
         snprintf(key, sizeof key, "optimizer.params.%s", m->key);
         if (!strcmp(m->key, "lr")) {
             if ((r = get_number(c, key, &m->value, &lr)) < 0) return -1;
-            have[0] = !r;
+            have[0] = !r, is_auto_[0] = r;
         } else if (!strcmp(m->key, "betas")) {
             if (is_auto(&m->value)) {
                 note_auto(c, key);
+                is_auto_[1] = is_auto_[2] = 1;
                 continue;
             }
             if (m->value.type != STRATA_JSON_ARRAY || m->value.len != 2 || m->value.items[0].type != STRATA_JSON_NUMBER ||
@@ -413,10 +415,10 @@ static int optimizer_section(conv *c, const strata_json *o) {
             have[1] = have[2] = 1;
         } else if (!strcmp(m->key, "eps")) {
             if ((r = get_number(c, key, &m->value, &eps)) < 0) return -1;
-            have[3] = !r;
+            have[3] = !r, is_auto_[3] = r;
         } else if (!strcmp(m->key, "weight_decay")) {
             if ((r = get_number(c, key, &m->value, &wd)) < 0) return -1;
-            have[4] = !r;
+            have[4] = !r, is_auto_[4] = r;
         } else if (!strcmp(m->key, "adam_w_mode")) {
             if ((r = get_bool(c, key, &m->value, &adam_w_mode)) < 0) return -1;
         } else if (!strcmp(m->key, "torch_adam") || !strcmp(m->key, "fused")) {
@@ -436,19 +438,20 @@ static int optimizer_section(conv *c, const strata_json *o) {
     const char *src = adam ? "optimizer (Adam, adam_w_mode)" : "optimizer (AdamW)";
     char from[200];
 #define FROM(i, k) (snprintf(from, sizeof from, have[i] ? "optimizer.params.%s" : "DeepSpeed's default for %s", k), from)
+    /* an "auto" value is the Trainer's to fill: named above, not written */
     fmt_num(v, sizeof v, lr);
-    put(c, "optim", "lr", FROM(0, "lr"), "%s", v);
+    if (!is_auto_[0]) put(c, "optim", "lr", FROM(0, "lr"), "%s", v);
     fmt_num(v, sizeof v, b1);
-    put(c, "optim", "beta1", have[1] ? "optimizer.params.betas[0]" : "DeepSpeed's default for betas[0]", "%s", v);
+    if (!is_auto_[1]) put(c, "optim", "beta1", have[1] ? "optimizer.params.betas[0]" : "DeepSpeed's default for betas[0]", "%s", v);
     fmt_num(v, sizeof v, b2);
-    put(c, "optim", "beta2", have[2] ? "optimizer.params.betas[1]" : "DeepSpeed's default for betas[1]", "%s", v);
+    if (!is_auto_[2]) put(c, "optim", "beta2", have[2] ? "optimizer.params.betas[1]" : "DeepSpeed's default for betas[1]", "%s", v);
     fmt_num(v, sizeof v, eps);
-    put(c, "optim", "eps", FROM(3, "eps"), "%s", v);
+    if (!is_auto_[3]) put(c, "optim", "eps", FROM(3, "eps"), "%s", v);
     fmt_num(v, sizeof v, wd);
-    put(c, "optim", "weight_decay", FROM(4, "weight_decay"), "%s", v);
+    if (!is_auto_[4]) put(c, "optim", "weight_decay", FROM(4, "weight_decay"), "%s", v);
 #undef FROM
     (void)src;
-    if (wd != 0.0)
+    if (wd != 0.0 || is_auto_[4])
         note(c, "optimizer.params.weight_decay", "Strata decays 2-D weights only (as Hugging Face's Trainer groups "
              "them); DeepSpeed decays whatever parameter groups the script hands it");
     return 0;
@@ -471,24 +474,25 @@ static int scheduler_section(conv *c, const strata_json *s) {
     double min_lr = 0, max_lr = 1e-3, warm_min_ratio = 0, cos_min_ratio = 1e-4;
     long long warm = 1000, total = 0;
     const char *warm_type = "log";
-    int have_max = 0, have_total = 0;
+    int have_max = 0, have_total = 0, auto_max = 0, auto_warm = 0, auto_total = 0, auto_ratio = 0;
     for (size_t i = 0; params && i < params->len; i++) {
         const strata_json_member *m = &params->members[i];
         char key[160];
         snprintf(key, sizeof key, "scheduler.params.%s", m->key);
         if (!strcmp(m->key, "warmup_min_lr")) r = get_number(c, key, &m->value, &min_lr);
-        else if (!strcmp(m->key, "warmup_max_lr")) r = get_number(c, key, &m->value, &max_lr), have_max = !r;
-        else if (!strcmp(m->key, "warmup_num_steps")) r = get_int(c, key, &m->value, 0, 2147483647, &warm);
-        else if (!strcmp(m->key, "total_num_steps")) r = get_int(c, key, &m->value, 1, 1000000000000ll, &total), have_total = !r;
+        else if (!strcmp(m->key, "warmup_max_lr")) r = get_number(c, key, &m->value, &max_lr), have_max = !r, auto_max = r > 0;
+        else if (!strcmp(m->key, "warmup_num_steps")) r = get_int(c, key, &m->value, 0, 2147483647, &warm), auto_warm = r > 0;
+        else if (!strcmp(m->key, "total_num_steps"))
+            r = get_int(c, key, &m->value, 1, 1000000000000ll, &total), have_total = !r, auto_total = r > 0;
         else if (!strcmp(m->key, "warmup_type")) r = get_string(c, key, &m->value, &warm_type);
         else if (!strcmp(m->key, "warmup_min_ratio")) r = get_number(c, key, &m->value, &warm_min_ratio);
-        else if (!strcmp(m->key, "cos_min_ratio")) r = get_number(c, key, &m->value, &cos_min_ratio);
+        else if (!strcmp(m->key, "cos_min_ratio")) r = get_number(c, key, &m->value, &cos_min_ratio), auto_ratio = r > 0;
         else if (!strcmp(m->key, "last_batch_iteration")) r = 0;
         else note(c, key, "not a %s parameter Strata knows; ignored", t), r = 0;
         if (r < 0) return -1;
     }
     char v[64];
-    put(c, "optim", "warmup_steps", "scheduler.params.warmup_num_steps", "%lld", warm);
+    if (!auto_warm) put(c, "optim", "warmup_steps", "scheduler.params.warmup_num_steps", "%lld", warm);
     if (strcmp(warm_type, "linear"))
         note(c, "scheduler.params.warmup_type", "'%s' (DeepSpeed's default is log): Strata's warmup is linear, "
              "lr * (step + 1) / warmup_steps", warm_type);
@@ -498,16 +502,18 @@ static int scheduler_section(conv *c, const strata_json *s) {
         const out_key *lr = find_out(c, "optim", "lr");
         double base = lr ? strtod(lr->value, NULL) : 1e-3;
         fmt_num(v, sizeof v, base * cos_min_ratio);
-        put(c, "optim", "min_lr", "optimizer lr x scheduler.params.cos_min_ratio", "%s", v);
+        if (lr && !auto_ratio) put(c, "optim", "min_lr", "optimizer lr x scheduler.params.cos_min_ratio", "%s", v);
+        else note(c, "scheduler.params.cos_min_ratio", "min_lr is lr x cos_min_ratio, and the lr is not known here");
     } else {
         if (min_lr != 0) note(c, "scheduler.params.warmup_min_lr", "Strata's warmup starts from 0");
         fmt_num(v, sizeof v, max_lr);
-        put(c, "optim", "lr", have_max ? "scheduler.params.warmup_max_lr" : "DeepSpeed's default warmup_max_lr", "%s", v);
+        if (!auto_max)
+            put(c, "optim", "lr", have_max ? "scheduler.params.warmup_max_lr" : "DeepSpeed's default warmup_max_lr", "%s", v);
         put(c, "optim", "schedule", decay ? "scheduler.type WarmupDecayLR" : "scheduler.type WarmupLR (constant after warmup)",
             decay ? "linear" : "constant");
         put(c, "optim", "min_lr", decay ? "WarmupDecayLR decays to 0" : "unused by a constant schedule", "0");
     }
-    if (decay || cosine) {
+    if ((decay || cosine) && !auto_total) {
         if (!have_total) return strata_fail("%s: key 'scheduler.params.total_num_steps': %s needs it", c->path, t);
         put(c, "train", "steps", "scheduler.params.total_num_steps", "%lld", total);
     }
@@ -535,6 +541,7 @@ static int walk(conv *c, const strata_json *root) {
             const strata_json *e = strata_json_get(v, "enabled");
             int b = 0;
             if (e && (r = get_bool(c, "bf16.enabled", e, &b)) < 0) return -1;
+            if (r > 0) c->dtype_auto = 1;
             c->bf16 = b;
             for (size_t j = 0; j < v->len; j++)
                 if (strcmp(v->members[j].key, "enabled")) {
@@ -545,7 +552,7 @@ static int walk(conv *c, const strata_json *root) {
             r = 0;
         } else if (!strcmp(k, "fp16")) {
             c->fp16 = enabled(v) && !is_auto(strata_json_get(v, "enabled"));
-            if (is_auto(strata_json_get(v, "enabled"))) note_auto(c, "fp16.enabled");
+            if (is_auto(strata_json_get(v, "enabled"))) note_auto(c, "fp16.enabled"), c->dtype_auto = 1;
             else apply_rule(c, top_rules, "", k, v);
         } else if (!strcmp(k, "steps_per_print")) {
             long long n;
@@ -616,8 +623,9 @@ static int resolve_batch(conv *c) {
 static int finish(conv *c) {
     if (resolve_batch(c)) return -1;
     if (c->bf16 && c->fp16) return strata_fail("%s: bf16 and fp16 are both enabled", c->path);
-    put(c, "train", "dtype", c->bf16 ? "bf16.enabled" : c->fp16 ? "fp16.enabled: Strata's nearest is bf16" :
-        "neither bf16 nor fp16 is enabled: DeepSpeed trains in fp32", "%s", c->bf16 || c->fp16 ? "bf16" : "fp32");
+    if (!c->dtype_auto || c->bf16 || c->fp16)
+        put(c, "train", "dtype", c->bf16 ? "bf16.enabled" : c->fp16 ? "fp16.enabled: Strata's nearest is bf16" :
+            "neither bf16 nor fp16 is enabled: DeepSpeed trains in fp32", "%s", c->bf16 || c->fp16 ? "bf16" : "fp32");
     if (c->optimizer && optimizer_section(c, c->optimizer)) return -1;
     if (!c->optimizer)
         note(c, "optimizer", "absent: the training script brought its own optimizer; Strata's AdamW and its optim.* "

@@ -143,7 +143,7 @@ int strata_cmd_help(const char *cmd) {
 
 int strata_cmd_version(void) {
     printf("strata %s%s%s\n", STRATA_VERSION, STRATA_BUILD_TYPE[0] ? " (" : "", STRATA_BUILD_TYPE[0] ? STRATA_BUILD_TYPE ")" : "");
-    printf("  CUDA      %s\n", STRATA_BUILD_CUDA[0] ? "toolkit " STRATA_BUILD_CUDA : "not built (no nvcc at build time): CPU backend only");
+    printf("  CUDA      %s\n", STRATA_BUILD_CUDA[0] ? "toolkit " STRATA_BUILD_CUDA : "not built: CPU backend only");
     printf("  NCCL      %s\n", STRATA_BUILD_NCCL[0] ? STRATA_BUILD_NCCL : "not built (comm.backend nccl unavailable)");
     char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0, major = 0, minor = 0;

@@ -76,6 +76,26 @@ grep -q "^#   fp16: Strata has no fp16 loss scaling" out.txt || fail "fp16 shoul
 grep -q "grad_clip: 0 .*DeepSpeed's default: no clipping" out.txt || fail "the clipping default should say why"
 pass "DeepSpeed's defaults are written out where Strata's differ; fp16 is named with its bf16 alternative"
 
+# a Hugging Face Trainer config: "auto" everywhere; those keys are named, never guessed
+cat > hf.json <<'JSON'
+{"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+ "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                   "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+ "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                       "offload_param": {"device": "cpu", "pin_memory": true}, "reduce_bucket_size": "auto"},
+ "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+ "train_micro_batch_size_per_gpu": "auto"}
+JSON
+[ "$(code "$S" config --from-deepspeed hf.json)" = 0 ] || fail "an all-auto Trainer config: $(cat err.txt)"
+grep -q "^  stage: 3 " out.txt && grep -q "^  params: cpu " out.txt && grep -q "^  schedule: linear " out.txt ||
+  fail "what is not auto is carried: $(cat out.txt)"
+! grep -qE "^  (lr|dtype|micro_batch|grad_accum|grad_clip|steps|warmup_steps|weight_decay): " out.txt ||
+  fail "an auto value must not be guessed: $(cat out.txt)"
+n_auto=$(grep -c '"auto" is filled in by the Hugging Face Trainer' out.txt)
+[ "$n_auto" -eq 15 ] || fail "15 auto values should be named, got $n_auto: $(cat out.txt)"
+pass "a Hugging Face Trainer config: its $n_auto \"auto\" values are named, not guessed; the rest is carried"
+
 # refusals: exit 2, naming the byte offset or the key
 echo '{"zero_optimization": {"stage": 2,}}' > bad.json
 [ "$(code "$S" config --from-deepspeed bad.json)" = 2 ] && grep -q "bad.json: byte 34 (line 1, column 35): trailing comma" err.txt ||

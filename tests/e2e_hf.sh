@@ -103,9 +103,14 @@ mkdir empty && echo '{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd":
 sed 's/"gelu_new"/"relu"/' hf/config.json > relu.json && mkdir relu && cp hf/model.safetensors relu/ && mv relu.json relu/config.json
 [ "$(code "$S" train ft.yaml --set model.init_from=relu)" = 2 ] && grep -q '"activation_function" is "relu"' out.txt ||
   fail "an activation Strata does not compute: $(cat out.txt)"
+[ "$(code "$S" prepare --tokenizer nowhere --text tiny.txt --out x)" = 2 ] && grep -q "tokenizer nowhere" out.txt ||
+  fail "prepare with a missing tokenizer should exit 2: $(cat out.txt)"
+[ "$(code "$S" train base.yaml --set model.vocab_size=200 --set run.dir=runs/x)" = 2 ] &&
+  grep -q "data/tokenizer.json has 256 tokens, more than model.vocab_size 200" out.txt ||
+  fail "a tokenizer larger than the vocabulary should exit 2: $(cat out.txt)"
 [ "$(code "$S" export runs/a --out x --max-shard-size lots)" = 2 ] || fail "a bad --max-shard-size should exit 2"
 [ "$(code "$S" export runs/a --out x.safetensors --max-shard-size 1GB)" = 2 ] || fail "--max-shard-size with a file should exit 2"
-pass "disagreeing shapes, missing weights, unsupported config.json keys and bad export options are refused by name"
+pass "disagreeing shapes, missing weights, unsupported config.json keys, tokenizers that do not fit and bad export options are refused by name"
 
 # --- world 2, ZeRO stage 3: each rank reads only its shards; offloaded tiers too
 if [ ${#MPI[@]} -eq 0 ]; then echo "mpirun not found: skipping the world-2 checks"; exit 0; fi
