@@ -9,9 +9,9 @@
 # NCCL: the toolkit's if it has one, else PyTorch's pip package (nvidia-nccl-cu13 or
 # -cu12), found with python3 and passed to CMake by path.
 #
-# Machines without libyaml/liburing/PCRE2 headers: put Debian's .deb files for liburing-dev,
-# liburing2, libyaml-dev, libyaml-0-2, libpcre2-dev, libpcre2-8-0 in $STRATA_DEBS (default
-# .dev/debs); they are unpacked into a private prefix (never into /) and linked statically.
+# Machines without libyaml/liburing headers: put Debian's .deb files for liburing-dev,
+# liburing2, libyaml-dev, libyaml-0-2 in $STRATA_DEBS (default .dev/debs); they are unpacked
+# into a private prefix (never into /) and linked statically.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-check-out}
@@ -27,12 +27,12 @@ log() { echo "[gpu-check] $*"; }
 PARTS=" ${GPU_CHECK_PARTS:-check torch bench bench15 memory offload} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 prefix_args=()
-if ! printf '#include <yaml.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | cc -E - > /dev/null 2>&1; then
+if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1; then
   P=/tmp/strata-deps
   mkdir -p "$P"
   for d in "${STRATA_DEBS:-$ROOT/.dev/debs}"/*.deb; do dpkg -x "$d" "$P"; done
   prefix_args=(-DCMAKE_PREFIX_PATH="$P/usr" -DSTRATA_STATIC_DEPS=ON)
-  log "libyaml, liburing and PCRE2 from .deb files in $P"
+  log "libyaml and liburing from .deb files in $P"
 fi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
