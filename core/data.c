@@ -1,6 +1,7 @@
-/* core/data.c: llm.c-format token shards (write, mmap, validate), byte-level text
- * preparation, the chunked batch reader with per-epoch seeded shuffling, and llm.c's
- * GPT-2 tokenizer file for decoding samples. See core/data.h for the formats. */
+/* core/data.c: llm.c-format token shards (write, mmap, validate), text preparation (bytes,
+ * or a BPE's ids through core/bpe.c), the chunked batch reader with per-epoch seeded
+ * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See core/data.h for
+ * the formats. */
 #include "core/data.h"
 
 #include "core/bpe.h"

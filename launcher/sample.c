@@ -251,15 +251,6 @@ int strata_cmd_sample(int argc, char **argv) {
             return STRATA_EXIT_USAGE;
         }
     }
-    if (n_prompt > (size_t)cfg.model.seq_len) {
-        fprintf(stderr, "strata sample: --prompt is %zu tokens, longer than the model's context of %d\n", n_prompt,
-                cfg.model.seq_len);
-        free(prompt_ids);
-        strata_bpe_free(bpe);
-        strata_ckpt_close(ck);
-        if (have_tk) strata_tokenizer_free(&tk);
-        return STRATA_EXIT_USAGE;
-    }
     /* an empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|> */
     int eot = bpe ? strata_bpe_special_id(bpe, "<|endoftext|>") : -1;
     int start_eot = n_prompt == 0 && eot >= 0 && eot < cfg.model.vocab_size;
