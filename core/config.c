@@ -40,6 +40,10 @@
  *   FILE: optim.min_lr (A) must not exceed optim.lr (B)
  *   FILE: offload.S is nvme, which needs offload.nvme_path
  *   FILE: offload.block_kb (N) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)
+ *   FILE: model.S is N, but model.init_from's PATH has K M (leave model.S out to take it
+ *           from there)                      (a shape key that disagrees with config.json)
+ *   FILE: missing required key 'model.S' (model.init_from PATH does not give K)
+ *   FILE: model.init_from 'PATH': ...        (no such path, or its config.json is refused)
  * FILE is "<built-in>" for the compiled-in quickstart config. */
 #include "core/config.h"
 
@@ -52,6 +56,7 @@
 #include <yaml.h>
 
 #include "core/common.h"
+#include "core/pretrained.h"
 
 /* configs/quickstart.yaml, byte for byte: the build turns the file into this array
  * (CMakeLists.txt), so the built-in default cannot drift from the file. */
@@ -129,10 +134,16 @@ static const key_spec schema[] = {
     INT_("model", "padded_vocab_size", model.padded_vocab_size, 0, 1048576, "0",
          "Vp >= V; 0 = V rounded up to a multiple of 128"),
     DBL("model", "init_std", model.init_std, 0, 1, "0.02", 0, "std of the normal weight init"),
+    STR("model", "init_from", model.init_from, "", 0,
+        "Hugging Face GPT-2 directory or .safetensors file to start from; the shape keys left out come from its "
+        "config.json"),
 
     STR("data", "train", data.train, NULL, F_REQUIRED | F_NONEMPTY, "glob of training token shards"),
     STR("data", "val", data.val, "", 0, "glob of validation shards; empty = no validation"),
     BOOL_("data", "shuffle", data.shuffle, "true", "shuffle shard order and sequences each epoch"),
+    STR("data", "tokenizer", data.tokenizer, "", 0,
+        "tokenizer.json (or a Hugging Face model directory) the shards were made with; empty = the tokenizer.json "
+        "`strata prepare` wrote beside them"),
 
     ROW("train", "steps", K_INT64, train.steps, 1, 1e12, NULL, NULL, F_REQUIRED, "optimizer steps"),
     INT_("train", "micro_batch", train.micro_batch, 1, 65536, "8", "B, sequences per rank per micro-step"),
@@ -799,6 +810,17 @@ static int load_text(strata_config *c, const char *name, const char *path_field,
     if (parse_yaml(&tmp, &st, name, text, len)) return -1;
     for (int i = 0; i < n_sets; i++)
         if (apply_set(&tmp, &st, sets[i])) return -1;
+    if (tmp.model.init_from[0]) {
+        /* pretrained weights: the shape keys the YAML leaves out come from their config.json */
+        static const char *const shape_keys[5] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
+        int idx[5], set[5];
+        for (int i = 0; i < 5; i++) {
+            idx[i] = find_key("model", shape_keys[i]);
+            set[i] = st.key_line[idx[i]] != 0 || st.from_base[idx[i]];
+        }
+        if (strata_pretrained_apply_shape(&tmp, set, name)) return -1;
+        for (int i = 0; i < 5; i++) st.from_base[idx[i]] = 1;
+    }
     for (int i = 0; i < N_KEYS; i++) {
         if ((schema[i].flags & F_REQUIRED) && st.key_line[i] == 0 && !st.from_base[i]) {
             char full[96];

@@ -32,12 +32,14 @@ typedef struct strata_config {
         int vocab_size;        /* V: 256 for byte-level, 50257 for GPT-2 BPE */
         int padded_vocab_size; /* Vp >= V; 0 = V rounded up to a multiple of 128 */
         double init_std;
+        char init_from[STRATA_PATH_MAX]; /* Hugging Face weights to start from; "" = random init */
     } model;
 
     struct {
         char train[STRATA_PATH_MAX]; /* glob of token shards (llm.c format) */
         char val[STRATA_PATH_MAX];   /* glob; "" = no validation */
         int shuffle;
+        char tokenizer[STRATA_PATH_MAX]; /* "" = tokenizer.json beside the train shards, if any */
     } data;
 
     struct {

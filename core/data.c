@@ -1,8 +1,10 @@
-/* core/data.c: llm.c-format token shards (write, mmap, validate), byte-level text
- * preparation, the chunked batch reader with per-epoch seeded shuffling, and llm.c's
- * GPT-2 tokenizer file for decoding samples. See core/data.h for the formats. */
+/* core/data.c: llm.c-format token shards (write, mmap, validate), text preparation (bytes,
+ * or a BPE's ids through core/bpe.c), the chunked batch reader with per-epoch seeded
+ * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See core/data.h for
+ * the formats. */
 #include "core/data.h"
 
+#include "core/bpe.h"
 #include "core/common.h"
 
 #include <errno.h>
@@ -211,7 +213,8 @@ static int stream_flush(shard_stream *s) {
     return 0;
 }
 
-static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
+/* Appends n tokens: bytes (ids = byte values) when `ids` is NULL, else ids. */
+static int stream_push_tokens(shard_stream *s, const unsigned char *bytes, const int32_t *ids, size_t n) {
     while (n > 0) {
         if (s->len == s->cap) {
             /* Grow toward max_tokens rather than allocating it up front: small inputs
@@ -223,14 +226,26 @@ static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
         }
         size_t take = s->cap - s->len;
         if (take > n) take = n;
-        for (size_t i = 0; i < take; i++) s->buf[s->len + i] = bytes[i];
+        if (ids) {
+            for (size_t i = 0; i < take; i++) s->buf[s->len + i] = (uint16_t)ids[i];
+            ids += take;
+        } else {
+            for (size_t i = 0; i < take; i++) s->buf[s->len + i] = bytes[i];
+            bytes += take;
+        }
         s->len += take;
-        bytes += take;
         n -= take;
         if (s->len == s->max_tokens && stream_flush(s) != 0) return -1;
     }
     return 0;
 }
+
+static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
+    return stream_push_tokens(s, bytes, NULL, n);
+}
+
+/* The BPE encoder's sink: ids into a shard stream. */
+static int push_ids(void *ctx, const int32_t *ids, size_t n) { return stream_push_tokens(ctx, NULL, ids, n); }
 
 /* Removes shards named like ours but numbered past what this run wrote, so a glob over
  * out_dir does not mix a previous, larger preparation into this one. */
@@ -278,13 +293,16 @@ static int read_whole_file(const char *path, unsigned char **out, size_t *out_le
 }
 
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
-                        double val_fraction, size_t max_shard_tokens) {
+                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk) {
     if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
     if (max_shard_tokens == 0 || max_shard_tokens > (size_t)INT32_MAX)
         return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
                            INT32_MAX);
+    if (tk && strata_bpe_vocab_size(tk) > 65536)
+        return strata_fail("prepare: tokenizer %s has %d tokens, but shards hold uint16 tokens (at most 65536)",
+                           strata_bpe_source(tk), strata_bpe_vocab_size(tk));
     if (mkdir_p(out_dir) != 0) return -1;
 
     shard_stream train = {.out_dir = out_dir, .prefix = "train", .max_tokens = max_shard_tokens};
@@ -298,13 +316,21 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
             break;
         }
         /* The tail of each file is held out, so val text is never seen in training even
-         * when files are concatenated. */
+         * when files are concatenated. With a tokenizer the cut moves back to the start of a
+         * UTF-8 character, and each side is encoded on its own. */
         size_t n_val = (size_t)((double)len * val_fraction);
         size_t n_train = len - n_val;
+        if (tk)
+            while (n_train > 0 && n_train < len && (bytes[n_train] & 0xC0) == 0x80) n_train--, n_val++;
         STRATA_DEBUG("data", "%s: %zu bytes -> %zu train, %zu val", text_files[i], len, n_train,
                      n_val);
-        rc = stream_push(&train, bytes, n_train);
-        if (rc == 0) rc = stream_push(&val, bytes + n_train, n_val);
+        if (!tk) {
+            rc = stream_push(&train, bytes, n_train);
+            if (rc == 0) rc = stream_push(&val, bytes + n_train, n_val);
+        } else {
+            rc = strata_bpe_encode(tk, (const char *)bytes, n_train, text_files[i], push_ids, &train);
+            if (rc == 0 && n_val) rc = strata_bpe_encode(tk, (const char *)bytes + n_train, n_val, text_files[i], push_ids, &val);
+        }
         free(bytes);
     }
     if (rc == 0) rc = stream_flush(&train);
@@ -314,10 +340,20 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
     if (rc != 0) return -1;
     remove_stale_shards(out_dir, "train", train.n_shards);
     remove_stale_shards(out_dir, "val", val.n_shards);
+    /* the tokenizer goes with the shards: training records it, export ships it */
+    char tok_path[PATH_MAX];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", out_dir);
+    strata_bpe *bytes_tk = tk ? NULL : strata_bpe_bytes();
+    rc = strata_bpe_save(tk ? tk : bytes_tk, tok_path);
+    strata_bpe_free(bytes_tk);
+    if (rc) return -1;
+    char desc[1200];
+    if (tk) snprintf(desc, sizeof desc, "tokenizer %s, vocab %d", strata_bpe_source(tk), strata_bpe_vocab_size(tk));
+    else snprintf(desc, sizeof desc, "byte-level, vocab 256");
     STRATA_INFO("data", "%s: %zu train tokens in %d shard%s, %zu val tokens in %d shard%s "
-                "(byte-level, vocab 256, from %d file%s)",
+                "(%s, from %d file%s; tokenizer.json beside them)",
                 out_dir, train.total, train.n_shards, train.n_shards == 1 ? "" : "s", val.total,
-                val.n_shards, val.n_shards == 1 ? "" : "s", n_files, n_files == 1 ? "" : "s");
+                val.n_shards, val.n_shards == 1 ? "" : "s", desc, n_files, n_files == 1 ? "" : "s");
     return 0;
 }
 

@@ -37,12 +37,15 @@ typedef struct strata_shard {
 int strata_shard_open(strata_shard *sh, const char *path);
 void strata_shard_close(strata_shard *sh);
 
-/* Splits text files into byte-level train and val shards in out_dir
- * (train_000000.bin ..., val_000000.bin), val_fraction of each file's bytes going to val
- * (taken from the end). max_shard_tokens bounds a shard's size. Reports counts through
- * the info log. */
+/* Splits text files into train and val shards in out_dir (train_000000.bin ...,
+ * val_000000.bin), val_fraction of each file's bytes going to val (taken from the end).
+ * Tokens are bytes when tk is NULL, else tk's BPE ids (core/bpe.h); either way the
+ * tokenizer is written beside the shards as tokenizer.json (for bytes, the equivalent
+ * Hugging Face tokenizer), which is how a run learns what its tokens mean.
+ * max_shard_tokens bounds a shard's size. Reports counts through the info log. */
+struct strata_bpe;
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
-                        double val_fraction, size_t max_shard_tokens);
+                        double val_fraction, size_t max_shard_tokens, struct strata_bpe *tk);
 
 typedef struct strata_loader {
     strata_shard *shards;

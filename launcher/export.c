@@ -1,5 +1,6 @@
-/* launcher/export.c: `strata export` (checkpoint -> Hugging Face safetensors) and
- * `strata dump-grads` (one forward/backward written out for tests/torch_reference.py).
+/* launcher/export.c: `strata export` (checkpoint -> a Hugging Face model directory, or one
+ * safetensors file) and `strata dump-grads` (one forward/backward written out for
+ * tests/torch_reference.py).
  *
  * safetensors layout: u64 little-endian N, then N bytes of JSON
  *   {"__metadata__": {"k": "v", ...}, "name": {"dtype": "F32", "shape": [..],
@@ -11,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <libgen.h>
 #include <math.h>
 #include <omp.h>
@@ -18,15 +20,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/arena.h"
+#include "core/bpe.h"
 #include "core/checkpoint.h"
 #include "core/common.h"
 #include "core/config.h"
 #include "core/data.h"
 #include "core/kernels.h"
 #include "core/model.h"
+#include "launcher/tokenizer.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -256,14 +261,227 @@ static void add_model_tensor(st_writer *w, const char *prefix, const strata_ckpt
 /* ---- strata export ---- */
 
 static int export_usage(void) {
-    fprintf(stderr, "usage: strata export CKPT|RUNDIR --out FILE.safetensors\n");
+    fprintf(stderr, "usage: strata export CKPT|RUNDIR --out DIR [--max-shard-size SIZE]\n"
+                    "       strata export CKPT|RUNDIR --out FILE.safetensors\n");
     return STRATA_EXIT_USAGE;
 }
 
+/* "5GB", "500MB", "2GiB", "123456": bytes, as transformers' max_shard_size reads them. */
+static int parse_size(const char *s, uint64_t *out) {
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0)) return -1;
+    static const struct { const char *unit; double mul; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (!strcmp(end, units[i].unit)) {
+            *out = (uint64_t)(v * units[i].mul);
+            return *out >= 1 ? 0 : -1;
+        }
+    }
+    return -1;
+}
+
+/* Writes data to path atomically (temporary name, fsync, rename). */
+static int write_file_atomic(const char *path, const char *data, size_t len) {
+    char tmp[STRATA_PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return strata_fail("%s: cannot create: %s", tmp, strerror(errno));
+    int rc = write_all(fd, data, len, tmp);
+    if (!rc && fsync(fd) != 0) rc = strata_fail("%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && !rc) rc = strata_fail("%s: close failed: %s", tmp, strerror(errno));
+    if (!rc && rename(tmp, path) != 0) rc = strata_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (rc) unlink(tmp);
+    return rc;
+}
+
+/* Writes the model's tensors [t0, t1) as one safetensors file. */
+static int write_weights(const strata_opened_ckpt *o, const strata_model *m, const char *path, int t0, int t1,
+                         float *buf) {
+    st_writer w;
+    st_init(&w, path);
+    common_meta(&w, o);
+    for (int i = t0; i < t1; i++) add_model_tensor(&w, "", &m->tensors[i], m->shape.vocab_size);
+    int rc = st_begin(&w);
+    for (int i = t0; i < t1 && !rc; i++) {
+        const strata_ckpt_tensor *t = &m->tensors[i];
+        size_t n = w.t[i - t0].bytes / sizeof(float); /* wte: only the real vocabulary's rows */
+        rc = strata_ckpt_read_range(o->ck, t->unit, STRATA_CKPT_PARAM, t->offset, t->offset + n, buf) ||
+             st_write(&w, i - t0, buf);
+    }
+    if (!rc) rc = st_commit(&w);
+    st_free(&w);
+    return rc ? -1 : 0;
+}
+
+static int mkdir_p(const char *dir) {
+    char buf[STRATA_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", dir);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(buf, 0755);
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return strata_fail("%s: cannot create the directory: %s", buf, strerror(errno));
+    struct stat sb;
+    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode)) return strata_fail("%s: exists and is not a directory", buf);
+    return 0;
+}
+
+/* The token ids a GPT-2 config names: <|endoftext|> when the run's tokenizer has it. */
+static void sb_token_id(sbuf *b, int id) {
+    if (id >= 0) sb_printf(b, "%d", id);
+    else sb_putn(b, "null", 4);
+}
+
+static int write_configs(const char *dir, const strata_config *c, int eot) {
+    char path[STRATA_PATH_MAX + 64];
+    char std[64];
+    snprintf(std, sizeof std, "%.9g", c->model.init_std);
+    sbuf b = {0};
+    /* what transformers' GPT2Config needs; no dropout, since Strata trains without it */
+    sb_printf(&b, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n");
+    sb_printf(&b, "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", c->model.vocab_size,
+              c->model.seq_len, c->model.seq_len);
+    sb_printf(&b, "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n", c->model.n_embd,
+              c->model.n_layer, c->model.n_head);
+    sb_printf(&b, "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n");
+    sb_printf(&b, "  \"initializer_range\": %s,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n", std);
+    sb_printf(&b, "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": true,\n  \"use_cache\": true,\n");
+    sb_printf(&b, "  \"torch_dtype\": \"float32\",\n  \"bos_token_id\": ");
+    sb_token_id(&b, eot);
+    sb_printf(&b, ",\n  \"eos_token_id\": ");
+    sb_token_id(&b, eot);
+    sb_printf(&b, "\n}\n");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = write_file_atomic(path, b.p, b.n);
+    b.n = 0;
+    sb_printf(&b, "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": ");
+    sb_token_id(&b, eot);
+    sb_printf(&b, ",\n  \"eos_token_id\": ");
+    sb_token_id(&b, eot);
+    sb_printf(&b, "\n}\n");
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (!rc) rc = write_file_atomic(path, b.p, b.n);
+    free(b.p);
+    return rc;
+}
+
+/* tokenizer.json (as trained with), vocab.json + merges.txt (for GPT-2's original
+ * tokenizer class) and tokenizer_config.json. */
+static int write_tokenizer(const char *dir, const strata_bpe *tk, int eot, int max_len) {
+    char path[STRATA_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (strata_bpe_save(tk, path) || strata_bpe_save_vocab_merges(tk, dir)) return -1;
+    sbuf b = {0};
+    sb_printf(&b, "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": %d,\n", max_len);
+    sb_printf(&b, "  \"add_prefix_space\": %s,\n  \"add_bos_token\": false,\n", strata_bpe_add_prefix_space(tk) ? "true" : "false");
+    static const char *const roles[] = {"bos_token", "eos_token", "unk_token"};
+    for (int i = 0; i < 3; i++) {
+        sb_printf(&b, "  \"%s\": ", roles[i]);
+        if (eot >= 0) sb_json_string(&b, "<|endoftext|>");
+        else sb_putn(&b, "null", 4);
+        sb_putn(&b, ",\n", 2);
+    }
+    sb_printf(&b, "  \"pad_token\": null\n}\n");
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    int rc = write_file_atomic(path, b.p, b.n);
+    free(b.p);
+    return rc;
+}
+
+/* Weight files of an earlier export that this one did not write (a stale index would
+ * make from_pretrained load the old shards). */
+static void remove_stale_weights(const char *dir, int n_shards) {
+    char pat[STRATA_PATH_MAX + 64], keep[64];
+    snprintf(pat, sizeof pat, "%s/model-*-of-*.safetensors", dir);
+    snprintf(keep, sizeof keep, "-of-%05d.safetensors", n_shards);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            const char *p = g.gl_pathv[i];
+            size_t n = strlen(p), k = strlen(keep);
+            if (n_shards > 1 && n >= k && !strcmp(p + n - k, keep)) continue;
+            unlink(p);
+        }
+        globfree(&g);
+    }
+    snprintf(pat, sizeof pat, "%s/%s", dir, n_shards > 1 ? "model.safetensors" : "model.safetensors.index.json");
+    unlink(pat);
+}
+
+static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const char *dir, uint64_t max_shard,
+                      float *buf, int *n_files) {
+    if (mkdir_p(dir)) return -1;
+    /* shards in tensor order: a new file when the next tensor would pass max_shard (a
+     * tensor larger than that gets a file of its own, as transformers does) */
+    int *first = strata_xcalloc((size_t)m->n_tensors + 1, sizeof *first);
+    int n = 0;
+    uint64_t in_shard = 0, total = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const strata_ckpt_tensor *t = &m->tensors[i];
+        uint64_t bytes = (uint64_t)export_rows(t, m->shape.vocab_size) * (t->ndim > 1 ? (uint64_t)t->shape[1] : 1) * 4;
+        if (n == 0 || (in_shard + bytes > max_shard && in_shard > 0)) {
+            first[n++] = i;
+            in_shard = 0;
+        }
+        in_shard += bytes;
+        total += bytes;
+    }
+    first[n] = m->n_tensors;
+    int rc = 0;
+    char path[STRATA_PATH_MAX + 64];
+    sbuf idx = {0};
+    if (n > 1) sb_printf(&idx, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {", (unsigned long long)total);
+    for (int s = 0; s < n && !rc; s++) {
+        char name[64];
+        if (n == 1) snprintf(name, sizeof name, "model.safetensors");
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        rc = write_weights(o, m, path, first[s], first[s + 1], buf);
+        for (int i = first[s]; n > 1 && i < first[s + 1]; i++) {
+            sb_putn(&idx, i ? ",\n    " : "\n    ", i ? 6 : 5);
+            sb_json_string(&idx, m->tensors[i].name);
+            sb_putn(&idx, ": ", 2);
+            sb_json_string(&idx, name);
+        }
+    }
+    if (!rc && n > 1) {
+        sb_printf(&idx, "\n  }\n}\n");
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        rc = write_file_atomic(path, idx.p, idx.n);
+    }
+    free(idx.p);
+    free(first);
+    if (rc) return -1;
+    remove_stale_weights(dir, n);
+    *n_files = n;
+    /* the tokenizer the run trained with, recorded in its run directory */
+    int failed = 0;
+    strata_bpe *tk = strata_ckpt_tokenizer(o->dir, &failed);
+    if (failed) return strata_fail_wrap("the run's tokenizer");
+    int eot = tk ? strata_bpe_special_id(tk, "<|endoftext|>") : -1;
+    if (eot >= o->cfg.model.vocab_size) eot = -1;
+    rc = write_configs(dir, &o->cfg, eot);
+    if (!rc && tk) rc = write_tokenizer(dir, tk, eot, o->cfg.model.seq_len);
+    if (!tk)
+        STRATA_WARN("export", "the run recorded no tokenizer (its data came without tokenizer.json), so %s has none: "
+                    "copy the tokenizer files of the data in yourself", dir);
+    strata_bpe_free(tk);
+    return rc;
+}
+
 int strata_cmd_export(int argc, char **argv) {
-    const char *what = NULL, *out = NULL;
+    const char *what = NULL, *out = NULL, *max_size = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--max-shard-size") && i + 1 < argc) max_size = argv[++i];
         else if (argv[i][0] != '-' && !what) what = argv[i];
         else {
             fprintf(stderr, "strata export: unexpected argument '%s'\n", argv[i]);
@@ -271,6 +489,14 @@ int strata_cmd_export(int argc, char **argv) {
         }
     }
     if (!what || !out) return export_usage();
+    size_t out_len = strlen(out);
+    int one_file = out_len > 12 && !strcmp(out + out_len - 12, ".safetensors");
+    uint64_t max_shard = 5000000000ull; /* transformers' default, "5GB" */
+    if (max_size && (one_file || parse_size(max_size, &max_shard))) {
+        if (one_file) fprintf(stderr, "strata export: --max-shard-size applies to a directory (--out DIR), not to %s\n", out);
+        else fprintf(stderr, "strata export: --max-shard-size expects a size like 5GB, 500MB or 2GiB, got '%s'\n", max_size);
+        return STRATA_EXIT_USAGE;
+    }
     strata_opened_ckpt o;
     int rc = strata_open_checkpoint("export", what, NULL, 0, &o);
     if (rc) return rc;
@@ -278,34 +504,22 @@ int strata_cmd_export(int argc, char **argv) {
     strata_model m;
     strata_model_init(&m, &shape);
     strata_ckpt_layout layout = strata_model_layout(&m, NULL);
-    st_writer w;
-    st_init(&w, out);
     float *buf = NULL;
     size_t max_numel = 0;
+    int n_files = 1;
     rc = STRATA_EXIT_ERROR;
     if (strata_ckpt_check_layout(o.ck, &layout)) goto done;
-    common_meta(&w, &o);
-    for (int i = 0; i < m.n_tensors; i++) {
-        add_model_tensor(&w, "", &m.tensors[i], shape.vocab_size);
+    for (int i = 0; i < m.n_tensors; i++)
         if (m.tensors[i].numel > max_numel) max_numel = m.tensors[i].numel;
-    }
     buf = strata_xmalloc(max_numel * sizeof(float));
-    if (st_begin(&w)) goto done;
-    for (int i = 0; i < m.n_tensors; i++) {
-        const strata_ckpt_tensor *t = &m.tensors[i];
-        size_t n = w.t[i].bytes / sizeof(float); /* wte: only the real vocabulary's rows */
-        if (strata_ckpt_read_range(o.ck, t->unit, STRATA_CKPT_PARAM, t->offset, t->offset + n, buf) ||
-            st_write(&w, i, buf))
-            goto done;
-    }
-    if (st_commit(&w)) goto done;
-    printf("wrote %s: %d tensors, %zu parameters, step %lld\n", out, m.n_tensors, strata_model_num_params(&m),
-           (long long)strata_ckpt_get_meta(o.ck)->step);
+    if (one_file ? write_weights(&o, &m, out, 0, m.n_tensors, buf) : export_dir(&o, &m, out, max_shard, buf, &n_files))
+        goto done;
+    printf("wrote %s: %d tensors, %zu parameters, step %lld%s\n", out, m.n_tensors, strata_model_num_params(&m),
+           (long long)strata_ckpt_get_meta(o.ck)->step, one_file ? "" : n_files > 1 ? " (sharded, with an index)" : "");
     rc = STRATA_EXIT_OK;
 done:
     if (rc) fprintf(stderr, "strata export: %s\n", strata_error());
     free(buf);
-    st_free(&w);
     strata_model_free(&m);
     strata_ckpt_close(o.ck);
     return rc;

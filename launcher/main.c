@@ -4,24 +4,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bpe.h"
 #include "core/common.h"
 #include "core/config.h"
 #include "core/data.h"
 #include "launcher/commands.h"
+#include "launcher/deepspeed.h"
 #include "launcher/export.h"
+#include "launcher/help.h"
 #include "launcher/plot.h"
 #include "offload/bench_io.h"
 #include "core/device.h"
 #include "shard/comm.h"
 
 static const char *usage_text =
-    "usage: strata COMMAND [ARGS]\n"
+    "usage: strata COMMAND [ARGS]     (strata COMMAND --help: its options; strata --version)\n"
     "\n"
     "  train [CONFIG] [--set section.key=value]... [--resume latest|DIR]\n"
     "        train a model (no CONFIG: the built-in quickstart); under mpirun, on every rank\n"
-    "  prepare --text FILE... --out DIR [--val-fraction F] [--shard-tokens N]\n"
-    "        turn text files into byte-level token shards (llm.c's format)\n"
+    "  prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n"
+    "        turn text files into token shards (llm.c's format): bytes, or a Hugging Face BPE's ids\n"
     "  config [CONFIG] [--set ...]     print the effective config, every key, with defaults\n"
+    "  config --from-deepspeed ds_config.json   the equivalent Strata YAML\n"
     "  plan [CONFIG] [--world N] [--set ...]\n"
     "        print the memory plan per rank without training\n"
     "  sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
@@ -29,8 +33,8 @@ static const char *usage_text =
     "  plot RUNDIR [--out FILE]        draw loss and learning rate as an SVG\n"
     "  bench io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N]\n"
     "        pinned/pageable host<->device and O_DIRECT io_uring bandwidth: the offload floors\n"
-    "  export CKPT|RUNDIR --out FILE.safetensors\n"
-    "        the weights under Hugging Face GPT-2 names (GPT2LMHeadModel.from_pretrained loads them)\n"
+    "  export CKPT|RUNDIR --out DIR|FILE.safetensors\n"
+    "        a Hugging Face model directory (from_pretrained loads it), or the weights alone\n"
     "  dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
     "        loss, logits and every gradient of one batch, for checks against PyTorch\n"
     "\n"
@@ -38,6 +42,8 @@ static const char *usage_text =
     "4 the device ran out of memory mid-run (an emergency checkpoint was written).\n";
 
 static int cmd_config(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--from-deepspeed")) return strata_cmd_config_deepspeed(argc, argv);
     const char *path = NULL;
     const char *sets[64];
     int n_sets = 0;
@@ -61,7 +67,7 @@ static int cmd_config(int argc, char **argv) {
 static int cmd_prepare(int argc, char **argv) {
     const char **files = calloc(argc + 1, sizeof *files);
     int n = 0;
-    const char *out = NULL;
+    const char *out = NULL, *tok_path = NULL;
     double val_fraction = 0.1;
     long long shard_tokens = 100000000;
     int in_text = 0;
@@ -69,6 +75,7 @@ static int cmd_prepare(int argc, char **argv) {
         char *end = NULL;
         if (!strcmp(argv[i], "--text")) in_text = 1;
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) { out = argv[++i]; in_text = 0; }
+        else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) { tok_path = argv[++i]; in_text = 0; }
         else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) {
             val_fraction = strtod(argv[++i], &end);
             if (*end || !(val_fraction >= 0 && val_fraction < 1)) {
@@ -93,11 +100,18 @@ static int cmd_prepare(int argc, char **argv) {
         }
     }
     if (!n || !out) {
-        fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--val-fraction F] [--shard-tokens N]\n");
+        fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n");
         free(files);
         return STRATA_EXIT_USAGE;
     }
-    int rc = strata_prepare_text(files, n, out, val_fraction, (size_t)shard_tokens);
+    strata_bpe *tk = NULL;
+    if (tok_path && !(tk = strata_bpe_load(tok_path))) {
+        fprintf(stderr, "strata prepare: --tokenizer: %s\n", strata_error());
+        free(files);
+        return STRATA_EXIT_USAGE;
+    }
+    int rc = strata_prepare_text(files, n, out, val_fraction, (size_t)shard_tokens, tk);
+    strata_bpe_free(tk);
     free(files);
     if (rc) {
         fprintf(stderr, "strata prepare: %s\n", strata_error());
@@ -175,9 +189,11 @@ int main(int argc, char **argv) {
         fputs(usage_text, argc < 2 ? stderr : stdout);
         return argc < 2 ? STRATA_EXIT_USAGE : STRATA_EXIT_OK;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return strata_cmd_version();
     const char *cmd = argv[1];
     int sub_argc = argc - 2;
     char **sub_argv = argv + 2;
+    if (strata_help_asked(sub_argc, sub_argv) && strata_cmd_help(cmd) == 0) return STRATA_EXIT_OK;
     if (!strcmp(cmd, "train")) {
         int rank = 0, world = 1, local_rank = 0;
         if (strata_mpi_init(&argc, &argv, &rank, &world, &local_rank)) {

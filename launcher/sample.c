@@ -9,6 +9,7 @@
 #include "core/checkpoint.h"
 #include "core/config.h"
 #include "launcher/commands.h"
+#include "launcher/tokenizer.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -81,7 +82,16 @@ int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, f
     return 0;
 }
 
-void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk) {
+void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk,
+                         const strata_bpe *bpe) {
+    /* byte-level models keep the escaping below for bytes that are not text */
+    if (bpe && !strata_bpe_is_bytes(bpe)) {
+        size_t len = 0;
+        char *text = strata_bpe_decode(bpe, tokens, (size_t)(n > 0 ? n : 0), &len);
+        fwrite(text, 1, len, f);
+        free(text);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         int t = tokens[i];
         if (tk && t >= 0 && t < tk->vocab_size) {
@@ -110,13 +120,35 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
     }
     char name[STRATA_PATH_MAX + 32];
     snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);
-    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, sets, n_sets)) {
+    /* the weights are the checkpoint's: the run's model.init_from need not exist any more */
+    const char *all[64 + 1];
+    int n_all = 0;
+    for (int i = 0; i < n_sets && i < 64; i++) all[n_all++] = sets[i];
+    all[n_all++] = "model.init_from=";
+    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, all, n_all)) {
         fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
         strata_ckpt_close(o->ck);
         o->ck = NULL;
         return STRATA_EXIT_ERROR;
     }
     return STRATA_EXIT_OK;
+}
+
+/* The BPE encoder's sink for a prompt: ids into a growing array. */
+typedef struct ids_buf {
+    int32_t *ids;
+    size_t n, cap;
+} ids_buf;
+
+static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
+    ids_buf *b = ctx;
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2;
+        b->ids = strata_xrealloc(b->ids, b->cap * sizeof *b->ids);
+    }
+    memcpy(b->ids + b->n, ids, n * sizeof *ids);
+    b->n += n;
+    return 0;
 }
 
 static int usage(void) {
@@ -161,21 +193,67 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_ckpt *ck = o.ck;
     strata_config cfg = o.cfg;
     int rc = STRATA_EXIT_ERROR;
+    /* --tokenizer: llm.c's .bin (decoding only) or a Hugging Face BPE; default: the run's */
     strata_tokenizer tk = {0};
-    int have_tk = 0;
-    if (tok_path) {
-        if (strata_tokenizer_load(&tk, tok_path)) {
+    int have_tk = 0, failed = 0;
+    strata_bpe *bpe = NULL;
+    if (tok_path && strlen(tok_path) > 4 && !strcmp(tok_path + strlen(tok_path) - 4, ".bin")) {
+        if (strata_tokenizer_load(&tk, tok_path)) failed = 1;
+        have_tk = !failed;
+    } else if (tok_path) {
+        failed = !(bpe = strata_bpe_load(tok_path));
+    } else {
+        bpe = strata_ckpt_tokenizer(o.dir, &failed);
+    }
+    if (failed) {
+        fprintf(stderr, "strata sample: tokenizer: %s\n", strata_error());
+        strata_ckpt_close(ck);
+        return STRATA_EXIT_USAGE;
+    }
+    /* the prompt as token ids: the BPE's, or bytes for a byte-level model */
+    size_t n_prompt = 0;
+    int32_t *prompt_ids = NULL;
+    if (bpe) {
+        ids_buf b = {0};
+        if (strata_bpe_encode(bpe, prompt, strlen(prompt), "--prompt", collect_ids, &b)) {
             fprintf(stderr, "strata sample: %s\n", strata_error());
+            free(b.ids);
+            strata_bpe_free(bpe);
             strata_ckpt_close(ck);
             return STRATA_EXIT_USAGE;
         }
-        have_tk = 1;
+        prompt_ids = b.ids;
+        n_prompt = b.n;
+    } else if (prompt[0]) {
+        n_prompt = strlen(prompt);
+        prompt_ids = strata_xmalloc(n_prompt * sizeof(int32_t));
+        for (size_t i = 0; i < n_prompt; i++) prompt_ids[i] = (unsigned char)prompt[i];
+        if (cfg.model.vocab_size > 256) {
+            fprintf(stderr, "strata sample: --prompt needs the model's tokenizer: this checkpoint has vocab_size %d and "
+                            "its run recorded none (pass --tokenizer tokenizer.json or a model directory)\n",
+                    cfg.model.vocab_size);
+            free(prompt_ids);
+            strata_ckpt_close(ck);
+            if (have_tk) strata_tokenizer_free(&tk);
+            return STRATA_EXIT_USAGE;
+        }
     }
-    if (prompt[0] && cfg.model.vocab_size > 256) {
-        fprintf(stderr, "strata sample: --prompt text needs a byte-level model (vocab_size 256); this "
-                        "checkpoint has vocab_size %d, so sampling starts from token 0 instead\n", cfg.model.vocab_size);
-        prompt = "";
+    for (size_t i = 0; i < n_prompt; i++) {
+        if (prompt_ids[i] >= cfg.model.vocab_size) {
+            size_t len = 0;
+            const unsigned char *text = bpe ? strata_bpe_token_bytes(bpe, prompt_ids[i], &len) : NULL;
+            fprintf(stderr, "strata sample: --prompt: token %d (\"%.*s\") is outside the model's vocabulary of %d "
+                            "(is this the tokenizer the model was trained with?)\n", prompt_ids[i], (int)len,
+                    text ? (const char *)text : "", cfg.model.vocab_size);
+            free(prompt_ids);
+            strata_bpe_free(bpe);
+            strata_ckpt_close(ck);
+            return STRATA_EXIT_USAGE;
+        }
     }
+    /* an empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|> */
+    int eot = bpe ? strata_bpe_special_id(bpe, "<|endoftext|>") : -1;
+    int start_eot = n_prompt == 0 && eot >= 0 && eot < cfg.model.vocab_size;
     strata_device *dev = strata_device_open(cfg.device == STRATA_BACKEND_CUDA ? "cuda" : cfg.device == STRATA_BACKEND_CPU ? "cpu" : "auto", 0);
     if (!dev) {
         fprintf(stderr, "strata sample: %s\n", strata_error());
@@ -189,16 +267,19 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_arena arena;
     strata_arena_init(&arena, dev);
     strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, 0, 1);
-    int n_prompt = (int)strlen(prompt);
-    int32_t *tokens = strata_xcalloc((size_t)n_prompt + n_tokens + 1, sizeof(int32_t));
-    for (int i = 0; i < n_prompt; i++) tokens[i] = (unsigned char)prompt[i];
+    int32_t *tokens = strata_xcalloc(n_prompt + (size_t)n_tokens + 1, sizeof(int32_t));
+    for (size_t i = 0; i < n_prompt; i++) tokens[i] = prompt_ids[i];
+    if (start_eot) tokens[n_prompt++] = eot;
+    free(prompt_ids);
     strata_rng rng;
     strata_rng_seed(&rng, seed);
     if (strata_arena_commit(&arena) || strata_engine_load(e, ck) || strata_engine_params_resident(e) ||
-        strata_generate(&m, tokens, n_prompt, n_tokens, (float)temperature, top_k, &rng)) {
+        strata_generate(&m, tokens, (int)n_prompt, n_tokens, (float)temperature, top_k, &rng)) {
         fprintf(stderr, "strata sample: %s\n", strata_error());
     } else {
-        strata_write_tokens(stdout, tokens, n_prompt + n_tokens, cfg.model.vocab_size, have_tk ? &tk : NULL);
+        int skip = start_eot ? 1 : 0; /* the <|endoftext|> we started from is not part of the text */
+        strata_write_tokens(stdout, tokens + skip, (int)n_prompt - skip + n_tokens, cfg.model.vocab_size,
+                            have_tk ? &tk : NULL, bpe);
         fputc('\n', stdout);
         rc = STRATA_EXIT_OK;
     }
@@ -210,5 +291,6 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_device_close(dev);
     strata_ckpt_close(ck);
     if (have_tk) strata_tokenizer_free(&tk);
+    strata_bpe_free(bpe);
     return rc;
 }

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/bpe.h"
 #include "core/common.h"
 #include "core/data.h"
 #include "core/model.h"
@@ -15,8 +16,10 @@
 int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, float temperature,
                     int top_k, strata_rng *rng);
 
-/* Writes tokens as text: bytes for byte-level models, the tokenizer's pieces otherwise
- * (without one, "<id>"). Non-printable bytes are shown escaped. */
-void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk);
+/* Writes tokens as text: decoded by the BPE (bpe; as Hugging Face decodes, bytes that are
+ * not UTF-8 become U+FFFD), llm.c's tokenizer pieces (tk), bytes for byte-level models
+ * without either (non-printable ones escaped), "<id>" otherwise. */
+void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk,
+                         const strata_bpe *bpe);
 
 #endif

@@ -3,7 +3,12 @@
 # again under AddressSanitizer and the stream/collective tests under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-launcher/install-deps.sh   # nothing to do when the packages are already there
+launcher/install-deps.sh --tests   # nothing to do when the packages are already there
+# torch, transformers and tokenizers for the reference tests: from PyPI into .dev/venv,
+# once; when PyPI cannot be reached those tests skip and say so
+STRATA_PYTHON=$(launcher/python-env.sh --install)
+export STRATA_PYTHON
+echo "[test] reference Python: ${STRATA_PYTHON:-none (the transformers/tokenizers comparisons will skip)}"
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build -j"$jobs"

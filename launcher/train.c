@@ -16,10 +16,12 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "core/pretrained.h"
 #include "launcher/auto.h"
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
+#include "launcher/tokenizer.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -163,6 +165,7 @@ typedef struct trainer {
     size_t rss_peak;        /* resident host memory, highest seen after a step */
     size_t planned_runtime; /* the plan's CUDA runtime row (0 on the CPU backend) */
     size_t device_used_peak; /* device memory in use (device_used), highest seen after a step */
+    strata_bpe *tokenizer;  /* what the token ids mean (launcher/tokenizer.h), or NULL */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -370,10 +373,16 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_config *cfg = &t->cfg;
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) {
         if (rank == 0) fprintf(stderr, "%s\n", strata_error());
+        free(t);
         return STRATA_EXIT_USAGE;
     }
     config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+    if (strata_run_tokenizer_open(cfg, &t->tokenizer)) {
+        if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+        free(t);
+        return STRATA_EXIT_USAGE;
+    }
 
     const char *backend = cfg->device == STRATA_BACKEND_CUDA ? "cuda" : cfg->device == STRATA_BACKEND_CPU ? "cpu" : "auto";
     t->dev = strata_device_open(backend, local_rank);
@@ -496,6 +505,14 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             STRATA_INFO("train", "resumed from %s (step %lld, saved at world %d stage %d)", dir, (long long)start,
                         meta->world, meta->stage);
         strata_ckpt_close(ck);
+    } else if (cfg->model.init_from[0]) {
+        /* pretrained weights, each rank reading only its own shard of every unit */
+        strata_pretrained *pt = strata_pretrained_open(cfg->model.init_from, &t->m);
+        if (!pt || strata_engine_init_from(t->engine, strata_pretrained_read, pt)) fatal(t, "loading model.init_from");
+        if (rank == 0) STRATA_INFO("train", "initialised from %s: %s", cfg->model.init_from, strata_pretrained_describe(pt));
+        STRATA_DEBUG("train", "model.init_from: this rank read %zu of the model's %zu parameters",
+                     strata_pretrained_elements_read(pt), strata_model_num_params(&t->m));
+        strata_pretrained_close(pt);
     } else if (strata_engine_init_params(t->engine, cfg->train.seed)) {
         fatal(t, "initialising parameters");
     }
@@ -517,6 +534,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         if (t->cli.resume) metrics_truncate(metrics_path, start);
         t->metrics = fopen(metrics_path, t->cli.resume ? "a" : "w");
         if (!t->metrics) { strata_fail("%s: %s", metrics_path, strerror(errno)); fatal(t, "opening metrics"); }
+        if (t->tokenizer && strata_run_tokenizer_record(cfg, t->tokenizer)) fatal(t, "recording the tokenizer");
     }
 
     struct sigaction sa = {0};
@@ -619,11 +637,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_engine_params_resident(t->engine) == 0) {
         int n = cfg->train.sample_tokens;
         int32_t *tokens = strata_xcalloc((size_t)n + 2, sizeof(int32_t));
-        int n_prompt = 0;
+        int n_prompt = 0, eot = t->tokenizer ? strata_bpe_special_id(t->tokenizer, "<|endoftext|>") : -1;
         if (cfg->model.vocab_size <= 256) tokens[n_prompt++] = '\n';
+        else if (eot >= 0 && eot < cfg->model.vocab_size) tokens[n_prompt++] = eot; /* GPT-2's start of a text */
         strata_generate(&t->m, tokens, n_prompt, n, 0.8f, 40, &rng);
         printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
-        strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL);
+        strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL, t->tokenizer);
         printf("\n----\n");
         free(tokens);
     }
@@ -658,6 +677,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     if (t->have_val) strata_loader_close(&t->val);
     strata_comm_close(t->comm);
     strata_device_close(t->dev);
+    strata_bpe_free(t->tokenizer);
     free(t);
     return exit_code;
 }

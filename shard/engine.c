@@ -544,26 +544,27 @@ static int publish_params(strata_engine *e) {
 }
 
 
-int strata_engine_init_params(strata_engine *e, uint64_t seed) {
+/* The seeded random init as a parameter source. */
+static int seeded_init(void *ctx, const strata_model *m, int u, size_t lo, size_t hi, float *dst) {
+    strata_model_init_params(m, u, *(const uint64_t *)ctx, lo, hi, dst);
+    return 0;
+}
+
+int strata_engine_init_params(strata_engine *e, uint64_t seed) { return strata_engine_init_from(e, seeded_init, &seed); }
+
+int strata_engine_init_from(strata_engine *e, strata_param_source source, void *ctx) {
     size_t max_n = 0;
     for (int u = 0; u < e->U; u++) max_n = opt_n(e, u) > max_n ? opt_n(e, u) : max_n;
     float *host = strata_xmalloc(max_n * sizeof(float));
-    if (offload_ready(e)) {
-        free(host);
-        return -1;
-    }
-    for (int u = 0; u < e->U; u++) {
+    int rc = offload_ready(e);
+    for (int u = 0; u < e->U && !rc; u++) {
         size_t lo = opt_lo(e, u), n = opt_n(e, u);
-        strata_model_init_params(e->m, u, seed, lo, lo + n, host);
+        if ((rc = source(ctx, e->m, u, lo, lo + n, host))) break;
         if (e->off) {
-            int rc = strata_offload_write_state(e->off, u, STRATA_STATE_MASTER, host);
+            rc = strata_offload_write_state(e->off, u, STRATA_STATE_MASTER, host);
             memset(host, 0, n * sizeof(float));
             if (!rc) rc = strata_offload_write_state(e->off, u, STRATA_STATE_M, host);
             if (!rc) rc = strata_offload_write_state(e->off, u, STRATA_STATE_V, host);
-            if (rc) {
-                free(host);
-                return -1;
-            }
             continue;
         }
         strata_memcpy_async(e->dev, e->dev->compute, e->master[u], host, n * 4);
@@ -572,6 +573,12 @@ int strata_engine_init_params(strata_engine *e, uint64_t seed) {
         strata_stream_sync(e->dev, e->dev->compute); /* host buffer is reused next unit */
     }
     free(host);
+    /* a source may fail on one rank only (its shard's file): every rank stops together */
+    double failed = rc != 0;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", rc ? strata_error() : "");
+    if (strata_allreduce_host_f64(e->comm, &failed, 1)) return -1;
+    if (failed) return strata_fail("%s", rc ? err : "another rank could not initialise its parameters");
     return publish_params(e);
 }
 

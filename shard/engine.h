@@ -60,6 +60,15 @@ size_t strata_engine_nvme_param_bytes(const strata_engine *e);
  * element index, so every world size and stage starts from identical weights). */
 int strata_engine_init_params(strata_engine *e, uint64_t seed);
 
+/* Where initial parameters come from: fills elements [lo, hi) of unit u's flat fp32
+ * buffer (padding included) into dst, or fails with strata_fail. */
+typedef int (*strata_param_source)(void *ctx, const strata_model *m, int u, size_t lo, size_t hi, float *dst);
+/* After strata_arena_commit: each rank asks `source` for exactly its own range of every
+ * unit (its shard from stage 1 on), so no rank holds more than one unit's range at a time;
+ * the values go where the rank's optimizer state lives (device, pinned host or NVMe), Adam
+ * moments start at zero. Collective: a failure on any rank fails every rank. */
+int strata_engine_init_from(strata_engine *e, strata_param_source source, void *ctx);
+
 /* One optimizer step: grad_accum micro-batches of this rank's slice of the global batch,
  * reductions, clipping, AdamW, gathers. */
 int strata_engine_step(strata_engine *e, strata_loader *train, int64_t step, strata_step_result *r);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `strata export` and `strata dump-grads`: their command-line failures, atomic output, and
 # (tests/torch_reference.py) logits, loss and every gradient against Hugging Face
-# transformers' GPT2LMHeadModel. Exits 77 (skip) when torch or transformers are missing,
-# after the checks that need neither. STRATA_TORCH_124M=1 also runs the GPT-2 124M shape
+# transformers' GPT2LMHeadModel, loading `strata export --out DIR` with from_pretrained as it
+# is. The Python is launcher/python-env.sh's (launcher/test.sh installs it); exits 77 (skip)
+# when there is none, after the checks that need neither. STRATA_TORCH_124M=1 also runs the GPT-2 124M shape
 # (about 2 minutes and 3 GB of disk on 2 cores).
 set -euo pipefail
 S=${STRATA:?set by ctest}
@@ -66,12 +67,15 @@ cmp -s w.safetensors w.orig || fail "a failed export changed the existing file"
 pass "export is atomic: failures keep the old file and leave no temporary"
 
 # --- the comparison with PyTorch (77 when torch/transformers are missing)
+# (without one, python3 runs the structural checks and the script exits 77)
+PY=$("$SRC/launcher/python-env.sh")
+PY=${PY:-python3}
 set +e
-python3 "$SRC/tests/torch_reference.py" --strata "$S" --workdir "$W/tiny"
+"$PY" "$SRC/tests/torch_reference.py" --strata "$S" --workdir "$W/tiny"
 rc=$?
 set -e
 [ $rc -eq 0 ] || exit $rc
 if [ "${STRATA_TORCH_124M:-0}" = 1 ]; then
-    python3 "$SRC/tests/torch_reference.py" --strata "$S" --workdir "$W/gpt2" --gpt2-124m-shape
+    "$PY" "$SRC/tests/torch_reference.py" --strata "$S" --workdir "$W/gpt2" --gpt2-124m-shape
 fi
 pass "strata matches transformers"

@@ -2,9 +2,11 @@
 """tests/torch_reference.py: Strata's GPT-2 against Hugging Face transformers' GPT2LMHeadModel.
 
 Trains a tiny model with `strata train` (or, with --gpt2-124m-shape, takes one step of a
-randomly initialised GPT-2 124M), exports it with `strata export`, runs one forward and
-backward with `strata dump-grads`, then loads the export into GPT2LMHeadModel and compares
-the logits, the loss and every parameter gradient on the same batch.
+randomly initialised GPT-2 124M), exports it with `strata export --out DIR`, runs one
+forward and backward with `strata dump-grads`, then loads DIR as it is with
+GPT2LMHeadModel.from_pretrained (and, for the byte-level run, AutoTokenizer, which must
+encode text to its UTF-8 bytes) and compares the logits, the loss and every parameter
+gradient on the same batch.
 
 The structure of both safetensors files, and the loss against the logits, are checked
 first in plain Python; the comparison with PyTorch follows, and the script exits 77 (the
@@ -241,9 +243,10 @@ def main():
 
     cfg, data_glob, B, T = prepare(args, work)
     run([args.strata, "train", cfg], work, "train %d step%s" % (args.steps, "s" if args.steps > 1 else ""))
-    export = os.path.join(work, "export.safetensors")
+    hf_dir = os.path.join(work, "hf")
+    export = os.path.join(hf_dir, "model.safetensors")
     grads = os.path.join(work, "grads.safetensors")
-    run([args.strata, "export", "run", "--out", export], work, "export")
+    run([args.strata, "export", "run", "--out", hf_dir], work, "export")
     dump_cmd = [args.strata, "dump-grads", "run", "--data", data_glob, "--batch", str(B), "--seq", str(T),
                 "--device", args.device]
     run(dump_cmd + ["--out", grads], work, "dump-grads")
@@ -271,26 +274,31 @@ def main():
     torch.manual_seed(0)
     L, NH, C = int(wmeta["strata.n_layer"]), int(wmeta["strata.n_head"]), int(wmeta["strata.n_embd"])
     V, P = int(wmeta["strata.vocab_size"]), int(wmeta["strata.n_positions"])
-    hf_cfg = GPT2Config(n_layer=L, n_head=NH, n_embd=C, n_positions=P, vocab_size=V,
-                        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-                        bos_token_id=min(50256, V - 1), eos_token_id=min(50256, V - 1))
     print("transformers: GPT2LMHeadModel n_layer %d n_head %d n_embd %d n_positions %d vocab %d "
           "(torch %s, transformers %s)" % (L, NH, C, P, V, torch.__version__, transformers.__version__))
 
-    # 1. from_pretrained on a directory holding the export: the way users will load it
-    hf_dir = os.path.join(work, "hf")
-    os.makedirs(hf_dir)
-    hf_cfg.save_pretrained(hf_dir)
-    shutil.copyfile(export, os.path.join(hf_dir, "model.safetensors"))
+    # 1. from_pretrained on the exported directory as it is: the way users will load it
     model, info = GPT2LMHeadModel.from_pretrained(hf_dir, output_loading_info=True, torch_dtype=torch.float32,
                                                   attn_implementation="eager")
     print("loading:")
+    c = model.config
+    fails.check((c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size) == (L, NH, C, P, V) and
+                c.activation_function == "gelu_new" and c.tie_word_embeddings,
+                "from_pretrained(DIR): config.json gives the model's shape, gelu_new, tied embeddings")
     fails.check(not info["missing_keys"] and not info["unexpected_keys"] and not info.get("mismatched_keys"),
                 "from_pretrained: no missing, unexpected or mismatched keys (%s)" %
                 {k: list(v) for k, v in info.items() if v})
     fails.check(model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(),
                 "from_pretrained: lm_head is tied to transformer.wte")
+    hf_cfg = model.config
+    if os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(hf_dir)
+        text = "Byte-level: h\u00e9llo, \u4f60\u597d \U0001F600\r\n  spaces\tand tabs"
+        ids = tok(text)["input_ids"]
+        fails.check(ids == list(text.encode("utf-8")) and tok.decode(ids) == text,
+                    "AutoTokenizer.from_pretrained(DIR) (%s): the byte-level run's tokenizer encodes text to its UTF-8 "
+                    "bytes and decodes them back" % type(tok).__name__)
     # 2. load_state_dict on a fresh model: only the tied lm_head may be reported missing
     sd = load_file(export)
     fresh = GPT2LMHeadModel(hf_cfg)

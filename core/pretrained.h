@@ -1,0 +1,62 @@
+/* core/pretrained.h: Hugging Face GPT-2 weights as a source of initial parameters
+ * (`model.init_from`).
+ *
+ * What `model.init_from` may name:
+ *   - a model directory: config.json, and model.safetensors or the shards listed in
+ *     model.safetensors.index.json ("weight_map": tensor name -> file in the directory);
+ *   - one .safetensors file (config.json beside it is read when present; otherwise the
+ *     shape comes from the tensors' shapes and, for n_head, from the YAML or the
+ *     "strata.n_head" metadata Strata's own export writes).
+ *
+ * Tensor names may carry the "transformer." prefix (GPT2LMHeadModel) or not (GPT2Model);
+ * the attention-mask buffers of old GPT-2 files (h.N.attn.bias, h.N.attn.masked_bias) are
+ * skipped; lm_head.weight, when present, must equal transformer.wte.weight (Strata's head
+ * is tied to it), which each reader checks for the rows it reads. Any other tensor is
+ * refused by name: the model it belongs to is not one Strata computes.
+ *
+ * Reading is by element range of a unit's flat buffer (core/model.h), so each rank reads
+ * only its own shard: at ZeRO stage 3 no rank ever holds the whole model. */
+#ifndef STRATA_PRETRAINED_H
+#define STRATA_PRETRAINED_H
+
+#include <stddef.h>
+
+#include "core/config.h"
+#include "core/model.h"
+
+/* The model shape a Hugging Face GPT-2 config.json (or a lone .safetensors file) gives. */
+typedef struct strata_hf_shape {
+    int n_layer, n_head, n_embd, n_positions, vocab_size; /* 0: unknown */
+    char source[STRATA_PATH_MAX + 32]; /* what the values came from, for messages */
+} strata_hf_shape;
+
+/* Reads a GPT-2 config.json, refusing (naming the key) what Strata's model does not
+ * compute: another model_type, activation_function other than the tanh GELU,
+ * layer_norm_epsilon other than 1e-5, untied embeddings, cross-attention, n_inner other
+ * than 4 * n_embd, scale_attn_weights off, scale_attn_by_inverse_layer_idx. */
+int strata_hf_config_read(const char *path, strata_hf_shape *shape);
+
+/* The shape that init_from (a directory or a .safetensors file) implies. */
+int strata_pretrained_shape(const char *init_from, strata_hf_shape *shape);
+
+/* model.n_layer, n_head, n_embd, seq_len, vocab_size from c->model.init_from: keys the
+ * YAML left out (set[i] == 0, in that order) are filled in; a key the YAML set must agree,
+ * or the error names both values and where they came from. `name` is the config file. */
+int strata_pretrained_apply_shape(strata_config *c, const int set[5], const char *name);
+
+typedef struct strata_pretrained strata_pretrained;
+
+/* Opens init_from and checks it against the model: every parameter present with its
+ * shape (wte: vocab_size rows; wpe: model.seq_len rows), in a dtype Strata converts (F32,
+ * F16, BF16, F64), and no tensor the model lacks. */
+strata_pretrained *strata_pretrained_open(const char *init_from, const strata_model *m);
+void strata_pretrained_close(strata_pretrained *p);
+/* Elements [lo, hi) of unit u's flat fp32 buffer; wte's padding rows and the unit's
+ * padding read as 0. The signature of a shard/engine.c parameter source. */
+int strata_pretrained_read(void *p, const strata_model *m, int u, size_t lo, size_t hi, float *dst);
+/* "N tensors in K file(s), dtype F32" for the log. */
+const char *strata_pretrained_describe(const strata_pretrained *p);
+/* Weights read from the files so far (what this rank's shards needed). */
+size_t strata_pretrained_elements_read(const strata_pretrained *p);
+
+#endif

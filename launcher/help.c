@@ -1,0 +1,163 @@
+/* launcher/help.c: per-subcommand usage (`strata COMMAND --help`, on stdout, exit 0) and
+ * `strata --version`: the version and the libraries this binary was built with (CMake
+ * passes the CUDA, NCCL and liburing versions; MPI, libyaml and PCRE2 report their own). */
+#include "launcher/help.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <mpi.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "core/common.h"
+
+#ifndef STRATA_VERSION
+#define STRATA_VERSION "unknown"
+#endif
+#ifndef STRATA_BUILD_CUDA
+#define STRATA_BUILD_CUDA ""
+#endif
+#ifndef STRATA_BUILD_NCCL
+#define STRATA_BUILD_NCCL ""
+#endif
+#ifndef STRATA_BUILD_URING
+#define STRATA_BUILD_URING ""
+#endif
+#ifndef STRATA_BUILD_TYPE
+#define STRATA_BUILD_TYPE ""
+#endif
+
+static const struct {
+    const char *cmd, *text;
+} helps[] = {
+    {"train",
+     "usage: strata train [CONFIG] [--set section.key=value]... [--resume latest|DIR]\n"
+     "\n"
+     "Trains the model CONFIG describes (no CONFIG: the built-in quickstart, configs/quickstart.yaml).\n"
+     "Under mpirun every rank runs it; ZeRO stage, offload and the rest come from the config.\n"
+     "\n"
+     "  CONFIG               a YAML file (`strata config CONFIG` prints every key with its default)\n"
+     "  --set, -s S.K=V      override one key, checked like the file (repeatable)\n"
+     "  --resume latest|DIR  continue bit for bit from run.dir's newest checkpoint, or from DIR;\n"
+     "                       it wins over model.init_from\n"
+     "\n"
+     "model.init_from: DIR|FILE.safetensors starts from Hugging Face GPT-2 weights (the shape keys\n"
+     "left out of the config come from its config.json). Exit codes: 0 ok, 1 run-time failure,\n"
+     "2 bad command line or config, 3 the plan does not fit, 4 the device ran out of memory mid-run.\n"},
+    {"prepare",
+     "usage: strata prepare --text FILE... --out DIR [--tokenizer DIR|tokenizer.json]\n"
+     "                      [--val-fraction F] [--shard-tokens N]\n"
+     "\n"
+     "Turns text files into token shards in llm.c's format (DIR/train_000000.bin, DIR/val_...)\n"
+     "and writes the tokenizer beside them as DIR/tokenizer.json (training records it, export ships it).\n"
+     "\n"
+     "  --text FILE...       UTF-8 text files (each file's tail goes to validation)\n"
+     "  --out DIR            created if missing; older shards past the new count are removed\n"
+     "  --tokenizer T        a Hugging Face byte-level BPE: tokenizer.json, or a model directory with\n"
+     "                       tokenizer.json or vocab.json + merges.txt; the ids are those Hugging Face\n"
+     "                       `tokenizers` gives. Without it tokens are bytes (vocab_size 256).\n"
+     "  --val-fraction F     share of each file held out for validation, in [0, 1) (default 0.1)\n"
+     "  --shard-tokens N     tokens per shard at most (default 100000000)\n"},
+    {"config",
+     "usage: strata config [CONFIG] [--set section.key=value]...\n"
+     "       strata config --from-deepspeed ds_config.json [--world N] [--base CONFIG]\n"
+     "\n"
+     "Prints the effective config: every key, with defaults and a comment each (no CONFIG: the\n"
+     "built-in quickstart).\n"
+     "\n"
+     "  --from-deepspeed F   print the Strata YAML equivalent to DeepSpeed config F (ZeRO stage,\n"
+     "                       offload, overlap, buckets, batch, bf16, AdamW, scheduler, clipping) and\n"
+     "                       name every key that cannot be carried over, and why (also on stderr)\n"
+     "  --world N            ranks, to derive gradient accumulation from train_batch_size (default 1)\n"
+     "  --base CONFIG        start the printed YAML with `base: CONFIG`, so it loads as is\n"},
+    {"plan",
+     "usage: strata plan [CONFIG] [--world N] [--set section.key=value]...\n"
+     "                   [--gpu-gb G] [--host-gb H] [--nvme-gb N]\n"
+     "\n"
+     "Prints the memory plan of one rank per tier (device, pinned host, host, NVMe) without\n"
+     "training; when it does not fit, the cheapest change that does (exit 3).\n"
+     "\n"
+     "  --world N            ranks (default 1)\n"
+     "  --gpu-gb, --host-gb, --nvme-gb   budgets in GiB (shorthands for memory.*_gb; default: queried)\n"},
+    {"sample",
+     "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+     "                     [--seed S] [--tokenizer T]\n"
+     "\n"
+     "Generates text from a checkpoint (a run directory means its newest one).\n"
+     "\n"
+     "  --prompt TEXT        encoded with the run's tokenizer (refused if a token falls outside the\n"
+     "                       model's vocabulary)\n"
+     "  --tokens N           tokens to generate (default 200)\n"
+     "  --temperature T      0 = greedy (default 1)\n"
+     "  --top-k K            sample among the K most likely (default 0: all)\n"
+     "  --seed S             (default 1337)\n"
+     "  --tokenizer T        tokenizer.json, a model directory, or llm.c's tokenizer .bin (decoding only);\n"
+     "                       default: the tokenizer.json the run recorded in its run directory\n"},
+    {"plot",
+     "usage: strata plot RUNDIR [--out FILE]\n"
+     "\n"
+     "Draws train loss, validation loss and the learning rate of RUNDIR/metrics.jsonl as an SVG\n"
+     "(default RUNDIR/plot.svg).\n"},
+    {"bench",
+     "usage: strata bench io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N] [--device cpu|cuda]\n"
+     "\n"
+     "Measures this machine's offload floors: pinned and pageable host<->device copies, and\n"
+     "O_DIRECT reads and writes through io_uring in DIR.\n"},
+    {"export",
+     "usage: strata export CKPT|RUNDIR --out DIR [--max-shard-size SIZE]\n"
+     "       strata export CKPT|RUNDIR --out FILE.safetensors\n"
+     "\n"
+     "Writes the fp32 weights under Hugging Face GPT-2 names. --out DIR (created) is a directory\n"
+     "`GPT2LMHeadModel.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load unchanged:\n"
+     "config.json, generation_config.json, model.safetensors (or model-0000K-of-0000N.safetensors\n"
+     "shards with model.safetensors.index.json past --max-shard-size, default 5GB), and the tokenizer\n"
+     "the run trained with (tokenizer.json, vocab.json, merges.txt, tokenizer_config.json).\n"
+     "--out FILE.safetensors writes the weights alone.\n"
+     "\n"
+     "  --max-shard-size SIZE  largest weights file, e.g. 5GB, 500MB, 2GiB (default 5GB)\n"},
+    {"dump-grads",
+     "usage: strata dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
+     "                         [--device cpu|cuda] [--set section.key=value]...\n"
+     "\n"
+     "One forward and backward of the checkpoint's model over the first B sequences of GLOB:\n"
+     "loss, logits, inputs, targets and every gradient, for checks against PyTorch\n"
+     "(tests/torch_reference.py). --device cuda computes in bf16 (default: fp32 on the CPU).\n"},
+};
+
+int strata_help_asked(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
+    return 0;
+}
+
+int strata_cmd_help(const char *cmd) {
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        if (!strcmp(helps[i].cmd, cmd)) {
+            fputs(helps[i].text, stdout);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int strata_cmd_version(void) {
+    printf("strata %s%s%s\n", STRATA_VERSION, STRATA_BUILD_TYPE[0] ? " (" : "", STRATA_BUILD_TYPE[0] ? STRATA_BUILD_TYPE ")" : "");
+    printf("  CUDA      %s\n", STRATA_BUILD_CUDA[0] ? "toolkit " STRATA_BUILD_CUDA : "not built: CPU backend only");
+    printf("  NCCL      %s\n", STRATA_BUILD_NCCL[0] ? STRATA_BUILD_NCCL : "not built (comm.backend nccl unavailable)");
+    char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0, major = 0, minor = 0;
+    MPI_Get_library_version(mpi, &len); /* both may be called before MPI_Init */
+    MPI_Get_version(&major, &minor);
+    char *nl = strchr(mpi, '\n');
+    if (nl) *nl = 0;
+    char *comma = strchr(mpi, ','); /* Open MPI appends package details after a comma */
+    if (comma) *comma = 0;
+    printf("  MPI       %s (MPI %d.%d)\n", mpi, major, minor);
+    printf("  io_uring  liburing %s\n", STRATA_BUILD_URING[0] ? STRATA_BUILD_URING : "(version unknown)");
+    printf("  YAML      libyaml %s\n", yaml_get_version_string());
+    char pcre[64] = "?";
+    pcre2_config(PCRE2_CONFIG_VERSION, pcre);
+    printf("  regex     PCRE2 %s\n", pcre);
+    return STRATA_EXIT_OK;
+}

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Hugging Face model directories in and out, without Python:
+#  - `strata export RUN --out DIR` -> `model.init_from: DIR` gives the step-0 loss of the
+#    run it came from bit for bit (the loss of the resumed run's next step, on the same
+#    batch), at world 1 and at world 2 stage 3 (also with optimizer and parameter shards
+#    offloaded to pinned memory and to NVMe);
+#  - a sharded directory (--max-shard-size, with model.safetensors.index.json) and a lone
+#    .safetensors file load alike; re-exporting unsharded leaves no stale index;
+#  - resuming wins over model.init_from; a YAML shape that disagrees with config.json,
+#    a missing init_from and bad export options are refused with exit 2 naming the value;
+#  - every subcommand answers --help on stdout with exit 0; --version names the build.
+set -euo pipefail
+S=${STRATA:?set by ctest}
+W=$(mktemp -d /tmp/strata-e2e-hf.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail() { echo "FAIL: $*"; exit 1; }
+pass() { echo "ok: $*"; }
+code() { set +e; "$@" > out.txt 2>&1; echo $?; set -e; }
+loss_at() { grep "\"step\": $2," "$1/metrics.jsonl" | grep -o '"loss": [^,]*' | cut -d' ' -f2; }
+MPI=()
+if command -v mpirun > /dev/null; then
+  MPI=(mpirun --oversubscribe -x OMP_NUM_THREADS=1)
+  [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+fi
+
+# --- --help and --version
+for c in train prepare config plan sample plot bench export dump-grads; do
+  [ "$(code "$S" $c --help)" = 0 ] || fail "strata $c --help should exit 0: $(cat out.txt)"
+  grep -q "^usage: strata $c" out.txt || fail "strata $c --help should print its usage: $(head -3 out.txt)"
+  "$S" $c --help 2> /dev/null | grep -q "usage: strata $c" || fail "strata $c --help prints on stdout"
+done
+[ "$(code "$S" sample --help)" = 0 ] && grep -q -- "--tokenizer" out.txt || fail "sample --help names its options"
+"$S" --version > version.txt || fail "--version should exit 0"
+for w in "^strata [0-9]" CUDA NCCL MPI io_uring; do grep -q "$w" version.txt || fail "--version should name $w: $(cat version.txt)"; done
+pass "every subcommand answers --help (stdout, exit 0); --version: $(head -1 version.txt), $(grep -c . version.txt) lines"
+
+# --- data whose every step sees the same batch: 40 bytes = 2 sequences of 16 + 1 tokens,
+# one global batch (2 sequences), read unshuffled, so step N+1 of a resumed run and step 1
+# of a run from the exported weights compute the loss of the same weights on the same tokens
+printf 'Pretrained weights in, fine-tuned out....' | head -c 40 > tiny.txt
+"$S" prepare --text tiny.txt --out data --val-fraction 0 > /dev/null
+cat > base.yaml <<'YAML'
+device: cpu
+model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 16, vocab_size: 256}
+data: {train: "data/train_*.bin", val: "", shuffle: false}
+train: {steps: 3, micro_batch: 2, eval_every: 0, sample_tokens: 0}
+optim: {lr: 1.0e-2, warmup_steps: 0}
+run: {dir: runs/a, checkpoint_every: 3, keep: 0}
+YAML
+cat > ft.yaml <<'YAML'
+device: cpu
+model: {init_from: hf}
+data: {train: "data/train_*.bin", val: "", shuffle: false}
+train: {steps: 1, micro_batch: 2, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/b}
+YAML
+"$S" train base.yaml > a.log
+"$S" export runs/a --out hf > /dev/null
+for f in config.json generation_config.json model.safetensors tokenizer.json vocab.json merges.txt tokenizer_config.json; do
+  [ -s "hf/$f" ] || fail "export --out DIR should write $f"
+done
+grep -q '"n_layer": 2' hf/config.json && grep -q '"vocab_size": 256' hf/config.json || fail "config.json: $(cat hf/config.json)"
+"$S" train base.yaml --set train.steps=4 --resume latest > a4.log
+ref=$(loss_at runs/a 4)
+"$S" train ft.yaml > b.log
+grep -q "initialised from hf: 28 tensors in 1 file, F32" b.log || fail "init_from should say what it read: $(grep init b.log)"
+[ "$(loss_at runs/b 1)" = "$ref" ] || fail "world 1: init_from's step-0 loss $(loss_at runs/b 1) vs the run's $ref"
+[ -s runs/b/tokenizer.json ] || fail "the fine-tuning run should record its tokenizer"
+pass "world 1: export -> init_from gives the run's next loss bit for bit ($ref)"
+
+# --- sharded, and a lone file (whose n_head comes from Strata's own metadata)
+"$S" export runs/a/ckpt/step_00000003 --out hf_sharded --max-shard-size 8KB > /dev/null
+n_shards=$(ls hf_sharded/model-*-of-*.safetensors | wc -l)
+[ "$n_shards" -gt 2 ] && [ -s hf_sharded/model.safetensors.index.json ] && [ ! -e hf_sharded/model.safetensors ] ||
+  fail "--max-shard-size 8KB should shard with an index: $(ls hf_sharded)"
+"$S" train ft.yaml --set model.init_from=hf_sharded --set run.dir=runs/c > c.log
+grep -q "in $n_shards files (sharded, with an index)" c.log || fail "sharded init_from: $(grep init c.log)"
+[ "$(loss_at runs/c 1)" = "$ref" ] || fail "sharded directory: $(loss_at runs/c 1) vs $ref"
+mkdir lone && "$S" export runs/a/ckpt/step_00000003 --out lone/w.safetensors > /dev/null
+"$S" train ft.yaml --set model.init_from=lone/w.safetensors --set run.dir=runs/d > d.log
+[ "$(loss_at runs/d 1)" = "$ref" ] || fail "lone .safetensors: $(loss_at runs/d 1) vs $ref"
+"$S" export runs/a/ckpt/step_00000003 --out hf_sharded > /dev/null
+[ -s hf_sharded/model.safetensors ] && ! ls hf_sharded/model-*-of-* > /dev/null 2>&1 &&
+  [ ! -e hf_sharded/model.safetensors.index.json ] || fail "re-export unsharded should remove the old shards: $(ls hf_sharded)"
+pass "a sharded directory ($n_shards files + index) and a lone .safetensors load alike; re-export leaves no stale index"
+
+# --- resume wins over init_from
+"$S" train ft.yaml --set run.dir=runs/a --set train.steps=5 --set model.init_from=hf_sharded --resume latest > e.log
+grep -q "resumed from" e.log && ! grep -q "initialised from" e.log || fail "--resume should win over model.init_from"
+pass "--resume wins over model.init_from"
+
+# --- refusals
+[ "$(code "$S" train ft.yaml --set model.n_layer=3)" = 2 ] || fail "a disagreeing n_layer should exit 2"
+grep -q "model.n_layer is 3, but model.init_from's hf/config.json has n_layer 2" out.txt || fail "message: $(cat out.txt)"
+[ "$(code "$S" train ft.yaml --set model.seq_len=32)" = 2 ] && grep -q "has n_positions 16" out.txt ||
+  fail "a disagreeing seq_len should exit 2 naming n_positions: $(cat out.txt)"
+[ "$(code "$S" train ft.yaml --set model.init_from=nowhere)" = 2 ] && grep -q "'nowhere': no such file" out.txt ||
+  fail "a missing init_from should exit 2: $(cat out.txt)"
+mkdir empty && echo '{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16, "vocab_size": 256}' > empty/config.json
+[ "$(code "$S" train ft.yaml --set model.init_from=empty --set run.dir=runs/x)" = 1 ] &&
+  grep -q "found neither model.safetensors nor model.safetensors.index.json" out.txt || fail "no weights: $(cat out.txt)"
+sed 's/"gelu_new"/"relu"/' hf/config.json > relu.json && mkdir relu && cp hf/model.safetensors relu/ && mv relu.json relu/config.json
+[ "$(code "$S" train ft.yaml --set model.init_from=relu)" = 2 ] && grep -q '"activation_function" is "relu"' out.txt ||
+  fail "an activation Strata does not compute: $(cat out.txt)"
+[ "$(code "$S" prepare --tokenizer nowhere --text tiny.txt --out x)" = 2 ] && grep -q "tokenizer nowhere" out.txt ||
+  fail "prepare with a missing tokenizer should exit 2: $(cat out.txt)"
+[ "$(code "$S" train base.yaml --set model.vocab_size=200 --set run.dir=runs/x)" = 2 ] &&
+  grep -q "data/tokenizer.json has 256 tokens, more than model.vocab_size 200" out.txt ||
+  fail "a tokenizer larger than the vocabulary should exit 2: $(cat out.txt)"
+[ "$(code "$S" export runs/a --out x --max-shard-size lots)" = 2 ] || fail "a bad --max-shard-size should exit 2"
+[ "$(code "$S" export runs/a --out x.safetensors --max-shard-size 1GB)" = 2 ] || fail "--max-shard-size with a file should exit 2"
+pass "disagreeing shapes, missing weights, unsupported config.json keys, tokenizers that do not fit and bad export options are refused by name"
+
+# --- world 2, ZeRO stage 3: each rank reads only its shards; offloaded tiers too
+if [ ${#MPI[@]} -eq 0 ]; then echo "mpirun not found: skipping the world-2 checks"; exit 0; fi
+cat > base2.yaml <<'YAML'
+device: cpu
+model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 16, vocab_size: 256}
+data: {train: "data/train_*.bin", val: "", shuffle: false}
+train: {steps: 3, micro_batch: 1, eval_every: 0, sample_tokens: 0}
+optim: {lr: 1.0e-2, warmup_steps: 0}
+run: {dir: runs/a2, checkpoint_every: 3, keep: 0}
+zero: {stage: 3}
+YAML
+"${MPI[@]}" -np 2 "$S" train base2.yaml > a2.log
+"$S" export runs/a2 --out hf2 --max-shard-size 20KB > /dev/null
+"${MPI[@]}" -np 2 "$S" train base2.yaml --set train.steps=4 --resume latest > a24.log
+ref2=$(loss_at runs/a2 4)
+mkdir -p swap
+for off in none cpu nvme; do
+  extra=()
+  [ $off != none ] && extra=(--set offload.optimizer=$off --set offload.params=$off --set "offload.nvme_path=$W/swap")
+  "${MPI[@]}" -x STRATA_LOG=debug -np 2 "$S" train ft.yaml --set model.init_from=hf2 --set run.dir=runs/b2_$off \
+    --set train.micro_batch=1 --set zero.stage=3 "${extra[@]}" > b2_$off.log 2>&1
+  [ "$(loss_at runs/b2_$off 1)" = "$ref2" ] || fail "world 2 stage 3 offload $off: $(loss_at runs/b2_$off 1) vs $ref2"
+  # each rank read its own shards only: together the whole model once, each about half
+  # (the last rank's shard of a unit is short by the unit's padding)
+  read -r r0 r1 total <<< "$(grep -o 'this rank read [0-9]* of the model.s [0-9]*' b2_$off.log |
+                             awk '{r[NR]=$4; t=$8} END {print r[1], r[2], t}')"
+  [ -n "$total" ] && [ $((r0 + r1)) -eq "$total" ] && [ $((10 * r0)) -lt $((6 * total)) ] &&
+    [ $((10 * r1)) -lt $((6 * total)) ] || fail "offload $off: ranks read $r0 and $r1 of $total parameters"
+done
+pass "world 2, stage 3 (shards on the device, in pinned memory, on NVMe): init_from gives the run's next loss bit for bit ($ref2); each rank read only its half ($r0 + $r1 = $total parameters)"

@@ -1,0 +1,228 @@
+/* tests/test_bpe.c: the byte-level BPE on hand-made tokenizers whose ids are worked out by
+ * hand: GPT-2's byte characters, merges by rank (lowest first, leftmost among equals),
+ * the pre-tokeniser's split, added tokens, add_prefix_space, unknown bytes, invalid
+ * UTF-8, decoding, the byte-level identity, writing and reading back (tokenizer.json and
+ * vocab.json + merges.txt), and the refusals. tests/e2e_hf_python.sh checks real
+ * tokenizers against Hugging Face `tokenizers`. */
+#include "core/bpe.h"
+#include "core/common.h"
+#include "tests/check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static void write_file(const char *name, const char *text) {
+    char p[128];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    fputs(text, f);
+    fclose(f);
+}
+
+typedef struct ids {
+    int32_t v[256];
+    size_t n;
+} ids;
+
+static int sink(void *ctx, const int32_t *v, size_t n) {
+    ids *o = ctx;
+    for (size_t i = 0; i < n && o->n < 256; i++) o->v[o->n++] = v[i];
+    return 0;
+}
+
+/* Encodes text; the ids as "5 2", or "error: <message>". */
+static const char *enc(strata_bpe *t, const char *text, size_t len) {
+    static char out[1024];
+    ids o = {{0}, 0};
+    if (strata_bpe_encode(t, text, len, "text", sink, &o)) {
+        snprintf(out, sizeof out, "error: %s", strata_error());
+        return out;
+    }
+    size_t k = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < o.n; i++) k += (size_t)snprintf(out + k, sizeof out - k, i ? " %d" : "%d", o.v[i]);
+    return out;
+}
+#define ENC(t, s) enc(t, s, sizeof(s) - 1)
+
+/* "Ġ" is the space's character (U+0120), "Ċ" the newline's (U+010A). */
+#define VOCAB "{\"a\":0,\"b\":1,\"c\":2,\"\xc4\xa0\":3,\"\xc4\x8a\":4,\"ab\":5,\"bc\":6,\"\xc4\xa0" "a\":7,\"aa\":8," \
+              "\"<|endoftext|>\":9,\"d\":10}"
+
+static const char *tokenizer_json(char *buf, size_t n, const char *merges, const char *extra_pre, const char *model_extra) {
+    snprintf(buf, n,
+             "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,"
+             "\"added_tokens\":[{\"id\":9,\"content\":\"<|endoftext|>\",\"single_word\":false,\"lstrip\":false,"
+             "\"rstrip\":false,\"normalized\":false,\"special\":true}],\"normalizer\":null,"
+             "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":%s,\"trim_offsets\":true,\"use_regex\":true},"
+             "\"post_processor\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"ByteLevel\"},"
+             "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,%s\"vocab\":" VOCAB ",\"merges\":%s}}",
+             extra_pre, model_extra, merges);
+    return buf;
+}
+
+static strata_bpe *load_text(const char *name, const char *json) {
+    write_file(name, json);
+    char p[128];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return strata_bpe_load(p);
+}
+
+static void test_encode(void) {
+    char j[4096];
+    strata_bpe *t = load_text("t.json", tokenizer_json(j, sizeof j, "[\"a b\",[\"b\",\"c\"],\"\xc4\xa0 a\",\"a a\"]", "false", ""));
+    CHECK(t != NULL, "load a tokenizer.json with string and pair merges (%s)", t ? "" : strata_error());
+    if (!t) return;
+    CHECK(strata_bpe_vocab_size(t) == 11 && strata_bpe_special_id(t, "<|endoftext|>") == 9, "11 ids; <|endoftext|> is 9");
+    CHECK(!strcmp(ENC(t, "abc"), "5 2"), "abc: (a,b) has the lower rank, so ab c -> %s", ENC(t, "abc"));
+    CHECK(!strcmp(ENC(t, "aaa"), "8 0"), "aaa: the leftmost (a,a) merges first -> %s", ENC(t, "aaa"));
+    CHECK(!strcmp(ENC(t, " a"), "7"), "' a': the space's character merges with a -> %s", ENC(t, " a"));
+    CHECK(!strcmp(ENC(t, "a b"), "0 3 1"), "'a b': pieces 'a' and ' b' -> %s", ENC(t, "a b"));
+    CHECK(!strcmp(ENC(t, "ab\n"), "5 4"), "'ab\\n': the newline is its own piece -> %s", ENC(t, "ab\n"));
+    CHECK(!strcmp(ENC(t, "a<|endoftext|>b<|endoftext|>"), "0 9 1 9"), "added tokens are cut out -> %s",
+          ENC(t, "a<|endoftext|>b<|endoftext|>"));
+    /* one letter piece "aéb": é's two bytes have no characters in this vocabulary and drop
+     * out before the merges, so a and b meet and merge, as in tokenizers */
+    CHECK(!strcmp(ENC(t, "a\xc3\xa9" "b"), "5"), "bytes without a token are dropped before merging -> %s",
+          ENC(t, "a\xc3\xa9" "b"));
+    CHECK(strstr(ENC(t, "a\xff" "b"), "error: text: byte 1 is not valid UTF-8") != NULL, "invalid UTF-8 is refused: %s",
+          ENC(t, "a\xff" "b"));
+    CHECK(!strcmp(enc(t, "", 0), ""), "empty text, no ids");
+    size_t len = 0;
+    const unsigned char *b = strata_bpe_token_bytes(t, 3, &len);
+    CHECK(b && len == 1 && b[0] == ' ', "token 3 decodes to a space");
+    b = strata_bpe_token_bytes(t, 7, &len);
+    CHECK(b && len == 2 && !memcmp(b, " a", 2), "token 7 decodes to ' a'");
+    b = strata_bpe_token_bytes(t, 9, &len);
+    CHECK(b && len == 13 && !memcmp(b, "<|endoftext|>", 13), "an added token decodes to its text");
+    CHECK(!strata_bpe_token_bytes(t, 11, &len) && !strata_bpe_token_bytes(t, -1, &len), "ids outside the vocabulary");
+
+    /* written back and read again: the same file, the same ids */
+    char p[128];
+    snprintf(p, sizeof p, "%s/saved.json", dir);
+    CHECK(strata_bpe_save(t, p) == 0, "save");
+    strata_bpe *t2 = strata_bpe_load(p);
+    CHECK(t2 && !strcmp(ENC(t2, "abc aaa a<|endoftext|>"), ENC(t, "abc aaa a<|endoftext|>")), "the saved tokenizer encodes alike");
+    strata_bpe_free(t2);
+    /* GPT-2's original pair of files */
+    snprintf(p, sizeof p, "%s/gpt2", dir);
+    mkdir(p, 0755);
+    CHECK(strata_bpe_save_vocab_merges(t, p) == 0, "save vocab.json + merges.txt");
+    t2 = strata_bpe_load(p);
+    CHECK(t2 && !strcmp(ENC(t2, "abc aaa a<|endoftext|>"), ENC(t, "abc aaa a<|endoftext|>")) &&
+              strata_bpe_special_id(t2, "<|endoftext|>") == 9,
+          "a directory with vocab.json + merges.txt encodes alike, <|endoftext|> special");
+    /* and the tokenizer.json generated from those */
+    snprintf(p, sizeof p, "%s/gen.json", dir);
+    strata_bpe *t3 = t2 && strata_bpe_save(t2, p) == 0 ? strata_bpe_load(p) : NULL;
+    CHECK(t3 && !strcmp(ENC(t3, "abc aaa a<|endoftext|>"), ENC(t, "abc aaa a<|endoftext|>")),
+          "the tokenizer.json written for vocab.json + merges.txt encodes alike");
+    strata_bpe_free(t3);
+    strata_bpe_free(t2);
+    strata_bpe_free(t);
+
+    /* the merge order decides */
+    t = load_text("t2.json", tokenizer_json(j, sizeof j, "[\"b c\",\"a b\"]", "false", ""));
+    CHECK(t && !strcmp(ENC(t, "abc"), "0 6"), "with (b,c) ranked first: a bc -> %s", t ? ENC(t, "abc") : "");
+    strata_bpe_free(t);
+    t = load_text("t3.json", tokenizer_json(j, sizeof j, "[\"\xc4\xa0 a\"]", "true", ""));
+    CHECK(t && !strcmp(ENC(t, "a"), "7") && !strcmp(ENC(t, " a"), "7"), "add_prefix_space: 'a' encodes as ' a'");
+    strata_bpe_free(t);
+    t = load_text("t4.json", tokenizer_json(j, sizeof j, "[\"a b\",\"b c\"]", "false", "\"ignore_merges\":true,"));
+    CHECK(t && !strcmp(ENC(t, "bc"), "6") && !strcmp(ENC(t, "abc"), "5 2"), "ignore_merges: a whole piece in the vocabulary wins");
+    strata_bpe_free(t);
+}
+
+static void test_bytes(void) {
+    strata_bpe *t = strata_bpe_bytes();
+    CHECK(strata_bpe_is_bytes(t) && strata_bpe_vocab_size(t) == 256, "the byte-level tokenizer: 256 ids");
+    CHECK(!strcmp(ENC(t, "h\xc3\xa9 \n"), "104 195 169 32 10"), "ids are the UTF-8 bytes -> %s", ENC(t, "h\xc3\xa9 \n"));
+    char p[128];
+    snprintf(p, sizeof p, "%s/bytes.json", dir);
+    strata_bpe *t2 = strata_bpe_save(t, p) == 0 ? strata_bpe_load(p) : NULL;
+    CHECK(t2 && strata_bpe_is_bytes(t2) && !strcmp(ENC(t2, "h\xc3\xa9 \n"), "104 195 169 32 10"),
+          "its tokenizer.json reads back as the byte-level identity");
+    size_t len;
+    const unsigned char *b = t2 ? strata_bpe_token_bytes(t2, 0xC3, &len) : NULL;
+    CHECK(b && len == 1 && b[0] == 0xC3, "token 195 decodes to byte 0xc3");
+    const int32_t ok_ids[] = {104, 195, 169}, bad_ids[] = {195, 104, 300, 169};
+    char *text = strata_bpe_decode(t, ok_ids, 3, &len);
+    CHECK(len == 3 && !strcmp(text, "h\xc3\xa9"), "decode: bytes that form UTF-8 pass through");
+    free(text);
+    text = strata_bpe_decode(t, bad_ids, 4, &len);
+    CHECK(len == 7 && !strcmp(text, "\xef\xbf\xbdh\xef\xbf\xbd"), "decode: stray bytes become U+FFFD, unknown ids nothing");
+    free(text);
+    strata_bpe_free(t2);
+    strata_bpe_free(t);
+}
+
+static int refused(const char *json, const char *what) {
+    strata_bpe *t = load_text("bad.json", json);
+    if (t) {
+        strata_bpe_free(t);
+        return 0;
+    }
+    int ok = strstr(strata_error(), "bad.json") && strstr(strata_error(), what);
+    if (!ok) printf("    message: %s\n", strata_error());
+    return ok;
+}
+
+/* j with its first `from` replaced by `to`, into k */
+static const char *edit(char *k, size_t n, const char *j, const char *from, const char *to) {
+    const char *at = strstr(j, from);
+    snprintf(k, n, "%.*s%s%s", (int)(at - j), j, to, at + strlen(from));
+    return k;
+}
+
+static void test_refusals(void) {
+    char j[4096], k[4096];
+    tokenizer_json(j, sizeof j, "[\"a b\"]", "false", "");
+#define EDIT(from, to) edit(k, sizeof k, j, from, to)
+    CHECK(refused(EDIT("\"normalizer\":null", "\"normalizer\":{\"type\":\"NFC\"}"), "normalizer is NFC"), "a normalizer");
+    CHECK(refused(EDIT("\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Whitespace\",\"add_prefix_space\""),
+                  "pre_tokenizer is of type Whitespace"), "another pre-tokenizer");
+    CHECK(refused(EDIT("\"dropout\":null", "\"dropout\":0.1"), "dropout"), "BPE dropout");
+    CHECK(refused(EDIT("\"lstrip\":false", "\"lstrip\":true"), "lstrip is true"), "an added token with lstrip");
+    CHECK(refused(EDIT("\"post_processor\":{\"type\":\"ByteLevel\"}",
+                       "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                       "{\"Sequence\":{\"id\":\"A\"}}]}"),
+                  "post_processor is TemplateProcessing"), "a post-processor that adds tokens");
+    strata_bpe *ok = load_text("ok.json", EDIT("\"post_processor\":{\"type\":\"ByteLevel\"}",
+                                               "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
+                                               "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]}"));
+    CHECK(ok != NULL, "a template of the text alone (what transformers writes for GPT-2) is accepted");
+    strata_bpe_free(ok);
+    CHECK(refused(EDIT("\"type\":\"BPE\"", "\"type\":\"WordPiece\""), "type is WordPiece"), "a WordPiece model");
+    CHECK(refused(EDIT("[\"a b\"]", "[\"a d\"]"), "merge 0 (\"a\" \"d\"): \"ad\" is not in the vocabulary"),
+          "a merge whose result is not in the vocabulary");
+    CHECK(refused(EDIT("[\"a b\"]", "[\"a b c\"]"), "two tokens separated by one space"), "a merge of three tokens");
+    CHECK(refused(EDIT("\"d\":10", "\"d\":9"), "id 9 is given to both"), "two tokens with one id");
+    CHECK(refused(EDIT("\"dropout\":null", "\"dropout\":null,\"byte_fallback\":true"), "byte_fallback"), "byte fallback");
+    CHECK(refused("{\"model\":", "byte 9"), "truncated JSON, with its byte offset");
+#undef EDIT
+    char p[128];
+    snprintf(p, sizeof p, "%s/empty", dir);
+    mkdir(p, 0755);
+    CHECK(strata_bpe_load(p) == NULL && strstr(strata_error(), "neither tokenizer.json nor vocab.json + merges.txt"),
+          "a directory without tokenizer files");
+    write_file("gpt2/merges.txt", "#version: 0.2\na b\nb\n");
+    snprintf(p, sizeof p, "%s/gpt2", dir);
+    CHECK(strata_bpe_load(p) == NULL && strstr(strata_error(), "merges.txt:3:"), "a bad merges.txt line, by line number");
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/strata-test-bpe-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    test_encode();
+    test_bytes();
+    test_refusals();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) return 1;
+    return check_report();
+}
