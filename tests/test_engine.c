@@ -86,6 +86,20 @@ static void run_close(run *r) {
     strata_loader_close(&r->L);
 }
 
+/* STRATA_TEST_LOSSES=FILE: rank 0 appends every run's losses, exactly (%a), so a change
+ * that must not move a single bit can be held against the same file written before it. */
+static void log_losses(const run *r, int n) {
+    const char *path = getenv("STRATA_TEST_LOSSES");
+    FILE *f = path && rank == 0 ? fopen(path, "a") : NULL;
+    if (!f) return;
+    fprintf(f, "world %d stage %d micro %d accum %d offload %s/%s reduce %s:", world, r->cfg.zero.stage,
+            r->cfg.train.micro_batch, r->cfg.train.grad_accum, strata_offload_name(r->cfg.offload.optimizer),
+            strata_offload_name(r->cfg.offload.params), strata_dtype_choice_name(r->cfg.train.grad_reduce_dtype));
+    for (int s = 0; s < n; s++) fprintf(f, " %a", r->loss[s]);
+    fputc('\n', f);
+    fclose(f);
+}
+
 static void run_steps(run *r, int n) {
     for (int s = 0; s < n; s++) {
         strata_step_result res;
@@ -95,6 +109,7 @@ static void run_steps(run *r, int n) {
         }
         r->loss[s] = res.loss;
     }
+    log_losses(r, n);
 }
 
 /* Max |a - b| / (1 + |b|) between this rank's master shards and the reference's. */
