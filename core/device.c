@@ -1,8 +1,9 @@
-/* core/device.c: what the backends share: dtype facts, opening a backend by name, and
- * the memory counters every backend's alloc/free report to. */
+/* core/device.c: what the backends share: dtype facts, opening a backend by name, aligned
+ * allocations, and the memory counters every backend's alloc/free report to. */
 #include "core/device.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,6 +64,21 @@ strata_device *strata_device_open(const char *backend, int ordinal) {
 
 void strata_device_close(strata_device *d) {
     if (d) d->ops->destroy(d);
+}
+
+void *strata_alloc_aligned(strata_device *d, strata_mem_kind k, size_t bytes, size_t align, void **raw) {
+    *raw = strata_alloc(d, k, bytes);
+    if (*raw && ((uintptr_t)*raw & (align - 1))) {
+        strata_free(d, k, *raw);
+        *raw = NULL;
+        if (bytes > SIZE_MAX - align) {
+            strata_fail("an aligned allocation of %zu bytes overflows", bytes);
+            return NULL;
+        }
+        *raw = strata_alloc(d, k, bytes + align);
+    }
+    if (!*raw) return NULL;
+    return (void *)(((uintptr_t)*raw + align - 1) & ~(uintptr_t)(align - 1));
 }
 
 /* Allocations are rare (start-up, plan changes) but may come from several threads (the

@@ -120,6 +120,12 @@ static inline int strata_stream_wait_event(strata_device *d, strata_stream *s, s
 static inline int strata_event_sync(strata_device *d, strata_event *e) { return d->ops->event_sync(e); }
 static inline int strata_event_query(strata_device *d, strata_event *e) { return d->ops->event_query(e); }
 
+/* Memory of kind k starting on an `align` boundary (a power of two), for O_DIRECT I/O:
+ * what the backend returns when that is aligned already (both backends page-align pinned
+ * memory), else a block one `align` larger, rounded up. *raw gets the pointer to hand
+ * strata_free. NULL + error on failure. */
+void *strata_alloc_aligned(strata_device *d, strata_mem_kind k, size_t bytes, size_t align, void **raw);
+
 /* Backend constructors (registered in core/device.c). */
 strata_device *strata_device_cpu_open(void);
 strata_device *strata_device_cuda_open(int ordinal);

@@ -9,6 +9,7 @@
 #include "core/checkpoint.h"
 #include "core/config.h"
 #include "launcher/commands.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -188,7 +189,7 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_model_init(&m, &shape);
     strata_arena arena;
     strata_arena_init(&arena, dev);
-    strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, 0, 1);
+    strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, strata_offload_tier(&cfg, dev, 0), 0, 1);
     int n_prompt = (int)strlen(prompt);
     int32_t *tokens = strata_xcalloc((size_t)n_prompt + n_tokens + 1, sizeof(int32_t));
     for (int i = 0; i < n_prompt; i++) tokens[i] = (unsigned char)prompt[i];

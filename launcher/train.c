@@ -20,6 +20,7 @@
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -398,7 +399,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_model_shape shape = strata_model_shape_from_config(cfg);
     strata_model_init(&t->m, &shape);
     strata_arena_init(&t->arena, t->dev);
-    t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+    t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm,
+                                     strata_offload_tier(cfg, t->dev, rank), rank, world);
 
     /* the plan is checked before anything is allocated */
     strata_plan plan;
@@ -448,7 +450,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         A = cfg->train.grad_accum;
         strata_model_init(&t->m, &shape);
         strata_arena_init(&t->arena, t->dev);
-        t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+        t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm,
+                                         strata_offload_tier(cfg, t->dev, rank), rank, world);
         plan_this_run(t, &plan);
     }
     t->planned_device = plan.need[STRATA_TIER_DEVICE];

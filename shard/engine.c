@@ -10,8 +10,6 @@
 #include "core/common.h"
 #include "core/kernels.h"
 #include "core/optim.h"
-#include "offload/pinned.h"
-#include "offload/pipeline.h"
 
 #define PAD_ALIGN 64 /* elements; shards start on 256-byte boundaries for fp32 */
 
@@ -93,8 +91,7 @@ struct strata_engine {
 
     strata_arena *arena;
     size_t max_opt_n;
-    strata_offload *off;         /* optimizer state off the device (offload.optimizer), or NULL */
-    int off_open;
+    strata_update_tier *off;     /* optimizer state off the device (core/update_tier.h), or NULL */
     strata_event **ev_update;    /* per unit: its offloaded update is done */
     /* per unit: its updated parameters are in place for forward (stages 1-2: after the
      * all-gather, on the collective stream; otherwise ev_update itself) */
@@ -143,26 +140,11 @@ static void build_schedule(strata_engine *e) {
     e->n_gathers = g;
 }
 
-/* The arena's pinned block comes from the offload pool: one registration, never grown.
- * The source belongs to the arena (released with it), not to the engine. */
-typedef struct pinned_source {
-    strata_device *dev;
-    strata_pinned_pool *pool;
-} pinned_source;
-static void *pinned_source_alloc(void *ctx, size_t bytes) {
-    pinned_source *ps = ctx;
-    ps->pool = strata_pinned_create(ps->dev, bytes);
-    return ps->pool ? strata_pinned_carve(ps->pool, "arena", bytes) : NULL;
-}
-static void pinned_source_release(void *ctx) {
-    pinned_source *ps = ctx;
-    strata_pinned_destroy(ps->pool);
-    free(ps);
-}
-
 strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, strata_arena *arena,
-                                    strata_device *dev, strata_comm *comm, int rank, int world) {
+                                    strata_device *dev, strata_comm *comm, strata_update_tier *tier, int rank,
+                                    int world) {
     strata_engine *e = strata_xcalloc(1, sizeof *e);
+    e->off = tier;
     e->cfg = cfg;
     e->m = m;
     e->dev = dev;
@@ -206,8 +188,8 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         if (e->stage <= 1) reserve(e, arena, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
         else reserve(e, arena, STRATA_CAT_GRADS, "grad_shard", u, S * 4, (void **)&e->grad_acc[u]);
         size_t n = e->stage == 0 ? P : S;
-        if (cfg->offload.optimizer != STRATA_OFFLOAD_NONE) {
-            e->mem.optimizer += 3 * n * 4; /* held by this rank, in pinned memory or on NVMe */
+        if (tier) {
+            e->mem.optimizer += 3 * n * 4; /* held by this rank, in the tier's memory */
             continue;
         }
         reserve(e, arena, STRATA_CAT_OPTIMIZER, "master", u, n * 4, (void **)&e->master[u]);
@@ -219,10 +201,10 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
         size_t n = e->stage == 0 ? e->padded[u] : e->shard[u];
         if (n > e->max_opt_n) e->max_opt_n = n;
     }
-    if (cfg->offload.optimizer != STRATA_OFFLOAD_NONE) {
+    if (tier) {
         size_t *n = strata_xcalloc(e->U, sizeof *n);
         for (int u = 0; u < e->U; u++) n[u] = e->stage == 0 ? e->padded[u] : e->shard[u];
-        e->off = strata_offload_create(cfg, dev, arena, e->U, n, e->dtype, rank);
+        tier->ops->plan(tier, arena, e->U, n, e->dtype);
         free(n);
         e->ev_update = strata_xcalloc(e->U, sizeof *e->ev_update);
         e->ev_params_ready = strata_xcalloc(e->U, sizeof *e->ev_params_ready);
@@ -294,11 +276,6 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
             e->ev_embed_fetched = strata_event_create(dev);
         }
     }
-    if (dev && !arena->source[STRATA_MEM_PINNED].alloc) {
-        pinned_source *ps = strata_xcalloc(1, sizeof *ps);
-        ps->dev = dev;
-        arena->source[STRATA_MEM_PINNED] = (strata_arena_source){pinned_source_alloc, pinned_source_release, ps};
-    }
     e->loss_sum_host = strata_xcalloc(1, sizeof(float));
     e->inputs = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
     e->targets = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
@@ -330,7 +307,7 @@ void strata_engine_destroy(strata_engine *e) {
             strata_event_destroy(d, e->ev_update[u]);
         }
     }
-    strata_offload_destroy(e->off);
+    if (e->off) e->off->ops->destroy(e->off);
     free(e->ev_update);
     free(e->ev_params_ready);
     free(e->gather_pending);
@@ -450,13 +427,7 @@ static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_tas
     return 0;
 }
 
-static int offload_ready(strata_engine *e) {
-    if (!e->off || e->off_open) return 0;
-    size_t pinned = e->arena->total[STRATA_MEM_PINNED];
-    if (strata_offload_open(e->off, e->arena->base[STRATA_MEM_PINNED], pinned)) return -1;
-    e->off_open = 1;
-    return 0;
-}
+static int offload_ready(strata_engine *e) { return e->off ? e->off->ops->open(e->off) : 0; }
 
 /* The offloaded update of the last step runs behind the next step's forward (each unit's
  * forward waits for its own update); whatever reads the optimizer state or the
@@ -469,7 +440,7 @@ static int finish_updates(strata_engine *e) {
     double t0 = strata_now_ms();
     int rc = 0;
     for (int u = 0; u < e->U && !rc; u++) rc = gather_updated(e, u);
-    if (strata_offload_sync(e->off)) rc = -1;
+    if (e->off->ops->sync(e->off)) rc = -1;
     comm_sync(e);
     e->offload_wait_ms += strata_now_ms() - t0;
     return rc;
@@ -507,11 +478,11 @@ static int publish_params(strata_engine *e) {
         int rc = 0;
         for (int u = 0; u < e->U && !rc; u++) {
             size_t n = opt_n(e, u);
-            rc = strata_offload_read_state(e->off, u, STRATA_STATE_MASTER, host);
+            rc = e->off->ops->read_state(e->off, u, STRATA_STATE_MASTER, host);
             if (rc) break;
             strata_kernels_cpu.convert(NULL, conv, e->dtype, host, STRATA_F32, n);
             if (e->params_nvme) {
-                rc = strata_offload_write_params(e->off, u, conv);
+                rc = e->off->ops->write_params(e->off, u, conv);
                 continue;
             }
             strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es);
@@ -556,10 +527,10 @@ int strata_engine_init_params(strata_engine *e, uint64_t seed) {
         size_t lo = opt_lo(e, u), n = opt_n(e, u);
         strata_model_init_params(e->m, u, seed, lo, lo + n, host);
         if (e->off) {
-            int rc = strata_offload_write_state(e->off, u, STRATA_STATE_MASTER, host);
+            int rc = e->off->ops->write_state(e->off, u, STRATA_STATE_MASTER, host);
             memset(host, 0, n * sizeof(float));
-            if (!rc) rc = strata_offload_write_state(e->off, u, STRATA_STATE_M, host);
-            if (!rc) rc = strata_offload_write_state(e->off, u, STRATA_STATE_V, host);
+            if (!rc) rc = e->off->ops->write_state(e->off, u, STRATA_STATE_M, host);
+            if (!rc) rc = e->off->ops->write_state(e->off, u, STRATA_STATE_V, host);
             if (rc) {
                 free(host);
                 return -1;
@@ -578,31 +549,6 @@ int strata_engine_init_params(strata_engine *e, uint64_t seed) {
 /* ---- offload ---- */
 
 
-
-/* The optimizer range [lo, lo+n) of unit u split at tensor boundaries (weight decay on
- * matrices only); segments are relative to lo. */
-static int unit_segments(const strata_engine *e, int u, size_t lo, size_t n, strata_offload_segment *seg, int max) {
-    const strata_model *m = e->m;
-    const strata_unit *unit = &m->units[u];
-    size_t hi = lo + n, pos = lo;
-    int k = 0;
-    while (pos < hi) {
-        size_t end = hi;
-        int decay = 0;
-        for (int i = 0; i < unit->n_tensors; i++) {
-            const strata_ckpt_tensor *t = &m->tensors[unit->first_tensor + i];
-            if (pos >= t->offset && pos < t->offset + t->numel) {
-                end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-                decay = m->decay[unit->first_tensor + i];
-                break;
-            }
-        }
-        STRATA_ASSERT(k < max);
-        seg[k++] = (strata_offload_segment){pos - lo, end - pos, decay};
-        pos = end;
-    }
-    return k;
-}
 
 /* Stages 1-2: the all-gather of unit u's updated shard, once its update is done. */
 static int gather_updated(strata_engine *e, int u) {
@@ -626,10 +572,10 @@ static int gather_shard(strata_engine *e, int u, void *dst, strata_event *dst_fr
     strata_stream_wait_event(d, comm_stream(e), dst_free);
     const void *shard = e->params_shard[u];
     if (e->params_nvme) {
-        strata_stream *ps = strata_offload_param_stream(e->off);
+        strata_stream *ps = e->off->ops->param_stream(e->off);
         strata_stream_wait_event(d, ps, e->ev_update[u]);
         strata_stream_wait_event(d, ps, gathered);
-        if (strata_offload_fetch_params(e->off, u, pin, tag)) return -1;
+        if (e->off->ops->fetch_params(e->off, u, pin, tag)) return -1;
         strata_event_record(d, fetched, ps);
         strata_stream_wait_event(d, comm_stream(e), fetched);
         shard = pin;
@@ -791,8 +737,8 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
 static void adamw_unit(strata_engine *e, int u, size_t lo, size_t n, void *param_out, const strata_adamw_args *base) {
     const strata_kernels *k = e->dev->k;
     float *w = e->master[u], *g = opt_grad(e, u), *m1 = e->mom1[u], *m2 = e->mom2[u];
-    strata_offload_segment seg[64];
-    int n_seg = unit_segments(e, u, lo, n, seg, 64);
+    strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
+    int n_seg = strata_adamw_segments(e->m, u, lo, n, seg);
     for (int i = 0; i < n_seg; i++) {
         strata_adamw_args a = *base;
         if (!seg[i].decay) a.weight_decay = 0.0f;
@@ -866,13 +812,13 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
          * unit by unit, each unit's all-gather (stages 1-2) issued just before it */
         /* the previous step's updates finished behind this step's forward (so this costs no
          * wait); their errors surface here, and their task records are free to refill */
-        if (strata_offload_sync(e->off)) return -1;
+        if (e->off->ops->sync(e->off)) return -1;
         strata_event_record(d, e->ev_compute, d->compute);
-        strata_offload_segment seg[64];
+        strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
         for (int u = 0; u < e->U; u++) {
-            int n_seg = unit_segments(e, u, opt_lo(e, u), opt_n(e, u), seg, 64);
-            if (strata_offload_update(e->off, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, &args, e->ev_compute,
-                                      e->ev_update[u]))
+            int n_seg = strata_adamw_segments(e->m, u, opt_lo(e, u), opt_n(e, u), seg);
+            if (e->off->ops->update(e->off, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, &args, e->ev_compute,
+                                    e->ev_update[u]))
                 return -1;
             if (e->stage >= 1 && e->stage <= 2) e->gather_pending[u] = 1;
         }
@@ -951,7 +897,7 @@ static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA
         size_t lo = e->stage == 0 ? (size_t)e->rank * e->shard[u] : 0, S = e->shard[u];
         if (e->off) { /* state in pinned memory or on NVMe: read it, keep the standard shard */
             for (int k = 0; k < 3; k++) {
-                if (strata_offload_read_state(e->off, u, k, tmp)) {
+                if (e->off->ops->read_state(e->off, u, k, tmp)) {
                     free(tmp);
                     free(host);
                     return NULL;
@@ -1026,7 +972,7 @@ int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
             rc = strata_ckpt_read_range(ck, u, k, lo, lo + n, host);
             if (rc) break;
             if (e->off) {
-                rc = strata_offload_write_state(e->off, u, k, host);
+                rc = e->off->ops->write_state(e->off, u, k, host);
                 continue;
             }
             strata_memcpy_async(e->dev, e->dev->compute, dst[k], host, n * 4);
@@ -1056,7 +1002,7 @@ const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *l
     return e->stage == 0 ? e->master[u] + *lo : e->master[u];
 }
 
-size_t strata_engine_nvme_bytes(const strata_engine *e) { return e->off ? strata_offload_nvme_bytes(e->off) : 0; }
+size_t strata_engine_nvme_bytes(const strata_engine *e) { return e->off ? e->off->ops->nvme_bytes(e->off) : 0; }
 size_t strata_engine_nvme_param_bytes(const strata_engine *e) {
-    return e->off ? strata_offload_nvme_param_bytes(e->off) : 0;
+    return e->off ? e->off->ops->nvme_param_bytes(e->off) : 0;
 }

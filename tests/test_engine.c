@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 #include "tests/check.h"
@@ -70,7 +71,8 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     strata_model_shape shape = strata_model_shape_from_config(&r->cfg);
     strata_model_init(&r->m, &shape);
     strata_arena_init(&r->arena, dev);
-    r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, c, r_rank, r_world);
+    r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, c, strata_offload_tier(&r->cfg, dev, r_rank), r_rank,
+                                r_world);
     if (strata_arena_commit(&r->arena) || strata_engine_init_params(r->e, r->cfg.train.seed) ||
         strata_loader_open(&r->L, data_glob, 16, 256, 0, 5)) {
         printf("setup: %s\n", strata_error());
