@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device.h"
+#include "core/device.h"
 
 /* AdamW hyperparameters for one update; bias corrections are precomputed by the caller
  * (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t) so every backend does identical arithmetic. */
