@@ -58,7 +58,7 @@ typedef struct strata_mem_counters {
 } strata_mem_counters;
 
 typedef struct strata_device_ops {
-    const char *name; /* "cpu" or "cuda" */
+    const char *name; /* "cpu" or "cuda", for messages (strata_device_caps says what it can do) */
     void (*destroy)(strata_device *d);
 
     void *(*alloc)(strata_device *d, strata_mem_kind kind, size_t bytes); /* NULL + error */
@@ -87,8 +87,20 @@ typedef struct strata_device_ops {
     int (*sync_all)(strata_device *d);
 } strata_device_ops;
 
+/* What callers may assume of a backend; they test these, never its name. */
+typedef struct strata_device_caps {
+    /* Device memory is ordinary host memory: host code (a host task, MPI, the CPU's
+     * kernels) may read and write it directly. Otherwise work on it is a copy or a
+     * kernel on one of the device's streams. */
+    int host_memory;
+    /* A GPU, which other processes share: the memory in use is what mem_info reports
+     * (nvidia-smi's view, not only Strata's allocations), and NCCL can move its buffers. */
+    int gpu;
+} strata_device_caps;
+
 struct strata_device {
     const strata_device_ops *ops;
+    strata_device_caps caps;
     const strata_kernels *k; /* the backend's kernels (core/kernels.h) */
     strata_stream *compute;  /* made by the backend at open */
     strata_dtype compute_dtype;

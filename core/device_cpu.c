@@ -505,6 +505,7 @@ strata_device *strata_device_cpu_open(void) {
     d->ops = &cpu_ops;
     d->impl = cd;
     d->k = &strata_kernels_cpu;
+    d->caps = (strata_device_caps){.host_memory = 1, .gpu = 0};
     d->compute_dtype = STRATA_F32;
     d->ordinal = 0;
 #ifdef _OPENMP

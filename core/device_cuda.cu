@@ -946,6 +946,8 @@ extern "C" strata_device *strata_device_cuda_open(int ordinal) {
     d->ops = &cuda_ops;
     d->impl = cd;
     d->k = &strata_kernels_cuda;
+    d->caps.host_memory = 0;
+    d->caps.gpu = 1;
     d->compute_dtype = STRATA_BF16;
     d->ordinal = ordinal;
     snprintf(d->description, sizeof d->description, "cuda:%d %.80s (%.1f GiB)", ordinal, prop.name,

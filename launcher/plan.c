@@ -65,7 +65,7 @@ static size_t host_available(void) {
 
 void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *dev) {
     const double GB = 1024.0 * 1024.0 * 1024.0;
-    int cuda = dev ? !strcmp(dev->ops->name, "cuda") : 0;
+    int cuda = dev ? dev->caps.gpu : 0;
     p->cpu_backend = !cuda;
     size_t host = cfg->memory.host_gb > 0 ? (size_t)(cfg->memory.host_gb * GB) : host_available();
     /* a CUDA device's memory: free and total now, and what Strata itself holds of it */

@@ -62,6 +62,8 @@ static int nccl_fail(const strata_nccl *n, ncclResult_t r, const char *call) {
         if (nccl_r_ != ncclSuccess) return nccl_fail((n), nccl_r_, #call);    \
     } while (0)
 
+extern "C" int strata_nccl_available(void) { return 1; }
+
 extern "C" int strata_nccl_unique_id(unsigned char id[STRATA_NCCL_ID_BYTES]) {
     static_assert(sizeof(ncclUniqueId) == STRATA_NCCL_ID_BYTES, "NCCL's unique id is 128 bytes");
     ncclUniqueId uid;

@@ -253,7 +253,10 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
 
     if (dev) {
-        if (!strcmp(dev->ops->name, "cuda") && (e->stage >= 2 || e->reduce_bf16)) {
+        /* the accumulation after a reduction is a kernel where the host cannot touch
+         * device memory: on a device stream of its own (the collective stream may be a
+         * HOST stream); elsewhere a host task on the collective stream (land_reduced) */
+        if (!dev->caps.host_memory && (e->stage >= 2 || e->reduce_bf16)) {
             e->acc_stream = strata_stream_create(dev, "accumulate", STRATA_STREAM_DEVICE);
             e->ev_reduced = strata_event_create(dev);
         }

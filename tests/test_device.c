@@ -28,8 +28,8 @@ static void test_open_and_dtypes(void) {
 
     strata_device *d = strata_device_open("cpu", 0);
     CHECK(d && !strcmp(d->ops->name, "cpu") && !strncmp(d->description, "cpu (", 5) &&
-              d->compute && d->compute_dtype == STRATA_F32 && d->k,
-          "open cpu: %s", d ? d->description : strata_error());
+              d->compute && d->compute_dtype == STRATA_F32 && d->k && d->caps.host_memory && !d->caps.gpu,
+          "open cpu: %s, its memory the host's, not a GPU", d ? d->description : strata_error());
     strata_device_close(d);
 
     strata_device *bad = strata_device_open("tpu", 0);
