@@ -27,7 +27,7 @@ const char *strata_dtype_name(strata_dtype t) {
 
 #ifndef STRATA_HAVE_CUDA
 /* Without nvcc the CUDA backend is absent; these two keep the table's callers free of
- * #ifdefs. With STRATA_HAVE_CUDA they come from core/device_cuda.cu. */
+ * #ifdefs. With STRATA_HAVE_CUDA they come from core/cuda/device_cuda.cu. */
 int strata_cuda_available(void) { return 0; }
 
 strata_device *strata_device_cuda_open(int ordinal) {

@@ -1,5 +1,5 @@
 /* core/device.h: the device interface. One table of functions, two backends: CPU
- * (core/device_cpu.c, always built) and CUDA (core/device_cuda.cu, built when nvcc is
+ * (core/cpu/device_cpu.c, always built) and CUDA (core/cuda/device_cuda.cu, built when nvcc is
  * found). Callers never #ifdef; they call through the table.
  *
  * Semantics follow CUDA's:

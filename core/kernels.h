@@ -1,5 +1,5 @@
 /* core/kernels.h: the math a GPT-2 step needs, as a table each backend fills in.
- * core/kernels_cpu.c is the fp32 OpenMP reference (the oracle); core/kernels_cuda.cu
+ * core/cpu/kernels_cpu.c is the fp32 OpenMP reference (the oracle); core/cuda/kernels_cuda.cu
  * computes in bf16 with fp32 accumulation. The model calls only through this table.
  *
  * Conventions, for every kernel:

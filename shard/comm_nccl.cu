@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cuda_common.h"
+#include "core/cuda/cuda_common.h"
 
 extern "C" {
 #include "shard/comm_nccl.h"

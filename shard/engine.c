@@ -127,7 +127,7 @@ typedef struct offload_link {
     strata_event **ev_params_ready;
     /* gather_updates: unit u's updated shard still has to be all-gathered; issued just
      * before the unit's next forward (or by finish_updates), not at the step's end, since a
-     * wait for a host stream's record may hold the enqueueing thread (core/device_cuda.cu) */
+     * wait for a host stream's record may hold the enqueueing thread (core/cuda/device_cuda.cu) */
     unsigned char *gather_pending;
     double wait_ms; /* of the current step */
 } offload_link;

@@ -745,7 +745,7 @@ static void test_cross_kind_events(strata_device *d, const char *label) {
     strata_free(d, STRATA_MEM_DEVICE, mid);
 }
 
-/* The default way a DEVICE stream waits on a HOST record (core/device_cuda.cu): the calling
+/* The default way a DEVICE stream waits on a HOST record (core/cuda/device_cuda.cu): the calling
  * thread waits for the record, then enqueues what follows. A gate opened 100 ms later by
  * another thread holds the HOST stream; the wait returns only once the fill ran, and the
  * device work after it sees the filled data. */

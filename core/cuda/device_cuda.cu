@@ -1,4 +1,4 @@
-/* core/device_cuda.cu: the CUDA backend of core/device.h.
+/* core/cuda/device_cuda.cu: the CUDA backend of core/device.h.
  *
  * Memory: DEVICE is cudaMalloc, PINNED is cudaHostAlloc, HOST is plain malloc. Every
  * allocation is recorded in a pointer -> (bytes, kind) table so free() keeps the
@@ -55,7 +55,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cuda_common.h"
+#include "core/cuda/cuda_common.h"
 
 #define SLOT_MAX 256   /* streams alive at once on one device */
 #define SLOT_STRIDE 16 /* uint32 per slot: one 64-byte line each, no false sharing */
@@ -1008,7 +1008,7 @@ fail:
     return NULL;
 }
 
-/* ---- accessors for core/kernels_cuda.cu ---- */
+/* ---- accessors for core/cuda/kernels_cuda.cu ---- */
 
 cudaStream_t strata_cuda_stream_handle(strata_stream *s) {
     if (!s) strata_panic(__FILE__, __LINE__, "cuda kernel launched with a NULL stream");
@@ -1023,7 +1023,7 @@ strata_cuda_kstate *strata_cuda_kstate_of(strata_stream *s) { return impl_of(s->
 
 int strata_cuda_is_compute(strata_stream *s) { return s == s->d->compute; }
 
-/* ---- device faults (CUDA_CHECK, core/cuda_common.h) ---- */
+/* ---- device faults (CUDA_CHECK, core/cuda/cuda_common.h) ---- */
 
 void strata_cuda_record_oom(const char *file, int line, const char *call, size_t bytes, const char *why) {
     size_t fr = 0, tot = 0;

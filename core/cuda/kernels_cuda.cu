@@ -1,4 +1,4 @@
-/* core/kernels_cuda.cu: the CUDA backend of core/kernels.h. Activations and parameters
+/* core/cuda/kernels_cuda.cu: the CUDA backend of core/kernels.h. Activations and parameters
  * are bf16 (__nv_bfloat16); every sum is accumulated in fp32 (double where the CPU
  * oracle uses double for a whole-tensor total); weight gradients, LayerNorm statistics,
  * attention log-sum-exp and losses are fp32, as the header prescribes.
@@ -29,7 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/cuda_common.h"
+#include "core/cuda/cuda_common.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -38,7 +38,7 @@ typedef __nv_bfloat16 bf16;
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt's advice for Hopper */
 #define PLAN_MAX 128
 
-/* a kernel launch's status: out of memory is a recorded device fault (core/cuda_common.h) */
+/* a kernel launch's status: out of memory is a recorded device fault (core/cuda/cuda_common.h) */
 #define LAUNCH_CHECK(what) CUDA_LAUNCH_CHECK(what)
 
 /* ---------------------------------------------------------------------------------- */

@@ -1,4 +1,4 @@
-/* core/device_cpu.c: the CPU backend of core/device.h.
+/* core/cpu/device_cpu.c: the CPU backend of core/device.h.
  *
  * Memory of every kind is ordinary host memory, 64-byte aligned. The compute stream runs
  * each operation on the calling thread as it is enqueued (the kernels parallelise with
