@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "core/common.h"
 #include "core/device.h"
+#include "core/host_queue.h"
 #include "tests/check.h"
 #include "tests/gate.h"
 
@@ -148,6 +149,56 @@ static void test_aligned_alloc(strata_device *d) {
           "the arena's pinned block is page-aligned and its slices page-rounded");
     strata_arena_release(&a);
     CHECK(d->mem[STRATA_MEM_PINNED].live_bytes == pinned_live, "releasing the arena returns its pinned block");
+}
+
+/* The queue behind both backends' worker streams, used directly: a task held at a gate
+ * keeps 500 more waiting (the ring grows past its 64 slots), the stamp numbers each task
+ * under the queue's lock as CUDA's event markers take their tickets, and they run in
+ * that order; sync returns only when all have run; stop runs what is still queued. */
+typedef struct queue_task {
+    gate *g;    /* the first task waits here */
+    int ticket; /* set by the stamp */
+} queue_task;
+typedef struct queue_owner {
+    int issued; /* tickets handed out */
+    int ran[600], n_ran;
+} queue_owner;
+static void queue_run(void *owner, void *task) {
+    queue_owner *o = owner;
+    queue_task *t = task;
+    if (t->g) gate_wait(t->g);
+    o->ran[o->n_ran++] = t->ticket;
+}
+static void queue_stamp(void *owner, void *task) { ((queue_task *)task)->ticket = ++((queue_owner *)owner)->issued; }
+
+static void test_host_queue(void) {
+    static queue_owner o;
+    strata_host_queue q;
+    CHECK(strata_host_queue_start(&q, "queue-test", sizeof(queue_task), queue_run, &o) == 0, "a queue starts");
+    gate g = GATE_INIT;
+    queue_task first = {&g, 0};
+    strata_host_queue_push(&q, &first, queue_stamp);
+    int stamped = first.ticket == 1;
+    for (int i = 0; i < 500; i++) {
+        queue_task t = {NULL, 0};
+        strata_host_queue_push(&q, &t, queue_stamp);
+        stamped &= t.ticket == i + 2; /* the caller sees its stamp */
+    }
+    pthread_mutex_lock(&q.mu);
+    size_t cap = q.cap, queued = q.count;
+    pthread_mutex_unlock(&q.mu);
+    CHECK(stamped && cap >= 512 && queued >= 500, "501 stamped tasks queued behind a gate: the ring grew to %zu", cap);
+    gate_open(&g);
+    strata_host_queue_sync(&q);
+    int in_order = o.n_ran == 501;
+    for (int i = 0; i < o.n_ran && in_order; i++) in_order = o.ran[i] == i + 1;
+    CHECK(in_order, "sync returned after all of them ran, in ticket order (%d ran)", o.n_ran);
+    for (int i = 0; i < 10; i++) {
+        queue_task t = {NULL, 0};
+        strata_host_queue_push(&q, &t, queue_stamp);
+    }
+    strata_host_queue_stop(&q);
+    CHECK(o.n_ran == 511 && o.ran[510] == 511, "stop let the last 10 run before the worker ended (%d ran)", o.n_ran);
 }
 
 static void test_fifo_order(strata_device *d) {
@@ -422,6 +473,7 @@ int main(void) {
     }
     test_alloc_counters(d);
     test_aligned_alloc(d);
+    test_host_queue();
     test_fifo_order(d);
     test_cross_stream_event(d);
     test_event_query_and_unrecorded(d);
