@@ -37,8 +37,6 @@ typedef struct update_task {
     struct offload_tier *o;
     int u, b;
     param_io write;
-    const float *grad;
-    void *param_out;
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     int n_seg;
     strata_adamw_args args;
@@ -319,8 +317,6 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
     update_task *t = &o->tasks[u];
     t->o = o;
     t->u = u;
-    t->grad = grad;
-    t->param_out = param_out;
     memcpy(t->seg, seg, (size_t)n_seg * sizeof *seg);
     t->n_seg = n_seg;
     t->args = *args;
