@@ -1,5 +1,5 @@
 /* bench/bench_cpu_adam.c: CPU AdamW throughput, the offload path's update: the reference
- * kernel (core/kernels_cpu.c), the plain scalar loop, and the vectorised, threaded
+ * kernel (core/cpu/kernels_cpu.c), the plain scalar loop, and the vectorised, threaded
  * offload/cpu_adam.c. Prints a markdown table; bench/torch_adamw.py measures PyTorch's.
  *   bench_cpu_adam [n_params (default 16777216)] */
 #include <omp.h>
@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     double bytes = 28.0 * (double)n;
     printf("| AdamW over %zu fp32 parameters | threads | ms | Gparam/s | GB/s |\n|---|---|---|---|---|\n", n);
     double ms = time_ms(3, run_reference, &r);
-    printf("| reference kernel (core/kernels_cpu.c) | %d | %.1f | %.2f | %.1f |\n", max_threads, ms, n / ms / 1e6, bytes / ms / 1e6);
+    printf("| reference kernel (core/cpu/kernels_cpu.c) | %d | %.1f | %.2f | %.1f |\n", max_threads, ms, n / ms / 1e6, bytes / ms / 1e6);
     struct { strata_cpu_isa isa; int threads; const char *name; } rows[] = {
         {STRATA_ISA_SCALAR, 1, "plain scalar loop"},
         {STRATA_ISA_AUTO, 1, "offload/cpu_adam.c, widest ISA"},

@@ -1,6 +1,6 @@
 /* bench/bench_gemm.c: the CPU backend's matrix products on a GPT-2 model's shapes, the
  * hand-written kernel against the BLAS, per product and direction. This is the table
- * behind the automatic choice in core/kernels_cpu.c (STRATA_CPU_GEMM=auto): run it on
+ * behind the automatic choice in core/cpu/kernels_cpu.c (STRATA_CPU_GEMM=auto): run it on
  * another CPU to see whether that choice holds there.
  *   build/bench/bench_gemm [B*T C Vp]...     (default: the four shapes of bench/bench_cpu.sh)
  * Prints a markdown table of GFLOP/s (best of several runs) for the hand-written kernel

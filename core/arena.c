@@ -39,8 +39,9 @@ int strata_arena_commit(strata_arena *a) {
     static const char *kind_names[] = {"device", "pinned host", "host"};
     for (int k = 0; k < STRATA_MEM_KINDS; k++) {
         if (!a->total[k] || a->base[k]) continue;
-        a->base[k] = a->source[k].alloc ? a->source[k].alloc(a->source[k].ctx, a->total[k])
-                                        : strata_alloc(a->dev, k, a->total[k]);
+        /* the pinned block is registered whole for O_DIRECT I/O (offload/nvme.h): page-aligned */
+        size_t align = k == STRATA_MEM_PINNED ? ARENA_PINNED_ALIGN : 1;
+        a->base[k] = strata_alloc_aligned(a->dev, k, a->total[k], align, &a->raw[k]);
         if (!a->base[k]) {
             char buf[32];
             return strata_fail("could not allocate the %s arena of %s: %s", kind_names[k],
@@ -55,10 +56,8 @@ int strata_arena_commit(strata_arena *a) {
 }
 
 void strata_arena_release(strata_arena *a) {
-    for (int k = 0; k < STRATA_MEM_KINDS; k++) {
-        if (a->source[k].release) a->source[k].release(a->source[k].ctx);
-        else if (a->base[k]) strata_free(a->dev, k, a->base[k]);
-    }
+    for (int k = 0; k < STRATA_MEM_KINDS; k++)
+        if (a->raw[k]) strata_free(a->dev, k, a->raw[k]);
     free(a->entries);
     memset(a, 0, sizeof *a);
 }

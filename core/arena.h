@@ -33,21 +33,13 @@ typedef struct strata_arena_entry {
     void **dst;
 } strata_arena_entry;
 
-/* Where a memory kind's one block comes from, when not straight from the device: the
- * offload layer hands pinned memory out of its registered pool (offload/pinned.c). */
-typedef struct strata_arena_source {
-    void *(*alloc)(void *ctx, size_t bytes); /* NULL + error on failure */
-    void (*release)(void *ctx);
-    void *ctx;
-} strata_arena_source;
-
 typedef struct strata_arena {
     strata_device *dev; /* NULL for a plan that is never committed */
-    strata_arena_source source[STRATA_MEM_KINDS];
     strata_arena_entry *entries;
     int n, cap;
     size_t total[STRATA_MEM_KINDS];
-    void *base[STRATA_MEM_KINDS];
+    void *base[STRATA_MEM_KINDS]; /* each kind's block, aligned as its slices are */
+    void *raw[STRATA_MEM_KINDS];  /* what the device returned, for strata_free */
 } strata_arena;
 
 void strata_arena_init(strata_arena *a, strata_device *dev);
@@ -55,8 +47,9 @@ void strata_arena_init(strata_arena *a, strata_device *dev);
  * I/O can use any slice); *dst is set at commit. dst may be NULL for planning-only entries. */
 void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_category cat,
                           const char *name, size_t bytes, void **dst);
-/* Allocates one block per memory kind and fills every dst. 0, or -1 naming the kind and
- * size that could not be allocated. */
+/* Allocates one block per memory kind and fills every dst. The pinned block starts on a
+ * 4096-byte boundary, so the whole of it can be registered for O_DIRECT I/O. 0, or -1
+ * naming the kind and size that could not be allocated. */
 int strata_arena_commit(strata_arena *a);
 void strata_arena_release(strata_arena *a);
 size_t strata_arena_bytes(const strata_arena *a, int kind /* -1 all */, int cat /* -1 all */);

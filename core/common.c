@@ -214,9 +214,6 @@ uint64_t strata_hash64(uint64_t x) { /* splitmix64 finaliser */
 static uint64_t key3(uint64_t seed, uint64_t stream, uint64_t index) {
     return strata_hash64(strata_hash64(strata_hash64(seed) ^ stream) ^ index);
 }
-float strata_rand_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
-    return (float)(key3(seed, stream, index) >> 40) * (1.0f / 16777216.0f);
-}
 float strata_rand_normal(uint64_t seed, uint64_t stream, uint64_t index) {
     /* Box-Muller on two independent draws derived from the same counter. */
     uint64_t h = key3(seed, stream, index);

@@ -101,7 +101,6 @@ uint32_t strata_crc32c(uint32_t crc, const void *data, size_t bytes);
 /* Counter-based random numbers: the value for (seed, stream, index) never depends on
  * what was drawn before, so any rank can produce any slice of a tensor's init. */
 uint64_t strata_hash64(uint64_t x);
-float strata_rand_uniform(uint64_t seed, uint64_t stream, uint64_t index); /* [0,1) */
 float strata_rand_normal(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* bf16 as the upper 16 bits of an fp32: widening is exact; narrowing rounds to nearest,

@@ -1,8 +1,9 @@
-/* core/device.c: what the backends share: dtype facts, opening a backend by name, and
- * the memory counters every backend's alloc/free report to. */
+/* core/device.c: what the backends share: dtype facts, opening a backend by name, aligned
+ * allocations, and the memory counters every backend's alloc/free report to. */
 #include "core/device.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,7 +27,7 @@ const char *strata_dtype_name(strata_dtype t) {
 
 #ifndef STRATA_HAVE_CUDA
 /* Without nvcc the CUDA backend is absent; these two keep the table's callers free of
- * #ifdefs. With STRATA_HAVE_CUDA they come from core/device_cuda.cu. */
+ * #ifdefs. With STRATA_HAVE_CUDA they come from core/cuda/device_cuda.cu. */
 int strata_cuda_available(void) { return 0; }
 
 strata_device *strata_device_cuda_open(int ordinal) {
@@ -63,6 +64,21 @@ strata_device *strata_device_open(const char *backend, int ordinal) {
 
 void strata_device_close(strata_device *d) {
     if (d) d->ops->destroy(d);
+}
+
+void *strata_alloc_aligned(strata_device *d, strata_mem_kind k, size_t bytes, size_t align, void **raw) {
+    *raw = strata_alloc(d, k, bytes);
+    if (*raw && ((uintptr_t)*raw & (align - 1))) {
+        strata_free(d, k, *raw);
+        *raw = NULL;
+        if (bytes > SIZE_MAX - align) {
+            strata_fail("an aligned allocation of %zu bytes overflows", bytes);
+            return NULL;
+        }
+        *raw = strata_alloc(d, k, bytes + align);
+    }
+    if (!*raw) return NULL;
+    return (void *)(((uintptr_t)*raw + align - 1) & ~(uintptr_t)(align - 1));
 }
 
 /* Allocations are rare (start-up, plan changes) but may come from several threads (the

@@ -1,5 +1,5 @@
 /* core/device.h: the device interface. One table of functions, two backends: CPU
- * (core/device_cpu.c, always built) and CUDA (core/device_cuda.cu, built when nvcc is
+ * (core/cpu/device_cpu.c, always built) and CUDA (core/cuda/device_cuda.cu, built when nvcc is
  * found). Callers never #ifdef; they call through the table.
  *
  * Semantics follow CUDA's:
@@ -58,7 +58,7 @@ typedef struct strata_mem_counters {
 } strata_mem_counters;
 
 typedef struct strata_device_ops {
-    const char *name; /* "cpu" or "cuda" */
+    const char *name; /* "cpu" or "cuda", for messages (strata_device_caps says what it can do) */
     void (*destroy)(strata_device *d);
 
     void *(*alloc)(strata_device *d, strata_mem_kind kind, size_t bytes); /* NULL + error */
@@ -87,8 +87,20 @@ typedef struct strata_device_ops {
     int (*sync_all)(strata_device *d);
 } strata_device_ops;
 
+/* What callers may assume of a backend; they test these, never its name. */
+typedef struct strata_device_caps {
+    /* Device memory is ordinary host memory: host code (a host task, MPI, the CPU's
+     * kernels) may read and write it directly. Otherwise work on it is a copy or a
+     * kernel on one of the device's streams. */
+    int host_memory;
+    /* A GPU, which other processes share: the memory in use is what mem_info reports
+     * (nvidia-smi's view, not only Strata's allocations), and NCCL can move its buffers. */
+    int gpu;
+} strata_device_caps;
+
 struct strata_device {
     const strata_device_ops *ops;
+    strata_device_caps caps;
     const strata_kernels *k; /* the backend's kernels (core/kernels.h) */
     strata_stream *compute;  /* made by the backend at open */
     strata_dtype compute_dtype;
@@ -119,6 +131,12 @@ static inline int strata_event_record(strata_device *d, strata_event *e, strata_
 static inline int strata_stream_wait_event(strata_device *d, strata_stream *s, strata_event *e) { return d->ops->stream_wait_event(s, e); }
 static inline int strata_event_sync(strata_device *d, strata_event *e) { return d->ops->event_sync(e); }
 static inline int strata_event_query(strata_device *d, strata_event *e) { return d->ops->event_query(e); }
+
+/* Memory of kind k starting on an `align` boundary (a power of two), for O_DIRECT I/O:
+ * what the backend returns when that is aligned already (both backends page-align pinned
+ * memory), else a block one `align` larger, rounded up. *raw gets the pointer to hand
+ * strata_free. NULL + error on failure. */
+void *strata_alloc_aligned(strata_device *d, strata_mem_kind k, size_t bytes, size_t align, void **raw);
 
 /* Backend constructors (registered in core/device.c). */
 strata_device *strata_device_cpu_open(void);

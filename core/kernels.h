@@ -1,5 +1,5 @@
 /* core/kernels.h: the math a GPT-2 step needs, as a table each backend fills in.
- * core/kernels_cpu.c is the fp32 OpenMP reference (the oracle); core/kernels_cuda.cu
+ * core/cpu/kernels_cpu.c is the fp32 OpenMP reference (the oracle); core/cuda/kernels_cuda.cu
  * computes in bf16 with fp32 accumulation. The model calls only through this table.
  *
  * Conventions, for every kernel:
@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device.h"
+#include "core/device.h"
 
 /* AdamW hyperparameters for one update; bias corrections are precomputed by the caller
  * (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t) so every backend does identical arithmetic. */

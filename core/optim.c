@@ -1,7 +1,9 @@
-/* core/optim.c: learning-rate schedule. */
+/* core/optim.c: the learning-rate schedule, AdamW's arguments and its segment walk. */
 #include "core/optim.h"
 
 #include <math.h>
+
+#include "core/common.h"
 
 double strata_lr_at(const strata_config *c, int64_t step) {
     double lr = c->optim.lr, min_lr = c->optim.min_lr;
@@ -27,4 +29,27 @@ strata_adamw_args strata_adamw_args_at(const strata_config *c, int64_t step, flo
         .bc2 = (float)(1.0 - pow(c->optim.beta2, t)),
         .grad_scale = grad_scale,
     };
+}
+
+int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
+                          strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS]) {
+    const strata_unit *unit = &m->units[u];
+    size_t hi = lo + n, pos = lo;
+    int k = 0;
+    while (pos < hi) {
+        size_t end = hi;
+        int decay = 0;
+        for (int i = 0; i < unit->n_tensors; i++) {
+            const strata_ckpt_tensor *t = &m->tensors[unit->first_tensor + i];
+            if (pos >= t->offset && pos < t->offset + t->numel) {
+                end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+                decay = m->decay[unit->first_tensor + i];
+                break;
+            }
+        }
+        STRATA_ASSERT(k < STRATA_ADAMW_MAX_SEGMENTS);
+        seg[k++] = (strata_adamw_segment){pos - lo, end - pos, decay};
+        pos = end;
+    }
+    return k;
 }

@@ -1,11 +1,15 @@
-/* core/optim.h: the learning-rate schedule and AdamW's per-step arguments. */
+/* core/optim.h: the learning-rate schedule, AdamW's per-step arguments, and the walk that
+ * splits a unit's optimizer range at tensor boundaries, which every AdamW (the device
+ * kernels, the CPU's in offload/) shares. */
 #ifndef STRATA_OPTIM_H
 #define STRATA_OPTIM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/config.h"
 #include "core/kernels.h"
+#include "core/model.h"
 
 /* Learning rate for optimizer step `step` (0-based): linear warmup from lr/warmup to lr
  * over warmup_steps, then cosine (or linear) decay to min_lr at train.steps, or constant. */
@@ -13,5 +17,21 @@ double strata_lr_at(const strata_config *c, int64_t step);
 
 /* AdamW arguments for step `step` (0-based; bias corrections use t = step + 1). */
 strata_adamw_args strata_adamw_args_at(const strata_config *c, int64_t step, float grad_scale);
+
+/* The most pieces a unit's optimizer range splits into: a range crosses every tensor of its
+ * unit at most once (a GPT-2 block has 12). */
+#define STRATA_ADAMW_MAX_SEGMENTS 64
+
+/* A piece [lo, lo + n) of an optimizer range, relative to the range's start, inside one
+ * tensor: weight decay applies to it or not (matrices only, model.h's decay flags). */
+typedef struct strata_adamw_segment {
+    size_t lo, n;
+    int decay;
+} strata_adamw_segment;
+
+/* Splits elements [lo, lo + n) of unit u's flat buffer at tensor boundaries (the padding
+ * after the last tensor is one piece without decay); returns the number of pieces. */
+int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
+                          strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS]);
 
 #endif

@@ -8,6 +8,7 @@
 #include "core/common.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "offload/pipeline.h"
 #include "shard/engine.h"
 
 #define AUTO_DEFAULT_TRIALS 3
@@ -95,7 +96,8 @@ static double trial_ms(strata_auto *a, const strata_plan_candidate *c, strata_lo
         strata_model_shape shape = strata_model_shape_from_config(&cfg);
         strata_model_init(&m, &shape);
         strata_arena_init(&arena, a->dev);
-        e = strata_engine_create(&cfg, &m, &arena, a->dev, a->comm, a->rank, a->world);
+        e = strata_engine_create(&cfg, &m, &arena, a->dev, a->comm, strata_offload_tier(&cfg, a->dev, a->rank), a->rank,
+                                 a->world);
         built = 1;
         if (strata_arena_commit(&arena)) {
             bad = 1;

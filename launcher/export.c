@@ -32,6 +32,7 @@
 #include "core/kernels.h"
 #include "core/model.h"
 #include "launcher/tokenizer.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -610,7 +611,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     strata_model_init(&m, &shape);
     strata_arena arena;
     strata_arena_init(&arena, dev);
-    strata_engine *e = strata_engine_create(cfg, &m, &arena, dev, comm, 0, 1);
+    strata_engine *e = strata_engine_create(cfg, &m, &arena, dev, comm, strata_offload_tier(cfg, dev, 0), 0, 1);
     const size_t *padded = strata_engine_padded(e);
     float **grads = strata_xcalloc(m.n_units, sizeof *grads);      /* device */
     float **grads_host = strata_xcalloc(m.n_units, sizeof *grads); /* their copies */

@@ -10,6 +10,7 @@
 
 #include "core/common.h"
 #include "core/model.h"
+#include "offload/pipeline.h"
 #include "shard/engine.h"
 
 static const char *tier_names[STRATA_TIERS] = {"device", "pinned host", "host", "nvme"};
@@ -43,7 +44,7 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_model_init(&m, &shape);
     strata_arena a;
     strata_arena_init(&a, NULL);
-    strata_engine *e = strata_engine_create(cfg, &m, &a, NULL, NULL, 0, world);
+    strata_engine *e = strata_engine_create(cfg, &m, &a, NULL, NULL, strata_offload_tier(cfg, NULL, 0), 0, world);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
     strata_plan_add_nvme(p, strata_engine_nvme_bytes(e), strata_engine_nvme_param_bytes(e));
     strata_engine_destroy(e);
@@ -64,7 +65,7 @@ static size_t host_available(void) {
 
 void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *dev) {
     const double GB = 1024.0 * 1024.0 * 1024.0;
-    int cuda = dev ? !strcmp(dev->ops->name, "cuda") : 0;
+    int cuda = dev ? dev->caps.gpu : 0;
     p->cpu_backend = !cuda;
     size_t host = cfg->memory.host_gb > 0 ? (size_t)(cfg->memory.host_gb * GB) : host_available();
     /* a CUDA device's memory: free and total now, and what Strata itself holds of it */

@@ -18,7 +18,7 @@ enum { STRATA_TIER_DEVICE = 0, STRATA_TIER_PINNED, STRATA_TIER_HOST, STRATA_TIER
 
 /* The device memory a CUDA run uses outside Strata's arena, its "runtime" row. With a GPU
  * at hand it is measured just before the arena is allocated: total - free - Strata's live
- * allocations, which is the CUDA context, the cuBLASLt workspace (core/kernels_cuda.cu),
+ * allocations, which is the CUDA context, the cuBLASLt workspace (core/cuda/kernels_cuda.cu),
  * NCCL's buffers and any other process on the GPU, everything nvidia-smi counts; to that
  * the plan adds an allowance for the kernel modules CUDA loads lazily at each kernel's
  * first launch (Strata's own and cuBLASLt's), which no measurement before step 1 sees.

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "launcher/commands.h"
 #include "launcher/tokenizer.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -266,7 +267,7 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_model_init(&m, &shape);
     strata_arena arena;
     strata_arena_init(&arena, dev);
-    strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, 0, 1);
+    strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, strata_offload_tier(&cfg, dev, 0), 0, 1);
     int32_t *tokens = strata_xcalloc(n_prompt + (size_t)n_tokens + 1, sizeof(int32_t));
     for (size_t i = 0; i < n_prompt; i++) tokens[i] = prompt_ids[i];
     if (start_eot) tokens[n_prompt++] = eot;

@@ -22,6 +22,7 @@
 #include "launcher/plan.h"
 #include "launcher/sample.h"
 #include "launcher/tokenizer.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -188,7 +189,7 @@ static void config_to_yaml(const strata_config *c, char *buf, size_t n) {
  * GPU); on the CPU backend, where "device" memory is host memory shared with everything
  * else, Strata's own device allocations, which the plan predicts exactly. */
 static size_t device_used(const trainer *t) {
-    if (strcmp(t->dev->ops->name, "cuda")) return t->dev->mem[STRATA_MEM_DEVICE].live_bytes;
+    if (!t->dev->caps.gpu) return t->dev->mem[STRATA_MEM_DEVICE].live_bytes;
     size_t free_b = 0, total = 0;
     if (t->dev->ops->mem_info(t->dev, &free_b, &total)) return 0;
     return total - free_b;
@@ -290,7 +291,7 @@ static int out_of_memory(trainer *t, int64_t step, double loss, double tokens, s
                 t->dev->description, strata_fmt_bytes(b[0], 32, (double)free_b), strata_fmt_bytes(b[1], 32, (double)total),
                 strata_fmt_bytes(b[2], 32, (double)(total - free_b)), holds);
     fprintf(stderr, "  The plan fitted when the run started, so another process probably took device memory since: "
-                    "%s lists who holds it.\n", strcmp(t->dev->ops->name, "cuda") ? "`top -o %MEM`" : "`nvidia-smi`");
+                    "%s lists who holds it.\n", t->dev->caps.gpu ? "`nvidia-smi`" : "`top -o %MEM`");
     if (saved) {
         resume_command(t, dir, cmd, sizeof cmd);
         fprintf(stderr, "  The state of step %lld is saved in %s. When the memory is free again, resume with:\n    %s\n",
@@ -388,7 +389,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     t->dev = strata_device_open(backend, local_rank);
     if (!t->dev) fatal(t, "opening the device");
     /* STRATA_CUDA_UNVERIFIED=1 lets bench/gpu-check.sh exercise these paths on a GPU */
-    if (!strcmp(t->dev->ops->name, "cuda") && (cfg->zero.stage >= 2 || world > 1) && !getenv("STRATA_CUDA_UNVERIFIED")) {
+    if (t->dev->caps.gpu && (cfg->zero.stage >= 2 || world > 1) && !getenv("STRATA_CUDA_UNVERIFIED")) {
         /* Not yet proven on a GPU: stages 2-3 hung in their first GPU test, and several
          * ranks need NCCL or staged MPI buffers. Refuse rather than risk a hang. */
         if (rank == 0)
@@ -407,7 +408,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_model_shape shape = strata_model_shape_from_config(cfg);
     strata_model_init(&t->m, &shape);
     strata_arena_init(&t->arena, t->dev);
-    t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+    t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm,
+                                     strata_offload_tier(cfg, t->dev, rank), rank, world);
 
     /* the plan is checked before anything is allocated */
     strata_plan plan;
@@ -457,7 +459,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         A = cfg->train.grad_accum;
         strata_model_init(&t->m, &shape);
         strata_arena_init(&t->arena, t->dev);
-        t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm, rank, world);
+        t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm,
+                                         strata_offload_tier(cfg, t->dev, rank), rank, world);
         plan_this_run(t, &plan);
     }
     t->planned_device = plan.need[STRATA_TIER_DEVICE];

@@ -659,7 +659,6 @@ void strata_nvme_close(strata_nvme_store *s) {
 /* ---------------------------------------------------------------------------------- */
 
 const char *strata_nvme_path(const strata_nvme_store *s) { return s->path; }
-size_t strata_nvme_bytes(const strata_nvme_store *s) { return s->bytes; }
 int strata_nvme_is_direct(const strata_nvme_store *s) { return s->direct; }
 int strata_nvme_uses_uring(const strata_nvme_store *s) { return s->uring; }
 int strata_nvme_registered(const strata_nvme_store *s) { return s->n_registered; }

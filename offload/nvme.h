@@ -77,7 +77,6 @@ int strata_nvme_wait(strata_nvme_store *s, strata_nvme_ticket ticket);
 int strata_nvme_wait_all(strata_nvme_store *s);
 
 const char *strata_nvme_path(const strata_nvme_store *s);
-size_t strata_nvme_bytes(const strata_nvme_store *s);
 int strata_nvme_is_direct(const strata_nvme_store *s);  /* 1 with O_DIRECT */
 int strata_nvme_uses_uring(const strata_nvme_store *s); /* 0 on the pread/pwrite fallback */
 int strata_nvme_registered(const strata_nvme_store *s); /* io_uring buffer slots registered */

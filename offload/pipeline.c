@@ -1,4 +1,5 @@
-/* offload/pipeline.c: optimizer state in pinned memory or on NVMe, updated by the CPU.
+/* offload/pipeline.c: the offload update tier: optimizer state in pinned memory or on
+ * NVMe, updated by the CPU, behind core/update_tier.h's table.
  *
  * A unit's update is three stages on three HOST streams, so the gradient copy of the next
  * unit, the CPU AdamW of this one and the parameter copy of the previous one all run at
@@ -22,30 +23,29 @@
 #include "offload/cpu_adam.h"
 #include "offload/nvme.h"
 
-#define MAX_SEGMENTS 64
 #define NVME_ALIGN STRATA_NVME_ALIGN
 
 /* offload-out's task when the parameters live on NVMe: write the staged update home;
  * param-in's task: read a unit's parameters for a gather. */
 typedef struct param_io {
-    struct strata_offload *o;
+    struct offload_tier *o;
     int u, b;
     void *dst;
 } param_io;
 
 typedef struct update_task {
-    struct strata_offload *o;
+    struct offload_tier *o;
     int u, b;
     param_io write;
-    const float *grad;
-    void *param_out;
-    strata_offload_segment seg[MAX_SEGMENTS];
+    strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     int n_seg;
     strata_adamw_args args;
 } update_task;
 
-struct strata_offload {
+typedef struct offload_tier {
+    strata_update_tier tier; /* first, so offload_of() finds the rest from the engine's pointer */
     const strata_config *cfg;
+    strata_arena *arena;
     strata_device *dev;
     int nvme;        /* 1: state on NVMe, 0: state in pinned memory */
     int params_nvme; /* 1: the units' compute-dtype parameters live on NVMe too (stage 3) */
@@ -56,8 +56,7 @@ struct strata_offload {
     float *(*state)[3];       /* cpu tier: per unit, per kind, pinned */
     float *slot_state[2][3];  /* nvme tier: two pinned slots of max_n per kind */
     size_t *file_off;         /* nvme tier: per unit, offset of its kind-0 block; kinds follow */
-    size_t file_stride;       /* per unit: bytes of one kind, 4096-aligned */
-    size_t *unit_stride;
+    size_t *unit_stride;      /* nvme tier: per unit, bytes of one kind, 4096-aligned */
     size_t *param_off;        /* params on nvme: per unit, offset of its parameters */
     size_t *param_stride;     /* their bytes, 4096-aligned */
     size_t file_bytes;
@@ -79,7 +78,10 @@ struct strata_offload {
     strata_nvme_ticket prefetch_ticket[3];
     pthread_mutex_t mu;
     char error[1024];
-};
+} offload_tier;
+
+static offload_tier *offload_of(strata_update_tier *t) { return (offload_tier *)t; }
+static const offload_tier *offload_of_const(const strata_update_tier *t) { return (const offload_tier *)t; }
 
 static void reserve_pinned(strata_arena *a, strata_mem_category cat, const char *name, int u, size_t bytes, void **dst) {
     char full[64];
@@ -88,15 +90,12 @@ static void reserve_pinned(strata_arena *a, strata_mem_category cat, const char 
     strata_arena_reserve(a, STRATA_MEM_PINNED, cat, full, bytes, dst);
 }
 
-strata_offload *strata_offload_create(const strata_config *cfg, strata_device *dev, strata_arena *a, int n_units,
-                                      const size_t *n, strata_dtype param_dtype, int rank) {
-    strata_offload *o = strata_xcalloc(1, sizeof *o);
-    o->cfg = cfg;
-    o->dev = dev;
-    o->nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME;
-    o->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
+static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n,
+                         strata_dtype param_dtype) {
+    offload_tier *o = offload_of(t);
+    const strata_config *cfg = o->cfg;
+    o->arena = a;
     o->n_units = n_units;
-    o->rank = rank;
     o->param_dtype = param_dtype;
     o->es = strata_dtype_size(param_dtype);
     o->n = strata_xcalloc(n_units, sizeof *o->n);
@@ -106,8 +105,6 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
     o->param_off = strata_xcalloc(n_units, sizeof *o->param_off);
     o->param_stride = strata_xcalloc(n_units, sizeof *o->param_stride);
     o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
-    o->prefetched_unit = -1;
-    pthread_mutex_init(&o->mu, NULL);
     static const char *kind_names[3] = {"offload.master", "offload.adam_m", "offload.adam_v"};
     for (int u = 0; u < n_units; u++) {
         o->n[u] = n[u];
@@ -136,30 +133,16 @@ strata_offload *strata_offload_create(const strata_config *cfg, strata_device *d
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
                 reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, o->max_n * sizeof(float), (void **)&o->slot_state[s][k]);
-    o->n_buf = cfg->offload.buffer_count;
-    o->grad_stage = strata_xcalloc(o->n_buf, sizeof *o->grad_stage);
-    o->param_stage = strata_xcalloc(o->n_buf, sizeof *o->param_stage);
     for (int b = 0; b < o->n_buf; b++) {
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
         /* rounded up so a parameter write to NVMe is whole 4 KiB blocks */
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_stage", b, strata_round_up(o->max_n * o->es, NVME_ALIGN),
                        &o->param_stage[b]);
     }
-    strata_event ***evs[3] = {&o->ev_grad_in, &o->ev_updated, &o->ev_param_free};
-    for (int k = 0; k < 3; k++) *evs[k] = strata_xcalloc(o->n_buf, sizeof(strata_event *));
-    if (dev) {
-        o->in = strata_stream_create(dev, "offload-in", STRATA_STREAM_HOST);
-        o->stream = strata_stream_create(dev, "offload", STRATA_STREAM_HOST);
-        o->out = strata_stream_create(dev, "offload-out", STRATA_STREAM_HOST);
-        if (o->params_nvme) o->param_in = strata_stream_create(dev, "param-in", STRATA_STREAM_HOST);
-        for (int k = 0; k < 3; k++)
-            for (int b = 0; b < o->n_buf; b++) (*evs[k])[b] = strata_event_create(dev);
-    }
-    return o;
 }
 
-void strata_offload_destroy(strata_offload *o) {
-    if (!o) return;
+static void offload_destroy(strata_update_tier *t) {
+    offload_tier *o = offload_of(t);
     if (o->dev) {
         strata_stream *streams[4] = {o->in, o->stream, o->out, o->param_in};
         for (int i = 0; i < 4; i++)
@@ -187,26 +170,31 @@ void strata_offload_destroy(strata_offload *o) {
     free(o);
 }
 
-size_t strata_offload_nvme_bytes(const strata_offload *o) { return o->file_bytes; }
-size_t strata_offload_nvme_param_bytes(const strata_offload *o) {
+static size_t offload_nvme_bytes(const strata_update_tier *t) { return offload_of_const(t)->file_bytes; }
+static size_t offload_nvme_param_bytes(const strata_update_tier *t) {
+    const offload_tier *o = offload_of_const(t);
     size_t n = 0;
     for (int u = 0; u < o->n_units && o->params_nvme; u++) n += o->param_stride[u];
     return n;
 }
 
-int strata_offload_open(strata_offload *o, void *pinned_base, size_t pinned_bytes) {
-    if (!o->file_bytes) return 0;
+static int offload_open(strata_update_tier *t) {
+    offload_tier *o = offload_of(t);
+    if (!o->file_bytes || o->store) return 0;
+    /* the arena's pinned block holds every staging buffer: one registration covers them */
+    void *pinned_base = o->arena->base[STRATA_MEM_PINNED];
     void *bufs[1] = {pinned_base};
-    size_t sizes[1] = {pinned_bytes};
+    size_t sizes[1] = {o->arena->total[STRATA_MEM_PINNED]};
     o->store = strata_nvme_open(o->cfg->offload.nvme_path, o->rank, o->file_bytes, (size_t)o->cfg->offload.block_kb * 1024,
                                 o->cfg->offload.queue_depth, bufs, sizes, pinned_base ? 1 : 0);
     if (!o->store) return strata_fail_wrap(o->nvme ? "offload.optimizer: nvme" : "offload.params: nvme");
     return 0;
 }
 
-static size_t state_offset(const strata_offload *o, int u, int kind) { return o->file_off[u] + (size_t)kind * o->unit_stride[u]; }
+static size_t state_offset(const offload_tier *o, int u, int kind) { return o->file_off[u] + (size_t)kind * o->unit_stride[u]; }
 
-int strata_offload_read_state(strata_offload *o, int u, int kind, float *dst) {
+static int offload_read_state(strata_update_tier *t, int u, int kind, float *dst) {
+    offload_tier *o = offload_of(t);
     if (!o->nvme) {
         memcpy(dst, o->state[u][kind], o->n[u] * sizeof(float));
         return 0;
@@ -219,7 +207,8 @@ int strata_offload_read_state(strata_offload *o, int u, int kind, float *dst) {
     return 0;
 }
 
-int strata_offload_write_state(strata_offload *o, int u, int kind, const float *src) {
+static int offload_write_state(strata_update_tier *t, int u, int kind, const float *src) {
+    offload_tier *o = offload_of(t);
     if (!o->nvme) {
         memcpy(o->state[u][kind], src, o->n[u] * sizeof(float));
         return 0;
@@ -231,31 +220,33 @@ int strata_offload_write_state(strata_offload *o, int u, int kind, const float *
     return strata_nvme_write(o->store, state_offset(o, u, kind), slot, o->unit_stride[u]);
 }
 
-int strata_offload_write_params(strata_offload *o, int u, const void *src) {
+static int offload_write_params(strata_update_tier *t, int u, const void *src) {
+    offload_tier *o = offload_of(t);
     STRATA_ASSERT(o->params_nvme);
     memcpy(o->param_io, src, o->n[u] * o->es);
     memset((char *)o->param_io + o->n[u] * o->es, 0, o->param_stride[u] - o->n[u] * o->es);
     return strata_nvme_write(o->store, o->param_off[u], o->param_io, o->param_stride[u]);
 }
 
-strata_stream *strata_offload_param_stream(const strata_offload *o) { return o->param_in; }
+static strata_stream *offload_param_stream(strata_update_tier *t) { return offload_of(t)->param_in; }
 
-static void record_error(strata_offload *o, const char *what);
+static void record_error(offload_tier *o, const char *what);
 
 static void param_read_run(void *arg) {
     param_io *r = arg;
-    strata_offload *o = r->o;
+    offload_tier *o = r->o;
     if (strata_nvme_read(o->store, o->param_off[r->u], r->dst, o->param_stride[r->u]))
         record_error(o, "offload: reading parameters");
 }
 
-int strata_offload_fetch_params(strata_offload *o, int u, void *dst, int tag) {
+static int offload_fetch_params(strata_update_tier *t, int u, void *dst, int tag) {
+    offload_tier *o = offload_of(t);
     STRATA_ASSERT(o->params_nvme && tag >= 0 && tag < o->n_fetch);
     o->fetch[tag] = (param_io){o, u, 0, dst};
     return strata_host_task(o->dev, o->param_in, param_read_run, &o->fetch[tag]);
 }
 
-static void record_error(strata_offload *o, const char *what) {
+static void record_error(offload_tier *o, const char *what) {
     pthread_mutex_lock(&o->mu);
     if (!o->error[0]) snprintf(o->error, sizeof o->error, "%s: %s", what, strata_error());
     pthread_mutex_unlock(&o->mu);
@@ -263,12 +254,12 @@ static void record_error(strata_offload *o, const char *what) {
 
 static void param_write_run(void *arg) {
     param_io *w = arg;
-    strata_offload *o = w->o;
+    offload_tier *o = w->o;
     if (strata_nvme_write(o->store, o->param_off[w->u], o->param_stage[w->b], o->param_stride[w->u]))
         record_error(o, "offload: writing parameters");
 }
 
-static int prefetch(strata_offload *o, int u, int slot) {
+static int prefetch(offload_tier *o, int u, int slot) {
     for (int k = 0; k < 3; k++)
         if (strata_nvme_read_async(o->store, state_offset(o, u, k), o->slot_state[slot][k], o->unit_stride[u],
                                    &o->prefetch_ticket[k]))
@@ -280,7 +271,7 @@ static int prefetch(strata_offload *o, int u, int slot) {
 
 static void update_run(void *arg) {
     update_task *t = arg;
-    strata_offload *o = t->o;
+    offload_tier *o = t->o;
     int u = t->u;
     float *state[3];
     int slot = 0;
@@ -303,7 +294,7 @@ static void update_run(void *arg) {
     float *grad = o->grad_stage[t->b];
     char *param = o->param_stage[t->b];
     for (int i = 0; i < t->n_seg; i++) {
-        const strata_offload_segment *s = &t->seg[i];
+        const strata_adamw_segment *s = &t->seg[i];
         strata_adamw_args a = t->args;
         if (!s->decay) a.weight_decay = 0.0f;
         strata_cpu_adamw(state[0] + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo, state[1] + s->lo,
@@ -318,15 +309,14 @@ static void update_run(void *arg) {
     }
 }
 
-int strata_offload_update(strata_offload *o, int u, const float *grad, void *param_out,
-                          const strata_offload_segment *seg, int n_seg, const strata_adamw_args *args,
+static int offload_update(strata_update_tier *tier, int u, const float *grad, void *param_out,
+                          const strata_adamw_segment *seg, int n_seg, const strata_adamw_args *args,
                           strata_event *after, strata_event *done) {
-    STRATA_ASSERT(n_seg <= MAX_SEGMENTS);
+    offload_tier *o = offload_of(tier);
+    STRATA_ASSERT(n_seg <= STRATA_ADAMW_MAX_SEGMENTS);
     update_task *t = &o->tasks[u];
     t->o = o;
     t->u = u;
-    t->grad = grad;
-    t->param_out = param_out;
     memcpy(t->seg, seg, (size_t)n_seg * sizeof *seg);
     t->n_seg = n_seg;
     t->args = *args;
@@ -356,7 +346,8 @@ int strata_offload_update(strata_offload *o, int u, const float *grad, void *par
     return rc ? -1 : 0;
 }
 
-int strata_offload_sync(strata_offload *o) {
+static int offload_sync(strata_update_tier *t) {
+    offload_tier *o = offload_of(t);
     if (o->param_in) strata_stream_sync(o->dev, o->param_in);
     strata_stream_sync(o->dev, o->in);
     strata_stream_sync(o->dev, o->stream);
@@ -367,4 +358,46 @@ int strata_offload_sync(strata_offload *o) {
     o->error[0] = 0;
     pthread_mutex_unlock(&o->mu);
     return failed ? -1 : 0;
+}
+
+static const strata_update_tier_ops offload_ops = {
+    .plan = offload_plan,
+    .open = offload_open,
+    .destroy = offload_destroy,
+    .read_state = offload_read_state,
+    .write_state = offload_write_state,
+    .update = offload_update,
+    .sync = offload_sync,
+    .write_params = offload_write_params,
+    .param_stream = offload_param_stream,
+    .fetch_params = offload_fetch_params,
+    .nvme_bytes = offload_nvme_bytes,
+    .nvme_param_bytes = offload_nvme_param_bytes,
+};
+
+strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device *dev, int rank) {
+    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE) return NULL;
+    offload_tier *o = strata_xcalloc(1, sizeof *o);
+    o->tier.ops = &offload_ops;
+    o->cfg = cfg;
+    o->dev = dev;
+    o->nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME;
+    o->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
+    o->rank = rank;
+    o->prefetched_unit = -1;
+    pthread_mutex_init(&o->mu, NULL);
+    o->n_buf = cfg->offload.buffer_count;
+    o->grad_stage = strata_xcalloc(o->n_buf, sizeof *o->grad_stage);
+    o->param_stage = strata_xcalloc(o->n_buf, sizeof *o->param_stage);
+    strata_event ***evs[3] = {&o->ev_grad_in, &o->ev_updated, &o->ev_param_free};
+    for (int k = 0; k < 3; k++) *evs[k] = strata_xcalloc(o->n_buf, sizeof(strata_event *));
+    if (dev) {
+        o->in = strata_stream_create(dev, "offload-in", STRATA_STREAM_HOST);
+        o->stream = strata_stream_create(dev, "offload", STRATA_STREAM_HOST);
+        o->out = strata_stream_create(dev, "offload-out", STRATA_STREAM_HOST);
+        if (o->params_nvme) o->param_in = strata_stream_create(dev, "param-in", STRATA_STREAM_HOST);
+        for (int k = 0; k < 3; k++)
+            for (int b = 0; b < o->n_buf; b++) (*evs[k])[b] = strata_event_create(dev);
+    }
+    return &o->tier;
 }

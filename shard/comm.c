@@ -29,9 +29,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#ifdef STRATA_HAVE_NCCL
 #include "shard/comm_nccl.h"
-#endif
 
 /* ---- process-wide MPI state ---- */
 
@@ -47,6 +45,16 @@ static void mpi_enter(void) {
 static void mpi_leave(void) {
     if (mpi_thread_level < MPI_THREAD_MULTIPLE) pthread_mutex_unlock(&mpi_lock);
 }
+
+/* One MPI call on a collective's behalf (t): under the thread-level lock, and a failure
+ * aborts the job naming the call and the collective (check_mpi, below). */
+#define COMM_MPI(t, fn, ...)                                                               \
+    do {                                                                                   \
+        mpi_enter();                                                                       \
+        int comm_mpi_rc_ = fn(__VA_ARGS__);                                                \
+        mpi_leave();                                                                       \
+        check_mpi((t), comm_mpi_rc_, #fn);                                                 \
+    } while (0)
 
 static const char *thread_level_name(int level) {
     switch (level) {
@@ -137,8 +145,6 @@ static MPI_Datatype elem_mpi(comm_elem e) {
     return e == ELEM_F32 ? MPI_FLOAT : e == ELEM_F64 ? MPI_DOUBLE : e == ELEM_BF16 ? MPI_UINT16_T : MPI_BYTE;
 }
 
-typedef enum comm_backend { BACKEND_SINGLE, BACKEND_MPI, BACKEND_NCCL } comm_backend;
-
 typedef struct comm_ops comm_ops;
 
 /* One collective. submit() fills one on its stack; a backend that needs it after the
@@ -188,9 +194,18 @@ struct strata_comm {
     int n_tasks; /* records made so far; all on the free list when the stream is idle */
 };
 
-/* Each backend enqueues the data movement; validation and counting are shared. */
+/* A backend: what it can do, which opening reads instead of its name, and how it moves
+ * data (validation and counting are shared). */
 struct comm_ops {
     const char *name;
+    /* talks MPI: opening duplicates MPI_COMM_WORLD when MPI is active */
+    int uses_mpi;
+    /* its collectives are device work (copies, NCCL kernels): where the device's memory is
+     * not the host's they run on a DEVICE stream, so other streams meet them through the
+     * device's own events; the mpi backend's worker is always a HOST stream */
+    int device_stream;
+    /* the rest of opening, after the shared part (NULL: nothing) */
+    int (*setup)(strata_comm *c);
     int (*enqueue)(strata_comm *c, const coll_task *req);
 };
 
@@ -278,10 +293,7 @@ static void wait_requests(const coll_task *t, MPI_Request *req, int n) {
         for (int i = 0; i < n; i++) {
             if (req[i] == MPI_REQUEST_NULL) continue;
             int flag = 0;
-            mpi_enter();
-            int rc = MPI_Test(&req[i], &flag, MPI_STATUS_IGNORE);
-            mpi_leave();
-            check_mpi(t, rc, "MPI_Test");
+            COMM_MPI(t, MPI_Test, &req[i], &flag, MPI_STATUS_IGNORE);
             pending += !flag;
         }
         if (!pending) return;
@@ -300,11 +312,8 @@ static void run_allreduce(coll_task *t) {
     size_t es = elem_size(t->elem);
     for (size_t off = 0; off < t->count; off += c->chunk_elems) {
         int n = (int)strata_min_size(c->chunk_elems, t->count - off);
-        mpi_enter();
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)t->out + off * es, n, elem_mpi(t->elem),
-                                elem_sum(t->elem), c->mpi, &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Iallreduce");
+        COMM_MPI(t, MPI_Iallreduce, MPI_IN_PLACE, (char *)t->out + off * es, n, elem_mpi(t->elem), elem_sum(t->elem),
+                 c->mpi, &c->requests[0]);
         wait_requests(t, c->requests, 1);
     }
 }
@@ -327,10 +336,7 @@ static void run_reduce_scatter(coll_task *t) {
             }
             dst = c->scratch;
         }
-        mpi_enter();
-        int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, type, elem_sum(t->elem), c->mpi, &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Ireduce_scatter_block");
+        COMM_MPI(t, MPI_Ireduce_scatter_block, in, dst, (int)n, type, elem_sum(t->elem), c->mpi, &c->requests[0]);
         wait_requests(t, c->requests, 1);
         if (t->aliased) memcpy(out, dst, n * es);
         return;
@@ -345,10 +351,7 @@ static void run_reduce_scatter(coll_task *t) {
                 recv = out + off * es;
                 if (t->aliased) send = MPI_IN_PLACE;
             }
-            mpi_enter();
-            int rc = MPI_Ireduce(send, recv, cnt, type, elem_sum(t->elem), r, c->mpi, &c->requests[r]);
-            mpi_leave();
-            check_mpi(t, rc, "MPI_Ireduce");
+            COMM_MPI(t, MPI_Ireduce, send, recv, cnt, type, elem_sum(t->elem), r, c->mpi, &c->requests[r]);
         }
         wait_requests(t, c->requests, c->world);
     }
@@ -359,11 +362,8 @@ static void run_allgather(coll_task *t) {
     char *out = t->out;
     size_t b = t->count, W = (size_t)c->world;
     if (b * W <= c->chunk_elems) {
-        mpi_enter();
-        int rc = MPI_Iallgather(t->aliased ? MPI_IN_PLACE : t->in, (int)b, MPI_BYTE, out, (int)b,
-                                MPI_BYTE, c->mpi, &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Iallgather");
+        COMM_MPI(t, MPI_Iallgather, t->aliased ? MPI_IN_PLACE : t->in, (int)b, MPI_BYTE, out, (int)b, MPI_BYTE,
+                 c->mpi, &c->requests[0]);
         wait_requests(t, c->requests, 1);
         return;
     }
@@ -372,10 +372,7 @@ static void run_allgather(coll_task *t) {
     for (size_t off = 0; off < b; off += c->chunk_elems) {
         int cnt = (int)strata_min_size(c->chunk_elems, b - off);
         for (int r = 0; r < c->world; r++) {
-            mpi_enter();
-            int rc = MPI_Ibcast(out + (size_t)r * b + off, cnt, MPI_BYTE, r, c->mpi, &c->requests[r]);
-            mpi_leave();
-            check_mpi(t, rc, "MPI_Ibcast");
+            COMM_MPI(t, MPI_Ibcast, out + (size_t)r * b + off, cnt, MPI_BYTE, r, c->mpi, &c->requests[r]);
         }
         wait_requests(t, c->requests, c->world);
     }
@@ -385,19 +382,13 @@ static void run_broadcast(coll_task *t) {
     strata_comm *c = t->c;
     for (size_t off = 0; off < t->count; off += c->chunk_elems) {
         int cnt = (int)strata_min_size(c->chunk_elems, t->count - off);
-        mpi_enter();
-        int rc = MPI_Ibcast((char *)t->out + off, cnt, MPI_BYTE, t->root, c->mpi, &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Ibcast");
+        COMM_MPI(t, MPI_Ibcast, (char *)t->out + off, cnt, MPI_BYTE, t->root, c->mpi, &c->requests[0]);
         wait_requests(t, c->requests, 1);
     }
 }
 
 static void run_barrier(coll_task *t) {
-    mpi_enter();
-    int rc = MPI_Ibarrier(t->c->mpi, &t->c->requests[0]);
-    mpi_leave();
-    check_mpi(t, rc, "MPI_Ibarrier");
+    COMM_MPI(t, MPI_Ibarrier, t->c->mpi, &t->c->requests[0]);
     wait_requests(t, t->c->requests, 1);
 }
 
@@ -434,11 +425,8 @@ static void staged_allreduce(coll_task *t) {
         size_t n = strata_min_size(k, t->count - off);
         stage_copy(t, c->stage, buf + off * es, n * es);
         stage_wait(t);
-        mpi_enter();
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, c->stage, (int)n, elem_mpi(t->elem), elem_sum(t->elem), c->mpi,
-                                &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Iallreduce");
+        COMM_MPI(t, MPI_Iallreduce, MPI_IN_PLACE, c->stage, (int)n, elem_mpi(t->elem), elem_sum(t->elem), c->mpi,
+                 &c->requests[0]);
         wait_requests(t, c->requests, 1);
         stage_copy(t, buf + off * es, c->stage, n * es);
         stage_wait(t);
@@ -463,11 +451,8 @@ static void staged_reduce_scatter(coll_task *t) {
         char *st_in = (char *)c->stage, *st_out = st_in + W * m * es; /* (W, m) then (m) */
         for (size_t r = 0; r < W; r++) stage_copy(t, st_in + r * m * es, in + (r * n + off) * es, m * es);
         stage_wait(t);
-        mpi_enter();
-        int rc = MPI_Ireduce_scatter_block(st_in, st_out, (int)m, elem_mpi(t->elem), elem_sum(t->elem), c->mpi,
-                                           &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Ireduce_scatter_block");
+        COMM_MPI(t, MPI_Ireduce_scatter_block, st_in, st_out, (int)m, elem_mpi(t->elem), elem_sum(t->elem), c->mpi,
+                 &c->requests[0]);
         wait_requests(t, c->requests, 1);
         stage_copy(t, out + off * es, st_out, m * es);
         stage_wait(t);
@@ -483,10 +468,8 @@ static void staged_allgather(coll_task *t) {
         size_t m = strata_min_size(k, b - off);
         stage_copy(t, c->stage + R * m, in + off, m);
         stage_wait(t);
-        mpi_enter();
-        int rc = MPI_Iallgather(MPI_IN_PLACE, (int)m, MPI_BYTE, c->stage, (int)m, MPI_BYTE, c->mpi, &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Iallgather");
+        COMM_MPI(t, MPI_Iallgather, MPI_IN_PLACE, (int)m, MPI_BYTE, c->stage, (int)m, MPI_BYTE, c->mpi,
+                 &c->requests[0]);
         wait_requests(t, c->requests, 1);
         for (size_t r = 0; r < W; r++)
             if (r != R || !t->aliased) stage_copy(t, out + r * b + off, c->stage + r * m, m);
@@ -505,10 +488,7 @@ static void staged_broadcast(coll_task *t) {
             stage_copy(t, c->stage, buf + off, m);
             stage_wait(t);
         }
-        mpi_enter();
-        int rc = MPI_Ibcast(c->stage, (int)m, MPI_BYTE, t->root, c->mpi, &c->requests[0]);
-        mpi_leave();
-        check_mpi(t, rc, "MPI_Ibcast");
+        COMM_MPI(t, MPI_Ibcast, c->stage, (int)m, MPI_BYTE, t->root, c->mpi, &c->requests[0]);
         wait_requests(t, c->requests, 1);
         if (!is_root) {
             stage_copy(t, buf + off, c->stage, m);
@@ -543,8 +523,6 @@ static int mpi_enqueue(strata_comm *c, const coll_task *req) {
     return 0;
 }
 
-static const comm_ops mpi_ops = {"mpi", mpi_enqueue};
-
 /* ---- single backend: world 1, collectives are copies or nothing ---- */
 
 static void single_span_begin(void *arg) { ((coll_task *)arg)->start_ms = strata_now_ms(); }
@@ -570,11 +548,9 @@ static int single_enqueue(strata_comm *c, const coll_task *req) {
     return rc;
 }
 
-static const comm_ops single_ops = {"single", single_enqueue};
+/* ---- nccl backend: collectives on the calling thread, into the DEVICE stream ----
+ * shard/comm_nccl.cu speaks NCCL; in a build without NCCL, shard/comm_nccl_stub.c says so. */
 
-/* ---- nccl backend: collectives on the calling thread, into the DEVICE stream ---- */
-
-#ifdef STRATA_HAVE_NCCL
 static void nccl_done(void *ctx, strata_coll_kind kind, double start_ms, double end_ms) {
     span_add(ctx, kind, start_ms, end_ms);
 }
@@ -592,8 +568,6 @@ static int nccl_enqueue(strata_comm *c, const coll_task *req) {
     span_add(c, t.kind, t.start_ms, strata_now_ms());
     return 0;
 }
-
-static const comm_ops nccl_ops = {"nccl", nccl_enqueue};
 
 /* Rank 0 (or the only rank) makes the id; MPI carries it to the others with a flag
  * saying it was made, so a failure there fails every rank instead of hanging them. */
@@ -642,7 +616,6 @@ static int shared_gpu(strata_device *d, int *a, int *b, char *which, size_t n) {
     free(all);
     return found;
 }
-#endif
 
 /* ---- open / close ---- */
 
@@ -659,9 +632,7 @@ static int env_size(const char *name, long long lo, long long hi, size_t *out) {
 
 /* Frees what a comm holds, however far its open got. The stream must be idle. */
 static void comm_destroy(strata_comm *c) {
-#ifdef STRATA_HAVE_NCCL
     strata_nccl_close(c->nccl);
-#endif
     if (c->mpi != MPI_COMM_NULL) {
         mpi_enter();
         MPI_Comm_free(&c->mpi);
@@ -700,11 +671,11 @@ static int setup_mpi(strata_comm *c) {
     return 0;
 }
 
-/* Staging is on wherever MPI may be handed memory it cannot read: any device but the
- * CPU. STRATA_COMM_STAGE=1 turns it on for the CPU too (CI proves the path that way),
- * =0 off (an MPI that reads device memory itself). */
+/* Staging is on wherever MPI may be handed memory it cannot read: device memory that is
+ * not host memory. STRATA_COMM_STAGE=1 turns it on for the CPU too (CI proves the path
+ * that way), =0 off (an MPI that reads device memory itself). */
 static int setup_stage(strata_comm *c) {
-    int on = strcmp(c->d->ops->name, "cpu") != 0;
+    int on = !c->d->caps.host_memory;
     const char *env = getenv("STRATA_COMM_STAGE");
     if (env) {
         if (strcmp(env, "0") && strcmp(env, "1"))
@@ -722,13 +693,18 @@ static int setup_stage(strata_comm *c) {
     return 0;
 }
 
-static strata_comm *comm_open(strata_device *d, strata_stream *stream, double timeout_s, comm_backend backend,
+static const comm_ops single_ops = {"single", 0, 1, NULL, single_enqueue};
+static const comm_ops mpi_ops = {"mpi", 1, 0, setup_stage, mpi_enqueue};
+static const comm_ops nccl_ops = {"nccl", 1, 1, nccl_setup, nccl_enqueue};
+
+static strata_comm *comm_open(strata_device *d, strata_stream *stream, double timeout_s, const comm_ops *ops,
                               int owns_stream) {
     if (!d || !stream) {
         strata_fail("comm open: the %s is NULL", d ? "stream" : "device");
         return NULL;
     }
     strata_comm *c = strata_xcalloc(1, sizeof *c);
+    c->ops = ops;
     c->d = d;
     c->stream = stream;
     c->owns_stream = owns_stream;
@@ -744,22 +720,8 @@ static strata_comm *comm_open(strata_device *d, strata_stream *stream, double ti
     if (!(timeout_s > 0))
         rc = strata_fail("comm.timeout_s is %g: it must be a positive number of seconds", timeout_s);
     if (!rc) rc = env_size("STRATA_COMM_CHUNK_ELEMS", 1, 1LL << 30, &c->chunk_elems);
-    if (!rc && mpi_is_active && backend != BACKEND_SINGLE) rc = setup_mpi(c);
-    switch (backend) {
-    case BACKEND_SINGLE: c->ops = &single_ops; break;
-    case BACKEND_MPI:
-        c->ops = &mpi_ops;
-        if (!rc) rc = setup_stage(c);
-        break;
-    case BACKEND_NCCL:
-#ifdef STRATA_HAVE_NCCL
-        c->ops = &nccl_ops;
-        if (!rc) rc = nccl_setup(c);
-#else
-        rc = strata_fail("comm.backend nccl: this strata was built without NCCL");
-#endif
-        break;
-    }
+    if (!rc && mpi_is_active && ops->uses_mpi) rc = setup_mpi(c);
+    if (!rc && ops->setup) rc = ops->setup(c);
     if (rc) {
         comm_destroy(c);
         return NULL;
@@ -770,65 +732,58 @@ static strata_comm *comm_open(strata_device *d, strata_stream *stream, double ti
 }
 
 strata_comm *strata_comm_open(strata_device *d, strata_stream *stream, double timeout_s) {
-    return comm_open(d, stream, timeout_s, mpi_is_active ? BACKEND_MPI : BACKEND_SINGLE, 0);
+    return comm_open(d, stream, timeout_s, mpi_is_active ? &mpi_ops : &single_ops, 0);
 }
 strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream) {
-    return comm_open(d, stream, 60.0, BACKEND_SINGLE, 0);
+    return comm_open(d, stream, 60.0, &single_ops, 0);
 }
 
 /* The config's comm.backend, resolved for this device and launch (see comm.h). */
-static int choose_backend(strata_device *d, const strata_config *cfg, comm_backend *out) {
-    int cuda = !strcmp(d->ops->name, "cuda");
-    *out = mpi_is_active ? BACKEND_MPI : BACKEND_SINGLE;
+static int choose_backend(strata_device *d, const strata_config *cfg, const comm_ops **out) {
+    *out = mpi_is_active ? &mpi_ops : &single_ops;
+    int a = 0, b = 0;
+    char gpu[192];
     if (cfg->comm.backend == STRATA_COMM_NCCL) {
-        if (!cuda)
+        if (!d->caps.gpu)
             return strata_fail("comm.backend is nccl but the device is %s: NCCL moves GPU buffers only; "
                                "use comm.backend: mpi (or auto)", d->ops->name);
-#ifdef STRATA_HAVE_NCCL
-        int a = 0, b = 0;
-        char gpu[192];
+        if (!strata_nccl_available())
+            return strata_fail("comm.backend is nccl but this strata was built without NCCL (CMake found no "
+                               "libnccl: configure with -DNCCL_LIB=<path to libnccl.so> -DNCCL_INCLUDE_DIR=<dir "
+                               "of nccl.h>); or use comm.backend: mpi (or auto)");
         if (mpi_is_active && shared_gpu(d, &a, &b, gpu, sizeof gpu))
             return strata_fail("comm.backend is nccl but ranks %d and %d share the GPU %s, which NCCL refuses "
                                "('Duplicate GPU detected'); use comm.backend: mpi (or auto), or one rank per GPU",
                                a, b, gpu);
-        *out = BACKEND_NCCL;
+        *out = &nccl_ops;
         return 0;
-#else
-        return strata_fail("comm.backend is nccl but this strata was built without NCCL (CMake found no "
-                           "libnccl: configure with -DNCCL_LIB=<path to libnccl.so> -DNCCL_INCLUDE_DIR=<dir "
-                           "of nccl.h>); or use comm.backend: mpi (or auto)");
-#endif
     }
-    if (!mpi_is_active || cfg->comm.backend != STRATA_COMM_AUTO || !cuda) return 0;
-#ifdef STRATA_HAVE_NCCL
-    int a = 0, b = 0;
-    char gpu[192];
+    if (!mpi_is_active || cfg->comm.backend != STRATA_COMM_AUTO || !d->caps.gpu) return 0;
+    if (!strata_nccl_available()) {
+        if (strata_log_rank() == 0)
+            STRATA_WARN("comm", "comm.backend auto: built without NCCL; using mpi with device buffers staged "
+                        "through pinned memory");
+        return 0;
+    }
     if (!shared_gpu(d, &a, &b, gpu, sizeof gpu)) {
-        *out = BACKEND_NCCL;
+        *out = &nccl_ops;
         return 0;
     }
     if (strata_log_rank() == 0)
         STRATA_INFO("comm", "comm.backend auto: ranks %d and %d share the GPU %s, which NCCL refuses; "
                     "using mpi with device buffers staged through pinned memory", a, b, gpu);
-#else
-    if (strata_log_rank() == 0)
-        STRATA_WARN("comm", "comm.backend auto: built without NCCL; using mpi with device buffers staged "
-                    "through pinned memory");
-#endif
     return 0;
 }
 
-/* NCCL and the world-1 copies run on a DEVICE stream on a GPU, so the compute and
- * accumulate streams meet them through native CUDA events; the mpi backend's worker is
- * a HOST stream, as is every comm stream on the CPU device (a real thread there). */
-static strata_comm *open_owned(strata_device *d, comm_backend backend, double timeout_s) {
-    int device_stream = backend != BACKEND_MPI && strcmp(d->ops->name, "cpu") != 0;
+/* A comm on a collective stream of its own, of the kind its backend's work needs. */
+static strata_comm *open_owned(strata_device *d, const comm_ops *ops, double timeout_s) {
+    int device_stream = ops->device_stream && !d->caps.host_memory;
     strata_stream *s = strata_stream_create(d, "comm", device_stream ? STRATA_STREAM_DEVICE : STRATA_STREAM_HOST);
     if (!s) {
         strata_fail_wrap("comm open: the collective stream");
         return NULL;
     }
-    return comm_open(d, s, timeout_s, backend, 1);
+    return comm_open(d, s, timeout_s, ops, 1);
 }
 
 strata_comm *strata_comm_open_config(strata_device *d, const strata_config *cfg) {
@@ -836,9 +791,9 @@ strata_comm *strata_comm_open_config(strata_device *d, const strata_config *cfg)
         strata_fail("comm open: the %s is NULL", d ? "config" : "device");
         return NULL;
     }
-    comm_backend backend;
-    if (choose_backend(d, cfg, &backend)) return NULL;
-    return open_owned(d, backend, cfg->comm.timeout_s);
+    const comm_ops *ops;
+    if (choose_backend(d, cfg, &ops)) return NULL;
+    return open_owned(d, ops, cfg->comm.timeout_s);
 }
 
 strata_comm *strata_comm_open_local(strata_device *d) {
@@ -846,7 +801,7 @@ strata_comm *strata_comm_open_local(strata_device *d) {
         strata_fail("comm open: the device is NULL");
         return NULL;
     }
-    return open_owned(d, BACKEND_SINGLE, 60.0);
+    return open_owned(d, &single_ops, 60.0);
 }
 
 void strata_comm_close(strata_comm *c) {

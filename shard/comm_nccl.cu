@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cuda_common.h"
+#include "core/cuda/cuda_common.h"
 
 extern "C" {
 #include "shard/comm_nccl.h"
@@ -61,6 +61,8 @@ static int nccl_fail(const strata_nccl *n, ncclResult_t r, const char *call) {
         ncclResult_t nccl_r_ = (call);                                        \
         if (nccl_r_ != ncclSuccess) return nccl_fail((n), nccl_r_, #call);    \
     } while (0)
+
+extern "C" int strata_nccl_available(void) { return 1; }
 
 extern "C" int strata_nccl_unique_id(unsigned char id[STRATA_NCCL_ID_BYTES]) {
     static_assert(sizeof(ncclUniqueId) == STRATA_NCCL_ID_BYTES, "NCCL's unique id is 128 bytes");

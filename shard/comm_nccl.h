@@ -2,7 +2,8 @@
  * backend that speaks NCCL and CUDA. comm.c keeps everything MPI (the unique id's
  * broadcast, the shared-GPU check, the host f64 agreement) and the shared counting;
  * comm_nccl.cu enqueues the collectives on the comm's DEVICE stream and runs the
- * watchdog thread. Built only with STRATA_HAVE_NCCL. */
+ * watchdog thread. A build without NCCL links shard/comm_nccl_stub.c instead, whose
+ * functions fail saying so, so comm.c has no #ifdef. */
 #ifndef STRATA_COMM_NCCL_H
 #define STRATA_COMM_NCCL_H
 
@@ -18,6 +19,9 @@ typedef struct strata_nccl strata_nccl;
 
 /* Called by the watchdog thread as each collective completes, in enqueue order. */
 typedef void (*strata_nccl_done_fn)(void *ctx, strata_coll_kind kind, double start_ms, double end_ms);
+
+/* 1 when this build has NCCL (comm_nccl.cu), 0 with the stub. */
+int strata_nccl_available(void);
 
 /* ncclGetUniqueId, on the rank that makes the id (rank 0, or the only rank). */
 int strata_nccl_unique_id(unsigned char id[STRATA_NCCL_ID_BYTES]);

@@ -24,6 +24,7 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "core/update_tier.h"
 #include "shard/comm.h"
 
 typedef struct strata_engine strata_engine;
@@ -45,9 +46,13 @@ typedef struct strata_step_result {
 } strata_step_result;
 
 /* Plans everything (model activations included) into `arena` for world size `world`;
- * dev and comm may be NULL for a plan that will only be printed (`strata plan`). */
+ * dev and comm may be NULL for a plan that will only be printed (`strata plan`). `tier`
+ * keeps and updates the optimizer state off the device (core/update_tier.h; the launcher
+ * builds it from offload/), or is NULL: the state then lives on the device. The engine
+ * owns the tier from here on. */
 strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, strata_arena *arena,
-                                    strata_device *dev, strata_comm *comm, int rank, int world);
+                                    strata_device *dev, strata_comm *comm, strata_update_tier *tier, int rank,
+                                    int world);
 void strata_engine_destroy(strata_engine *e);
 strata_engine_memory strata_engine_get_memory(const strata_engine *e);
 const size_t *strata_engine_padded(const strata_engine *e);

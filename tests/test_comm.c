@@ -19,6 +19,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "shard/comm.h"
+#include "shard/comm_nccl.h"
 #include "tests/check.h"
 #include "tests/gate.h"
 
@@ -434,6 +435,20 @@ static void test_open_config(void) {
           "a NULL device or config is refused: %s", strata_error());
 }
 
+/* A build without NCCL links the stub backend half: it says so, and refuses to open. */
+static void test_nccl_stub(void) {
+#ifndef STRATA_HAVE_NCCL
+    CHECK(!strata_nccl_available(), "the stub says NCCL is not available");
+    unsigned char id[STRATA_NCCL_ID_BYTES];
+    strata_nccl *n = strata_nccl_open(NULL, 0, id, 0, 1, 1.0, NULL, NULL);
+    CHECK(!n && strstr(strata_error(), "built without NCCL") && strata_nccl_unique_id(id) != 0,
+          "its functions fail saying why: %s", strata_error());
+    strata_nccl_close(NULL);
+#else
+    CHECK(strata_nccl_available(), "a build with NCCL says so");
+#endif
+}
+
 static int run_watchdog(strata_comm *c) {
     if (R == 0) {
         /* Never joins: the others' barrier must time out and end the job, this rank too. */
@@ -495,6 +510,7 @@ int main(int argc, char **argv) {
     test_task_reuse(c, main_label);
     test_errors(c, s);
     test_open_config();
+    test_nccl_stub();
 
     /* A second comm whose MPI calls carry at most 100000 elements: the chunked and
      * per-block paths (with a remainder chunk), on the same data and oracles. */

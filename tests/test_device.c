@@ -7,8 +7,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/arena.h"
 #include "core/common.h"
 #include "core/device.h"
+#include "core/host_queue.h"
 #include "tests/check.h"
 #include "tests/gate.h"
 
@@ -27,8 +29,8 @@ static void test_open_and_dtypes(void) {
 
     strata_device *d = strata_device_open("cpu", 0);
     CHECK(d && !strcmp(d->ops->name, "cpu") && !strncmp(d->description, "cpu (", 5) &&
-              d->compute && d->compute_dtype == STRATA_F32 && d->k,
-          "open cpu: %s", d ? d->description : strata_error());
+              d->compute && d->compute_dtype == STRATA_F32 && d->k && d->caps.host_memory && !d->caps.gpu,
+          "open cpu: %s, its memory the host's, not a GPU", d ? d->description : strata_error());
     strata_device_close(d);
 
     strata_device *bad = strata_device_open("tpu", 0);
@@ -110,6 +112,93 @@ typedef struct order_item {
 static void log_append(void *arg) {
     order_item *it = arg;
     it->log->seen[it->log->n++] = it->id;
+}
+
+/* An aligned allocation takes the backend's block when it is aligned already and one
+ * alignment more otherwise; the arena's pinned block is page-aligned either way. */
+static void test_aligned_alloc(strata_device *d) {
+    strata_mem_counters before = d->mem[STRATA_MEM_PINNED];
+    void *raw = NULL;
+    void *p = strata_alloc_aligned(d, STRATA_MEM_PINNED, 8192, 4096, &raw);
+    strata_mem_counters got = d->mem[STRATA_MEM_PINNED];
+    CHECK(p && p == raw && got.live_bytes - before.live_bytes == 8192 && got.n_alloc == before.n_alloc + 1,
+          "pinned memory is page-aligned already: one allocation of exactly the request");
+    strata_free(d, STRATA_MEM_PINNED, raw);
+
+    /* device memory is 64-aligned on the CPU: 1 MiB alignment takes the slack block */
+    const size_t big = (size_t)1 << 20;
+    before = d->mem[STRATA_MEM_DEVICE];
+    void *q = strata_alloc_aligned(d, STRATA_MEM_DEVICE, 1000, big, &raw);
+    got = d->mem[STRATA_MEM_DEVICE];
+    size_t live = got.live_bytes - before.live_bytes;
+    CHECK(q && (uintptr_t)q % big == 0 && (char *)q >= (char *)raw && (char *)q + 1000 <= (char *)raw + live &&
+              (live == 1000 || live == 1000 + big),
+          "a 1 MiB-aligned block inside what was allocated (%zu bytes live)", live);
+    if (q) memset(q, 7, 1000); /* ASan: the aligned range lies inside the allocation */
+    strata_free(d, STRATA_MEM_DEVICE, raw);
+    CHECK(d->mem[STRATA_MEM_DEVICE].live_bytes == before.live_bytes, "freeing raw returns it all");
+
+    size_t pinned_live = d->mem[STRATA_MEM_PINNED].live_bytes;
+    strata_arena a;
+    strata_arena_init(&a, d);
+    void *x = NULL, *y = NULL;
+    strata_arena_reserve(&a, STRATA_MEM_PINNED, STRATA_CAT_STAGING, "x", 100, &x);
+    strata_arena_reserve(&a, STRATA_MEM_PINNED, STRATA_CAT_STAGING, "y", 5000, &y);
+    CHECK(strata_arena_commit(&a) == 0 && x == a.base[STRATA_MEM_PINNED] && (uintptr_t)x % 4096 == 0 &&
+              (char *)y == (char *)x + 4096 && a.total[STRATA_MEM_PINNED] == 3 * 4096,
+          "the arena's pinned block is page-aligned and its slices page-rounded");
+    strata_arena_release(&a);
+    CHECK(d->mem[STRATA_MEM_PINNED].live_bytes == pinned_live, "releasing the arena returns its pinned block");
+}
+
+/* The queue behind both backends' worker streams, used directly: a task held at a gate
+ * keeps 500 more waiting (the ring grows past its 64 slots), the stamp numbers each task
+ * under the queue's lock as CUDA's event markers take their tickets, and they run in
+ * that order; sync returns only when all have run; stop runs what is still queued. */
+typedef struct queue_task {
+    gate *g;    /* the first task waits here */
+    int ticket; /* set by the stamp */
+} queue_task;
+typedef struct queue_owner {
+    int issued; /* tickets handed out */
+    int ran[600], n_ran;
+} queue_owner;
+static void queue_run(void *owner, void *task) {
+    queue_owner *o = owner;
+    queue_task *t = task;
+    if (t->g) gate_wait(t->g);
+    o->ran[o->n_ran++] = t->ticket;
+}
+static void queue_stamp(void *owner, void *task) { ((queue_task *)task)->ticket = ++((queue_owner *)owner)->issued; }
+
+static void test_host_queue(void) {
+    static queue_owner o;
+    strata_host_queue q;
+    CHECK(strata_host_queue_start(&q, "queue-test", sizeof(queue_task), queue_run, &o) == 0, "a queue starts");
+    gate g = GATE_INIT;
+    queue_task first = {&g, 0};
+    strata_host_queue_push(&q, &first, queue_stamp);
+    int stamped = first.ticket == 1;
+    for (int i = 0; i < 500; i++) {
+        queue_task t = {NULL, 0};
+        strata_host_queue_push(&q, &t, queue_stamp);
+        stamped &= t.ticket == i + 2; /* the caller sees its stamp */
+    }
+    pthread_mutex_lock(&q.mu);
+    size_t cap = q.cap, queued = q.count;
+    pthread_mutex_unlock(&q.mu);
+    CHECK(stamped && cap >= 512 && queued >= 500, "501 stamped tasks queued behind a gate: the ring grew to %zu", cap);
+    gate_open(&g);
+    strata_host_queue_sync(&q);
+    int in_order = o.n_ran == 501;
+    for (int i = 0; i < o.n_ran && in_order; i++) in_order = o.ran[i] == i + 1;
+    CHECK(in_order, "sync returned after all of them ran, in ticket order (%d ran)", o.n_ran);
+    for (int i = 0; i < 10; i++) {
+        queue_task t = {NULL, 0};
+        strata_host_queue_push(&q, &t, queue_stamp);
+    }
+    strata_host_queue_stop(&q);
+    CHECK(o.n_ran == 511 && o.ran[510] == 511, "stop let the last 10 run before the worker ended (%d ran)", o.n_ran);
 }
 
 static void test_fifo_order(strata_device *d) {
@@ -383,6 +472,8 @@ int main(void) {
         return 1;
     }
     test_alloc_counters(d);
+    test_aligned_alloc(d);
+    test_host_queue();
     test_fifo_order(d);
     test_cross_stream_event(d);
     test_event_query_and_unrecorded(d);

@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 #include "tests/check.h"
@@ -70,7 +71,8 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     strata_model_shape shape = strata_model_shape_from_config(&r->cfg);
     strata_model_init(&r->m, &shape);
     strata_arena_init(&r->arena, dev);
-    r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, c, r_rank, r_world);
+    r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, c, strata_offload_tier(&r->cfg, dev, r_rank), r_rank,
+                                r_world);
     if (strata_arena_commit(&r->arena) || strata_engine_init_params(r->e, r->cfg.train.seed) ||
         strata_loader_open(&r->L, data_glob, 16, 256, 0, 5)) {
         printf("setup: %s\n", strata_error());
@@ -86,6 +88,20 @@ static void run_close(run *r) {
     strata_loader_close(&r->L);
 }
 
+/* STRATA_TEST_LOSSES=FILE: rank 0 appends every run's losses, exactly (%a), so a change
+ * that must not move a single bit can be held against the same file written before it. */
+static void log_losses(const run *r, int n) {
+    const char *path = getenv("STRATA_TEST_LOSSES");
+    FILE *f = path && rank == 0 ? fopen(path, "a") : NULL;
+    if (!f) return;
+    fprintf(f, "world %d stage %d micro %d accum %d offload %s/%s reduce %s:", world, r->cfg.zero.stage,
+            r->cfg.train.micro_batch, r->cfg.train.grad_accum, strata_offload_name(r->cfg.offload.optimizer),
+            strata_offload_name(r->cfg.offload.params), strata_dtype_choice_name(r->cfg.train.grad_reduce_dtype));
+    for (int s = 0; s < n; s++) fprintf(f, " %a", r->loss[s]);
+    fputc('\n', f);
+    fclose(f);
+}
+
 static void run_steps(run *r, int n) {
     for (int s = 0; s < n; s++) {
         strata_step_result res;
@@ -95,6 +111,7 @@ static void run_steps(run *r, int n) {
         }
         r->loss[s] = res.loss;
     }
+    log_losses(r, n);
 }
 
 /* Max |a - b| / (1 + |b|) between this rank's master shards and the reference's. */

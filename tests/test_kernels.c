@@ -1,4 +1,4 @@
-/* tests/test_kernels.c: the CPU kernels (core/kernels_cpu.c) against double-precision
+/* tests/test_kernels.c: the CPU kernels (core/cpu/kernels_cpu.c) against double-precision
  * references written out plainly here.
  *
  * For every kernel with a backward: the fp32 forward is compared with the double

@@ -1,4 +1,4 @@
-/* core/device_cuda.cu: the CUDA backend of core/device.h.
+/* core/cuda/device_cuda.cu: the CUDA backend of core/device.h.
  *
  * Memory: DEVICE is cudaMalloc, PINNED is cudaHostAlloc, HOST is plain malloc. Every
  * allocation is recorded in a pointer -> (bytes, kind) table so free() keeps the
@@ -8,8 +8,9 @@
  *
  * Streams: a DEVICE stream is a non-blocking cudaStream_t (the compute stream is made at
  * open). A HOST stream is a worker thread running a FIFO of host functions, copies and
- * memsets, as on the CPU backend; a copy or memset that touches device memory is done by
- * the worker on a private cudaStream_t it synchronises before going on.
+ * memsets (core/host_queue.h, as on the CPU backend); a copy or memset that touches
+ * device memory is done by the worker on a private cudaStream_t it synchronises before
+ * going on.
  *
  * Events work across both kinds through per-stream progress slots. Each stream owns one
  * 32-bit slot in pinned, device-mapped memory and hands out tickets 1, 2, 3, ... to the
@@ -55,7 +56,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cuda_common.h"
+#include "core/cuda/cuda_common.h"
+
+extern "C" {
+#include "core/host_queue.h"
+}
 
 #define SLOT_MAX 256   /* streams alive at once on one device */
 #define SLOT_STRIDE 16 /* uint32 per slot: one 64-byte line each, no false sharing */
@@ -89,17 +94,9 @@ struct strata_stream {
     char name[64];
     strata_stream_kind kind;
     int slot;
-    pthread_mutex_t mu; /* DEVICE: orders tickets with their writes; HOST: the queue */
-    cudaStream_t cu;    /* DEVICE: the stream; HOST: the worker's private copy stream */
-
-    /* HOST streams only */
-    pthread_t thread;
-    pthread_cond_t has_work;
-    pthread_cond_t progress;
-    host_task *ring;
-    size_t cap, head, count;
-    uint64_t enqueued, done;
-    int stop;
+    pthread_mutex_t mu;   /* DEVICE: orders tickets with their writes */
+    cudaStream_t cu;      /* DEVICE: the stream; HOST: the worker's private copy stream */
+    strata_host_queue q;  /* HOST: the worker thread and its FIFO (core/host_queue.h) */
 
     strata_stream *next_in_device;
 };
@@ -408,63 +405,28 @@ static void task_run(strata_stream *s, const host_task *t) {
     }
 }
 
-static void *stream_worker(void *arg) {
-    strata_stream *s = (strata_stream *)arg;
+static void queue_run(void *owner, void *task) {
+    strata_stream *s = (strata_stream *)owner;
     if (make_current(impl_of(s->d)->ordinal)) strata_panic(__FILE__, __LINE__, "%s", strata_error());
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (s->count == 0 && !s->stop) pthread_cond_wait(&s->has_work, &s->mu);
-        if (s->count == 0) break; /* stop requested and the queue is drained */
-        host_task t = s->ring[s->head];
-        s->head = (s->head + 1) % s->cap;
-        s->count--;
-        pthread_mutex_unlock(&s->mu);
-        task_run(s, &t);
-        pthread_mutex_lock(&s->mu);
-        s->done++;
-        pthread_cond_broadcast(&s->progress);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
+    task_run(s, (const host_task *)task);
 }
 
-/* Queues t on a HOST stream. A MARK takes its ticket here, under the queue lock, so
- * tickets enter the FIFO in order and the slot only grows. */
-static int host_submit(strata_stream *s, host_task *t) {
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        return strata_fail("stream \"%s\": enqueue after the stream was destroyed", s->name);
-    }
-    if (s->count == s->cap) {
-        size_t cap = s->cap * 2;
-        host_task *ring = (host_task *)strata_xmalloc(cap * sizeof *ring);
-        for (size_t i = 0; i < s->count; i++) ring[i] = s->ring[(s->head + i) % s->cap];
-        free(s->ring);
-        s->ring = ring;
-        s->cap = cap;
-        s->head = 0;
-    }
-    if (t->type == TASK_MARK) {
-        cuda_device *cd = impl_of(s->d);
-        t->slot = s->slot;
-        t->ticket = ++cd->issued[s->slot];
-    }
-    s->ring[(s->head + s->count) % s->cap] = *t;
-    s->count++;
-    s->enqueued++;
-    pthread_cond_signal(&s->has_work);
-    pthread_mutex_unlock(&s->mu);
-    return 0;
+/* A MARK takes its ticket under the queue's lock, so tickets enter the FIFO in order and
+ * the slot only grows. */
+static void stamp_mark(void *owner, void *task) {
+    strata_stream *s = (strata_stream *)owner;
+    host_task *t = (host_task *)task;
+    if (t->type != TASK_MARK) return;
+    t->slot = s->slot;
+    t->ticket = ++impl_of(s->d)->issued[s->slot];
 }
+
+static int host_submit(strata_stream *s, host_task *t) { return strata_host_queue_push(&s->q, t, stamp_mark); }
 
 /* ---- streams ---- */
 
 static void stream_free(strata_stream *s) {
-    pthread_cond_destroy(&s->progress);
-    pthread_cond_destroy(&s->has_work);
     pthread_mutex_destroy(&s->mu);
-    free(s->ring);
     free(s);
 }
 
@@ -480,8 +442,6 @@ static strata_stream *stream_new(strata_device *d, const char *name, strata_stre
     snprintf(s->name, sizeof s->name, "%s", name ? name : "unnamed");
     s->kind = kind;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->has_work, NULL);
-    pthread_cond_init(&s->progress, NULL);
     s->slot = slot_acquire(cd, s->name);
     if (s->slot < 0) {
         stream_free(s);
@@ -495,22 +455,11 @@ static strata_stream *stream_new(strata_device *d, const char *name, strata_stre
         stream_free(s);
         return NULL;
     }
-    if (kind == STRATA_STREAM_HOST) {
-        s->cap = 64;
-        s->ring = (host_task *)strata_xmalloc(s->cap * sizeof *s->ring);
-        int rc = pthread_create(&s->thread, NULL, stream_worker, s);
-        if (rc) {
-            strata_fail("stream \"%s\": cannot start its worker thread: %s", s->name, strerror(rc));
-            cudaStreamDestroy(s->cu);
-            slot_release(cd, s->slot);
-            stream_free(s);
-            return NULL;
-        }
-        char tname[16] = "st:";
-        size_t n = strnlen(s->name, sizeof tname - 4);
-        memcpy(tname + 3, s->name, n);
-        tname[3 + n] = 0;
-        pthread_setname_np(s->thread, tname);
+    if (kind == STRATA_STREAM_HOST && strata_host_queue_start(&s->q, s->name, sizeof(host_task), queue_run, s)) {
+        cudaStreamDestroy(s->cu);
+        slot_release(cd, s->slot);
+        stream_free(s);
+        return NULL;
     }
     pthread_mutex_lock(&cd->mu);
     s->next_in_device = cd->streams;
@@ -533,10 +482,7 @@ static int cuda_stream_sync(strata_stream *s) {
                                cudaGetErrorString(e));
         return 0;
     }
-    pthread_mutex_lock(&s->mu);
-    uint64_t ticket = s->enqueued; /* work enqueued after this call is not waited for */
-    while (s->done < ticket) pthread_cond_wait(&s->progress, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    strata_host_queue_sync(&s->q);
     return 0;
 }
 
@@ -550,15 +496,7 @@ static void cuda_stream_destroy(strata_stream *s) {
         }
     }
     pthread_mutex_unlock(&cd->mu);
-    if (s->kind == STRATA_STREAM_HOST) {
-        /* The worker drains its queue before it sees `stop`, as cudaStreamDestroy lets
-         * pending work finish. */
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_signal(&s->has_work);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->thread, NULL);
-    }
+    if (s->kind == STRATA_STREAM_HOST) strata_host_queue_stop(&s->q); /* drains its queue first */
     /* The slot is reused by a later stream only once every write to it has landed. */
     if (make_current(cd->ordinal) == 0) {
         cudaError_t e = cudaStreamSynchronize(s->cu);
@@ -946,6 +884,8 @@ extern "C" strata_device *strata_device_cuda_open(int ordinal) {
     d->ops = &cuda_ops;
     d->impl = cd;
     d->k = &strata_kernels_cuda;
+    d->caps.host_memory = 0;
+    d->caps.gpu = 1;
     d->compute_dtype = STRATA_BF16;
     d->ordinal = ordinal;
     snprintf(d->description, sizeof d->description, "cuda:%d %.80s (%.1f GiB)", ordinal, prop.name,
@@ -1006,7 +946,7 @@ fail:
     return NULL;
 }
 
-/* ---- accessors for core/kernels_cuda.cu ---- */
+/* ---- accessors for core/cuda/kernels_cuda.cu ---- */
 
 cudaStream_t strata_cuda_stream_handle(strata_stream *s) {
     if (!s) strata_panic(__FILE__, __LINE__, "cuda kernel launched with a NULL stream");
@@ -1021,7 +961,7 @@ strata_cuda_kstate *strata_cuda_kstate_of(strata_stream *s) { return impl_of(s->
 
 int strata_cuda_is_compute(strata_stream *s) { return s == s->d->compute; }
 
-/* ---- device faults (CUDA_CHECK, core/cuda_common.h) ---- */
+/* ---- device faults (CUDA_CHECK, core/cuda/cuda_common.h) ---- */
 
 void strata_cuda_record_oom(const char *file, int line, const char *call, size_t bytes, const char *why) {
     size_t fr = 0, tot = 0;

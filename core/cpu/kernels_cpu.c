@@ -1,4 +1,4 @@
-/* core/kernels_cpu.c: the fp32 OpenMP backend of core/kernels.h, the oracle the CUDA
+/* core/cpu/kernels_cpu.c: the fp32 OpenMP backend of core/kernels.h, the oracle the CUDA
  * kernels are tested against and the speed reference for CPU training.
  *
  * Determinism: every output element is computed by exactly one thread, summing its

@@ -1,5 +1,5 @@
-/* core/cuda_common.h: what the two halves of the CUDA backend share, for .cu files only.
- * core/device_cuda.cu owns devices, streams and events; core/kernels_cuda.cu owns the
+/* core/cuda/cuda_common.h: what the two halves of the CUDA backend share, for .cu files only.
+ * core/cuda/device_cuda.cu owns devices, streams and events; core/cuda/kernels_cuda.cu owns the
  * kernel table and cuBLASLt. The kernels reach a stream's cudaStream_t and the device's
  * cuBLASLt state through the accessors below, so neither file sees the other's structs.
  *
@@ -22,7 +22,7 @@ extern "C" {
 extern const strata_kernels strata_kernels_cuda;
 }
 
-/* What CUDA_CHECK below does with a failure (core/device_cuda.cu): out of memory is handed to
+/* What CUDA_CHECK below does with a failure (core/cuda/device_cuda.cu): out of memory is handed to
  * strata_cuda_record_oom after clearing CUDA's (non-sticky) error; anything else panics. */
 void strata_cuda_fault(const char *file, int line, const char *call, cudaError_t err, size_t bytes);
 /* Records an out-of-memory device fault: "<call> at <file>:<line> failed: <why> (needed N
@@ -63,7 +63,7 @@ void strata_cuda_record_oom(const char *file, int line, const char *call, size_t
     } while (0)
 
 /* Per-device kernel state (cuBLASLt handle, its workspace, cached GEMM plans); defined
- * and built by core/kernels_cuda.cu, held by the device. */
+ * and built by core/cuda/kernels_cuda.cu, held by the device. */
 typedef struct strata_cuda_kstate strata_cuda_kstate;
 /* Called once at device open (the device is current on the calling thread) and once at
  * close. The workspace is allocated here and nowhere else. */

@@ -1,10 +1,10 @@
-/* core/device_cpu.c: the CPU backend of core/device.h.
+/* core/cpu/device_cpu.c: the CPU backend of core/device.h.
  *
  * Memory of every kind is ordinary host memory, 64-byte aligned. The compute stream runs
  * each operation on the calling thread as it is enqueued (the kernels parallelise with
  * OpenMP themselves). Every other stream owns one worker thread that runs its queue in
- * FIFO order, so two streams really do run concurrently and a missing event wait is a
- * real data race that ThreadSanitizer sees.
+ * FIFO order (core/host_queue.h), so two streams really do run concurrently and a
+ * missing event wait is a real data race that ThreadSanitizer sees.
  *
  * An event is a pair of generation counters under a mutex: recording it on a stream
  * takes the next generation g at enqueue time and the marker completes g when the
@@ -26,6 +26,7 @@
 
 #include "core/common.h"
 #include "core/device.h"
+#include "core/host_queue.h"
 #include "core/kernels.h"
 
 #define CPU_ALIGN 64
@@ -65,16 +66,8 @@ struct strata_stream {
     strata_device *d;
     char name[64];
     strata_stream_kind kind;
-    int is_inline; /* the compute stream: no worker, runs on the caller */
-
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t has_work; /* the worker waits here for tasks */
-    pthread_cond_t progress; /* stream_sync waits here for `done` to advance */
-    cpu_task *ring;          /* FIFO of `count` tasks starting at `head` */
-    size_t cap, head, count;
-    uint64_t enqueued, done; /* task tickets: sync waits until done reaches enqueued */
-    int stop;
+    int is_inline;         /* the compute stream: no worker, runs on the caller */
+    strata_host_queue q;   /* every other stream: its worker thread (core/host_queue.h) */
 
     strata_stream *next_in_device; /* the device's list, for sync_all */
 };
@@ -143,51 +136,15 @@ static void task_run(const cpu_task *t) {
     }
 }
 
-static void *stream_worker(void *arg) {
-    strata_stream *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (s->count == 0 && !s->stop) pthread_cond_wait(&s->has_work, &s->mu);
-        if (s->count == 0) break; /* stop requested and the queue is drained */
-        cpu_task t = s->ring[s->head];
-        s->head = (s->head + 1) % s->cap;
-        s->count--;
-        pthread_mutex_unlock(&s->mu);
-        task_run(&t);
-        pthread_mutex_lock(&s->mu);
-        s->done++;
-        pthread_cond_broadcast(&s->progress);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
+static void queue_run(void *owner, void *task) { task_run(task); }
 
 /* Runs the task now on the compute stream, queues it on a worker stream. */
-static int stream_submit(strata_stream *s, const cpu_task *t) {
+static int stream_submit(strata_stream *s, cpu_task *t) {
     if (s->is_inline) {
         task_run(t);
         return 0;
     }
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        return strata_fail("stream \"%s\": enqueue after the stream was destroyed", s->name);
-    }
-    if (s->count == s->cap) {
-        size_t cap = s->cap * 2;
-        cpu_task *ring = strata_xmalloc(cap * sizeof *ring);
-        for (size_t i = 0; i < s->count; i++) ring[i] = s->ring[(s->head + i) % s->cap];
-        free(s->ring);
-        s->ring = ring;
-        s->cap = cap;
-        s->head = 0;
-    }
-    s->ring[(s->head + s->count) % s->cap] = *t;
-    s->count++;
-    s->enqueued++;
-    pthread_cond_signal(&s->has_work);
-    pthread_mutex_unlock(&s->mu);
-    return 0;
+    return strata_host_queue_push(&s->q, t, NULL);
 }
 
 /* ---- memory ---- */
@@ -243,28 +200,9 @@ static strata_stream *stream_new(strata_device *d, const char *name, strata_stre
     snprintf(s->name, sizeof s->name, "%s", name ? name : "unnamed");
     s->kind = kind;
     s->is_inline = is_inline;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->has_work, NULL);
-    pthread_cond_init(&s->progress, NULL);
-    if (!is_inline) {
-        s->cap = 64;
-        s->ring = strata_xmalloc(s->cap * sizeof *s->ring);
-        int rc = pthread_create(&s->thread, NULL, stream_worker, s);
-        if (rc) {
-            strata_fail("stream \"%s\": cannot start its worker thread: %s", s->name, strerror(rc));
-            free(s->ring);
-            pthread_cond_destroy(&s->progress);
-            pthread_cond_destroy(&s->has_work);
-            pthread_mutex_destroy(&s->mu);
-            free(s);
-            return NULL;
-        }
-        /* Thread names show up in gdb and perf; Linux allows 15 characters. */
-        char tname[16] = "st:";
-        size_t n = strnlen(s->name, sizeof tname - 4);
-        memcpy(tname + 3, s->name, n);
-        tname[3 + n] = 0;
-        pthread_setname_np(s->thread, tname);
+    if (!is_inline && strata_host_queue_start(&s->q, s->name, sizeof(cpu_task), queue_run, s)) {
+        free(s);
+        return NULL;
     }
     cpu_device *cd = d->impl;
     pthread_mutex_lock(&cd->streams_mu);
@@ -285,11 +223,7 @@ static strata_stream *cpu_stream_create(strata_device *d, const char *name, stra
 
 static int cpu_stream_sync(strata_stream *s) {
     if (!s) return strata_fail("stream sync: stream is NULL");
-    if (s->is_inline) return 0;
-    pthread_mutex_lock(&s->mu);
-    uint64_t ticket = s->enqueued; /* work enqueued after this call is not waited for */
-    while (s->done < ticket) pthread_cond_wait(&s->progress, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    if (!s->is_inline) strata_host_queue_sync(&s->q);
     return 0;
 }
 
@@ -303,19 +237,7 @@ static void cpu_stream_destroy(strata_stream *s) {
         }
     }
     pthread_mutex_unlock(&cd->streams_mu);
-    if (!s->is_inline) {
-        /* The worker drains what is queued before it sees `stop`, as cudaStreamDestroy
-         * lets pending work finish. */
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_signal(&s->has_work);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->thread, NULL);
-        free(s->ring);
-    }
-    pthread_cond_destroy(&s->progress);
-    pthread_cond_destroy(&s->has_work);
-    pthread_mutex_destroy(&s->mu);
+    if (!s->is_inline) strata_host_queue_stop(&s->q); /* drains what is queued first */
     free(s);
 }
 
@@ -505,6 +427,7 @@ strata_device *strata_device_cpu_open(void) {
     d->ops = &cpu_ops;
     d->impl = cd;
     d->k = &strata_kernels_cpu;
+    d->caps = (strata_device_caps){.host_memory = 1, .gpu = 0};
     d->compute_dtype = STRATA_F32;
     d->ordinal = 0;
 #ifdef _OPENMP

@@ -1,0 +1,842 @@
+/* core/cuda/kernels_cuda.cu: the CUDA backend of core/kernels.h. Activations and parameters
+ * are bf16 (__nv_bfloat16); every sum is accumulated in fp32 (double where the CPU
+ * oracle uses double for a whole-tensor total); weight gradients, LayerNorm statistics,
+ * attention log-sum-exp and losses are fp32, as the header prescribes.
+ *
+ * Matrix products go through cuBLASLt: one handle per device and one 32 MiB workspace,
+ * both made at device open. A product's descriptors and the algorithm the heuristic
+ * picks are cached per shape (and per pointer alignment, which limits the algorithms),
+ * so a step after the first creates nothing. Only the compute stream uses the shared
+ * workspace; a product enqueued on another stream runs without one, so two streams never
+ * race on it. The forward's bias (and bias+GELU, via the GELU_AUX_BIAS epilogue: D gets
+ * gelu, the aux matrix the pre-activation) is fused; weight gradients are accumulated
+ * straight into fp32 (C = D fp32, beta = 1, bf16 inputs).
+ *
+ * Attention has a file of its own, core/cuda/attention.cu.
+ *
+ * Kernels have no status to return, so a failed launch or cuBLASLt call is fatal and
+ * names the kernel; CUDA's asynchronous errors surface at the next synchronisation. */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/cuda/cuda_common.h"
+#include "core/cuda/kernels_common.cuh"
+
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt's advice for Hopper */
+#define PLAN_MAX 128
+
+/* ---------------------------------------------------------------------------------- */
+/* Scalar helpers                                                                        */
+
+/* GELU, tanh form, as x * sigmoid(2u), like the CPU oracle */
+#define GELU_K0 0.7978845608028654f
+#define GELU_K1 0.044715f
+
+__device__ __forceinline__ float gelu_f(float x) {
+    float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+    return x / (1.0f + expf(-2.0f * u));
+}
+
+__device__ __forceinline__ float gelu_grad_f(float x) {
+    float x2 = x * x;
+    float u = GELU_K0 * (x + GELU_K1 * x2 * x);
+    float s = 1.0f / (1.0f + expf(-2.0f * u));
+    float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x2);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of at most 1024 threads; every thread gets the total. */
+__device__ double block_sum_d(double v) {
+    __shared__ double part[32];
+    __shared__ double total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum_d(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double x = lane < nwarps ? part[lane] : 0.0;
+        x = warp_sum_d(x);
+        if (lane == 0) total = x;
+    }
+    __syncthreads();
+    double r = total;
+    __syncthreads(); /* part/total may be reused by a second call */
+    return r;
+}
+
+#define EW_THREADS 256
+
+static unsigned grid_for(size_t n, int threads) {
+    size_t blocks = (n + (size_t)threads - 1) / (size_t)threads;
+    const size_t cap = (size_t)1 << 20; /* grid-stride loops cover the rest */
+    if (blocks < 1) blocks = 1;
+    return (unsigned)(blocks < cap ? blocks : cap);
+}
+
+#define GRID_STRIDE(i, n)                                                                 \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);               \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---------------------------------------------------------------------------------- */
+/* Element-wise: out[i] = op(a[i], b[i]) over bf16, in packs of 8 (16-byte loads) when    */
+/* every pointer allows it. out may alias a or b: each element is read, then written,   */
+/* by one thread.                                                                        */
+
+struct op_gelu_fwd {
+    __device__ float operator()(float x, float) const { return gelu_f(x); }
+};
+struct op_gelu_bwd { /* a = inp, b = dout */
+    __device__ float operator()(float x, float d) const { return d * gelu_grad_f(x); }
+};
+struct op_add {
+    __device__ float operator()(float x, float y) const { return x + y; }
+};
+
+template <class Op>
+__global__ void ew_bf16_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n, int vec, Op op) {
+    size_t done = 0;
+    if (vec) {
+        size_t packs = n / 8;
+        GRID_STRIDE(p, packs) {
+            uint4 ra = ((const uint4 *)a)[p], rb = ((const uint4 *)b)[p], ro;
+            const bf16 *ea = (const bf16 *)&ra, *eb = (const bf16 *)&rb;
+            bf16 *eo = (bf16 *)&ro;
+#pragma unroll
+            for (int k = 0; k < 8; k++) eo[k] = to_bf16(op(ld(ea[k]), ld(eb[k])));
+            ((uint4 *)out)[p] = ro;
+        }
+        done = packs * 8;
+    }
+    size_t tail = n - done;
+    GRID_STRIDE(i, tail) out[done + i] = to_bf16(op(ld(a[done + i]), ld(b[done + i])));
+}
+
+template <class Op>
+static void ew_bf16(strata_stream *s, const char *what, void *out, const void *a, const void *b,
+                    size_t n, Op op) {
+    if (!n) return;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    int vec = aligned16(out) && aligned16(a) && aligned16(b);
+    size_t work = vec ? n / 8 + (n & 7) : n;
+    ew_bf16_kernel<<<grid_for(work, EW_THREADS), EW_THREADS, 0, st>>>(
+        (bf16 *)out, (const bf16 *)a, (const bf16 *)b, n, vec, op);
+    LAUNCH_CHECK(what);
+}
+
+static void cuda_gelu_forward(strata_stream *s, void *out, const void *inp, size_t n) {
+    ew_bf16(s, "gelu_forward", out, inp, inp, n, op_gelu_fwd());
+}
+
+/* dinp may alias dout (the model computes the gradient in place) */
+static void cuda_gelu_backward(strata_stream *s, void *dinp, const void *inp, const void *dout,
+                               size_t n) {
+    ew_bf16(s, "gelu_backward", dinp, inp, dout, n, op_gelu_bwd());
+}
+
+static void cuda_residual_forward(strata_stream *s, void *out, const void *a, const void *b, size_t n) {
+    ew_bf16(s, "residual_forward", out, a, b, n, op_add());
+}
+
+static void cuda_add_inplace(strata_stream *s, void *dst, const void *src, size_t n) {
+    ew_bf16(s, "add_inplace", dst, dst, src, n, op_add());
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Encoder                                                                               */
+
+__global__ void encoder_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *wte,
+                                   const bf16 *wpe, int T, int C, size_t n) {
+    GRID_STRIDE(i, n) {
+        size_t bt = i / (size_t)C;
+        int c = (int)(i % (size_t)C), t = (int)(bt % (size_t)T);
+        out[i] = to_bf16(ld(wte[(size_t)tok[bt] * C + c]) + ld(wpe[(size_t)t * C + c]));
+    }
+}
+
+static void cuda_encoder_forward(strata_stream *s, void *out, const int32_t *tok, const void *wte,
+                                 const void *wpe, int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (!n) return;
+    encoder_fwd_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        (bf16 *)out, tok, (const bf16 *)wte, (const bf16 *)wpe, T, C, n);
+    LAUNCH_CHECK("encoder_forward");
+}
+
+/* Repeated tokens meet in dwte, and the B rows of a position in dwpe: fp32 atomics. */
+__global__ void encoder_bwd_kernel(float *dwte, float *dwpe, const bf16 *dout, const int32_t *tok,
+                                   int T, int C, size_t n) {
+    GRID_STRIDE(i, n) {
+        size_t bt = i / (size_t)C;
+        int c = (int)(i % (size_t)C), t = (int)(bt % (size_t)T);
+        float d = ld(dout[i]);
+        atomicAdd(dwte + (size_t)tok[bt] * C + c, d);
+        atomicAdd(dwpe + (size_t)t * C + c, d);
+    }
+}
+
+static void cuda_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout,
+                                  const int32_t *tok, int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (!n) return;
+    encoder_bwd_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        dwte, dwpe, (const bf16 *)dout, tok, T, C, n);
+    LAUNCH_CHECK("encoder_backward");
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* LayerNorm: one warp per row                                                          */
+
+#define LN_WARPS 8
+
+__global__ void ln_fwd_kernel(bf16 *out, float *mean, float *rstd, const bf16 *inp, const bf16 *w,
+                              const bf16 *b, int N, int C) {
+    int row = blockIdx.x * LN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const bf16 *x = inp + (size_t)row * C;
+    bf16 *o = out + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) sum += ld(x[c]);
+    float m = warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = ld(x[c]) - m;
+        var += d * d;
+    }
+    float rs = rsqrtf(warp_sum(var) / (float)C + 1e-5f);
+    for (int c = lane; c < C; c += 32) o[c] = to_bf16((ld(x[c]) - m) * rs * ld(w[c]) + ld(b[c]));
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+}
+
+static void cuda_layernorm_forward(strata_stream *s, void *out, float *mean, float *rstd,
+                                   const void *inp, const void *w, const void *b, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    ln_fwd_kernel<<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0, strata_cuda_stream_handle(s)>>>(
+        (bf16 *)out, mean, rstd, (const bf16 *)inp, (const bf16 *)w, (const bf16 *)b, N, C);
+    LAUNCH_CHECK("layernorm_forward");
+}
+
+/* dinp (+=), one warp per row */
+__global__ void ln_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                                   const float *mean, const float *rstd, int N, int C) {
+    int row = blockIdx.x * LN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const bf16 *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
+    bf16 *di = dinp + (size_t)row * C;
+    float m = mean[row], rs = rstd[row];
+    float sd = 0.0f, sdn = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float norm = (ld(x[c]) - m) * rs, dnorm = ld(w[c]) * ld(d[c]);
+        sd += dnorm;
+        sdn += dnorm * norm;
+    }
+    float dmean = warp_sum(sd) / (float)C, dnmean = warp_sum(sdn) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float norm = (ld(x[c]) - m) * rs, dnorm = ld(w[c]) * ld(d[c]);
+        di[c] = to_bf16(ld(di[c]) + (dnorm - dmean - norm * dnmean) * rs);
+    }
+}
+
+/* Column reductions (dw, db, dbias): a block owns 32 columns and COL_ROWS rows; its
+ * 8 row-lanes' partial sums meet in shared memory and go out with one atomic each. */
+#define COL_ROWS 128
+
+__global__ void ln_bwd_dwdb_kernel(float *dw, float *db, const bf16 *dout, const bf16 *inp,
+                                   const float *mean, const float *rstd, int N, int C) {
+    __shared__ float sw[8][33], sb[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * COL_ROWS, r1 = min(N, r0 + COL_ROWS);
+    float aw = 0.0f, ab = 0.0f;
+    if (c < C) {
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            float d = ld(dout[(size_t)r * C + c]);
+            aw += (ld(inp[(size_t)r * C + c]) - mean[r]) * rstd[r] * d;
+            ab += d;
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int y = 1; y < 8; y++) {
+            aw += sw[y][threadIdx.x];
+            ab += sb[y][threadIdx.x];
+        }
+        atomicAdd(dw + c, aw);
+        atomicAdd(db + c, ab);
+    }
+}
+
+static void cuda_layernorm_backward(strata_stream *s, void *dinp, float *dw, float *db,
+                                    const void *dout, const void *inp, const void *w,
+                                    const float *mean, const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    ln_bwd_dinp_kernel<<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0, st>>>(
+        (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, mean, rstd, N, C);
+    LAUNCH_CHECK("layernorm_backward (dinp)");
+    dim3 grid((C + 31) / 32, (N + COL_ROWS - 1) / COL_ROWS), block(32, 8);
+    ln_bwd_dwdb_kernel<<<grid, block, 0, st>>>(dw, db, (const bf16 *)dout, (const bf16 *)inp, mean,
+                                                rstd, N, C);
+    LAUNCH_CHECK("layernorm_backward (dw, db)");
+}
+
+/* out (N) += column sums of x (M,N) */
+__global__ void colsum_kernel(float *out, const bf16 *x, int M, int N) {
+    __shared__ float part[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * COL_ROWS, r1 = min(M, r0 + COL_ROWS);
+    float acc = 0.0f;
+    if (c < N)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) acc += ld(x[(size_t)r * N + c]);
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < N) {
+        for (int y = 1; y < 8; y++) acc += part[y][threadIdx.x];
+        atomicAdd(out + c, acc);
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* cuBLASLt                                                                              */
+
+/* Everything that selects descriptors and an algorithm. Row-major tensors are handed to
+ * cuBLASLt as their column-major transposes, so m/n/k below are in that view. */
+typedef struct gemm_key {
+    int m, n, k;
+    int ta, tb;             /* cublasOperation_t of A and B */
+    int lda, ldb, ldd;
+    int d_f32;              /* C = D fp32 (weight gradients) instead of bf16 */
+    int epilogue;           /* cublasLtEpilogue_t */
+    int align[5];           /* byte alignment of A, B, D, bias, aux (1..256) */
+    int use_workspace;
+} gemm_key;
+
+typedef struct gemm_plan {
+    gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    int found; /* 0: the heuristic offered nothing for this key */
+} gemm_plan;
+
+struct strata_cuda_kstate {
+    int ordinal;
+    cublasLtHandle_t lt;
+    void *workspace;
+    pthread_mutex_t mu; /* the plan cache, and descriptor pointers set per call */
+    gemm_plan plans[PLAN_MAX];
+    int n_plans, next_evict;
+};
+
+#define LT_CHECK(call)                                                                    \
+    do {                                                                                  \
+        cublasStatus_t lt_st_ = (call);                                                   \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                              \
+            strata_panic(__FILE__, __LINE__, "%s failed: %s", #call,                      \
+                         cublasLtGetStatusString(lt_st_));                                \
+    } while (0)
+
+int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
+    strata_cuda_kstate *ks = (strata_cuda_kstate *)strata_xcalloc(1, sizeof *ks);
+    ks->ordinal = ordinal;
+    cublasStatus_t st = cublasLtCreate(&ks->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(ks);
+        return strata_fail("cublasLtCreate on cuda:%d failed: %s", ordinal, cublasLtGetStatusString(st));
+    }
+    cudaError_t e = cudaMalloc(&ks->workspace, LT_WORKSPACE_BYTES);
+    if (e != cudaSuccess) {
+        cublasLtDestroy(ks->lt);
+        free(ks);
+        return strata_fail("cuBLASLt workspace of %zu MiB on cuda:%d: cudaMalloc failed: %s",
+                           LT_WORKSPACE_BYTES >> 20, ordinal, cudaGetErrorString(e));
+    }
+    pthread_mutex_init(&ks->mu, NULL);
+    *out = ks;
+    return 0;
+}
+
+static void plan_release(gemm_plan *p) {
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->ld);
+    cublasLtMatmulDescDestroy(p->desc);
+}
+
+void strata_cuda_kstate_destroy(strata_cuda_kstate *ks) {
+    if (!ks) return;
+    for (int i = 0; i < ks->n_plans; i++) plan_release(&ks->plans[i]);
+    cudaFree(ks->workspace);
+    cublasLtDestroy(ks->lt);
+    pthread_mutex_destroy(&ks->mu);
+    free(ks);
+}
+
+static int align_of(const void *p) {
+    uintptr_t x = (uintptr_t)p;
+    int a = 256;
+    while (a > 1 && (x & (uintptr_t)(a - 1))) a >>= 1;
+    return a;
+}
+
+typedef struct gemm_call {
+    int m, n, k;
+    cublasOperation_t ta, tb;
+    int lda, ldb, ldd;
+    const void *a, *b;
+    void *d; /* also C when beta != 0 */
+    int d_f32;
+    float beta;
+    const void *bias; /* bf16 (m), or NULL */
+    void *aux;        /* bf16 (m,n) with leading dimension ldd: GELU's input, or NULL */
+} gemm_call;
+
+static void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void *v,
+                     size_t bytes) {
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, v, bytes));
+}
+
+/* The per-call pointers live in the descriptor: set them under the lock that also
+ * covers the enqueue. */
+static void plan_set_pointers(gemm_plan *p, const gemm_call *g) {
+    if (g->bias) set_attr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
+    if (g->aux) set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux);
+}
+
+static gemm_plan *plan_build(strata_cuda_kstate *ks, const gemm_key *key, const gemm_call *g) {
+    gemm_plan *p;
+    if (ks->n_plans < PLAN_MAX) {
+        p = &ks->plans[ks->n_plans++];
+    } else { /* a full cache recycles its slots in turn */
+        p = &ks->plans[ks->next_evict];
+        ks->next_evict = (ks->next_evict + 1) % PLAN_MAX;
+        plan_release(p);
+    }
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    cudaDataType_t dt = key->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = (cublasOperation_t)key->ta, tb = (cublasOperation_t)key->tb;
+    set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epilogue;
+    set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (g->bias) {
+        cudaDataType_t bt = CUDA_R_16BF;
+        set_attr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    }
+    if (g->aux) {
+        int64_t aux_ld = key->ldd;
+        int32_t aux_t = CUDA_R_16BF;
+        set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+        set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_t, sizeof aux_t);
+    }
+    plan_set_pointers(p, g);
+    int a_rows = key->ta == CUBLAS_OP_N ? key->m : key->k, a_cols = key->ta == CUBLAS_OP_N ? key->k : key->m;
+    int b_rows = key->tb == CUBLAS_OP_N ? key->k : key->n, b_cols = key->tb == CUBLAS_OP_N ? key->n : key->k;
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, a_rows, a_cols, key->lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, b_rows, b_cols, key->ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->ld, dt, key->m, key->n, key->ldd));
+
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = key->use_workspace ? LT_WORKSPACE_BYTES : 0;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    static const cublasLtMatmulPreferenceAttributes_t align_attr[3] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 3; i++) {
+        uint32_t al = (uint32_t)key->align[i];
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &al, sizeof al));
+    }
+    uint32_t al_c = (uint32_t)key->align[2];
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ks->lt, p->desc, p->la, p->lb, p->ld, p->ld,
+                                                       pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+        p->algo = res.algo;
+        p->found = 1;
+    }
+    return p;
+}
+
+/* Enqueues D = A op B (+ beta C) with the key's epilogue. Returns -1 (nothing enqueued)
+ * when cuBLASLt has no algorithm for this combination, so the caller can fall back. */
+static int lt_matmul(strata_stream *s, const gemm_call *g) {
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    strata_cuda_kstate *ks = strata_cuda_kstate_of(s);
+    gemm_key key;
+    memset(&key, 0, sizeof key); /* keys are compared bytewise */
+    key.m = g->m;
+    key.n = g->n;
+    key.k = g->k;
+    key.ta = (int)g->ta;
+    key.tb = (int)g->tb;
+    key.lda = g->lda;
+    key.ldb = g->ldb;
+    key.ldd = g->ldd;
+    key.d_f32 = g->d_f32;
+    key.epilogue = g->aux ? (g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                          : (g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    key.align[0] = align_of(g->a);
+    key.align[1] = align_of(g->b);
+    key.align[2] = align_of(g->d);
+    key.align[3] = g->bias ? align_of(g->bias) : 0;
+    key.align[4] = g->aux ? align_of(g->aux) : 0;
+    key.use_workspace = strata_cuda_is_compute(s);
+
+    pthread_mutex_lock(&ks->mu);
+    gemm_plan *p = NULL;
+    for (int i = 0; i < ks->n_plans; i++) {
+        if (!memcmp(&ks->plans[i].key, &key, sizeof key)) {
+            p = &ks->plans[i];
+            break;
+        }
+    }
+    if (!p) p = plan_build(ks, &key, g);
+    if (!p->found) {
+        pthread_mutex_unlock(&ks->mu);
+        return -1;
+    }
+    plan_set_pointers(p, g);
+    float alpha = 1.0f, beta = g->beta;
+    cublasStatus_t rc = cublasLtMatmul(ks->lt, p->desc, &alpha, g->a, p->la, g->b, p->lb, &beta, g->d,
+                                       p->ld, g->d, p->ld, &p->algo,
+                                       key.use_workspace ? ks->workspace : NULL,
+                                       key.use_workspace ? LT_WORKSPACE_BYTES : 0, st);
+    pthread_mutex_unlock(&ks->mu);
+    if (rc == CUBLAS_STATUS_ALLOC_FAILED) /* no memory for it: a device fault, as CUDA_CHECK records */
+        strata_cuda_record_oom(__FILE__, __LINE__, "cublasLtMatmul", 0, cublasLtGetStatusString(rc));
+    else if (rc != CUBLAS_STATUS_SUCCESS)
+        strata_panic(__FILE__, __LINE__, "cublasLtMatmul (m %d n %d k %d, epilogue %d, D %s) failed: %s",
+                     g->m, g->n, g->k, key.epilogue, g->d_f32 ? "f32" : "bf16",
+                     cublasLtGetStatusString(rc));
+    return 0;
+}
+
+static void lt_matmul_or_die(strata_stream *s, const gemm_call *g, const char *what) {
+    if (lt_matmul(s, g))
+        strata_panic(__FILE__, __LINE__, "%s: cuBLASLt offers no algorithm for m %d n %d k %d "
+                     "(lda %d ldb %d ldd %d, D %s)", what, g->m, g->n, g->k, g->lda, g->ldb, g->ldd,
+                     g->d_f32 ? "f32" : "bf16");
+}
+
+/* out (M,N) = inp (M,K) @ W + bias. In cuBLASLt's column-major view: out^T (N,M) =
+ * W^T (N,K) @ inp^T (K,M), where inp^T is inp as stored (ld K) and W^T is W as stored
+ * (ld N) when w_nk == 0, or W stored (N,K) read transposed (ld K) when w_nk == 1. */
+static void cuda_matmul_forward(strata_stream *s, void *out, void *gelu_out, const void *inp,
+                                const void *w, const void *bias, int M, int K, int N, int w_nk) {
+    if (M <= 0 || N <= 0) return;
+    gemm_call g;
+    memset(&g, 0, sizeof g);
+    g.m = N;
+    g.n = M;
+    g.k = K;
+    g.ta = w_nk ? CUBLAS_OP_T : CUBLAS_OP_N;
+    g.lda = w_nk ? K : N;
+    g.a = w;
+    g.tb = CUBLAS_OP_N;
+    g.ldb = K;
+    g.b = inp;
+    g.ldd = N;
+    g.bias = bias;
+    if (gelu_out) {
+        /* GELU_AUX: D receives gelu(x + bias), the aux matrix x + bias itself */
+        g.d = gelu_out;
+        g.aux = out;
+        if (N % 8 == 0 && lt_matmul(s, &g) == 0) return;
+        g.aux = NULL; /* no fused algorithm: bias GEMM, then GELU on its own */
+    }
+    g.d = out;
+    lt_matmul_or_die(s, &g, "matmul_forward");
+    if (gelu_out) cuda_gelu_forward(s, gelu_out, out, (size_t)M * N);
+}
+
+static void cuda_matmul_backward(strata_stream *s, void *dinp, float *dw, float *dbias,
+                                 const void *dout, const void *inp, const void *w, int M, int K,
+                                 int N, int w_nk) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    gemm_call g;
+    if (dinp) {
+        /* dinp^T (K,M) = W (K,N) @ dout^T (N,M) */
+        memset(&g, 0, sizeof g);
+        g.m = K;
+        g.n = M;
+        g.k = N;
+        g.ta = w_nk ? CUBLAS_OP_N : CUBLAS_OP_T;
+        g.lda = w_nk ? K : N;
+        g.a = w;
+        g.tb = CUBLAS_OP_N;
+        g.ldb = N;
+        g.b = dout;
+        g.d = dinp;
+        g.ldd = K;
+        lt_matmul_or_die(s, &g, "matmul_backward (dinp)");
+    }
+    memset(&g, 0, sizeof g);
+    g.k = M;
+    g.d = dw;
+    g.d_f32 = 1;
+    g.beta = 1.0f;
+    if (w_nk == 0) { /* dW^T (N,K) += dout^T (N,M) @ inp (M,K) */
+        g.m = N;
+        g.n = K;
+        g.ta = CUBLAS_OP_N;
+        g.lda = N;
+        g.a = dout;
+        g.tb = CUBLAS_OP_T;
+        g.ldb = K;
+        g.b = inp;
+        g.ldd = N;
+    } else { /* dW^T (K,N) += inp^T (K,M) @ dout (M,N) */
+        g.m = K;
+        g.n = N;
+        g.ta = CUBLAS_OP_N;
+        g.lda = K;
+        g.a = inp;
+        g.tb = CUBLAS_OP_T;
+        g.ldb = N;
+        g.b = dout;
+        g.ldd = K;
+    }
+    lt_matmul_or_die(s, &g, "matmul_backward (dw)");
+    if (dbias) {
+        dim3 grid((N + 31) / 32, (M + COL_ROWS - 1) / COL_ROWS), block(32, 8);
+        colsum_kernel<<<grid, block, 0, strata_cuda_stream_handle(s)>>>(dbias, (const bf16 *)dout, M, N);
+        LAUNCH_CHECK("matmul_backward (dbias)");
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Cross-entropy: one block per row                                                     */
+
+#define XENT_THREADS 512
+
+/* (m, s) pairs of a running max and the sum of exp(x - m) */
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
+    if (m2 == -INFINITY) return;
+    if (m == -INFINITY) {
+        m = m2;
+        s = s2;
+        return;
+    }
+    float M = fmaxf(m, m2);
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
+
+__global__ void __launch_bounds__(XENT_THREADS) xent_kernel(float *losses, bf16 *dlogits,
+                                                            const bf16 *logits, const int32_t *targets,
+                                                            int V, int Vp, float dloss) {
+    __shared__ float sm[32], ss[32];
+    int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const bf16 *x = logits + (size_t)row * Vp;
+    bf16 *d = dlogits ? dlogits + (size_t)row * Vp : NULL;
+    int tgt = targets[row];
+    if (tgt < 0) { /* ignored row: the whole block takes this branch */
+        if (tid == 0) losses[row] = 0.0f;
+        if (d)
+            for (int c = tid; c < Vp; c += blockDim.x) d[c] = to_bf16(0.0f);
+        return;
+    }
+    float xt = ld(x[tgt]); /* every read of x happens before the barrier below, every
+                            * write of d (possibly x itself) after it */
+    float m = -INFINITY, s = 0.0f;
+    for (int c = tid; c < V; c += blockDim.x) {
+        float v = ld(x[c]);
+        if (v > m) {
+            s = s * expf(m - v) + 1.0f;
+            m = v;
+        } else {
+            s += expf(v - m);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        ss[warp] = s;
+    }
+    __syncthreads();
+    int nwarps = blockDim.x >> 5;
+    float M = sm[0], S = ss[0];
+    for (int w = 1; w < nwarps; w++) lse_merge(M, S, sm[w], ss[w]);
+    if (tid == 0) losses[row] = M + logf(S) - xt;
+    if (!d) return;
+    float f = dloss / S;
+    for (int c = tid; c < Vp; c += blockDim.x) {
+        float g = 0.0f;
+        if (c < V) {
+            float p = expf(ld(x[c]) - M);
+            g = c == tgt ? (p / S - 1.0f) * dloss : p * f;
+        }
+        d[c] = to_bf16(g);
+    }
+}
+
+static void cuda_crossentropy(strata_stream *s, float *losses, void *dlogits, const void *logits,
+                              const int32_t *targets, int N, int V, int Vp, float dloss) {
+    if (N <= 0) return;
+    xent_kernel<<<N, XENT_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        losses, (bf16 *)dlogits, (const bf16 *)logits, targets, V, Vp, dloss);
+    LAUNCH_CHECK("crossentropy");
+}
+
+__global__ void loss_acc_kernel(float *acc, const float *losses, int n, float scale) {
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)losses[i];
+    sum = block_sum_d(sum);
+    if (threadIdx.x == 0) *acc += (float)((double)scale * sum);
+}
+
+static void cuda_loss_accumulate(strata_stream *s, float *acc, const float *losses, int n, float scale) {
+    loss_acc_kernel<<<1, 1024, 0, strata_cuda_stream_handle(s)>>>(acc, losses, n > 0 ? n : 0, scale);
+    LAUNCH_CHECK("loss_accumulate");
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Optimizer and utilities                                                               */
+
+/* The documented order, one IEEE operation at a time: the _rn intrinsics are never
+ * fused into FMAs, so the result is bit for bit the CPU oracle's. */
+__global__ void adamw_kernel(float *master, bf16 *param_out, const float *grad, float *m, float *v,
+                             size_t n, strata_adamw_args a) {
+    GRID_STRIDE(i, n) {
+        float g = __fmul_rn(grad[i], a.grad_scale);
+        float mi = __fadd_rn(__fmul_rn(a.beta1, m[i]), __fmul_rn(__fsub_rn(1.0f, a.beta1), g));
+        float vi = __fadd_rn(__fmul_rn(a.beta2, v[i]), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, a.beta2), g), g));
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = __fdiv_rn(mi, a.bc1), vhat = __fdiv_rn(vi, a.bc2);
+        float p = master[i];
+        float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), a.eps)),
+                               __fmul_rn(a.weight_decay, p));
+        p = __fsub_rn(p, __fmul_rn(a.lr, step));
+        master[i] = p;
+        if (param_out) param_out[i] = to_bf16(p);
+    }
+}
+
+static void cuda_adamw(strata_stream *s, float *master, void *param_out, const float *grad, float *m,
+                       float *v, size_t n, const strata_adamw_args *a) {
+    if (!n) return;
+    adamw_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        master, (bf16 *)param_out, grad, m, v, n, *a);
+    LAUNCH_CHECK("adamw");
+}
+
+#define SUMSQ_THREADS 256
+
+__global__ void sumsq_kernel(double *out, const float *x, size_t n) {
+    double acc = 0.0;
+    GRID_STRIDE(i, n) {
+        double v = (double)x[i];
+        acc += v * v;
+    }
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) atomicAdd(out, acc);
+}
+
+static void cuda_sumsq(strata_stream *s, double *out, const float *x, size_t n) {
+    if (!n) return;
+    unsigned blocks = grid_for(n, SUMSQ_THREADS);
+    if (blocks > 1024) blocks = 1024; /* few atomics on one double */
+    sumsq_kernel<<<blocks, SUMSQ_THREADS, 0, strata_cuda_stream_handle(s)>>>(out, x, n);
+    LAUNCH_CHECK("sumsq");
+}
+
+__global__ void acc_bf16_kernel(float *dst, const bf16 *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] += ld(src[i]);
+}
+__global__ void acc_f32_kernel(float *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
+static void cuda_accumulate_f32(strata_stream *s, float *dst, const void *src, strata_dtype src_dtype,
+                                size_t n) {
+    if (!n) return;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    if (src_dtype == STRATA_BF16)
+        acc_bf16_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, st>>>(dst, (const bf16 *)src, n);
+    else
+        acc_f32_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, st>>>(dst, (const float *)src, n);
+    LAUNCH_CHECK("accumulate_f32");
+}
+
+__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = to_bf16(src[i]);
+}
+__global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = ld(src[i]);
+}
+
+static void cuda_convert(strata_stream *s, void *dst, strata_dtype dst_dtype, const void *src,
+                         strata_dtype src_dtype, size_t n) {
+    if (!n) return;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    if (dst_dtype == src_dtype) {
+        if (dst != src)
+            CUDA_CHECK(cudaMemcpyAsync(dst, src, n * strata_dtype_size(dst_dtype), cudaMemcpyDefault, st));
+        return;
+    }
+    if (dst_dtype == STRATA_BF16)
+        f32_to_bf16_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, st>>>((bf16 *)dst, (const float *)src, n);
+    else
+        bf16_to_f32_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, st>>>((float *)dst, (const bf16 *)src, n);
+    LAUNCH_CHECK("convert");
+}
+
+__global__ void scale_kernel(float *x, float scale, size_t n) {
+    GRID_STRIDE(i, n) x[i] *= scale;
+}
+
+static void cuda_scale_f32(strata_stream *s, float *x, float scale, size_t n) {
+    if (!n) return;
+    scale_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(x, scale, n);
+    LAUNCH_CHECK("scale_f32");
+}
+
+/* In the order of struct strata_kernels (C++17 has no designated initialisers). */
+extern "C" const strata_kernels strata_kernels_cuda = {
+    cuda_encoder_forward,
+    cuda_encoder_backward,
+    cuda_layernorm_forward,
+    cuda_layernorm_backward,
+    cuda_matmul_forward,
+    cuda_matmul_backward,
+    strata_cuda_attention_forward,
+    strata_cuda_attention_backward,
+    cuda_gelu_forward,
+    cuda_gelu_backward,
+    cuda_residual_forward,
+    cuda_add_inplace,
+    cuda_crossentropy,
+    cuda_loss_accumulate,
+    cuda_adamw,
+    cuda_sumsq,
+    cuda_accumulate_f32,
+    cuda_convert,
+    cuda_scale_f32,
+};

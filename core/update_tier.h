@@ -1,0 +1,74 @@
+/* core/update_tier.h: the optimizer's update tier, the interface through which the ZeRO
+ * engine (shard/engine.c) drives an optimizer whose state does not live on the device.
+ *
+ * The engine is handed a tier when it is created, or none. With none, the fp32 master
+ * weights and Adam moments of the rank's optimizer ranges live in device memory and the
+ * device's AdamW kernel updates them on the compute stream. A tier keeps that state
+ * elsewhere and updates it off the compute stream; offload/pipeline.c is the one there
+ * is (pinned host memory or an NVMe file, updated by the CPU), and the launcher builds it
+ * from the config (strata_offload_tier) so that shard/ never sees offload/.
+ *
+ * The engine meets a tier's work only through events, as it meets the collectives:
+ * `update` starts after an event and records `done` when the unit's new parameters are in
+ * place. Every call comes from the engine's thread, in unit order. */
+#ifndef STRATA_UPDATE_TIER_H
+#define STRATA_UPDATE_TIER_H
+
+#include <stddef.h>
+
+#include "core/arena.h"
+#include "core/device.h"
+#include "core/kernels.h"
+#include "core/optim.h"
+
+/* The three fp32 arrays of an optimizer range, in checkpoint order. */
+enum { STRATA_STATE_MASTER = 0, STRATA_STATE_M = 1, STRATA_STATE_V = 2 };
+
+typedef struct strata_update_tier strata_update_tier;
+
+typedef struct strata_update_tier_ops {
+    /* Plans n_units optimizer ranges of n[u] fp32 elements each (the engine's ranges:
+     * whole units at stage 0, the rank's shards above) and the tier's staging into `a`;
+     * updated parameters are written in param_dtype. Once, before the arena is committed. */
+    void (*plan)(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n, strata_dtype param_dtype);
+    /* After the arena is committed: opens what needs the memory (the NVMe store, which
+     * registers the arena's pinned block). Idempotent. */
+    int (*open)(strata_update_tier *t);
+    void (*destroy)(strata_update_tier *t);
+
+    /* Blocking host access to unit u's state array `kind` (STRATA_STATE_*): n[u] floats,
+     * for initialisation, checkpoints and publishing parameters. */
+    int (*read_state)(strata_update_tier *t, int u, int kind, float *dst);
+    int (*write_state)(strata_update_tier *t, int u, int kind, const float *src);
+
+    /* Enqueues unit u's AdamW step after `after` (recorded where the gradient was
+     * finished; may be NULL). grad: n[u] fp32 in device memory; param_out: n[u] elements
+     * of param_dtype in device memory (NULL when the tier keeps the parameters itself).
+     * The segments split the range by weight decay. `done` is recorded once the new
+     * parameters are written. */
+    int (*update)(strata_update_tier *t, int u, const float *grad, void *param_out, const strata_adamw_segment *seg,
+                  int n_seg, const strata_adamw_args *args, strata_event *after, strata_event *done);
+    /* Waits for every enqueued update; returns the first error any of them hit. */
+    int (*sync)(strata_update_tier *t);
+
+    /* Stage 3 with the parameter shards kept by the tier (offload.params: nvme): unit u's
+     * compute-dtype shard is written (blocking), or read into `dst` on the tier's param
+     * stream, a HOST stream on which the caller enqueues its waits before the read and
+     * its record after it. dst must be 4096-aligned with room for the shard rounded up to
+     * 4 KiB; `tag` (0 .. zero.prefetch_units + 1) names the caller's buffer, so reads into
+     * different buffers may be queued at once. */
+    int (*write_params)(strata_update_tier *t, int u, const void *src);
+    strata_stream *(*param_stream)(strata_update_tier *t);
+    int (*fetch_params)(strata_update_tier *t, int u, void *dst, int tag);
+
+    /* Bytes the tier keeps on NVMe, and of them the parameter shards', for the plan. */
+    size_t (*nvme_bytes)(const strata_update_tier *t);
+    size_t (*nvme_param_bytes)(const strata_update_tier *t);
+} strata_update_tier_ops;
+
+/* A tier's own struct starts with this one, so its functions find themselves from it. */
+struct strata_update_tier {
+    const strata_update_tier_ops *ops;
+};
+
+#endif
