@@ -8,7 +8,7 @@
 #include "core/common.h"
 #include "core/data.h"
 #include "core/model.h"
-#include "offload/pipeline.h"
+#include "launcher/build.h"
 #include "shard/engine.h"
 
 #define AUTO_DEFAULT_TRIALS 3
@@ -93,11 +93,7 @@ static double trial_ms(strata_auto *a, const strata_plan_candidate *c, strata_lo
     if (!bad) bad = strata_config_check(&cfg, "memory.auto") != 0;
     if (bad) snprintf(why, why_len, "%s", strata_error());
     if (!bad) {
-        strata_model_shape shape = strata_model_shape_from_config(&cfg);
-        strata_model_init(&m, &shape);
-        strata_arena_init(&arena, a->dev);
-        e = strata_engine_create(&cfg, &m, &arena, a->dev, a->comm, strata_offload_tier(&cfg, a->dev, a->rank), a->rank,
-                                 a->world);
+        e = strata_build(&cfg, a->dev, a->comm, a->rank, a->world, &m, &arena);
         built = 1;
         if (strata_arena_commit(&arena)) {
             bad = 1;
@@ -150,11 +146,7 @@ static double trial_ms(strata_auto *a, const strata_plan_candidate *c, strata_lo
         median = k % 2 ? timed[k / 2] : 0.5 * (timed[k / 2 - 1] + timed[k / 2]);
     }
 done:
-    if (built) {
-        strata_engine_destroy(e);
-        strata_arena_release(&arena);
-        strata_model_free(&m);
-    }
+    if (built) strata_unbuild(e, &arena, &m);
     strata_fault_take(NULL, 0); /* nothing of a trial reaches the run */
     return bad ? -1 : median;
 }

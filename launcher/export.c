@@ -31,8 +31,8 @@
 #include "core/data.h"
 #include "core/kernels.h"
 #include "core/model.h"
+#include "launcher/build.h"
 #include "launcher/tokenizer.h"
-#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -597,24 +597,19 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     T = strata_config_seq_len(cfg);
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
 
-    strata_device *dev = strata_device_open(device, 0);
-    if (!dev) {
+    strata_loaded l;
+    if (strata_load_model(&l, cfg, o.ck)) {
         fprintf(stderr, "strata dump-grads: %s\n", strata_error());
         strata_ckpt_close(o.ck);
         return STRATA_EXIT_ERROR;
     }
-    strata_comm *comm = strata_comm_open_local(dev);
-    strata_model_shape shape = strata_model_shape_from_config(cfg);
-    int V = shape.vocab_size, Vp = shape.padded_vocab_size, C = shape.n_embd;
+    strata_device *dev = l.dev;
+    strata_model *m = &l.m;
+    int V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size, C = m->shape.n_embd;
     size_t BT = (size_t)B * T;
-    strata_model m;
-    strata_model_init(&m, &shape);
-    strata_arena arena;
-    strata_arena_init(&arena, dev);
-    strata_engine *e = strata_engine_create(cfg, &m, &arena, dev, comm, strata_offload_tier(cfg, dev, 0), 0, 1);
-    const size_t *padded = strata_engine_padded(e);
-    float **grads = strata_xcalloc(m.n_units, sizeof *grads);      /* device */
-    float **grads_host = strata_xcalloc(m.n_units, sizeof *grads); /* their copies */
+    const size_t *padded = strata_engine_padded(l.engine);
+    float **grads = strata_xcalloc(m->n_units, sizeof *grads);      /* device */
+    float **grads_host = strata_xcalloc(m->n_units, sizeof *grads); /* their copies */
     float *logits_f32 = NULL;                                        /* device: logits as fp32 */
     int32_t *inputs = strata_xmalloc(BT * sizeof(int32_t)), *targets = strata_xmalloc(BT * sizeof(int32_t));
     float *logits = strata_xmalloc(BT * Vp * sizeof(float));
@@ -626,15 +621,14 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     st_init(&w, out);
     rc = STRATA_EXIT_ERROR;
 
-    if (strata_arena_commit(&arena) || strata_engine_load(e, o.ck) || strata_engine_params_resident(e)) goto done;
     if (strata_loader_open(&loader, data, T, V, 0, cfg->train.seed)) goto done;
     have_loader = 1;
     if (strata_loader_read(&loader, 0, B, inputs, targets)) goto done;
-    for (int u = 0; u < m.n_units; u++) {
+    for (int u = 0; u < m->n_units; u++) {
         grads[u] = strata_alloc(dev, STRATA_MEM_DEVICE, padded[u] * sizeof(float));
         if (!grads[u]) goto done;
         strata_memset_async(dev, dev->compute, grads[u], 0, padded[u] * sizeof(float));
-        m.grads[u] = grads[u];
+        m->grads[u] = grads[u];
         grads_host[u] = strata_xmalloc(padded[u] * sizeof(float));
     }
     logits_f32 = strata_alloc(dev, STRATA_MEM_DEVICE, BT * Vp * sizeof(float));
@@ -643,15 +637,15 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     /* Forward with the loss but without the gradient, so the logits survive to be read;
      * then the head again in training mode (it turns logits into dlogits in place) and
      * the backward of every unit, head first, as the engine's micro-step runs them. */
-    strata_model_set_batch(&m, inputs, targets);
-    strata_memset_async(dev, dev->compute, m.loss_sum, 0, sizeof(float));
-    for (int u = 0; u < m.n_units; u++) strata_model_forward_unit(&m, u, 0, 0.0f, 1.0f / (float)BT);
-    dev->k->convert(dev->compute, logits_f32, STRATA_F32, m.logits, dev->compute_dtype, BT * Vp);
+    strata_model_set_batch(m, inputs, targets);
+    strata_memset_async(dev, dev->compute, m->loss_sum, 0, sizeof(float));
+    for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 0, 0.0f, 1.0f / (float)BT);
+    dev->k->convert(dev->compute, logits_f32, STRATA_F32, m->logits, dev->compute_dtype, BT * Vp);
     strata_memcpy_async(dev, dev->compute, logits, logits_f32, BT * Vp * sizeof(float));
-    strata_memcpy_async(dev, dev->compute, &loss, m.loss_sum, sizeof(float));
-    strata_model_forward_unit(&m, m.n_units - 1, 1, 1.0f / (float)BT, 0.0f);
-    for (int u = m.n_units - 1; u >= 0; u--) strata_model_backward_unit(&m, u);
-    for (int u = 0; u < m.n_units; u++)
+    strata_memcpy_async(dev, dev->compute, &loss, m->loss_sum, sizeof(float));
+    strata_model_forward_unit(m, m->n_units - 1, 1, 1.0f / (float)BT, 0.0f);
+    for (int u = m->n_units - 1; u >= 0; u--) strata_model_backward_unit(m, u);
+    for (int u = 0; u < m->n_units; u++)
         strata_memcpy_async(dev, dev->compute, grads_host[u], grads[u], padded[u] * sizeof(float));
     strata_stream_sync(dev, dev->compute);
     if (!isfinite(loss)) STRATA_WARN("export", "loss is %g: the checkpoint or the data is broken", loss);
@@ -669,22 +663,22 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     st_add(&w, "logits", "F32", 3, B, T, V);
     st_add(&w, "inputs", "I32", 2, B, T, 0);
     st_add(&w, "targets", "I32", 2, B, T, 0);
-    for (int i = 0; i < m.n_tensors; i++) add_model_tensor(&w, "grad.", &m.tensors[i], V);
+    for (int i = 0; i < m->n_tensors; i++) add_model_tensor(&w, "grad.", &m->tensors[i], V);
     if (st_begin(&w) || st_write(&w, 0, &loss) || st_write(&w, 1, logits) || st_write(&w, 2, inputs) ||
         st_write(&w, 3, targets))
         goto done;
-    for (int i = 0; i < m.n_tensors; i++) {
-        const strata_ckpt_tensor *t = &m.tensors[i];
+    for (int i = 0; i < m->n_tensors; i++) {
+        const strata_ckpt_tensor *t = &m->tensors[i];
         if (st_write(&w, 4 + i, grads_host[t->unit] + t->offset)) goto done;
     }
     if (st_commit(&w)) goto done;
-    printf("wrote %s: loss %.6f over %d x %d tokens, %d gradients (step %lld)\n", out, loss, B, T, m.n_tensors,
+    printf("wrote %s: loss %.6f over %d x %d tokens, %d gradients (step %lld)\n", out, loss, B, T, m->n_tensors,
            (long long)strata_ckpt_get_meta(o.ck)->step);
     rc = STRATA_EXIT_OK;
 done:
     if (rc) fprintf(stderr, "strata dump-grads: %s\n", strata_error());
     st_free(&w);
-    for (int u = 0; u < m.n_units; u++) {
+    for (int u = 0; u < m->n_units; u++) {
         if (grads[u]) strata_free(dev, STRATA_MEM_DEVICE, grads[u]);
         free(grads_host[u]);
     }
@@ -695,11 +689,7 @@ done:
     free(targets);
     free(logits);
     if (have_loader) strata_loader_close(&loader);
-    strata_engine_destroy(e);
-    strata_arena_release(&arena);
-    strata_model_free(&m);
-    strata_comm_close(comm);
-    strata_device_close(dev);
+    strata_loaded_free(&l);
     strata_ckpt_close(o.ck);
     return rc;
 }

@@ -10,7 +10,7 @@
 
 #include "core/common.h"
 #include "core/model.h"
-#include "offload/pipeline.h"
+#include "launcher/build.h"
 #include "shard/engine.h"
 
 static const char *tier_names[STRATA_TIERS] = {"device", "pinned host", "host", "nvme"};
@@ -39,17 +39,12 @@ void strata_plan_add_pinned_buffers(strata_plan *p, size_t bytes) {
 }
 
 void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
-    strata_model_shape shape = strata_model_shape_from_config(cfg);
     strata_model m;
-    strata_model_init(&m, &shape);
     strata_arena a;
-    strata_arena_init(&a, NULL);
-    strata_engine *e = strata_engine_create(cfg, &m, &a, NULL, NULL, strata_offload_tier(cfg, NULL, 0), 0, world);
+    strata_engine *e = strata_build(cfg, NULL, NULL, 0, world, &m, &a);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
     strata_plan_add_nvme(p, strata_engine_nvme_bytes(e), strata_engine_nvme_param_bytes(e));
-    strata_engine_destroy(e);
-    strata_arena_release(&a);
-    strata_model_free(&m);
+    strata_unbuild(e, &a, &m);
 }
 
 static size_t host_available(void) {

@@ -8,9 +8,9 @@
 #include "core/arena.h"
 #include "core/checkpoint.h"
 #include "core/config.h"
+#include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/tokenizer.h"
-#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -255,27 +255,15 @@ int strata_cmd_sample(int argc, char **argv) {
     /* an empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|> */
     int eot = bpe ? strata_bpe_special_id(bpe, "<|endoftext|>") : -1;
     int start_eot = n_prompt == 0 && eot >= 0 && eot < cfg.model.vocab_size;
-    strata_device *dev = strata_device_open(cfg.device == STRATA_BACKEND_CUDA ? "cuda" : cfg.device == STRATA_BACKEND_CPU ? "cpu" : "auto", 0);
-    if (!dev) {
-        fprintf(stderr, "strata sample: %s\n", strata_error());
-        strata_ckpt_close(ck);
-        return STRATA_EXIT_ERROR;
-    }
-    strata_comm *comm = strata_comm_open_local(dev);
-    strata_model_shape shape = strata_model_shape_from_config(&cfg);
-    strata_model m;
-    strata_model_init(&m, &shape);
-    strata_arena arena;
-    strata_arena_init(&arena, dev);
-    strata_engine *e = strata_engine_create(&cfg, &m, &arena, dev, comm, strata_offload_tier(&cfg, dev, 0), 0, 1);
+    strata_loaded l;
+    int loaded = strata_load_model(&l, &cfg, ck) == 0;
     int32_t *tokens = strata_xcalloc(n_prompt + (size_t)n_tokens + 1, sizeof(int32_t));
     for (size_t i = 0; i < n_prompt; i++) tokens[i] = prompt_ids[i];
     if (start_eot) tokens[n_prompt++] = eot;
     free(prompt_ids);
     strata_rng rng;
     strata_rng_seed(&rng, seed);
-    if (strata_arena_commit(&arena) || strata_engine_load(e, ck) || strata_engine_params_resident(e) ||
-        strata_generate(&m, tokens, (int)n_prompt, n_tokens, (float)temperature, top_k, &rng)) {
+    if (!loaded || strata_generate(&l.m, tokens, (int)n_prompt, n_tokens, (float)temperature, top_k, &rng)) {
         fprintf(stderr, "strata sample: %s\n", strata_error());
     } else {
         int skip = start_eot ? 1 : 0; /* the <|endoftext|> we started from is not part of the text */
@@ -285,11 +273,7 @@ int strata_cmd_sample(int argc, char **argv) {
         rc = STRATA_EXIT_OK;
     }
     free(tokens);
-    strata_engine_destroy(e);
-    strata_arena_release(&arena);
-    strata_model_free(&m);
-    strata_comm_close(comm);
-    strata_device_close(dev);
+    if (loaded) strata_loaded_free(&l);
     strata_ckpt_close(ck);
     if (have_tk) strata_tokenizer_free(&tk);
     strata_bpe_free(bpe);

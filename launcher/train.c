@@ -18,11 +18,11 @@
 #include "core/model.h"
 #include "core/pretrained.h"
 #include "launcher/auto.h"
+#include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
 #include "launcher/tokenizer.h"
-#include "offload/pipeline.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
@@ -385,8 +385,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return STRATA_EXIT_USAGE;
     }
 
-    const char *backend = cfg->device == STRATA_BACKEND_CUDA ? "cuda" : cfg->device == STRATA_BACKEND_CPU ? "cpu" : "auto";
-    t->dev = strata_device_open(backend, local_rank);
+    t->dev = strata_device_open(strata_backend_name(cfg), local_rank);
     if (!t->dev) fatal(t, "opening the device");
     /* STRATA_CUDA_UNVERIFIED=1 lets bench/gpu-check.sh exercise these paths on a GPU */
     if (t->dev->caps.gpu && (cfg->zero.stage >= 2 || world > 1) && !getenv("STRATA_CUDA_UNVERIFIED")) {
@@ -406,10 +405,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                     t->dev->description, strata_comm_backend_name(t->comm), world, cfg->zero.stage);
 
     strata_model_shape shape = strata_model_shape_from_config(cfg);
-    strata_model_init(&t->m, &shape);
-    strata_arena_init(&t->arena, t->dev);
-    t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm,
-                                     strata_offload_tier(cfg, t->dev, rank), rank, world);
+    t->engine = strata_build(cfg, t->dev, t->comm, rank, world, &t->m, &t->arena);
 
     /* the plan is checked before anything is allocated */
     strata_plan plan;
@@ -433,9 +429,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
             return STRATA_EXIT_NOFIT;
         }
         /* memory.auto: measure the changes that fit, then rebuild with the fastest */
-        strata_engine_destroy(t->engine);
-        strata_arena_release(&t->arena);
-        strata_model_free(&t->m);
+        strata_unbuild(t->engine, &t->arena, &t->m);
         t->autosel = (strata_auto){.cfg = cfg, .dev = t->dev, .comm = t->comm, .rank = rank, .world = world};
         const strata_plan_candidate *pick = strata_auto_choose(&t->autosel, &plan);
         if (pick) {
@@ -457,10 +451,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
         B = cfg->train.micro_batch;
         A = cfg->train.grad_accum;
-        strata_model_init(&t->m, &shape);
-        strata_arena_init(&t->arena, t->dev);
-        t->engine = strata_engine_create(cfg, &t->m, &t->arena, t->dev, t->comm,
-                                         strata_offload_tier(cfg, t->dev, rank), rank, world);
+        t->engine = strata_build(cfg, t->dev, t->comm, rank, world, &t->m, &t->arena);
         plan_this_run(t, &plan);
     }
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
@@ -673,9 +664,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
                     strata_fmt_bytes(b1, 32, (double)t->rss_peak));
     }
     if (t->metrics) fclose(t->metrics);
-    strata_engine_destroy(t->engine);
-    strata_arena_release(&t->arena);
-    strata_model_free(&t->m);
+    strata_unbuild(t->engine, &t->arena, &t->m);
     strata_loader_close(&t->train);
     if (t->have_val) strata_loader_close(&t->val);
     strata_comm_close(t->comm);
