@@ -155,7 +155,11 @@ typedef struct trainer {
     strata_arena arena;
     strata_engine *engine;
     strata_loader train, val;
-    int have_val;
+    int have_train, have_val;
+    int64_t start;          /* the step training starts from (a resumed checkpoint's) */
+    double tokens_seen;
+    double tokens_per_step; /* all ranks together */
+    strata_rng rng;         /* sampling's, saved in checkpoints */
     FILE *metrics;
     char config_yaml[65536];
     char auto_change[800];  /* what memory.auto chose, "" if nothing */
@@ -200,10 +204,9 @@ static double percent_off(size_t got, size_t predicted) {
 }
 
 /* Writes the checkpoint of `step` completed steps; its directory goes to dir (dir_len). */
-static int save_checkpoint(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng, char *dir,
-                           size_t dir_len) {
+static int save_checkpoint(trainer *t, int64_t step, double loss, char *dir, size_t dir_len) {
     strata_ckpt_meta meta = {.step = step, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
-                             .rng_state = rng->state, .tokens_seen = tokens, .last_loss = loss,
+                             .rng_state = t->rng.state, .tokens_seen = t->tokens_seen, .last_loss = loss,
                              .config_yaml = t->config_yaml};
     double t0 = strata_now_ms();
     if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, dir_len)) return -1;
@@ -260,7 +263,7 @@ static void resume_command(const trainer *t, const char *ckpt_dir, char *buf, si
  * checkpoint it through the usual atomic path, then say who needed how much, what the
  * device holds now, and the command that resumes. Every rank comes here together (they
  * agreed on the fault), since the checkpoint is collective. */
-static int out_of_memory(trainer *t, int64_t step, double loss, double tokens, strata_rng *rng) {
+static int out_of_memory(trainer *t, int64_t step, double loss) {
     char fault[1024];
     int kind = strata_fault_take(fault, sizeof fault);
     if (kind != STRATA_FAULT_NONE && t->rank != 0) /* rank 0's own is in the summary below */
@@ -269,7 +272,7 @@ static int out_of_memory(trainer *t, int64_t step, double loss, double tokens, s
     char dir[STRATA_PATH_MAX] = "";
     int saved = 0;
     if (done > 0) {
-        if (save_checkpoint(t, done, loss, tokens, rng, dir, sizeof dir) == 0) saved = 1;
+        if (save_checkpoint(t, done, loss, dir, sizeof dir) == 0) saved = 1;
         else if (t->rank == 0) STRATA_ERROR("ckpt", "the emergency checkpoint of step %lld failed: %s", (long long)done, strata_error());
     }
     if (t->rank != 0) return STRATA_EXIT_OOM;
@@ -365,126 +368,126 @@ static void check_checkpoint_space(const trainer *t) {
                     strata_fmt_bytes(b2, 32, need), dir, strata_fmt_bytes(b3, 32, free_b));
 }
 
-int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank) {
-    trainer *t = strata_xcalloc(1, sizeof *t);
-    t->rank = rank;
-    t->world = world;
-    int rc = parse_cli(argc, argv, &t->cli, "train", 1, 0);
-    if (rc) return rc;
-    strata_config *cfg = &t->cfg;
-    if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) {
-        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
-        free(t);
-        return STRATA_EXIT_USAGE;
-    }
-    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
-    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
-    if (strata_run_tokenizer_open(cfg, &t->tokenizer)) {
-        if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
-        free(t);
-        return STRATA_EXIT_USAGE;
-    }
+/* ---- the phases of `strata train`, in the order strata_cmd_train runs them ---- */
 
+/* The device and the collectives. Returns an exit code (0: go on). */
+static int open_device(trainer *t, int local_rank) {
+    const strata_config *cfg = &t->cfg;
     t->dev = strata_device_open(strata_backend_name(cfg), local_rank);
     if (!t->dev) fatal(t, "opening the device");
     /* STRATA_CUDA_UNVERIFIED=1 lets bench/gpu-check.sh exercise these paths on a GPU */
-    if (t->dev->caps.gpu && (cfg->zero.stage >= 2 || world > 1) && !getenv("STRATA_CUDA_UNVERIFIED")) {
+    if (t->dev->caps.gpu && (cfg->zero.stage >= 2 || t->world > 1) && !getenv("STRATA_CUDA_UNVERIFIED")) {
         /* Not yet proven on a GPU: stages 2-3 hung in their first GPU test, and several
          * ranks need NCCL or staged MPI buffers. Refuse rather than risk a hang. */
-        if (rank == 0)
+        if (t->rank == 0)
             fprintf(stderr, "%s: %s on the CUDA backend is not available in this version (verified on a GPU: "
                             "zero.stage 0 and 1 at world size 1); use those, or device: cpu\n",
-                    cfg->path[0] ? cfg->path : "<built-in>", world > 1 ? "training with several ranks" : "zero.stage 2 and 3");
+                    cfg->path[0] ? cfg->path : "<built-in>", t->world > 1 ? "training with several ranks" : "zero.stage 2 and 3");
         return STRATA_EXIT_USAGE;
     }
     t->comm = strata_comm_open_config(t->dev, cfg);
     if (!t->comm) fatal(t, "opening the collectives");
-    int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
-    if (rank == 0)
+    if (t->rank == 0)
         STRATA_INFO("train", "%s | device %s | comm %s, world %d | zero stage %d", cfg->path[0] ? cfg->path : "(built-in quickstart)",
-                    t->dev->description, strata_comm_backend_name(t->comm), world, cfg->zero.stage);
+                    t->dev->description, strata_comm_backend_name(t->comm), t->world, cfg->zero.stage);
+    return 0;
+}
 
-    strata_model_shape shape = strata_model_shape_from_config(cfg);
-    t->engine = strata_build(cfg, t->dev, t->comm, rank, world, &t->m, &t->arena);
+/* A plan that does not fit: refuse with the cheapest change that would, or (memory.auto)
+ * measure the changes that fit, apply the fastest to the config and rebuild. */
+static int fit_the_plan(trainer *t, strata_plan *plan) {
+    strata_config *cfg = &t->cfg;
+    char sets[STRATA_PLAN_MAX_SETS][96], line[800];
+    double cost = 0;
+    int n = strata_plan_suggest(cfg, t->world, t->dev, sets, STRATA_PLAN_MAX_SETS, line, sizeof line, &cost);
+    if (!cfg->memory.auto_fit || n <= 0) {
+        if (t->rank == 0) {
+            strata_plan_print(plan, stderr);
+            if (n > 0)
+                fprintf(stderr, "error: the run does not fit (%s). The cheapest change that fits, keeping the "
+                                "global batch (about +%.0f%% step time):\n  strata train %s %s\n"
+                                "or set memory.auto: true to apply it automatically.\n",
+                        plan->why, cost * 100, t->cli.config_path ? t->cli.config_path : "", line);
+            else
+                fprintf(stderr, "error: the run does not fit (%s), and no change of micro-batch, activation "
+                                "checkpointing or ZeRO stage makes it fit: add ranks or offload.\n", plan->why);
+        }
+        return STRATA_EXIT_NOFIT;
+    }
+    strata_unbuild(t->engine, &t->arena, &t->m);
+    t->autosel = (strata_auto){.cfg = cfg, .dev = t->dev, .comm = t->comm, .rank = t->rank, .world = t->world};
+    const strata_plan_candidate *pick = strata_auto_choose(&t->autosel, plan);
+    if (pick) {
+        n = pick->n_sets;
+        memcpy(sets, pick->sets, sizeof sets);
+        snprintf(line, sizeof line, "%s", pick->line);
+        cost = pick->cost;
+    }
+    for (int i = 0; i < n; i++)
+        if (strata_config_set(cfg, sets[i]) || strata_config_check(cfg, "memory.auto")) fatal(t, "applying memory.auto");
+    snprintf(t->auto_change, sizeof t->auto_change, "%s", line);
+    STRATA_DEBUG("plan", "memory.auto: this rank applies %s", line);
+    if (!pick) {
+        t->autosel.basis = "cheapest estimate";
+        if (t->rank == 0)
+            STRATA_INFO("plan", "memory.auto: %s; chose %s (cheapest that fits, about +%.0f%% step time)", plan->why,
+                        line, cost * 100);
+    }
+    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+    t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
+    plan_this_run(t, plan);
+    return 0;
+}
 
-    /* the plan is checked before anything is allocated */
+/* The model, its memory plan and the engine: the plan is checked (and fitted) before
+ * anything is allocated, then committed. Returns an exit code (0: go on). */
+static int build_and_plan(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;
     plan_this_run(t, &plan);
-    if (!plan.fits) {
-        char sets[STRATA_PLAN_MAX_SETS][96], line[800];
-        double cost = 0;
-        int n = strata_plan_suggest(cfg, world, t->dev, sets, STRATA_PLAN_MAX_SETS, line, sizeof line, &cost);
-        if (!cfg->memory.auto_fit || n <= 0) {
-            if (rank == 0) {
-                strata_plan_print(&plan, stderr);
-                if (n > 0)
-                    fprintf(stderr, "error: the run does not fit (%s). The cheapest change that fits, keeping the "
-                                    "global batch (about +%.0f%% step time):\n  strata train %s %s\n"
-                                    "or set memory.auto: true to apply it automatically.\n",
-                            plan.why, cost * 100, t->cli.config_path ? t->cli.config_path : "", line);
-                else
-                    fprintf(stderr, "error: the run does not fit (%s), and no change of micro-batch, activation "
-                                    "checkpointing or ZeRO stage makes it fit: add ranks or offload.\n", plan.why);
-            }
-            return STRATA_EXIT_NOFIT;
-        }
-        /* memory.auto: measure the changes that fit, then rebuild with the fastest */
-        strata_unbuild(t->engine, &t->arena, &t->m);
-        t->autosel = (strata_auto){.cfg = cfg, .dev = t->dev, .comm = t->comm, .rank = rank, .world = world};
-        const strata_plan_candidate *pick = strata_auto_choose(&t->autosel, &plan);
-        if (pick) {
-            n = pick->n_sets;
-            memcpy(sets, pick->sets, sizeof sets);
-            snprintf(line, sizeof line, "%s", pick->line);
-            cost = pick->cost;
-        }
-        for (int i = 0; i < n; i++)
-            if (strata_config_set(cfg, sets[i]) || strata_config_check(cfg, "memory.auto")) fatal(t, "applying memory.auto");
-        snprintf(t->auto_change, sizeof t->auto_change, "%s", line);
-        STRATA_DEBUG("plan", "memory.auto: this rank applies %s", line);
-        if (!pick) {
-            t->autosel.basis = "cheapest estimate";
-            if (rank == 0)
-                STRATA_INFO("plan", "memory.auto: %s; chose %s (cheapest that fits, about +%.0f%% step time)", plan.why,
-                            line, cost * 100);
-        }
-        config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
-        B = cfg->train.micro_batch;
-        A = cfg->train.grad_accum;
-        t->engine = strata_build(cfg, t->dev, t->comm, rank, world, &t->m, &t->arena);
-        plan_this_run(t, &plan);
-    }
+    int rc;
+    if (!plan.fits && (rc = fit_the_plan(t, &plan))) return rc;
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
     t->planned_pinned = plan.need[STRATA_TIER_PINNED];
     t->planned_nvme = plan.need[STRATA_TIER_NVME];
     t->planned_runtime = plan.runtime_bytes;
-    if (rank == 0) {
+    if (t->rank == 0) {
+        const strata_model_shape *s = &t->m.shape;
+        int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
         STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
-                    shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab_size,
-                    strata_model_num_params(&t->m));
-        STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A, world,
-                    (long long)B * T * A * world);
+                    s->n_layer, s->n_head, s->n_embd, s->vocab_size, s->padded_vocab_size, strata_model_num_params(&t->m));
+        STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A,
+                    t->world, (long long)B * T * A * t->world);
         strata_plan_print(&plan, stdout);
         check_checkpoint_space(t);
     }
     if (strata_arena_commit(&t->arena)) fatal(t, "allocating the memory plan");
+    return 0;
+}
 
+static void open_data(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    int T = strata_config_seq_len(cfg);
     if (strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed)) {
         char why[1024];
         snprintf(why, sizeof why, "%s", strata_error());
         strata_fail("%s (text becomes shards with `strata prepare --text FILE... --out DIR`)", why);
         fatal(t, "opening the training data (data.train)");
     }
+    t->have_train = 1;
     if (cfg->data.val[0]) {
         if (strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed))
             fatal(t, "opening the validation data (data.val)");
         t->have_val = 1;
     }
+}
 
-    int64_t start = 0;
-    double tokens_seen = 0;
-    strata_rng rng;
-    strata_rng_seed(&rng, cfg->train.seed);
+/* Where training starts: a checkpoint (--resume), pretrained weights (model.init_from) or
+ * the seeded init. Sets t->start, t->tokens_seen and t->rng. */
+static void restore_state(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    strata_rng_seed(&t->rng, cfg->train.seed);
     if (t->cli.resume) {
         char dir[STRATA_PATH_MAX];
         if (strata_ckpt_resolve(t->cli.resume, cfg->run.dir, dir, sizeof dir)) fatal(t, "resolving --resume");
@@ -492,18 +495,18 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         if (!ck) fatal(t, "opening the checkpoint");
         if (strata_engine_load(t->engine, ck)) fatal(t, "loading the checkpoint");
         const strata_ckpt_meta *meta = strata_ckpt_get_meta(ck);
-        start = meta->step;
-        tokens_seen = meta->tokens_seen;
-        rng.state = meta->rng_state;
-        if (rank == 0)
-            STRATA_INFO("train", "resumed from %s (step %lld, saved at world %d stage %d)", dir, (long long)start,
+        t->start = meta->step;
+        t->tokens_seen = meta->tokens_seen;
+        t->rng.state = meta->rng_state;
+        if (t->rank == 0)
+            STRATA_INFO("train", "resumed from %s (step %lld, saved at world %d stage %d)", dir, (long long)t->start,
                         meta->world, meta->stage);
         strata_ckpt_close(ck);
     } else if (cfg->model.init_from[0]) {
         /* pretrained weights, each rank reading only its own shard of every unit */
         strata_pretrained *pt = strata_pretrained_open(cfg->model.init_from, &t->m);
         if (!pt || strata_engine_init_from(t->engine, strata_pretrained_read, pt)) fatal(t, "loading model.init_from");
-        if (rank == 0) STRATA_INFO("train", "initialised from %s: %s", cfg->model.init_from, strata_pretrained_describe(pt));
+        if (t->rank == 0) STRATA_INFO("train", "initialised from %s: %s", cfg->model.init_from, strata_pretrained_describe(pt));
         STRATA_DEBUG("train", "model.init_from: this rank read %zu of the model's %zu parameters",
                      strata_pretrained_elements_read(pt), strata_model_num_params(&t->m));
         strata_pretrained_close(pt);
@@ -516,160 +519,230 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_fail("%s", setup_fault);
         fatal(t, t->cli.resume ? "loading the checkpoint" : "initialising parameters");
     }
+}
 
-    char metrics_path[STRATA_PATH_MAX + 32];
-    if (rank == 0) {
-        char cmd[STRATA_PATH_MAX + 16];
-        snprintf(cmd, sizeof cmd, "%s", cfg->run.dir);
-        for (char *p = cmd + 1; *p; p++) /* mkdir -p */
-            if (*p == '/') { *p = 0; mkdir(cmd, 0755); *p = '/'; }
-        if (mkdir(cmd, 0755) && errno != EEXIST) { strata_fail("run.dir '%s': %s", cfg->run.dir, strerror(errno)); fatal(t, "creating the run directory"); }
-        snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg->run.dir);
-        if (t->cli.resume) metrics_truncate(metrics_path, start);
-        t->metrics = fopen(metrics_path, t->cli.resume ? "a" : "w");
-        if (!t->metrics) { strata_fail("%s: %s", metrics_path, strerror(errno)); fatal(t, "opening metrics"); }
-        if (t->tokenizer && strata_run_tokenizer_record(cfg, t->tokenizer)) fatal(t, "recording the tokenizer");
+/* run.dir, metrics.jsonl (cut back to the resumed step) and the run's tokenizer: rank 0's. */
+static void open_run_dir(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    if (t->rank != 0) return;
+    char path[STRATA_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s", cfg->run.dir);
+    for (char *p = path + 1; *p; p++) /* mkdir -p */
+        if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
+    if (mkdir(path, 0755) && errno != EEXIST) { strata_fail("run.dir '%s': %s", cfg->run.dir, strerror(errno)); fatal(t, "creating the run directory"); }
+    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run.dir);
+    if (t->cli.resume) metrics_truncate(path, t->start);
+    t->metrics = fopen(path, t->cli.resume ? "a" : "w");
+    if (!t->metrics) { strata_fail("%s: %s", path, strerror(errno)); fatal(t, "opening metrics"); }
+    if (t->tokenizer && strata_run_tokenizer_record(cfg, t->tokenizer)) fatal(t, "recording the tokenizer");
+}
+
+/* What one step measured, for the progress line and metrics.jsonl. */
+typedef struct step_figures {
+    int64_t done;           /* steps completed, this one included */
+    strata_step_result r;
+    double ms;              /* the step, wall clock */
+    double val_loss;        /* NaN unless eval_now */
+    int eval_now;
+    uint64_t comm_bytes;    /* this rank's collective traffic in the step (ring accounting) */
+} step_figures;
+
+static void print_progress(trainer *t, const step_figures *f, double run_t0) {
+    const strata_config *cfg = &t->cfg;
+    int64_t steps = cfg->train.steps;
+    if (!(f->done % cfg->train.log_every == 0 || f->done == steps || f->done == t->start + 1 || f->eval_now)) return;
+    double eta_s = (strata_now_ms() - run_t0) / 1e3 / (double)(f->done - t->start) * (double)(steps - f->done);
+    char eta[32], vbuf[48] = "";
+    fmt_eta(eta, sizeof eta, eta_s);
+    if (f->eval_now) snprintf(vbuf, sizeof vbuf, " | val %.4f", f->val_loss);
+    printf("step %6lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | eta %s\n",
+           (long long)f->done, (long long)steps, f->r.loss, vbuf, f->r.lr, f->r.grad_norm,
+           t->tokens_per_step / (f->ms / 1e3), f->ms, eta);
+    fflush(stdout);
+}
+
+/* One line of metrics.jsonl per step (rank 0): the step's figures, memory against the plan. */
+static void write_metrics(trainer *t, const step_figures *f) {
+    const strata_step_result *r = &f->r;
+    double tok_s = t->tokens_per_step / (f->ms / 1e3);
+    strata_engine_memory mem = strata_engine_get_memory(t->engine);
+    size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime, rss = rss_bytes();
+    if (rss > t->rss_peak) t->rss_peak = rss;
+    if (used > t->device_used_peak) t->device_used_peak = used;
+    FILE *m = t->metrics;
+    fprintf(m, "{\"step\": %lld, \"loss\": %.9g, ", (long long)f->done, r->loss);
+    if (f->eval_now) fprintf(m, "\"val_loss\": %.9g, ", f->val_loss);
+    fprintf(m, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
+            "\"tflops\": %.3f, \"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
+            "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"plan_device_bytes\": %zu, "
+            "\"rss_bytes\": %zu, \"plan_pinned_bytes\": %zu, \"pinned_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, "
+            "\"offload_wait_ms\": %.3f, \"data_ms\": %.3f",
+            r->lr, r->grad_norm, tok_s, f->ms, tok_s * strata_model_flops_per_token(&t->m, strata_config_seq_len(&t->cfg)) / 1e12,
+            t->tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
+            mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
+            t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)f->comm_bytes,
+            f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms, r->comm_wait_ms, r->offload_wait_ms, r->data_ms);
+    /* the device as nvidia-smi sees it (CUDA) against the plan's prediction of it */
+    fprintf(m, ", \"device_used_bytes\": %zu, \"device_used_peak_bytes\": %zu, "
+            "\"plan_device_total_bytes\": %zu, \"device_used_vs_plan_pct\": %.3f",
+            used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
+    if (t->auto_change[0] && f->done == t->start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, m);
+    fprintf(m, "}\n");
+    fflush(m);
+}
+
+/* A step whose loss is not finite: a device fault on some rank (checkpoint what is intact,
+ * exit 4) or a diverged run (stop, exit 1). Every rank comes here together. */
+static int nonfinite_step(trainer *t, int64_t step, const strata_step_result *r, double last_loss, int64_t last_saved) {
+    /* a device fault poisons the step's loss (shard/engine.c): is that what this is, on
+     * any rank? (every rank asks, so a collective checkpoint can follow) */
+    double faulted = strata_fault_peek(NULL, 0) != STRATA_FAULT_NONE;
+    if (t->world > 1 && strata_allreduce_host_f64(t->comm, &faulted, 1)) fatal(t, "agreeing on a device fault");
+    if (faulted > 0) return out_of_memory(t, step, last_loss);
+    if (t->rank == 0)
+        STRATA_ERROR("train", "step %lld: loss %g, gradient norm %g: not finite, so the update was skipped "
+                     "and the run stops here; the last good checkpoint is %s. Lower optim.lr or set "
+                     "optim.grad_clip.", (long long)step + 1, r->loss, r->grad_norm,
+                     last_saved >= 0 ? "intact" : "absent (none was saved yet)");
+    return STRATA_EXIT_ERROR;
+}
+
+/* The steps from t->start to train.steps, with validation, metrics and checkpoints; stops
+ * early on a signal (every rank agrees first) or a non-finite step. Returns an exit code. */
+static int train_loop(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    int64_t steps = cfg->train.steps, last_saved = t->cli.resume ? t->start : -1;
+    double loss = NAN, run_t0 = strata_now_ms();
+    for (int64_t step = t->start; step < steps; step++) {
+        step_figures f = {.done = step + 1, .val_loss = NAN};
+        double t0 = strata_now_ms();
+        strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
+        if (strata_engine_step(t->engine, &t->train, step, &f.r)) fatal(t, "training step");
+        f.ms = strata_now_ms() - t0;
+        strata_comm_stats cs1 = strata_comm_get_stats(t->comm);
+        for (int k = 0; k < STRATA_COLL_KINDS; k++) f.comm_bytes += cs1.bytes[k] - cs0.bytes[k];
+        if (f.r.nonfinite) return nonfinite_step(t, step, &f.r, loss, last_saved);
+        update_fault(t, step);
+        loss = f.r.loss;
+        t->tokens_seen += t->tokens_per_step;
+        f.eval_now = t->have_val && ((cfg->train.eval_every > 0 && f.done % cfg->train.eval_every == 0) || f.done == steps);
+        if (f.eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &f.val_loss)) fatal(t, "validation");
+        if (t->rank == 0) {
+            print_progress(t, &f, run_t0);
+            write_metrics(t, &f);
+        }
+        /* every rank must agree to stop, or some would wait in a collective for the others */
+        double stop = stop_requested ? 1.0 : 0.0;
+        if (t->world > 1 && strata_allreduce_host_f64(t->comm, &stop, 1)) fatal(t, "agreeing on a stop");
+        int periodic = cfg->run.checkpoint_every > 0 && f.done % cfg->run.checkpoint_every == 0;
+        if (periodic || (f.done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
+            char dir[STRATA_PATH_MAX];
+            if (save_checkpoint(t, f.done, loss, dir, sizeof dir)) fatal(t, "saving a checkpoint");
+            last_saved = f.done;
+        }
+        if (stop > 0) {
+            if (t->rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)f.done);
+            break;
+        }
     }
+    /* the last step's offloaded update runs behind it; its errors must not go unseen */
+    if (strata_engine_sync(t->engine)) fatal(t, "finishing the last optimizer update");
+    return STRATA_EXIT_OK;
+}
+
+/* train.sample_tokens of text from the trained model (rank 0, parameters resident). */
+static void final_sample(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    int n = cfg->train.sample_tokens;
+    int32_t *tokens = strata_xcalloc((size_t)n + 2, sizeof(int32_t));
+    int n_prompt = 0, eot = t->tokenizer ? strata_bpe_special_id(t->tokenizer, "<|endoftext|>") : -1;
+    if (cfg->model.vocab_size <= 256) tokens[n_prompt++] = '\n';
+    else if (eot >= 0 && eot < cfg->model.vocab_size) tokens[n_prompt++] = eot; /* GPT-2's start of a text */
+    strata_generate(&t->m, tokens, n_prompt, n, 0.8f, 40, &t->rng);
+    printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
+    strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL, t->tokenizer);
+    printf("\n----\n");
+    free(tokens);
+}
+
+/* Memory as planned against memory as used, at the end of the run (rank 0). */
+static void report_memory(const trainer *t) {
+    char b1[32], b2[32], b3[32], b4[32];
+    size_t peak = t->dev->mem[STRATA_MEM_DEVICE].peak_bytes, predicted = t->planned_device + t->planned_runtime;
+    STRATA_INFO("plan", "device memory: planned %s, peak allocated %s (%+.2f%%)",
+                strata_fmt_bytes(b1, 32, (double)t->planned_device), strata_fmt_bytes(b2, 32, (double)peak),
+                percent_off(peak, t->planned_device));
+    if (t->planned_runtime)
+        STRATA_INFO("plan", "device memory in use (nvidia-smi's view): last %s, peak %s; predicted %s "
+                    "(plan + CUDA runtime) (%+.2f%%)",
+                    strata_fmt_bytes(b1, 32, (double)device_used(t)),
+                    strata_fmt_bytes(b3, 32, (double)t->device_used_peak),
+                    strata_fmt_bytes(b4, 32, (double)predicted), percent_off(t->device_used_peak, predicted));
+    size_t pinned_peak = t->dev->mem[STRATA_MEM_PINNED].peak_bytes;
+    if (t->planned_pinned || pinned_peak)
+        STRATA_INFO("plan", "pinned host memory: planned %s, peak allocated %s (%+.2f%%)",
+                    strata_fmt_bytes(b1, 32, (double)t->planned_pinned), strata_fmt_bytes(b2, 32, (double)pinned_peak),
+                    percent_off(pinned_peak, t->planned_pinned));
+    if (t->planned_nvme)
+        STRATA_INFO("plan", "nvme: planned %s, held %s in %s", strata_fmt_bytes(b1, 32, (double)t->planned_nvme),
+                    strata_fmt_bytes(b2, 32, (double)strata_engine_nvme_bytes(t->engine)), t->cfg.offload.nvme_path);
+    STRATA_INFO("plan", "host memory: resident peak %s (the process: code, data loader, pinned pages)",
+                strata_fmt_bytes(b1, 32, (double)t->rss_peak));
+}
+
+static void close_trainer(trainer *t) {
+    if (t->metrics) fclose(t->metrics);
+    if (t->engine) strata_unbuild(t->engine, &t->arena, &t->m);
+    if (t->have_train) strata_loader_close(&t->train);
+    if (t->have_val) strata_loader_close(&t->val);
+    if (t->comm) strata_comm_close(t->comm);
+    if (t->dev) strata_device_close(t->dev);
+    strata_bpe_free(t->tokenizer);
+    free(t);
+}
+
+int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank) {
+    trainer *t = strata_xcalloc(1, sizeof *t);
+    t->rank = rank;
+    t->world = world;
+    int rc = parse_cli(argc, argv, &t->cli, "train", 1, 0);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    strata_config *cfg = &t->cfg;
+    if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) {
+        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
+        close_trainer(t);
+        return STRATA_EXIT_USAGE;
+    }
+    if (strata_run_tokenizer_open(cfg, &t->tokenizer)) {
+        if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+        close_trainer(t);
+        return STRATA_EXIT_USAGE;
+    }
+    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+
+    if ((rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
+        close_trainer(t);
+        return rc;
+    }
+    t->tokens_per_step = (double)cfg->train.micro_batch * strata_config_seq_len(cfg) * cfg->train.grad_accum * world;
+    open_data(t);
+    restore_state(t);
+    open_run_dir(t);
 
     struct sigaction sa = {0};
     sa.sa_handler = on_stop_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    int64_t steps = cfg->train.steps;
-    double tokens_per_step = (double)B * T * A * world;
-    double loss = NAN, run_t0 = strata_now_ms();
-    int64_t last_saved = t->cli.resume ? start : -1;
-    int exit_code = STRATA_EXIT_OK;
-    for (int64_t step = start; step < steps; step++) {
-        double t0 = strata_now_ms();
-        strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
-        strata_step_result r;
-        if (strata_engine_step(t->engine, &t->train, step, &r)) fatal(t, "training step");
-        double ms = strata_now_ms() - t0;
-        strata_comm_stats cs1 = strata_comm_get_stats(t->comm);
-        uint64_t comm_bytes = 0; /* this rank's collective traffic in the step (ring accounting) */
-        for (int k = 0; k < STRATA_COLL_KINDS; k++) comm_bytes += cs1.bytes[k] - cs0.bytes[k];
-        if (r.nonfinite) {
-            /* a device fault poisons the step's loss (shard/engine.c): is that what this is,
-             * on any rank? (every rank asks, so a collective checkpoint can follow) */
-            double faulted = strata_fault_peek(NULL, 0) != STRATA_FAULT_NONE;
-            if (world > 1 && strata_allreduce_host_f64(t->comm, &faulted, 1)) fatal(t, "agreeing on a device fault");
-            if (faulted > 0) {
-                exit_code = out_of_memory(t, step, loss, tokens_seen, &rng);
-                break;
-            }
-            if (rank == 0)
-                STRATA_ERROR("train", "step %lld: loss %g, gradient norm %g: not finite, so the update was skipped "
-                             "and the run stops here; the last good checkpoint is %s. Lower optim.lr or set "
-                             "optim.grad_clip.", (long long)step + 1, r.loss, r.grad_norm,
-                             last_saved >= 0 ? "intact" : "absent (none was saved yet)");
-            exit_code = STRATA_EXIT_ERROR;
-            break;
-        }
-        update_fault(t, step);
-        loss = r.loss;
-        tokens_seen += tokens_per_step;
-        int64_t done = step + 1;
-        double val_loss = NAN;
-        int eval_now = t->have_val && ((cfg->train.eval_every > 0 && done % cfg->train.eval_every == 0) || done == steps);
-        if (eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &val_loss)) fatal(t, "validation");
-        if (rank == 0) {
-            double tok_s = tokens_per_step / (ms / 1e3);
-            double eta_s = (strata_now_ms() - run_t0) / 1e3 / (double)(done - start) * (double)(steps - done);
-            char eta[32];
-            fmt_eta(eta, sizeof eta, eta_s);
-            if (done % cfg->train.log_every == 0 || done == steps || done == start + 1 || eval_now) {
-                char vbuf[48] = "";
-                if (eval_now) snprintf(vbuf, sizeof vbuf, " | val %.4f", val_loss);
-                printf("step %6lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | eta %s\n",
-                       (long long)done, (long long)steps, loss, vbuf, r.lr, r.grad_norm, tok_s, ms, eta);
-                fflush(stdout);
-            }
-            strata_engine_memory mem = strata_engine_get_memory(t->engine);
-            size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime, rss = rss_bytes();
-            if (rss > t->rss_peak) t->rss_peak = rss;
-            if (used > t->device_used_peak) t->device_used_peak = used;
-            fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.9g, ", (long long)done, loss);
-            if (eval_now) fprintf(t->metrics, "\"val_loss\": %.9g, ", val_loss);
-            fprintf(t->metrics, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                    "\"tflops\": %.3f, \"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
-                    "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"plan_device_bytes\": %zu, "
-                    "\"rss_bytes\": %zu, \"plan_pinned_bytes\": %zu, \"pinned_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, "
-                    "\"offload_wait_ms\": %.3f, \"data_ms\": %.3f",
-                    r.lr, r.grad_norm, tok_s, ms, tok_s * strata_model_flops_per_token(&t->m, T) / 1e12, tokens_seen,
-                    t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
-                    mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
-                    t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)comm_bytes,
-                    ms - r.comm_wait_ms - r.offload_wait_ms - r.data_ms, r.comm_wait_ms, r.offload_wait_ms, r.data_ms);
-            /* the device as nvidia-smi sees it (CUDA) against the plan's prediction of it */
-            fprintf(t->metrics, ", \"device_used_bytes\": %zu, \"device_used_peak_bytes\": %zu, "
-                    "\"plan_device_total_bytes\": %zu, \"device_used_vs_plan_pct\": %.3f",
-                    used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
-            if (t->auto_change[0] && done == start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, t->metrics);
-            fprintf(t->metrics, "}\n");
-            fflush(t->metrics);
-        }
-        /* every rank must agree to stop, or some would wait in a collective for the others */
-        double stop = stop_requested ? 1.0 : 0.0;
-        if (world > 1 && strata_allreduce_host_f64(t->comm, &stop, 1)) fatal(t, "agreeing on a stop");
-        int periodic = cfg->run.checkpoint_every > 0 && done % cfg->run.checkpoint_every == 0;
-        if (periodic || (done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
-            char dir[STRATA_PATH_MAX];
-            if (save_checkpoint(t, done, loss, tokens_seen, &rng, dir, sizeof dir)) fatal(t, "saving a checkpoint");
-            last_saved = done;
-        }
-        if (stop > 0) {
-            if (rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)done);
-            break;
-        }
-    }
-
-    /* the last step's offloaded update runs behind it; its errors must not go unseen */
-    if (exit_code == STRATA_EXIT_OK && strata_engine_sync(t->engine)) fatal(t, "finishing the last optimizer update");
+    int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && !stop_requested && rank == 0 && cfg->train.sample_tokens > 0 &&
-        strata_engine_params_resident(t->engine) == 0) {
-        int n = cfg->train.sample_tokens;
-        int32_t *tokens = strata_xcalloc((size_t)n + 2, sizeof(int32_t));
-        int n_prompt = 0, eot = t->tokenizer ? strata_bpe_special_id(t->tokenizer, "<|endoftext|>") : -1;
-        if (cfg->model.vocab_size <= 256) tokens[n_prompt++] = '\n';
-        else if (eot >= 0 && eot < cfg->model.vocab_size) tokens[n_prompt++] = eot; /* GPT-2's start of a text */
-        strata_generate(&t->m, tokens, n_prompt, n, 0.8f, 40, &rng);
-        printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
-        strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL, t->tokenizer);
-        printf("\n----\n");
-        free(tokens);
-    }
-    if (rank == 0) {
-        char b1[32], b2[32], b3[32], b4[32];
-        size_t peak = t->dev->mem[STRATA_MEM_DEVICE].peak_bytes, predicted = t->planned_device + t->planned_runtime;
-        STRATA_INFO("plan", "device memory: planned %s, peak allocated %s (%+.2f%%)",
-                    strata_fmt_bytes(b1, 32, (double)t->planned_device), strata_fmt_bytes(b2, 32, (double)peak),
-                    percent_off(peak, t->planned_device));
-        if (t->planned_runtime)
-            STRATA_INFO("plan", "device memory in use (nvidia-smi's view): last %s, peak %s; predicted %s "
-                        "(plan + CUDA runtime) (%+.2f%%)",
-                        strata_fmt_bytes(b1, 32, (double)device_used(t)),
-                        strata_fmt_bytes(b3, 32, (double)t->device_used_peak),
-                        strata_fmt_bytes(b4, 32, (double)predicted), percent_off(t->device_used_peak, predicted));
-        size_t pinned_peak = t->dev->mem[STRATA_MEM_PINNED].peak_bytes;
-        if (t->planned_pinned || pinned_peak)
-            STRATA_INFO("plan", "pinned host memory: planned %s, peak allocated %s (%+.2f%%)",
-                        strata_fmt_bytes(b1, 32, (double)t->planned_pinned), strata_fmt_bytes(b2, 32, (double)pinned_peak),
-                        percent_off(pinned_peak, t->planned_pinned));
-        if (t->planned_nvme)
-            STRATA_INFO("plan", "nvme: planned %s, held %s in %s", strata_fmt_bytes(b1, 32, (double)t->planned_nvme),
-                        strata_fmt_bytes(b2, 32, (double)strata_engine_nvme_bytes(t->engine)), cfg->offload.nvme_path);
-        STRATA_INFO("plan", "host memory: resident peak %s (the process: code, data loader, pinned pages)",
-                    strata_fmt_bytes(b1, 32, (double)t->rss_peak));
-    }
-    if (t->metrics) fclose(t->metrics);
-    strata_unbuild(t->engine, &t->arena, &t->m);
-    strata_loader_close(&t->train);
-    if (t->have_val) strata_loader_close(&t->val);
-    strata_comm_close(t->comm);
-    strata_device_close(t->dev);
-    strata_bpe_free(t->tokenizer);
-    free(t);
+        strata_engine_params_resident(t->engine) == 0)
+        final_sample(t);
+    if (rank == 0) report_memory(t);
+    close_trainer(t);
     return exit_code;
 }
