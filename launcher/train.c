@@ -466,21 +466,31 @@ static int build_and_plan(trainer *t) {
     return 0;
 }
 
-static void open_data(trainer *t) {
+/* The data loaders. Returns an exit code (0: go on): a path that names no shard file
+ * (nothing matches, a directory, a device) is a config error, a bad shard a failure. */
+static int open_data(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int T = strata_config_seq_len(cfg);
-    if (strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed)) {
+    int rc = strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed);
+    if (rc) {
         char why[1024];
         snprintf(why, sizeof why, "%s", strata_error());
         strata_fail("%s (text becomes shards with `strata prepare --text FILE... --out DIR`)", why);
-        fatal(t, "opening the training data (data.train)");
+        if (rc != STRATA_DATA_NOT_SHARDS) fatal(t, "opening the training data (data.train)");
+        if (t->rank == 0) fprintf(stderr, "%s: data.train: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+        return STRATA_EXIT_USAGE;
     }
     t->have_train = 1;
     if (cfg->data.val[0]) {
-        if (strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed))
-            fatal(t, "opening the validation data (data.val)");
+        rc = strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed);
+        if (rc && rc != STRATA_DATA_NOT_SHARDS) fatal(t, "opening the validation data (data.val)");
+        if (rc) {
+            if (t->rank == 0) fprintf(stderr, "%s: data.val: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+            return STRATA_EXIT_USAGE;
+        }
         t->have_val = 1;
     }
+    return 0;
 }
 
 /* Where training starts: a checkpoint (--resume), pretrained weights (model.init_from) or
@@ -729,7 +739,10 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return rc;
     }
     t->tokens_per_step = (double)cfg->train.micro_batch * strata_config_seq_len(cfg) * cfg->train.grad_accum * world;
-    open_data(t);
+    if ((rc = open_data(t))) {
+        close_trainer(t);
+        return rc;
+    }
     restore_state(t);
     open_run_dir(t);
 
