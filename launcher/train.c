@@ -81,6 +81,10 @@ int strata_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
+    if (strata_plan_check_paths(&cfg)) {
+        fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
     strata_plan p;
     strata_plan_compute(&p, &cfg, cli.world);
     strata_plan_check(&p, &cfg, NULL);
@@ -443,6 +447,10 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
  * anything is allocated, then committed. Returns an exit code (0: go on). */
 static int build_and_plan(trainer *t) {
     const strata_config *cfg = &t->cfg;
+    if (strata_plan_check_paths(cfg)) {
+        if (t->rank == 0) fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;
     plan_this_run(t, &plan);
