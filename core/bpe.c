@@ -622,6 +622,12 @@ char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_
         memcpy(raw + k, t->bytes[ids[i]], t->bytes_len[ids[i]]);
         k += t->bytes_len[ids[i]];
     }
+    char *out = strata_bpe_decode_bytes(raw, total, len);
+    free(raw);
+    return out;
+}
+
+char *strata_bpe_decode_bytes(const unsigned char *raw, size_t total, size_t *len) {
     /* each byte that starts no valid UTF-8 sequence becomes U+FFFD (3 bytes) */
     char *out = strata_xmalloc(3 * total + 1);
     size_t o = 0, pos = 0;
@@ -635,7 +641,6 @@ char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_
         pos = bad + 1;
     }
     out[o] = 0;
-    free(raw);
     *len = o;
     return out;
 }

@@ -170,7 +170,7 @@ static int check_stat(const char *path, const struct stat *st, size_t max_bytes)
 
 int strata_check_file_bounded(const char *path, size_t max_bytes) {
     struct stat st;
-    if (stat(path, &st) != 0) return strata_fail("%s: cannot open: %s", path, strerror(errno));
+    if (stat(path, &st) != 0) return strata_fail("%s: cannot read: %s", path, strerror(errno));
     return check_stat(path, &st, max_bytes);
 }
 
@@ -179,7 +179,7 @@ int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, siz
     *len = 0;
     /* O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return strata_fail("%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return strata_fail("%s: cannot read: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;

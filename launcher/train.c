@@ -672,15 +672,17 @@ static int train_loop(trainer *t) {
 static void final_sample(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int n = cfg->train.sample_tokens;
-    int32_t *tokens = strata_xcalloc((size_t)n + 2, sizeof(int32_t));
+    int32_t prompt[1];
     int n_prompt = 0, eot = t->tokenizer ? strata_bpe_special_id(t->tokenizer, "<|endoftext|>") : -1;
-    if (cfg->model.vocab_size <= 256) tokens[n_prompt++] = '\n';
-    else if (eot >= 0 && eot < cfg->model.vocab_size) tokens[n_prompt++] = eot; /* GPT-2's start of a text */
-    strata_generate(&t->m, tokens, n_prompt, n, 0.8f, 40, &t->rng);
+    if (cfg->model.vocab_size <= 256) prompt[n_prompt++] = '\n';
+    else if (eot >= 0 && eot < cfg->model.vocab_size) prompt[n_prompt++] = eot; /* GPT-2's start of a text */
     printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
-    strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL, t->tokenizer);
+    strata_text_out out;
+    strata_text_out_init(&out, stdout, cfg->model.vocab_size, NULL, t->tokenizer);
+    if (strata_generate(&t->m, prompt, n_prompt, n, 0.8f, 40, &t->rng, strata_text_out_put, &out))
+        STRATA_WARN("train", "sample: %s", strata_error());
+    strata_text_out_finish(&out);
     printf("\n----\n");
-    free(tokens);
 }
 
 /* Memory as planned against memory as used, at the end of the run (rank 0). */
