@@ -175,10 +175,11 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
         fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
         return STRATA_EXIT_USAGE;
     }
-    o->ck = strata_ckpt_open(o->dir);
+    int bad_manifest = 0;
+    o->ck = strata_ckpt_open_checked(o->dir, &bad_manifest);
     if (!o->ck) {
         fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        return STRATA_EXIT_ERROR;
+        return bad_manifest ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
     }
     char name[STRATA_PATH_MAX + 32];
     snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);

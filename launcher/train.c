@@ -509,7 +509,13 @@ static void restore_state(trainer *t) {
     if (t->cli.resume) {
         char dir[STRATA_PATH_MAX];
         if (strata_ckpt_resolve(t->cli.resume, cfg->run.dir, dir, sizeof dir)) fatal(t, "resolving --resume");
-        strata_ckpt *ck = strata_ckpt_open(dir);
+        int bad_manifest = 0;
+        strata_ckpt *ck = strata_ckpt_open_checked(dir, &bad_manifest);
+        if (!ck && bad_manifest) { /* an edited manifest is bad input, not a failed run */
+            strata_log(STRATA_LOG_ERROR, "train", "--resume: %s", strata_error());
+            if (t->world > 1) strata_mpi_abort(STRATA_EXIT_USAGE);
+            exit(STRATA_EXIT_USAGE);
+        }
         if (!ck) fatal(t, "opening the checkpoint");
         if (strata_engine_load(t->engine, ck)) fatal(t, "loading the checkpoint");
         const strata_ckpt_meta *meta = strata_ckpt_get_meta(ck);
