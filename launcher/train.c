@@ -485,7 +485,8 @@ static int open_data(trainer *t) {
         snprintf(why, sizeof why, "%s", strata_error());
         strata_fail("%s (text becomes shards with `strata prepare --text FILE... --out DIR`)", why);
         if (rc != STRATA_DATA_NOT_SHARDS) fatal(t, "opening the training data (data.train)");
-        if (t->rank == 0) fprintf(stderr, "%s: data.train: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+        /* every rank opens its own data, so the rank that failed says so */
+        strata_log(STRATA_LOG_ERROR, "train", "opening the training data (data.train): %s", strata_error());
         return STRATA_EXIT_USAGE;
     }
     t->have_train = 1;
@@ -493,7 +494,7 @@ static int open_data(trainer *t) {
         rc = strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed);
         if (rc && rc != STRATA_DATA_NOT_SHARDS) fatal(t, "opening the validation data (data.val)");
         if (rc) {
-            if (t->rank == 0) fprintf(stderr, "%s: data.val: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+            strata_log(STRATA_LOG_ERROR, "train", "opening the validation data (data.val): %s", strata_error());
             return STRATA_EXIT_USAGE;
         }
         t->have_val = 1;
