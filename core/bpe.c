@@ -16,7 +16,8 @@
 #include "core/common.h"
 #include "core/json.h"
 
-#define MAX_TOKENIZER_BYTES (512u << 20)
+/* the largest published tokenizer.json files (vocabularies of 250k tokens) are tens of MiB */
+#define MAX_TOKENIZER_BYTES ((size_t)128 << 20)
 #define MAX_VOCAB (1 << 24)
 
 /* GPT-2's pre-tokenisation pattern, as tokenizers' ByteLevel pre-tokenizer has it. */
@@ -451,31 +452,11 @@ static int read_added(strata_bpe *t, const strata_json *added, const char *path)
 
 static strata_bpe *load_json(const char *path) {
     strata_bpe *t = bpe_new(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size > MAX_TOKENIZER_BYTES) {
-        if (fd < 0) strata_fail("%s: cannot open: %s", path, strerror(errno));
-        else strata_fail("%s: not a readable file of at most %u MiB", path, MAX_TOKENIZER_BYTES >> 20);
-        if (fd >= 0) close(fd);
+    if (strata_read_file_bounded(path, MAX_TOKENIZER_BYTES, &t->json, &t->json_len)) {
         strata_bpe_free(t);
         return NULL;
     }
-    t->json_len = (size_t)sb.st_size;
-    t->json = strata_xmalloc(t->json_len + 1);
-    size_t got = 0;
-    while (got < t->json_len) {
-        ssize_t k = read(fd, t->json + got, t->json_len - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
     strata_json_doc doc;
-    if (got != t->json_len) {
-        strata_fail("%s: read failed", path);
-        strata_bpe_free(t);
-        return NULL;
-    }
     if (strata_json_parse(&doc, t->json, t->json_len, path)) {
         strata_bpe_free(t);
         return NULL;
@@ -532,6 +513,7 @@ static strata_bpe *load_vocab_merges(const char *vocab_path, const char *merges_
     free(lens);
     free(ids);
     strata_json_free(&doc);
+    if (!rc) rc = strata_check_file_bounded(merges_path, MAX_TOKENIZER_BYTES);
     FILE *f = rc ? NULL : fopen(merges_path, "rb");
     if (!rc && !f) rc = strata_fail("%s: cannot open: %s", merges_path, strerror(errno));
     if (f) {
@@ -640,6 +622,12 @@ char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_
         memcpy(raw + k, t->bytes[ids[i]], t->bytes_len[ids[i]]);
         k += t->bytes_len[ids[i]];
     }
+    char *out = strata_bpe_decode_bytes(raw, total, len);
+    free(raw);
+    return out;
+}
+
+char *strata_bpe_decode_bytes(const unsigned char *raw, size_t total, size_t *len) {
     /* each byte that starts no valid UTF-8 sequence becomes U+FFFD (3 bytes) */
     char *out = strata_xmalloc(3 * total + 1);
     size_t o = 0, pos = 0;
@@ -653,7 +641,6 @@ char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_
         pos = bad + 1;
     }
     out[o] = 0;
-    free(raw);
     *len = o;
     return out;
 }

@@ -57,6 +57,9 @@ const unsigned char *strata_bpe_token_bytes(const strata_bpe *t, int id, size_t 
  * a token give none), then byte sequences that are not UTF-8 replaced by U+FFFD. Returns a
  * NUL-terminated string to free, its length in *len. */
 char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_t *len);
+/* Raw token bytes as that text: each byte that starts no valid UTF-8 sequence becomes
+ * U+FFFD. decode(ids) is decode_bytes of their bytes concatenated. */
+char *strata_bpe_decode_bytes(const unsigned char *raw, size_t n, size_t *len);
 
 /* Writes the tokenizer as tokenizer.json to `path` (atomically): the file it was loaded
  * from byte for byte, or, for vocab.json + merges.txt and the byte-level tokenizer, an

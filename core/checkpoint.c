@@ -29,6 +29,8 @@
 #endif
 
 #define CKPT_FORMAT "strata-checkpoint-1"
+/* manifest.yaml's first line: the CRC-32C of every byte after that line */
+#define MANIFEST_CRC_PREFIX "manifest_crc32c: "
 #define CKPT_PATH_MAX 4096
 /* Linux moves at most ~2 GiB per read/write call; stay well under it. */
 #define CKPT_IO_CHUNK ((size_t)1 << 30)
@@ -714,9 +716,14 @@ int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ck
     if (!is_dir(tmp_dir)) return strata_fail("%s: no such directory (nothing was written to commit)", tmp_dir);
     if (clean_tmp_dir(tmp_dir, meta->world) != 0) return -1;
 
-    sbuf m = {0};
-    int rc = build_manifest(&m, L, meta);
-    if (rc == 0) rc = write_file_synced(mtmp, m.p, m.len);
+    sbuf body = {0}, m = {0};
+    int rc = build_manifest(&body, L, meta);
+    if (rc == 0) { /* the first line checks every byte after it */
+        sb_printf(&m, "%s0x%08x\n", MANIFEST_CRC_PREFIX, strata_crc32c(0, body.p, body.len));
+        sb_putn(&m, body.p, body.len);
+        rc = write_file_synced(mtmp, m.p, m.len);
+    }
+    free(body.p);
     free(m.p);
     if (rc != 0) return -1;
     if (rename(mtmp, mpath) != 0) return strata_fail("%s: cannot rename to %s: %s", mtmp, mpath, strerror(errno));
@@ -816,16 +823,14 @@ typedef struct ydoc {
     const char *path;
 } ydoc;
 
-static int ydoc_load(ydoc *d, const char *path) {
+/* Index files grow with tensors x ranks; 256 MiB is thousands of ranks of a large model. */
+#define CKPT_YAML_MAX_BYTES ((size_t)256 << 20)
+
+static int ydoc_parse(ydoc *d, const char *path, const char *text, size_t len) {
     d->path = path;
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_fail("%s: cannot open: %s", path, strerror(errno));
     yaml_parser_t p;
-    if (!yaml_parser_initialize(&p)) {
-        fclose(f);
-        return strata_fail("%s: cannot initialise the YAML parser", path);
-    }
-    yaml_parser_set_input_file(&p, f);
+    if (!yaml_parser_initialize(&p)) return strata_fail("%s: cannot initialise the YAML parser", path);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     int ok = yaml_parser_load(&p, &d->doc);
     if (!ok) {
         if (p.error == YAML_READER_ERROR)
@@ -836,13 +841,38 @@ static int ydoc_load(ydoc *d, const char *path) {
                         p.context ? p.context : "");
     }
     yaml_parser_delete(&p);
-    fclose(f);
     if (!ok) return -1;
     yaml_node_t *root = yaml_document_get_root_node(&d->doc);
     if (!root || root->type != YAML_MAPPING_NODE) {
         yaml_document_delete(&d->doc);
         return strata_fail("%s: not a Strata checkpoint file (%s)", path,
                            root ? "the top level is not a mapping" : "empty");
+    }
+    return 0;
+}
+
+static int ydoc_load(ydoc *d, const char *path) {
+    char *text;
+    size_t len;
+    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
+    int rc = ydoc_parse(d, path, text, len);
+    free(text);
+    return rc;
+}
+
+/* Every key of `map` must be one of `known` (NULL-terminated): checkpoint files name no
+ * paths, and a key this version does not write is an edit, refused by name. */
+static int ykeys_known(ydoc *d, yaml_node_t *map, const char *ctx, const char *const *known) {
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
+        int ok = k && k->type == YAML_SCALAR_NODE;
+        for (int i = 0; ok && known[i]; i++)
+            if (strlen(known[i]) == k->data.scalar.length && !memcmp(known[i], k->data.scalar.value, k->data.scalar.length))
+                ok = 2;
+        if (ok != 2)
+            return strata_fail("%s: line %zu: %s%sunknown key '%.60s' (checkpoint files name no other files or keys; "
+                               "this one was edited)", d->path, (k ? k->start_mark.line : map->start_mark.line) + 1,
+                               ctx, *ctx ? ": " : "", k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?");
     }
     return 0;
 }
@@ -877,6 +907,7 @@ static yaml_node_t *yget(ydoc *d, yaml_node_t *map, const char *ctx, const char 
 static const char *yscalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }
 
 static int parse_u64(const char *s, int base, uint64_t *out) {
+    *out = 0;
     if (base == 16) {
         if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
         s += 2;
@@ -972,6 +1003,7 @@ struct strata_ckpt {
     seg *segs;                /* sorted by (unit, kind, lo) */
     size_t n_segs, cap_segs;
     size_t *uk_first;         /* segments of (unit u, kind k): [uk_first[u*3+k], uk_first[u*3+k+1]) */
+    int bad_manifest;         /* manifest.yaml was edited or corrupted (not the data) */
     float *scratch;           /* the last partly-read segment, verified */
     size_t scratch_cap;
     long scratch_seg;         /* index into segs, or -1 */
@@ -988,11 +1020,50 @@ static int parse_manifest(strata_ckpt *ck) {
         if (!is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
         return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
     }
+    char *text;
+    size_t len;
+    ck->bad_manifest = 1; /* until the checksum and the keys are found good */
+    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
+    size_t plen = strlen(MANIFEST_CRC_PREFIX);
+    if (len >= plen && !memcmp(text, MANIFEST_CRC_PREFIX, plen)) {
+        char *nl = memchr(text, '\n', len);
+        uint64_t want = 0;
+        char hex[32] = {0};
+        size_t hl = nl ? (size_t)(nl - text) - plen : 0;
+        if (nl && hl < sizeof hex) memcpy(hex, text + plen, hl);
+        if (!nl || hl >= sizeof hex || parse_u64(hex, 16, &want) != 0 || want > UINT32_MAX) {
+            free(text);
+            return strata_fail("%s: line 1: manifest_crc32c is not a 32-bit hex number: the manifest was edited or "
+                               "corrupted; refusing it", path);
+        }
+        size_t body = (size_t)(nl + 1 - text);
+        uint32_t got = strata_crc32c(0, text + body, len - body);
+        if (got != (uint32_t)want) {
+            free(text);
+            return strata_fail("%s: checksum mismatch (manifest_crc32c says 0x%08x, the contents give 0x%08x): the "
+                               "manifest was edited or corrupted; refusing it", path, (unsigned)want, (unsigned)got);
+        }
+    } else if (strstr(text, "manifest_crc32c")) {
+        free(text);
+        return strata_fail("%s: manifest_crc32c is not on the first line: the manifest was edited; refusing it", path);
+    } else {
+        /* written before manifests carried a checksum: loaded, but nothing vouches for it */
+        STRATA_WARN("ckpt", "%s has no checksum (written by an older Strata): loading it unverified; the next "
+                    "checkpoint saved will have one", path);
+    }
     ydoc d;
-    if (ydoc_load(&d, path) != 0) return -1;
+    int prc = ydoc_parse(&d, path, text, len);
+    free(text);
+    if (prc != 0) return -1;
     yaml_node_t *root = yroot(&d), *n;
     int rc = -1;
     uint64_t v;
+    static const char *const top_keys[] = {"manifest_crc32c", "format", "step", "world", "stage", "seed", "rng_state",
+                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config", NULL};
+    static const char *const unit_keys[] = {"numel", "padded", NULL};
+    static const char *const tensor_keys[] = {"name", "unit", "offset", "numel", "shape", "dtype", NULL};
+    if (ykeys_known(&d, root, "", top_keys) != 0) goto out;
+    ck->bad_manifest = 0;
     if (yexpect(&d, root, "", "format", CKPT_FORMAT) != 0) goto out;
     if (yget_u64(&d, root, "", "step", 10, INT64_MAX, &v) != 0) goto out;
     ck->meta.step = (int64_t)v;
@@ -1027,6 +1098,10 @@ static int parse_manifest(strata_ckpt *ck) {
             strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
             goto out;
         }
+        if (ykeys_known(&d, m, ctx, unit_keys) != 0) {
+            ck->bad_manifest = 1;
+            goto out;
+        }
         if (yget_size(&d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
             yget_size(&d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
             goto out;
@@ -1042,6 +1117,10 @@ static int parse_manifest(strata_ckpt *ck) {
         snprintf(ctx, sizeof ctx, "tensors[%d]", i);
         if (m->type != YAML_MAPPING_NODE) {
             strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
+            goto out;
+        }
+        if (ykeys_known(&d, m, ctx, tensor_keys) != 0) {
+            ck->bad_manifest = 1;
             goto out;
         }
         if (!(n = yget(&d, m, ctx, "name", YAML_SCALAR_NODE))) goto out;
@@ -1108,6 +1187,9 @@ static int parse_rank(strata_ckpt *ck, int rank) {
     int rc = -1, r, w;
     uint64_t bin_bytes;
     size_t first_seg = ck->n_segs;
+    static const char *const rank_keys[] = {"format", "rank", "world", "dtype", "bin_bytes", "segments", NULL};
+    static const char *const seg_keys[] = {"kind", "tensor", "unit", "lo", "hi", "offset", "crc32c", NULL};
+    if (ykeys_known(&d, root, "", rank_keys) != 0) goto out;
     if (yexpect(&d, root, "", "format", CKPT_FORMAT) != 0 || yget_int(&d, root, "", "rank", &r) != 0 ||
         yget_int(&d, root, "", "world", &w) != 0 || yexpect(&d, root, "", "dtype", "float32") != 0 ||
         yget_u64(&d, root, "", "bin_bytes", 10, INT64_MAX, &bin_bytes) != 0)
@@ -1130,6 +1212,7 @@ static int parse_rank(strata_ckpt *ck, int rank) {
             strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
             goto out;
         }
+        if (ykeys_known(&d, m, ctx, seg_keys) != 0) goto out;
         yaml_node_t *kn = yget(&d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = yget(&d, m, ctx, "tensor", YAML_SCALAR_NODE);
         if (!kn || !tn) goto out;
         seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), hint)};
@@ -1247,7 +1330,10 @@ static int check_coverage(strata_ckpt *ck) {
     return 0;
 }
 
-strata_ckpt *strata_ckpt_open(const char *dir) {
+strata_ckpt *strata_ckpt_open(const char *dir) { return strata_ckpt_open_checked(dir, NULL); }
+
+strata_ckpt *strata_ckpt_open_checked(const char *dir, int *bad_manifest) {
+    if (bad_manifest) *bad_manifest = 0;
     strata_ckpt *ck = strata_xcalloc(1, sizeof *ck);
     ck->scratch_seg = -1;
     if (fmt_path(ck->dir, sizeof ck->dir, "%s", dir) != 0) goto fail;
@@ -1260,6 +1346,7 @@ strata_ckpt *strata_ckpt_open(const char *dir) {
     if (check_coverage(ck) != 0) goto fail;
     return ck;
 fail:
+    if (bad_manifest) *bad_manifest = ck->bad_manifest;
     strata_ckpt_close(ck);
     return NULL;
 }

@@ -1,7 +1,8 @@
 /* core/checkpoint.h: checkpoints that survive kills and load on any world size.
  *
  * On disk, a run directory holds
- *   ckpt/step_00000120/manifest.yaml   global facts: format version, step, world and stage at
+ *   ckpt/step_00000120/manifest.yaml   first line: manifest_crc32c, the CRC-32C of the rest;
+ *                                      global facts: format version, step, world and stage at
  *                                      save, seed, RNG state, the config as YAML text, every
  *                                      unit (numel, padded numel) and every tensor (HF name,
  *                                      unit, element offset in the unit's flat buffer, shape,
@@ -93,6 +94,13 @@ typedef struct strata_ckpt strata_ckpt; /* an opened, structurally validated che
 /* Parses manifest.yaml and every rank index; checks that files exist with the sizes the
  * indices promise (a truncated file is refused here, naming file and tensor). */
 strata_ckpt *strata_ckpt_open(const char *dir);
+/* The same, and when it fails, *bad_manifest says whether manifest.yaml itself was at
+ * fault: its CRC-32C (its first line, over every byte after it) does not match, or it has
+ * a key this version never writes (a manifest names no files: nothing in it can point
+ * outside the directory). That is bad input (exit 2), where a damaged data file is a
+ * run-time failure (exit 1). A manifest without the checksum line (written by an older
+ * Strata) loads, with a warning that it is unverified. */
+strata_ckpt *strata_ckpt_open_checked(const char *dir, int *bad_manifest);
 void strata_ckpt_close(strata_ckpt *ck);
 const strata_ckpt_meta *strata_ckpt_get_meta(const strata_ckpt *ck);
 /* The saved layout (for checking against the model: same tensors, names, shapes). */

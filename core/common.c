@@ -1,13 +1,17 @@
 /* core/common.c: errors, logging, allocation, checksums and random numbers. */
 #include "core/common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define ERROR_MAX 2048
 
@@ -144,6 +148,79 @@ char *strata_xstrdup(const char *s) {
     char *d = strata_xmalloc(n);
     memcpy(d, s, n);
     return d;
+}
+
+/* ---- bounded file reads ---- */
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+static int check_stat(const char *path, const struct stat *st, size_t max_bytes) {
+    if (!S_ISREG(st->st_mode)) return strata_fail("%s: is %s, not a regular file", path, file_kind(st->st_mode));
+    if ((uint64_t)st->st_size > max_bytes) {
+        char b1[32], b2[32];
+        return strata_fail("%s: %s, more than the %s such a file may hold", path,
+                           strata_fmt_bytes(b1, sizeof b1, (double)st->st_size),
+                           strata_fmt_bytes(b2, sizeof b2, (double)max_bytes));
+    }
+    return 0;
+}
+
+int strata_check_file_bounded(const char *path, size_t max_bytes) {
+    struct stat st;
+    if (stat(path, &st) != 0) return strata_fail("%s: cannot read: %s", path, strerror(errno));
+    return check_stat(path, &st, max_bytes);
+}
+
+int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return strata_fail("%s: cannot read: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return strata_fail("%s: cannot stat: %s", path, strerror(e));
+    }
+    if (check_stat(path, &st, max_bytes)) {
+        close(fd);
+        return -1;
+    }
+    /* read to the end, never past max_bytes: the file may grow after fstat */
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    char *buf = strata_xmalloc(cap + 1);
+    for (;;) {
+        if (n == cap) {
+            if (cap > max_bytes) break;
+            cap = cap * 2 < max_bytes + 1 ? cap * 2 : max_bytes + 1;
+            buf = strata_xrealloc(buf, cap + 1);
+        }
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            int e = errno;
+            close(fd);
+            free(buf);
+            return strata_fail("%s: read failed: %s", path, strerror(e));
+        }
+        if (k == 0) break;
+        n += (size_t)k;
+    }
+    close(fd);
+    if (n > max_bytes) {
+        free(buf);
+        char b[32];
+        return strata_fail("%s: grew past the %s such a file may hold while being read", path,
+                           strata_fmt_bytes(b, sizeof b, (double)max_bytes));
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
 }
 
 /* ---- small helpers ---- */

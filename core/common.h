@@ -88,6 +88,14 @@ void *strata_xcalloc(size_t n, size_t bytes);
 void *strata_xrealloc(void *p, size_t bytes);
 char *strata_xstrdup(const char *s);
 
+/* Reads a whole file the user named (a config, a tokenizer, a JSON file) into memory,
+ * refusing anything that is not a regular file (a directory, /dev/zero, a FIFO) or holds
+ * more than max_bytes, so a wrong path can never eat memory. *out is NUL-terminated and
+ * freed by the caller. 0, or -1 with the error naming the file and the limit. */
+int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, size_t *len);
+/* The same check without reading: 0 if path is a regular file of at most max_bytes. */
+int strata_check_file_bounded(const char *path, size_t max_bytes);
+
 double strata_now_ms(void); /* monotonic clock */
 size_t strata_round_up(size_t x, size_t multiple);
 size_t strata_min_size(size_t a, size_t b);

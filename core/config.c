@@ -556,30 +556,12 @@ static int apply_section(strata_config *c, load_state *st, const char *name, int
     return 0;
 }
 
+/* A config is a page of YAML; anything larger (or /dev/zero, a directory, a FIFO) is a
+ * wrong path, refused before it is read. */
+#define MAX_CONFIG_BYTES ((size_t)1 << 20)
+
 static int read_file(const char *path, char **text, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_fail("%s: cannot read: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = strata_xmalloc(cap);
-    int read_errno = 0;
-    for (;;) {
-        if (len == cap) buf = strata_xrealloc(buf, cap *= 2);
-        errno = 0;
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) read_errno = errno ? errno : EIO;
-            break;
-        }
-    }
-    fclose(f);
-    if (read_errno) {
-        free(buf);
-        return strata_fail("%s: cannot read: %s", path, strerror(read_errno));
-    }
-    *text = buf;
-    *len_out = len;
-    return 0;
+    return strata_read_file_bounded(path, MAX_CONFIG_BYTES, text, len_out);
 }
 
 static int parse_yaml(strata_config *c, load_state *st, const char *name, const char *text, size_t len);

@@ -128,13 +128,21 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     memset(sh, 0, sizeof *sh);
     if (snprintf(sh->path, sizeof sh->path, "%s", path) >= (int)sizeof sh->path)
         return strata_fail("%s: path longer than %zu bytes", path, sizeof sh->path - 1);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
     if (fd < 0) return strata_fail("%s: cannot open token shard: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int err = errno;
         close(fd);
         return strata_fail("%s: cannot stat: %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        strata_fail("%s: is %s, not a token shard file (data.train and data.val name shard files, e.g. "
+                    "\"data/train_*.bin\")",
+                    path, S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file");
+        return STRATA_DATA_NOT_SHARDS;
     }
     size_t bytes = (size_t)st.st_size;
     if (bytes < HEADER_BYTES) {
@@ -267,27 +275,14 @@ static void remove_stale_shards(const char *out_dir, const char *prefix, int n_w
 }
 
 static int read_whole_file(const char *path, unsigned char **out, size_t *out_len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_fail("%s: cannot read text file: %s", path, strerror(errno));
-    size_t cap = 1 << 20, len = 0;
-    unsigned char *buf = strata_xmalloc(cap);
-    for (;;) {
-        if (len == cap) buf = strata_xrealloc(buf, cap *= 2);
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return strata_fail("%s: read error in text file", path);
-    }
+    char *buf;
+    size_t len;
+    if (strata_read_file_bounded(path, STRATA_TEXT_MAX_BYTES, &buf, &len)) return -1;
     if (len == 0) {
         free(buf);
         return strata_fail("%s: text file is empty (nothing to tokenise)", path);
     }
-    *out = buf;
+    *out = (unsigned char *)buf;
     *out_len = len;
     return 0;
 }
@@ -378,7 +373,10 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
                            glob_pattern, vocab_size);
     glob_t g;
     int grc = glob(glob_pattern, 0, NULL, &g); /* glob(3) sorts unless GLOB_NOSORT */
-    if (grc == GLOB_NOMATCH) return strata_fail("no token shards match '%s'", glob_pattern);
+    if (grc == GLOB_NOMATCH) {
+        strata_fail("no token shards match '%s'", glob_pattern);
+        return STRATA_DATA_NOT_SHARDS;
+    }
     if (grc != 0) return strata_fail("'%s': glob failed (code %d)", glob_pattern, grc);
     if (g.gl_pathc > INT_MAX) {
         globfree(&g);
@@ -393,10 +391,11 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
     L->chunk_start = strata_xcalloc(g.gl_pathc + 1, sizeof *L->chunk_start);
     uint64_t n_tokens = 0;
     for (size_t i = 0; i < g.gl_pathc; i++) {
-        if (strata_shard_open(&L->shards[i], g.gl_pathv[i]) != 0) {
+        int src = strata_shard_open(&L->shards[i], g.gl_pathv[i]);
+        if (src != 0) {
             globfree(&g);
             strata_loader_close(L);
-            return -1;
+            return src;
         }
         L->n_shards++;
         size_t n = L->shards[i].n_tokens;
@@ -507,6 +506,8 @@ void strata_tokenizer_free(strata_tokenizer *tk) {
 
 int strata_tokenizer_load(strata_tokenizer *tk, const char *path) {
     memset(tk, 0, sizeof *tk);
+    /* a header, then at most 65536 tokens of at most 256 bytes each */
+    if (strata_check_file_bounded(path, 1024 + (size_t)65536 * 256)) return -1;
     FILE *f = fopen(path, "rb");
     if (!f) return strata_fail("%s: cannot open tokenizer: %s", path, strerror(errno));
     uint32_t h[256];

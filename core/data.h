@@ -33,9 +33,18 @@ typedef struct strata_shard {
     void *map;
     size_t map_bytes;
 } strata_shard;
+/* What strata_shard_open and strata_loader_open return (instead of -1) when the path
+ * names no shard file at all: nothing matches, or a match is a directory, a device or a
+ * FIFO. That is a config error (exit 2); -1 is a shard that is there but bad. */
+#define STRATA_DATA_NOT_SHARDS (-2)
+
 /* Checks magic, version, token count against the file size; errors name the file. */
 int strata_shard_open(strata_shard *sh, const char *path);
 void strata_shard_close(strata_shard *sh);
+
+/* One text file for strata_prepare_text is read whole; a larger corpus comes as several
+ * files. */
+#define STRATA_TEXT_MAX_BYTES ((size_t)4 << 30)
 
 /* Splits text files into train and val shards in out_dir (train_000000.bin ...,
  * val_000000.bin), val_fraction of each file's bytes going to val (taken from the end).
@@ -60,7 +69,8 @@ typedef struct strata_loader {
     uint64_t perm_epoch;   /* which epoch perm holds; UINT64_MAX = none yet */
 } strata_loader;
 
-/* Opens every shard matching `glob_pattern`; errors name the pattern or the file. */
+/* Opens every shard matching `glob_pattern`; errors name the pattern or the file.
+ * STRATA_DATA_NOT_SHARDS when it names no shard file (see above), -1 for a bad shard. */
 int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vocab_size,
                        int shuffle, uint64_t seed);
 void strata_loader_close(strata_loader *L);

@@ -3,11 +3,8 @@
 #include "core/json.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/common.h"
 
@@ -471,32 +468,9 @@ int strata_json_parse(strata_json_doc *doc, const void *bytes, size_t len, const
 
 int strata_json_parse_file(strata_json_doc *doc, const char *path, size_t max_bytes) {
     memset(doc, 0, sizeof *doc);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return strata_fail("%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return strata_fail("%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max_bytes) {
-        close(fd);
-        return strata_fail("%s: %lld bytes, more than the %zu this file may have", path, (long long)st.st_size,
-                           max_bytes);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char *buf = strata_xmalloc(n ? n : 1);
-    while (got < n) {
-        ssize_t k = read(fd, buf + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            int e = k < 0 ? errno : 0;
-            close(fd);
-            free(buf);
-            return strata_fail("%s: read failed: %s", path, e ? strerror(e) : "file shrank while being read");
-        }
-        got += (size_t)k;
-    }
-    close(fd);
+    char *buf;
+    size_t n;
+    if (strata_read_file_bounded(path, max_bytes, &buf, &n)) return -1;
     int rc = strata_json_parse(doc, buf, n, path);
     free(buf);
     return rc;

@@ -229,10 +229,23 @@ static void *tensor_ptr(strata_model *m, void *base, int u, int i, size_t es) {
 #define P(u, i) tensor_ptr(m, m->params[u], u, i, es)
 #define G(u, i) ((float *)tensor_ptr(m, m->grads[u], u, i, sizeof(float)))
 
-void strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets) {
-    size_t bytes = (size_t)m->cur_B * m->cur_T * sizeof(int32_t);
+int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets) {
+    /* every token that reaches the embedding (and every target the loss indexes) passes
+     * here, on any backend: an id outside the table would read past it */
+    int V = m->shape.vocab_size, T = m->cur_T;
+    size_t n = (size_t)m->cur_B * T;
+    for (size_t i = 0; i < n; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            return strata_fail("token id %d at row %zu, position %zu of the batch is outside the vocabulary [0, %d)",
+                               inputs[i], i / (size_t)T, i % (size_t)T, V);
+        if (targets && targets[i] >= V) /* negative targets are ignored by the loss */
+            return strata_fail("target id %d at row %zu, position %zu of the batch is outside the vocabulary [0, %d)",
+                               targets[i], i / (size_t)T, i % (size_t)T, V);
+    }
+    size_t bytes = n * sizeof(int32_t);
     strata_memcpy_async(m->dev, m->dev->compute, m->inputs, inputs, bytes);
     if (targets) strata_memcpy_async(m->dev, m->dev->compute, m->targets, targets, bytes);
+    return 0;
 }
 
 static void block_forward(strata_model *m, int u) {
@@ -320,12 +333,13 @@ void strata_model_backward_unit(strata_model *m, int u) {
     }
 }
 
-void strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T) {
+int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T) {
     STRATA_ASSERT(B <= m->B && T <= m->T);
     m->cur_B = B;
     m->cur_T = T;
-    strata_model_set_batch(m, tokens, NULL);
-    for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
+    int rc = strata_model_set_batch(m, tokens, NULL);
+    for (int u = 0; u < m->n_units && !rc; u++) strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
     m->cur_B = m->B;
     m->cur_T = m->T;
+    return rc;
 }

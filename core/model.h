@@ -114,8 +114,11 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
 void strata_model_init_params(const strata_model *m, int u, uint64_t seed, size_t lo, size_t hi,
                               float *dst);
 
-/* Uploads a micro-batch's tokens (host int32 (B,T)) to the device buffers. */
-void strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets);
+/* Uploads a micro-batch's tokens (host int32 (B,T)) to the device buffers: the one way
+ * into m->inputs and m->targets, so the one place ids are checked. An input outside
+ * [0, vocab_size) or a target >= vocab_size (negative: ignored) is refused, naming the id,
+ * its row and position, before anything is copied: 0, or -1 with strata_error() set. */
+int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets);
 
 /* Forward of one unit. The head computes the loss: losses (B,T), *loss_sum += mean over
  * the B*T tokens times loss_scale; when `train`, it leaves dlogits in place, scaled by
@@ -127,6 +130,6 @@ void strata_model_backward_unit(strata_model *m, int u);
 
 /* Inference for sampling, all units resident: forward over host tokens (B,T) with B, T
  * at most the planned ones; logits (B,T,Vp) are left in m->logits. */
-void strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T);
+int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T); /* 0, or -1: a bad id */
 
 #endif

@@ -14,8 +14,8 @@
 #include "core/json.h"
 #include "core/safetensors.h"
 
-#define MAX_CONFIG_BYTES (16u << 20)
-#define MAX_INDEX_BYTES (64u << 20)
+#define MAX_CONFIG_BYTES ((size_t)1 << 20) /* config.json: a few dozen keys */
+#define MAX_INDEX_BYTES ((size_t)16 << 20) /* model.safetensors.index.json: a line per tensor */
 #define PREFIX "transformer."
 
 static int is_dir(const char *path) {

@@ -714,7 +714,7 @@ int strata_cmd_config_deepspeed(int argc, char **argv) {
     }
     if (!path) return usage();
     strata_json_doc doc;
-    if (strata_json_parse_file(&doc, path, 16u << 20)) {
+    if (strata_json_parse_file(&doc, path, (size_t)1 << 20)) { /* a DeepSpeed config is a page of JSON */
         fprintf(stderr, "strata config: %s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }

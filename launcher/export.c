@@ -637,7 +637,10 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     /* Forward with the loss but without the gradient, so the logits survive to be read;
      * then the head again in training mode (it turns logits into dlogits in place) and
      * the backward of every unit, head first, as the engine's micro-step runs them. */
-    strata_model_set_batch(m, inputs, targets);
+    if (strata_model_set_batch(m, inputs, targets)) {
+        strata_fail_wrap("--data %s", data);
+        goto done;
+    }
     strata_memset_async(dev, dev->compute, m->loss_sum, 0, sizeof(float));
     for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 0, 0.0f, 1.0f / (float)BT);
     dev->k->convert(dev->compute, logits_f32, STRATA_F32, m->logits, dev->compute_dtype, BT * Vp);

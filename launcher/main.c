@@ -104,6 +104,12 @@ static int cmd_prepare(int argc, char **argv) {
         free(files);
         return STRATA_EXIT_USAGE;
     }
+    for (int i = 0; i < n; i++) /* a wrong path (a directory, /dev/zero) is bad input, not a failure */
+        if (strata_check_file_bounded(files[i], STRATA_TEXT_MAX_BYTES)) {
+            fprintf(stderr, "strata prepare: --text: %s\n", strata_error());
+            free(files);
+            return STRATA_EXIT_USAGE;
+        }
     strata_bpe *tk = NULL;
     if (tok_path && !(tk = strata_bpe_load(tok_path))) {
         fprintf(stderr, "strata prepare: --tokenizer: %s\n", strata_error());

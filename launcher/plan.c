@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -151,6 +152,22 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
                  strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_NVME]),
                  strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_NVME]));
     }
+}
+
+int strata_plan_check_paths(const strata_config *cfg) {
+    const char *path = cfg->offload.nvme_path;
+    int wanted = cfg->offload.optimizer == STRATA_OFFLOAD_NVME || cfg->offload.params == STRATA_OFFLOAD_NVME ||
+                 cfg->memory.auto_fit;
+    if (!path[0] || !wanted) return 0;
+    const char *file = cfg->path[0] ? cfg->path : "<built-in>";
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return strata_fail("%s: key 'offload.nvme_path': '%s': %s (create the directory on the NVMe drive first)",
+                           file, path, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return strata_fail("%s: key 'offload.nvme_path': '%s' is not a directory (it names the directory that holds "
+                           "the offload files)", file, path);
+    return 0;
 }
 
 void strata_plan_print(const strata_plan *p, FILE *f) {

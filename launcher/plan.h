@@ -55,6 +55,11 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world);
  * device's capacity is its total memory), the device runtime row (above), and the verdict
  * in p->fits / p->why. Call it before the arena is allocated. */
 void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *dev);
+/* The paths the plan depends on, before it is computed: offload.nvme_path, when NVMe
+ * offload is asked for (or memory.auto may choose it), must be an existing directory. A
+ * missing path or a regular file there is a config error (exit 2), not "does not fit".
+ * 0, or -1 with the error naming the key and the path. */
+int strata_plan_check_paths(const strata_config *cfg);
 void strata_plan_print(const strata_plan *p, FILE *f);
 /* The device memory the plan predicts a run holds at its peak, as nvidia-smi counts it on
  * CUDA (the arena plus the runtime row) and as the allocator counts it on the CPU. */

@@ -141,6 +141,11 @@ close:
 static int read_metrics(const char *path, metrics_row **rows_out, int *n_out) {
     FILE *f = fopen(path, "r");
     if (!f) return strata_fail("%s: cannot open metrics (%s)", path, strerror(errno));
+    /* a line per step: a million steps are a few hundred MiB */
+    if (strata_check_file_bounded(path, (size_t)4 << 30)) {
+        fclose(f);
+        return -1;
+    }
     metrics_row *rows = NULL;
     int n = 0, cap = 0, line_no = 0, skipped = 0;
     char *line = NULL;

@@ -1,6 +1,7 @@
 /* launcher/sample.c: sampling, and `strata sample CKPT`. */
 #include "launcher/sample.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,83 +29,143 @@ static int cand_desc(const void *a, const void *b) {
     return ((const cand *)a)->id - ((const cand *)b)->id;
 }
 
-int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, float temperature,
-                    int top_k, strata_rng *rng) {
+/* One draw from a row of logits (Vp entries, V real): greedy at temperature 0, else
+ * from softmax(logits / temperature) over the top_k most likely (0: all). */
+static int draw(const void *row, size_t es, cand *c, int V, float temperature, int top_k, strata_rng *rng) {
+    float maxv = -INFINITY;
+    for (int v = 0; v < V; v++) {
+        float x = es == 4 ? ((const float *)row)[v] : bf16_to_f32(((const uint16_t *)row)[v]);
+        c[v] = (cand){x, v};
+        if (x > maxv) maxv = x;
+    }
+    int next = 0;
+    if (temperature <= 0.0f) {
+        for (int v = 1; v < V; v++) if (c[v].p > c[next].p) next = v;
+        return next;
+    }
+    double sum = 0;
+    for (int v = 0; v < V; v++) {
+        c[v].p = expf((c[v].p - maxv) / temperature);
+        sum += c[v].p;
+    }
+    int k = V;
+    if (top_k > 0 && top_k < V) {
+        qsort(c, V, sizeof *c, cand_desc);
+        k = top_k;
+        sum = 0;
+        for (int v = 0; v < k; v++) sum += c[v].p;
+    }
+    double r = strata_rng_uniform(rng) * sum, acc = 0;
+    next = c[k - 1].id;
+    for (int v = 0; v < k; v++) {
+        acc += c[v].p;
+        if (r < acc) return c[v].id;
+    }
+    return next;
+}
+
+int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature, int top_k,
+                    strata_rng *rng, strata_token_sink sink, void *ctx) {
     int V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size, T = m->T;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return strata_fail("prompt token %d at position %d is outside the model's vocabulary [0, %d)", prompt[i], i, V);
     size_t es = strata_dtype_size(m->dev->compute_dtype);
+    /* window[0, n) holds the context, its last T tokens the model's input */
+    int32_t *window = strata_xmalloc(2 * (size_t)T * sizeof *window);
+    int first = n_prompt > T ? n_prompt - T : 0, n = n_prompt - first;
+    memcpy(window, prompt + first, (size_t)n * sizeof *window);
     void *row = strata_xmalloc((size_t)Vp * es);
     cand *c = strata_xmalloc((size_t)V * sizeof *c);
-    for (int i = 0; i < n_new; i++) {
-        int n = n_prompt + i;
+    int rc = 0;
+    for (int i = 0; i < n_new && !rc; i++) {
+        if (n == 2 * T) { /* keep the last T-1: room for T more before the next move */
+            memmove(window, window + n - (T - 1), (size_t)(T - 1) * sizeof *window);
+            n = T - 1;
+        }
         int start = n > T ? n - T : 0, t = n - start;
-        if (t == 0) { /* empty prompt on a byte-level model: start from a newline */
-            tokens[n] = '\n' < V ? '\n' : 0;
-            continue;
-        }
-        strata_model_forward_logits(m, tokens + start, 1, t);
-        strata_memcpy_async(m->dev, m->dev->compute, row, (char *)m->logits + (size_t)(t - 1) * Vp * es, (size_t)Vp * es);
-        strata_stream_sync(m->dev, m->dev->compute);
-        float maxv = -INFINITY;
-        for (int v = 0; v < V; v++) {
-            float x = es == 4 ? ((float *)row)[v] : bf16_to_f32(((uint16_t *)row)[v]);
-            c[v] = (cand){x, v};
-            if (x > maxv) maxv = x;
-        }
         int next = 0;
-        if (temperature <= 0.0f) {
-            for (int v = 1; v < V; v++) if (c[v].p > c[next].p) next = v;
+        if (t == 0) { /* empty prompt on a byte-level model: start from a newline */
+            next = '\n' < V ? '\n' : 0;
         } else {
-            double sum = 0;
-            for (int v = 0; v < V; v++) {
-                c[v].p = expf((c[v].p - maxv) / temperature);
-                sum += c[v].p;
-            }
-            int k = V;
-            if (top_k > 0 && top_k < V) {
-                qsort(c, V, sizeof *c, cand_desc);
-                k = top_k;
-                sum = 0;
-                for (int v = 0; v < k; v++) sum += c[v].p;
-            }
-            double r = strata_rng_uniform(rng) * sum, acc = 0;
-            next = c[k - 1].id;
-            for (int v = 0; v < k; v++) {
-                acc += c[v].p;
-                if (r < acc) {
-                    next = c[v].id;
-                    break;
-                }
-            }
+            if ((rc = strata_model_forward_logits(m, window + start, 1, t))) break;
+            strata_memcpy_async(m->dev, m->dev->compute, row, (char *)m->logits + (size_t)(t - 1) * Vp * es, (size_t)Vp * es);
+            strata_stream_sync(m->dev, m->dev->compute);
+            next = draw(row, es, c, V, temperature, top_k, rng);
         }
-        tokens[n] = next;
+        window[n++] = next;
+        if (sink && sink(ctx, next)) rc = strata_fail("writing the generated text failed");
     }
+    free(window);
     free(row);
     free(c);
+    return rc;
+}
+
+/* The length of the unfinished UTF-8 character at the end of s[0, n): 0 if it ends on a
+ * boundary. Only a lead byte followed by continuation bytes, fewer than it announces,
+ * is unfinished; anything else is decided by the bytes already there. */
+static size_t utf8_unfinished_tail(const unsigned char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+        return need > back ? back : 0;
+    }
     return 0;
 }
 
-void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk,
-                         const strata_bpe *bpe) {
-    /* byte-level models keep the escaping below for bytes that are not text */
-    if (bpe && !strata_bpe_is_bytes(bpe)) {
+void strata_text_out_init(strata_text_out *o, FILE *f, int vocab_size, const strata_tokenizer *tk,
+                          const strata_bpe *bpe) {
+    memset(o, 0, sizeof *o);
+    o->f = f;
+    o->vocab_size = vocab_size;
+    o->tk = tk;
+    o->bpe = bpe && !strata_bpe_is_bytes(bpe) ? bpe : NULL; /* byte-level models keep the escaping below */
+}
+
+/* The pending BPE bytes up to `upto` as text (U+FFFD for bytes that are no character). */
+static void write_pending(strata_text_out *o, size_t upto) {
+    size_t len = 0;
+    char *text = strata_bpe_decode_bytes(o->pend, upto, &len);
+    fwrite(text, 1, len, o->f);
+    free(text);
+    memmove(o->pend, o->pend + upto, o->n_pend - upto);
+    o->n_pend -= upto;
+}
+
+int strata_text_out_put(void *ctx, int32_t t) {
+    strata_text_out *o = ctx;
+    if (o->bpe) {
         size_t len = 0;
-        char *text = strata_bpe_decode(bpe, tokens, (size_t)(n > 0 ? n : 0), &len);
-        fwrite(text, 1, len, f);
-        free(text);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        int t = tokens[i];
-        if (tk && t >= 0 && t < tk->vocab_size) {
-            fwrite(tk->pieces[t], 1, tk->lens[t], f);
-        } else if (vocab_size <= 256) {
-            unsigned char ch = (unsigned char)t;
-            if (ch == '\n' || ch == '\t' || (ch >= 32 && ch != 127)) fputc(ch, f);
-            else fprintf(f, "\\x%02x", ch);
-        } else {
-            fprintf(f, "<%d>", t);
+        const unsigned char *b = strata_bpe_token_bytes(o->bpe, t, &len);
+        if (b && len) {
+            if (o->n_pend + len > o->cap) {
+                o->cap = (o->n_pend + len) * 2;
+                o->pend = strata_xrealloc(o->pend, o->cap);
+            }
+            memcpy(o->pend + o->n_pend, b, len);
+            o->n_pend += len;
+            write_pending(o, o->n_pend - utf8_unfinished_tail(o->pend, o->n_pend));
         }
+    } else if (o->tk && t >= 0 && t < o->tk->vocab_size) {
+        fwrite(o->tk->pieces[t], 1, o->tk->lens[t], o->f);
+    } else if (o->vocab_size <= 256) {
+        unsigned char ch = (unsigned char)t;
+        if (ch == '\n' || ch == '\t' || (ch >= 32 && ch != 127)) fputc(ch, o->f);
+        else fprintf(o->f, "\\x%02x", ch);
+    } else {
+        fprintf(o->f, "<%d>", t);
     }
+    return fflush(o->f) != 0 || ferror(o->f);
+}
+
+void strata_text_out_finish(strata_text_out *o) {
+    if (o->n_pend) write_pending(o, o->n_pend);
+    fflush(o->f);
+    free(o->pend);
+    o->pend = NULL;
+    o->cap = 0;
 }
 
 int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
@@ -114,10 +175,11 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
         fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
         return STRATA_EXIT_USAGE;
     }
-    o->ck = strata_ckpt_open(o->dir);
+    int bad_manifest = 0;
+    o->ck = strata_ckpt_open_checked(o->dir, &bad_manifest);
     if (!o->ck) {
         fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        return STRATA_EXIT_ERROR;
+        return bad_manifest ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
     }
     char name[STRATA_PATH_MAX + 32];
     snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);
@@ -170,8 +232,15 @@ int strata_cmd_sample(int argc, char **argv) {
         if (!strcmp(a, "--prompt") && v) prompt = argv[++i];
         else if (!strcmp(a, "--tokenizer") && v) tok_path = argv[++i];
         else if (!strcmp(a, "--tokens") && v) {
-            n_tokens = (int)strtol(argv[++i], &end, 10);
-            if (*end || n_tokens < 1) { fprintf(stderr, "strata sample: --tokens expects a positive integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            errno = 0;
+            long long want = strtoll(argv[++i], &end, 10);
+            if (*end || !*v || want < 1) { fprintf(stderr, "strata sample: --tokens expects a positive integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (errno == ERANGE || want > STRATA_SAMPLE_MAX_TOKENS) {
+                fprintf(stderr, "strata sample: --tokens %s is more than the %d one sample may generate\n", v,
+                        STRATA_SAMPLE_MAX_TOKENS);
+                return STRATA_EXIT_USAGE;
+            }
+            n_tokens = (int)want;
         } else if (!strcmp(a, "--top-k") && v) {
             top_k = (int)strtol(argv[++i], &end, 10);
             if (*end || top_k < 0) { fprintf(stderr, "strata sample: --top-k expects an integer >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
@@ -243,36 +312,49 @@ int strata_cmd_sample(int argc, char **argv) {
         if (prompt_ids[i] >= cfg.model.vocab_size) {
             size_t len = 0;
             const unsigned char *text = bpe ? strata_bpe_token_bytes(bpe, prompt_ids[i], &len) : NULL;
-            fprintf(stderr, "strata sample: --prompt: token %d (\"%.*s\") is outside the model's vocabulary of %d "
-                            "(is this the tokenizer the model was trained with?)\n", prompt_ids[i], (int)len,
-                    text ? (const char *)text : "", cfg.model.vocab_size);
+            if (bpe)
+                fprintf(stderr, "strata sample: --prompt: token %d (\"%.*s\") at position %zu is outside the model's "
+                                "vocabulary of %d (is this the tokenizer the model was trained with?)\n",
+                        prompt_ids[i], (int)len, text ? (const char *)text : "", i, cfg.model.vocab_size);
+            else
+                fprintf(stderr, "strata sample: --prompt: byte 0x%02x at byte %zu is outside the model's vocabulary of "
+                                "%d (a byte-level model takes bytes below it; pass --tokenizer for another)\n",
+                        (unsigned)prompt_ids[i], i, cfg.model.vocab_size);
             free(prompt_ids);
             strata_bpe_free(bpe);
             strata_ckpt_close(ck);
+            if (have_tk) strata_tokenizer_free(&tk);
             return STRATA_EXIT_USAGE;
         }
     }
-    /* an empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|> */
+    /* an empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|>,
+     * which is not part of the text */
     int eot = bpe ? strata_bpe_special_id(bpe, "<|endoftext|>") : -1;
-    int start_eot = n_prompt == 0 && eot >= 0 && eot < cfg.model.vocab_size;
+    if (n_prompt == 0 && eot >= 0 && eot < cfg.model.vocab_size) {
+        prompt_ids = strata_xrealloc(prompt_ids, sizeof *prompt_ids);
+        prompt_ids[n_prompt++] = eot;
+    } else {
+        eot = -1;
+    }
     strata_loaded l;
     int loaded = strata_load_model(&l, &cfg, ck) == 0;
-    int32_t *tokens = strata_xcalloc(n_prompt + (size_t)n_tokens + 1, sizeof(int32_t));
-    for (size_t i = 0; i < n_prompt; i++) tokens[i] = prompt_ids[i];
-    if (start_eot) tokens[n_prompt++] = eot;
-    free(prompt_ids);
     strata_rng rng;
     strata_rng_seed(&rng, seed);
-    if (!loaded || strata_generate(&l.m, tokens, (int)n_prompt, n_tokens, (float)temperature, top_k, &rng)) {
+    /* the prompt, then each token as it is drawn: nothing waits for the end */
+    strata_text_out out;
+    strata_text_out_init(&out, stdout, cfg.model.vocab_size, have_tk ? &tk : NULL, bpe);
+    if (loaded)
+        for (size_t i = eot >= 0 ? 1 : 0; i < n_prompt; i++) strata_text_out_put(&out, prompt_ids[i]);
+    if (!loaded || strata_generate(&l.m, prompt_ids, (int)n_prompt, n_tokens, (float)temperature, top_k, &rng,
+                                   strata_text_out_put, &out)) {
+        strata_text_out_finish(&out);
         fprintf(stderr, "strata sample: %s\n", strata_error());
     } else {
-        int skip = start_eot ? 1 : 0; /* the <|endoftext|> we started from is not part of the text */
-        strata_write_tokens(stdout, tokens + skip, (int)n_prompt - skip + n_tokens, cfg.model.vocab_size,
-                            have_tk ? &tk : NULL, bpe);
+        strata_text_out_finish(&out);
         fputc('\n', stdout);
         rc = STRATA_EXIT_OK;
     }
-    free(tokens);
+    free(prompt_ids);
     if (loaded) strata_loaded_free(&l);
     strata_ckpt_close(ck);
     if (have_tk) strata_tokenizer_free(&tk);

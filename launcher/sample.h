@@ -10,16 +10,38 @@
 #include "core/data.h"
 #include "core/model.h"
 
-/* Appends n_new tokens to `tokens` (which holds n_prompt, room for n_prompt + n_new),
- * each drawn from softmax(logits / temperature) restricted to the top_k most likely
- * (top_k 0: all; temperature 0: greedy). The context is the last T tokens. */
-int strata_generate(strata_model *m, int32_t *tokens, int n_prompt, int n_new, float temperature,
-                    int top_k, strata_rng *rng);
+/* The most tokens one `strata sample` generates. */
+#define STRATA_SAMPLE_MAX_TOKENS 1048576
 
-/* Writes tokens as text: decoded by the BPE (bpe; as Hugging Face decodes, bytes that are
- * not UTF-8 become U+FFFD), llm.c's tokenizer pieces (tk), bytes for byte-level models
- * without either (non-printable ones escaped), "<id>" otherwise. */
-void strata_write_tokens(FILE *f, const int32_t *tokens, int n, int vocab_size, const strata_tokenizer *tk,
-                         const strata_bpe *bpe);
+/* Receives each generated token as it is made; nonzero stops the generation. */
+typedef int (*strata_token_sink)(void *ctx, int32_t id);
+
+/* Generates n_new tokens after the prompt, each drawn from softmax(logits / temperature)
+ * restricted to the top_k most likely (top_k 0: all; temperature 0: greedy), and hands
+ * each to sink as soon as it is drawn. The context is the last T tokens (T = the model's
+ * planned sequence length), held in a window of 2T: memory does not grow with n_new. An
+ * empty prompt starts from a newline (byte-level models) or token 0. 0, or -1 with
+ * strata_error() set (a prompt id outside the vocabulary, or the sink stopped it). */
+int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature, int top_k,
+                    strata_rng *rng, strata_token_sink sink, void *ctx);
+
+/* Tokens as text, written and flushed one token at a time: decoded by the BPE (bpe; as
+ * Hugging Face decodes, bytes that are not UTF-8 become U+FFFD, and a character split
+ * across tokens waits for its last byte), llm.c's tokenizer pieces (tk), bytes for
+ * byte-level models without either (non-printable ones escaped), "<id>" otherwise. The
+ * text is the same as decoding all the tokens at once. */
+typedef struct strata_text_out {
+    FILE *f;
+    int vocab_size;
+    const strata_tokenizer *tk;
+    const strata_bpe *bpe;
+    unsigned char *pend; /* BPE bytes not yet written: an unfinished UTF-8 character */
+    size_t n_pend, cap;
+} strata_text_out;
+void strata_text_out_init(strata_text_out *o, FILE *f, int vocab_size, const strata_tokenizer *tk,
+                          const strata_bpe *bpe);
+int strata_text_out_put(void *o, int32_t id); /* a strata_token_sink; nonzero if the write failed */
+/* Writes what is pending (as U+FFFD where it is no character), flushes, frees. */
+void strata_text_out_finish(strata_text_out *o);
 
 #endif

@@ -81,6 +81,10 @@ int strata_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
+    if (strata_plan_check_paths(&cfg)) {
+        fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
     strata_plan p;
     strata_plan_compute(&p, &cfg, cli.world);
     strata_plan_check(&p, &cfg, NULL);
@@ -443,6 +447,10 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
  * anything is allocated, then committed. Returns an exit code (0: go on). */
 static int build_and_plan(trainer *t) {
     const strata_config *cfg = &t->cfg;
+    if (strata_plan_check_paths(cfg)) {
+        if (t->rank == 0) fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;
     plan_this_run(t, &plan);
@@ -466,21 +474,32 @@ static int build_and_plan(trainer *t) {
     return 0;
 }
 
-static void open_data(trainer *t) {
+/* The data loaders. Returns an exit code (0: go on): a path that names no shard file
+ * (nothing matches, a directory, a device) is a config error, a bad shard a failure. */
+static int open_data(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int T = strata_config_seq_len(cfg);
-    if (strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed)) {
+    int rc = strata_loader_open(&t->train, cfg->data.train, T, cfg->model.vocab_size, cfg->data.shuffle, cfg->train.seed);
+    if (rc) {
         char why[1024];
         snprintf(why, sizeof why, "%s", strata_error());
         strata_fail("%s (text becomes shards with `strata prepare --text FILE... --out DIR`)", why);
-        fatal(t, "opening the training data (data.train)");
+        if (rc != STRATA_DATA_NOT_SHARDS) fatal(t, "opening the training data (data.train)");
+        /* every rank opens its own data, so the rank that failed says so */
+        strata_log(STRATA_LOG_ERROR, "train", "opening the training data (data.train): %s", strata_error());
+        return STRATA_EXIT_USAGE;
     }
     t->have_train = 1;
     if (cfg->data.val[0]) {
-        if (strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed))
-            fatal(t, "opening the validation data (data.val)");
+        rc = strata_loader_open(&t->val, cfg->data.val, T, cfg->model.vocab_size, 0, cfg->train.seed);
+        if (rc && rc != STRATA_DATA_NOT_SHARDS) fatal(t, "opening the validation data (data.val)");
+        if (rc) {
+            strata_log(STRATA_LOG_ERROR, "train", "opening the validation data (data.val): %s", strata_error());
+            return STRATA_EXIT_USAGE;
+        }
         t->have_val = 1;
     }
+    return 0;
 }
 
 /* Where training starts: a checkpoint (--resume), pretrained weights (model.init_from) or
@@ -491,7 +510,13 @@ static void restore_state(trainer *t) {
     if (t->cli.resume) {
         char dir[STRATA_PATH_MAX];
         if (strata_ckpt_resolve(t->cli.resume, cfg->run.dir, dir, sizeof dir)) fatal(t, "resolving --resume");
-        strata_ckpt *ck = strata_ckpt_open(dir);
+        int bad_manifest = 0;
+        strata_ckpt *ck = strata_ckpt_open_checked(dir, &bad_manifest);
+        if (!ck && bad_manifest) { /* an edited manifest is bad input, not a failed run */
+            strata_log(STRATA_LOG_ERROR, "train", "--resume: %s", strata_error());
+            if (t->world > 1) strata_mpi_abort(STRATA_EXIT_USAGE);
+            exit(STRATA_EXIT_USAGE);
+        }
         if (!ck) fatal(t, "opening the checkpoint");
         if (strata_engine_load(t->engine, ck)) fatal(t, "loading the checkpoint");
         const strata_ckpt_meta *meta = strata_ckpt_get_meta(ck);
@@ -654,15 +679,17 @@ static int train_loop(trainer *t) {
 static void final_sample(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int n = cfg->train.sample_tokens;
-    int32_t *tokens = strata_xcalloc((size_t)n + 2, sizeof(int32_t));
+    int32_t prompt[1];
     int n_prompt = 0, eot = t->tokenizer ? strata_bpe_special_id(t->tokenizer, "<|endoftext|>") : -1;
-    if (cfg->model.vocab_size <= 256) tokens[n_prompt++] = '\n';
-    else if (eot >= 0 && eot < cfg->model.vocab_size) tokens[n_prompt++] = eot; /* GPT-2's start of a text */
-    strata_generate(&t->m, tokens, n_prompt, n, 0.8f, 40, &t->rng);
+    if (cfg->model.vocab_size <= 256) prompt[n_prompt++] = '\n';
+    else if (eot >= 0 && eot < cfg->model.vocab_size) prompt[n_prompt++] = eot; /* GPT-2's start of a text */
     printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
-    strata_write_tokens(stdout, tokens + n_prompt, n, cfg->model.vocab_size, NULL, t->tokenizer);
+    strata_text_out out;
+    strata_text_out_init(&out, stdout, cfg->model.vocab_size, NULL, t->tokenizer);
+    if (strata_generate(&t->m, prompt, n_prompt, n, 0.8f, 40, &t->rng, strata_text_out_put, &out))
+        STRATA_WARN("train", "sample: %s", strata_error());
+    strata_text_out_finish(&out);
     printf("\n----\n");
-    free(tokens);
 }
 
 /* Memory as planned against memory as used, at the end of the run (rank 0). */
@@ -729,7 +756,10 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return rc;
     }
     t->tokens_per_step = (double)cfg->train.micro_batch * strata_config_seq_len(cfg) * cfg->train.grad_accum * world;
-    open_data(t);
+    if ((rc = open_data(t))) {
+        close_trainer(t);
+        return rc;
+    }
     restore_state(t);
     open_run_dir(t);
 

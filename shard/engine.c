@@ -176,7 +176,7 @@ struct strata_engine {
     strata_event *ev_compute;  /* "compute so far", for the collective stream to wait on */
     double *norm_sum;          /* device: the rank's sum of squared gradients */
     float *loss_sum_host;
-    int32_t *inputs, *targets; /* host (B,T) */
+    int32_t *inputs, *targets; /* host (B,T), in the arena */
     double comm_wait_ms, data_ms;
     strata_engine_memory mem;
 };
@@ -394,8 +394,11 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
     if (dev) make_events(e);
     e->loss_sum_host = strata_xcalloc(1, sizeof(float));
-    e->inputs = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
-    e->targets = strata_xcalloc((size_t)e->B * e->T, sizeof(int32_t));
+    /* the host side of a micro-batch (B,T): part of the plan, allocated at commit, so a
+     * batch too large for the machine is a verdict, never an abort */
+    size_t batch_bytes = (size_t)e->B * e->T * sizeof(int32_t);
+    strata_arena_reserve(arena, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "batch.inputs", batch_bytes, (void **)&e->inputs);
+    strata_arena_reserve(arena, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "batch.targets", batch_bytes, (void **)&e->targets);
     return e;
 }
 
@@ -451,8 +454,6 @@ void strata_engine_destroy(strata_engine *e) {
     free(e->mom1);
     free(e->mom2);
     free(e->loss_sum_host);
-    free(e->inputs);
-    free(e->targets);
     free(e);
 }
 
@@ -796,7 +797,9 @@ static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) 
     int rc = strata_loader_read(L, first, e->B, e->inputs, e->targets);
     e->data_ms += strata_now_ms() - t0;
     if (rc) return -1;
-    strata_model_set_batch(e->m, e->inputs, e->targets);
+    if (strata_model_set_batch(e->m, e->inputs, e->targets))
+        return strata_fail_wrap("micro-batch of sequences %llu..%llu of data", (unsigned long long)first,
+                                (unsigned long long)first + (unsigned long long)e->B - 1);
     return 0;
 }
 

@@ -111,6 +111,6 @@ echo '{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}' > bad.json
 echo '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}' > bad.json
 [ "$(code "$S" config --from-deepspeed bad.json)" = 2 ] && grep -q "would be refused: .*needs offload.nvme_path" err.txt ||
   fail "NVMe offload without a path: $(cat err.txt)"
-[ "$(code "$S" config --from-deepspeed missing.json)" = 2 ] && grep -q "missing.json: cannot open" err.txt || fail "a missing file"
+[ "$(code "$S" config --from-deepspeed missing.json)" = 2 ] && grep -q "missing.json: cannot read" err.txt || fail "a missing file"
 [ "$(code "$S" config --from-deepspeed)" = 2 ] || fail "no file named"
 pass "invalid JSON, wrong types, inconsistent batches and results Strata would refuse exit 2 by name"

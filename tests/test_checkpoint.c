@@ -232,6 +232,15 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
+/* An edited manifest with its checksum line made to match, as a forger would: what the
+ * parser does with the contents behind a valid checksum. */
+static void write_manifest(const char *path, const char *text) {
+    const char *body = strncmp(text, "manifest_crc32c: ", 17) ? text : strchr(text, '\n') + 1;
+    FILE *f = fopen(path, "w");
+    fprintf(f, "manifest_crc32c: 0x%08x\n%s", strata_crc32c(0, body, strlen(body)), body);
+    fclose(f);
+}
+
 static void read_text(const char *path, char *buf, size_t len) {
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(buf, 1, len - 1, f) : 0;
@@ -503,20 +512,81 @@ static void test_corruption(const char *root) {
     write_text(p, "- just\n- a list\n");
     CHECK(strata_ckpt_open(dir) == NULL && !strncmp(strata_error(), p, strlen(p)),
           "a manifest that is not a mapping: %s", strata_error());
+    int bad_manifest = 0;
+    CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && bad_manifest,
+          "a manifest without a mapping is the manifest's fault (exit 2)");
     char *v2 = strdup(orig);
     memcpy(strstr(v2, "strata-checkpoint-1"), "strata-checkpoint-2", 19);
-    write_text(p, v2);
+    write_manifest(p, v2);
     snprintf(msg, sizeof msg,
              "%s: format 'strata-checkpoint-2' is not strata-checkpoint-1 (written by another version of Strata?)", p);
     CHECK_ERR(strata_ckpt_open(dir) == NULL, msg, "another format version is refused clearly");
     free(v2);
     char *noworld = strdup(orig);
     memcpy(strstr(noworld, "\nworld:"), "\nwurld:", 7);
-    write_text(p, noworld);
-    CHECK(strata_ckpt_open(dir) == NULL && strstr(strata_error(), "missing key 'world'") &&
+    write_manifest(p, noworld);
+    CHECK(strata_ckpt_open(dir) == NULL && strstr(strata_error(), "line 6: unknown key 'wurld'") &&
               !strncmp(strata_error(), p, strlen(p)),
-          "a missing key is named: %s", strata_error());
+          "a renamed key is named: %s", strata_error());
     free(noworld);
+
+    /* The checksum: one edited byte is refused, naming the file; the original loads. */
+    char *edited = strdup(orig);
+    char *step = strstr(edited, "\nstep: ");
+    CHECK(step != NULL, "the manifest has a step line");
+    if (step) step[7] = step[7] == '9' ? '8' : step[7] + 1;
+    write_text(p, edited);
+    CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && bad_manifest &&
+              !strncmp(strata_error(), p, strlen(p)) && strstr(strata_error(), ": checksum mismatch (manifest_crc32c says ") &&
+              strstr(strata_error(), "the manifest was edited or corrupted; refusing it"),
+          "an edited step is refused by the checksum: %s", strata_error());
+    free(edited);
+    write_text(p, orig);
+    /* (this directory lost rank00001.bin above: the manifest passes, the data does not) */
+    CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && !bad_manifest &&
+              strstr(strata_error(), "rank00001.bin: cannot open"),
+          "the original manifest passes its checks: %s", strata_error());
+    write_text(p, "manifest_crc32c: 0xzz\nformat: x\n");
+    CHECK(strata_ckpt_open(dir) == NULL && strstr(strata_error(), "manifest_crc32c is not a 32-bit hex number"),
+          "a malformed checksum line is refused: %s", strata_error());
+    /* the checksum line moved off the first line is an edit too */
+    char *moved = strdup(strchr(orig, '\n') + 1);
+    write_text(p, moved);
+    FILE *mf = fopen(p, "a");
+    fputs("manifest_crc32c: 0x00000000\n", mf);
+    fclose(mf);
+    CHECK(strata_ckpt_open(dir) == NULL && strstr(strata_error(), "manifest_crc32c is not on the first line"),
+          "a checksum line that is not first is refused: %s", strata_error());
+    /* an old manifest (no checksum line) loads, unverified */
+    write_text(p, moved);
+    CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && !bad_manifest &&
+              strstr(strata_error(), "rank00001.bin: cannot open"),
+          "a manifest without the checksum line (an older Strata's) passes, unverified: %s", strata_error());
+    free(moved);
+
+    /* A manifest names no files: a key that would (../x, an absolute path) is refused,
+     * even behind a valid checksum, at the top level and inside a tensor. */
+    static const char *const escapes[] = {"file: ../x\n", "data: /etc/passwd\n", "rank0: ../../step_00000001/rank00000.bin\n"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(orig) + strlen(escapes[i]) + 1;
+        char *esc = malloc(n);
+        char *cfg = strstr(orig, "\nconfig: ");
+        snprintf(esc, n, "%.*s\n%s%s", (int)(cfg - orig), orig, escapes[i], cfg + 1);
+        write_manifest(p, esc);
+        CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && bad_manifest && strstr(strata_error(), "unknown key") &&
+                  !strncmp(strata_error(), p, strlen(p)),
+              "a manifest with '%.*s' is refused (exit 2): %s", (int)strlen(escapes[i]) - 1, escapes[i], strata_error());
+        free(esc);
+    }
+    char *tfile = strdup(orig);
+    char *dt = strstr(tfile, ", dtype: float32}");
+    CHECK(dt != NULL, "a tensor line to edit");
+    if (dt) memcpy(dt, ", file: ../../xy}", 17);
+    write_manifest(p, tfile);
+    CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && bad_manifest && strstr(strata_error(), "unknown key 'file'"),
+          "a tensor naming a file is refused: %s", strata_error());
+    free(tfile);
+    write_text(p, orig);
     free_model(&m);
 }
 

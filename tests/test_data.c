@@ -330,7 +330,7 @@ static void test_prepare_text(void) {
     CHECK(error_is(msg), "empty-file message names the file");
     tpath(p, "missing.txt");
     CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL) != 0, "missing text file refused");
-    snprintf(msg, sizeof msg, "%s: cannot read text file: No such file or directory", p);
+    snprintf(msg, sizeof msg, "%s: cannot read: No such file or directory", p);
     CHECK(error_is(msg), "missing-file message names the file");
     CHECK(strata_prepare_text(files, 2, out, 1.5, 256, NULL) != 0 &&
               error_is("prepare: val_fraction 1.5 is outside [0, 1)"),

@@ -154,6 +154,28 @@ int main(void) {
     }
     free(g0);
 
+    /* every id into the embedding and the loss is checked before it is copied: an id
+     * outside [0, V) is refused with its value and place, the device buffers untouched */
+    int32_t bad[B * T];
+    memcpy(bad, r.inputs, sizeof bad);
+    int32_t before[B * T];
+    memcpy(before, m->inputs, sizeof before);
+    bad[T + 4] = 11; /* = vocab_size */
+    CHECK(strata_model_set_batch(m, bad, r.targets) != 0 &&
+              !strcmp(strata_error(), "token id 11 at row 1, position 4 of the batch is outside the vocabulary [0, 11)"),
+          "an input id = vocab_size is refused, naming it: %s", strata_error());
+    CHECK(!memcmp(before, m->inputs, sizeof before), "a refused batch copies nothing");
+    bad[T + 4] = -7;
+    CHECK(strata_model_set_batch(m, bad, r.targets) != 0 && strstr(strata_error(), "token id -7 at row 1, position 4"),
+          "a negative input id is refused: %s", strata_error());
+    memcpy(bad, r.targets, sizeof bad);
+    bad[5] = 1 << 30;
+    CHECK(strata_model_set_batch(m, r.inputs, bad) != 0 &&
+              strstr(strata_error(), "target id 1073741824 at row 0, position 5"),
+          "a target id past the vocabulary is refused: %s", strata_error());
+    CHECK(strata_model_set_batch(m, r.inputs, r.targets) == 0, "ids in range, and an ignored (-1) target, pass");
+    CHECK(strata_model_forward_logits(m, bad, 1, T) != 0, "forward_logits refuses out-of-range ids too");
+
     /* names and layout are Hugging Face's */
     CHECK(!strcmp(m->tensors[0].name, "transformer.wte.weight"), "first tensor %s", m->tensors[0].name);
     CHECK(!strcmp(m->tensors[2 + 2].name, "transformer.h.0.attn.c_attn.weight") && m->tensors[4].shape[0] == 8 &&
