@@ -623,6 +623,48 @@ static void prune(const char *ckpt_dir, const char *current, int keep) {
     free(v);
 }
 
+static void append_name(char *buf, size_t len, const char *name) {
+    size_t o = strlen(buf);
+    if (o + 1 >= len) return;
+    snprintf(buf + o, len - o, "%s%s", o ? ", " : "", name);
+}
+
+int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_len) {
+    char ckpt_dir[CKPT_PATH_MAX], p[CKPT_PATH_MAX], done[CKPT_PATH_MAX];
+    if (removed_len) removed[0] = 0;
+    if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0) return -1;
+    if (!is_dir(ckpt_dir)) return 0;
+    int n_removed = 0;
+    static const char *const leftovers[] = {".tmp", ".old"};
+    for (int s = 0; s < 2; s++) {
+        step_entry *v;
+        int n;
+        if (list_steps(ckpt_dir, leftovers[s], &v, &n) != 0) return -1;
+        for (int i = 0; i < n; i++) {
+            if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0) continue;
+            if (s == 1) { /* .old: the previous copy of a re-saved step; only once the new one is in place */
+                if (fmt_path(done, sizeof done, "%s/step_%08lld/manifest.yaml", ckpt_dir, (long long)v[i].step) != 0 ||
+                    !is_file(done))
+                    continue;
+            }
+            if (rm_tree(p) != 0) {
+                free(v);
+                return -1;
+            }
+            append_name(removed, removed_len, v[i].name);
+            n_removed++;
+        }
+        free(v);
+    }
+    if (fmt_path(p, sizeof p, "%s/latest.tmp", ckpt_dir) == 0 && is_file(p)) {
+        if (unlink(p) != 0) return strata_fail("%s: cannot remove: %s", p, strerror(errno));
+        append_name(removed, removed_len, "latest.tmp");
+        n_removed++;
+    }
+    if (n_removed && fsync_dir(ckpt_dir) != 0) return -1;
+    return n_removed;
+}
+
 /* Leftovers of an earlier, killed attempt at the same step in tmp_dir (rank files of a
  * larger world, a half-written manifest) must not become part of this checkpoint. */
 static int clean_tmp_dir(const char *tmp_dir, int world) {

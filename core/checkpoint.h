@@ -83,6 +83,13 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int
 int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
                        const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len);
 
+/* At the start of a run (rank 0, holding the run directory, before any save): removes
+ * what killed saves left in run_dir/ckpt: every step_N.tmp directory, a step_N.old whose
+ * finished step_N is present, and latest.tmp. A finished step_N is never touched. The
+ * names removed go to `removed` (", "-separated, cut to removed_len); returns how many
+ * were removed (0 when run_dir has no ckpt/ yet), or -1 + error naming the directory. */
+int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_len);
+
 /* ---- reading ---- */
 
 /* Resolves what --resume or `strata sample` was given: "latest" (with run_dir), a run

@@ -4,10 +4,15 @@
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/arena.h"
@@ -23,11 +28,99 @@
 #include "launcher/plan.h"
 #include "launcher/sample.h"
 #include "launcher/tokenizer.h"
+#include "offload/nvme.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 
 static volatile sig_atomic_t stop_requested;
-static void on_stop_signal(int sig) { stop_requested = sig; }
+
+/* ---- a rank that vanishes ----
+ *
+ * When one rank dies (SIGKILL, a crash), Open MPI's mpirun sends the others SIGCONT, then
+ * SIGTERM about a second later, then SIGKILL, and exits with the dead rank's status (128 +
+ * its signal: 137 for SIGKILL); nothing a survivor does changes that status. What a
+ * survivor can do is say who is gone and what it was doing: at start every rank learns
+ * every rank's pid and host (the host name and pid namespace), and on those signals a
+ * survivor looks for a rank of its own host whose pid no longer exists. If it finds one
+ * it writes its message and exits 1 at once (async-signal-safe calls only); otherwise
+ * SIGTERM and SIGINT are a request to stop, as without mpirun. */
+typedef struct rank_id {
+    int64_t pid;
+    char host[64];   /* gethostname() */
+    char pid_ns[48]; /* /proc/self/ns/pid: ranks on one host in different namespaces cannot see each other's pids */
+} rank_id;
+
+static rank_id *peers;          /* every rank's, world of them (NULL at world 1) */
+static int peers_n, peers_me;
+static volatile sig_atomic_t doing; /* what this rank is in, an index into doing_what */
+static const char *const doing_what[] = {"starting up", "a training step", "validation", "agreeing on the step's end",
+                                         "saving a checkpoint", "the final optimizer update"};
+enum { DOING_START, DOING_STEP, DOING_EVAL, DOING_AGREE, DOING_SAVE, DOING_FINISH };
+static volatile int64_t doing_step;   /* 1-based step in progress */
+static volatile int64_t saved_step = -1; /* the last checkpoint this run wrote or resumed from */
+
+/* async-signal-safe text building, for the message written from the signal handler */
+static void sig_puts(char *buf, size_t *o, size_t cap, const char *s) {
+    while (*s && *o + 1 < cap) buf[(*o)++] = *s++;
+    buf[*o] = 0;
+}
+static void sig_putn(char *buf, size_t *o, size_t cap, int64_t v) {
+    char d[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
+    do d[n++] = (char)('0' + u % 10); while ((u /= 10) && n < 23);
+    if (v < 0) d[n++] = '-';
+    while (n > 0 && *o + 1 < cap) buf[(*o)++] = d[--n];
+    buf[*o] = 0;
+}
+
+static void on_signal(int sig) {
+    int saved_errno = errno;
+    for (int r = 0; peers && r < peers_n; r++) {
+        const rank_id *p = &peers[r], *me = &peers[peers_me];
+        if (r == peers_me || strcmp(p->host, me->host) || strcmp(p->pid_ns, me->pid_ns)) continue;
+        if (kill((pid_t)p->pid, 0) == 0 || errno != ESRCH) continue;
+        static char msg[1024];
+        size_t o = 0, cap = sizeof msg;
+        sig_puts(msg, &o, cap, "[rank ");
+        sig_putn(msg, &o, cap, peers_me);
+        sig_puts(msg, &o, cap, "] error: [train] rank ");
+        sig_putn(msg, &o, cap, r);
+        sig_puts(msg, &o, cap, " (pid ");
+        sig_putn(msg, &o, cap, p->pid);
+        sig_puts(msg, &o, cap, " on ");
+        sig_puts(msg, &o, cap, p->host);
+        sig_puts(msg, &o, cap, ") is gone: killed, or crashed (a rank that failed by itself wrote its reason "
+                               "above). This rank was in ");
+        sig_puts(msg, &o, cap, doing_what[doing]);
+        if (doing != DOING_START) {
+            sig_puts(msg, &o, cap, " (step ");
+            sig_putn(msg, &o, cap, doing_step);
+            sig_puts(msg, &o, cap, ")");
+        }
+        sig_puts(msg, &o, cap, " and exits 1; mpirun ends the job with the lost rank's own status (137 after SIGKILL). ");
+        if (saved_step >= 0) {
+            sig_puts(msg, &o, cap, "The last checkpoint, step ");
+            sig_putn(msg, &o, cap, saved_step);
+            sig_puts(msg, &o, cap, ", is intact: resume with --resume latest.\n");
+        } else {
+            sig_puts(msg, &o, cap, "No checkpoint was written yet.\n");
+        }
+        ssize_t w = write(STDERR_FILENO, msg, o);
+        (void)w;
+        _exit(STRATA_EXIT_ERROR);
+    }
+    if (sig != SIGCONT) stop_requested = sig;
+    errno = saved_errno;
+}
+
+static void fill_rank_id(rank_id *id) {
+    memset(id, 0, sizeof *id);
+    id->pid = (int64_t)getpid();
+    if (gethostname(id->host, sizeof id->host - 1) != 0) snprintf(id->host, sizeof id->host, "?");
+    ssize_t n = readlink("/proc/self/ns/pid", id->pid_ns, sizeof id->pid_ns - 1);
+    id->pid_ns[n > 0 ? n : 0] = 0;
+}
 
 static int parse_cli(int argc, char **argv, strata_cli *cli, const char *cmd, int allow_resume, int allow_world) {
     memset(cli, 0, sizeof *cli);
@@ -109,23 +202,52 @@ int strata_cmd_plan(int argc, char **argv) {
 
 /* ---- metrics ---- */
 
-/* On resume, drops rows for steps after the checkpoint (a run that went further and was
- * killed) so the file describes one history. */
-static void metrics_truncate(const char *path, int64_t last_step) {
+/* On resume, cuts metrics.jsonl back to one history: the rows of steps 1..last_step, each
+ * once, in order. Rows of later steps (a run that went further and was killed), a last
+ * line cut short (a full disk, a kill mid-write) and repeats are dropped. The file is
+ * rewritten through path.tmp, fsynced and renamed; on any failure the .tmp is removed and
+ * the original stays as it was. 0 or -1 + error naming the file and errno. */
+static int metrics_truncate(const char *path, int64_t last_step) {
     FILE *in = fopen(path, "r");
-    if (!in) return;
+    if (!in) return errno == ENOENT ? 0 : strata_fail("%s: cannot read: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(in), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(in);
+        return strata_fail("%s is not a regular file: cannot cut it back to the resumed step", path);
+    }
     char tmp[STRATA_PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *out = fopen(tmp, "w");
-    if (!out) { fclose(in); return; }
-    char line[4096];
-    while (fgets(line, sizeof line, in)) {
-        const char *s = strstr(line, "\"step\":");
-        if (s && atoll(s + 7) > last_step) continue;
-        fputs(line, out);
+    if (!out) {
+        int e = errno;
+        fclose(in);
+        return strata_fail("%s: cannot create: %s", tmp, strerror(e));
     }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int64_t prev = 0;
+    int e = 0;
+    while ((n = getline(&line, &cap, in)) > 0) {
+        if (line[n - 1] != '\n') continue; /* cut short */
+        const char *sp = strstr(line, "\"step\":");
+        int64_t step = sp ? atoll(sp + 7) : 0;
+        if (step <= prev || step > last_step) continue;
+        prev = step;
+        if (fwrite(line, 1, (size_t)n, out) != (size_t)n) { e = errno; break; }
+    }
+    if (!e && ferror(in)) e = errno ? errno : EIO;
+    free(line);
     fclose(in);
-    if (fclose(out) == 0) rename(tmp, path);
+    if (!e && (fflush(out) != 0 || fsync(fileno(out)) != 0)) e = errno;
+    if (fclose(out) != 0 && !e) e = errno;
+    if (!e && rename(tmp, path) != 0) e = errno;
+    if (e) {
+        unlink(tmp);
+        return strata_fail("%s: cutting it back to step %lld through %s failed: %s (errno %d)", path,
+                           (long long)last_step, tmp, strerror(e), e);
+    }
+    return 0;
 }
 
 /* Resident set size of this process, from /proc (0 where unavailable). */
@@ -175,6 +297,10 @@ typedef struct trainer {
     size_t planned_runtime; /* the plan's CUDA runtime row (0 on the CPU backend) */
     size_t device_used_peak; /* device memory in use (device_used), highest seen after a step */
     strata_bpe *tokenizer;  /* what the token ids mean (launcher/tokenizer.h), or NULL */
+    int lock_fd;            /* rank 0: run.dir/lock, flock()ed for the run's life (-1: none) */
+    char nvme_live[1024];   /* swap files of running processes in offload.nvme_path, for the plan's message */
+    char metrics_path[STRATA_PATH_MAX + 32];
+    long metrics_good_bytes; /* metrics.jsonl's length after its last complete line */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -374,6 +500,123 @@ static void check_checkpoint_space(const trainer *t) {
 
 /* ---- the phases of `strata train`, in the order strata_cmd_train runs them ---- */
 
+/* mkdir -p; 0 or -1 + error naming the directory. */
+static int make_dirs(const char *dir) {
+    char path[STRATA_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
+    if (mkdir(path, 0755) && errno != EEXIST) return strata_fail("run.dir '%s': %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return strata_fail("run.dir '%s' is not a directory", dir);
+    return 0;
+}
+
+/* Rank 0 takes run.dir for this run: flock(2) on run.dir/lock, held until the process
+ * ends (the kernel lets go of it however the process ends, so a crashed or killed run
+ * never leaves it stuck), with this process's pid and host written in it for whoever
+ * is refused. Returns an exit code: 2 when another run holds it. */
+static int lock_run_dir(trainer *t) {
+    const char *dir = t->cfg.run.dir;
+    char path[STRATA_PATH_MAX + 32];
+    if (make_dirs(dir)) return STRATA_EXIT_ERROR;
+    snprintf(path, sizeof path, "%s/lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+        strata_fail("%s: cannot open the run's lock file: %s", path, strerror(errno));
+        return STRATA_EXIT_ERROR;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char who[256] = "";
+        ssize_t n = pread(fd, who, sizeof who - 1, 0);
+        who[n > 0 ? n : 0] = 0;
+        who[strcspn(who, "\n")] = 0;
+        close(fd);
+        if (e != EWOULDBLOCK) {
+            strata_fail("%s: cannot lock: %s", path, strerror(e));
+            return STRATA_EXIT_ERROR;
+        }
+        strata_fail("run.dir '%s' is in use by another `strata train` (%s; it holds %s). Two runs in one directory "
+                    "would mix their checkpoints and metrics: wait for that run to end, stop it, or set run.dir "
+                    "to another directory", dir, who[0] ? who : "it has not written its pid yet", path);
+        return STRATA_EXIT_USAGE;
+    }
+    char host[64] = "?", when[32] = "?", text[256];
+    gethostname(host, sizeof host - 1);
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    int len = snprintf(text, sizeof text, "pid %ld on %s, started %s\n", (long)getpid(), host, when);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
+        strata_fail("%s: cannot write: %s", path, strerror(errno));
+        close(fd);
+        return STRATA_EXIT_ERROR;
+    }
+    t->lock_fd = fd;
+    return 0;
+}
+
+/* Before anything else is opened: rank 0 takes run.dir (lock_run_dir) and removes what
+ * killed saves left in ckpt/, then tells every rank whether the run may start, so a
+ * refusal reaches each of them before any collective; and every rank learns every
+ * rank's pid and host (for on_signal). Returns an exit code (0: go on). */
+static int claim_run_dir(trainer *t) {
+    int32_t rc = 0;
+    char why[2048] = "";
+    if (t->rank == 0) {
+        rc = lock_run_dir(t);
+        if (rc == 0) {
+            char removed[1024];
+            int n = strata_ckpt_clean_stale(t->cfg.run.dir, removed, sizeof removed);
+            if (n < 0) rc = STRATA_EXIT_ERROR;
+            else if (n > 0)
+                STRATA_INFO("ckpt", "removed %d unfinished checkpoint%s that a run killed while saving left in %s/ckpt: %s",
+                            n, n == 1 ? "" : "s", t->cfg.run.dir, removed);
+        }
+        if (rc) snprintf(why, sizeof why, "%s", strata_error());
+    }
+    if (strata_mpi_bcast(&rc, sizeof rc, 0)) fatal(t, "agreeing on the run directory");
+    if (rc) {
+        if (t->rank == 0) strata_log(STRATA_LOG_ERROR, "train", "%s", why);
+        return rc;
+    }
+    if (t->world > 1) {
+        rank_id me;
+        fill_rank_id(&me);
+        peers = strata_xcalloc((size_t)t->world, sizeof *peers);
+        if (strata_mpi_allgather(&me, peers, sizeof me)) fatal(t, "exchanging the ranks' pids");
+        peers_n = t->world;
+        peers_me = t->rank;
+    }
+    return 0;
+}
+
+/* Swap files a killed run left in offload.nvme_path would count as used space: remove
+ * them (strata_nvme_reclaim) before the plan measures the disk; those of running
+ * processes stay and are named. Every rank looks before any rank makes its own file, and
+ * all agree. Returns an exit code (0: go on). */
+static int reclaim_nvme(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    if (!cfg->offload.nvme_path[0] ||
+        (cfg->offload.optimizer != STRATA_OFFLOAD_NVME && cfg->offload.params != STRATA_OFFLOAD_NVME))
+        return 0;
+    size_t live_bytes = 0;
+    int32_t rc = strata_nvme_reclaim(cfg->offload.nvme_path, t->nvme_live, sizeof t->nvme_live, &live_bytes) ? STRATA_EXIT_ERROR : 0;
+    if (rc) strata_log(STRATA_LOG_ERROR, "nvme", "offload.nvme_path: %s", strata_error());
+    else if (t->nvme_live[0] && t->rank == 0) {
+        char b[32];
+        STRATA_INFO("nvme", "offload.nvme_path also holds swap files of running processes (%s in all): %s",
+                    strata_fmt_bytes(b, sizeof b, (double)live_bytes), t->nvme_live);
+    }
+    int32_t *all = strata_xcalloc((size_t)t->world, sizeof *all);
+    if (strata_mpi_allgather(&rc, all, sizeof rc)) fatal(t, "agreeing on offload.nvme_path");
+    for (int r = 0; r < t->world; r++)
+        if (all[r]) rc = all[r];
+    free(all);
+    return rc;
+}
+
 /* The device and the collectives. Returns an exit code (0: go on). */
 static int open_device(trainer *t, int local_rank) {
     const strata_config *cfg = &t->cfg;
@@ -454,6 +697,10 @@ static int build_and_plan(trainer *t) {
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;
     plan_this_run(t, &plan);
+    if (!plan.fits && t->nvme_live[0] && plan.need[STRATA_TIER_NVME] > plan.capacity[STRATA_TIER_NVME]) {
+        size_t o = strlen(plan.why); /* name who holds the disk (reclaim_nvme removed the stale ones) */
+        snprintf(plan.why + o, sizeof plan.why - o, "; swap files of running processes hold part of it: %s", t->nvme_live);
+    }
     int rc;
     if (!plan.fits && (rc = fit_the_plan(t, &plan))) return rc;
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
@@ -546,19 +793,21 @@ static void restore_state(trainer *t) {
     }
 }
 
-/* run.dir, metrics.jsonl (cut back to the resumed step) and the run's tokenizer: rank 0's. */
+/* metrics.jsonl (cut back to the resumed step) and the run's tokenizer, in run.dir
+ * (claim_run_dir made it): rank 0's. */
 static void open_run_dir(trainer *t) {
     const strata_config *cfg = &t->cfg;
     if (t->rank != 0) return;
-    char path[STRATA_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s", cfg->run.dir);
-    for (char *p = path + 1; *p; p++) /* mkdir -p */
-        if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
-    if (mkdir(path, 0755) && errno != EEXIST) { strata_fail("run.dir '%s': %s", cfg->run.dir, strerror(errno)); fatal(t, "creating the run directory"); }
-    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run.dir);
-    if (t->cli.resume) metrics_truncate(path, t->start);
+    char *path = t->metrics_path;
+    snprintf(path, sizeof t->metrics_path, "%s/metrics.jsonl", cfg->run.dir);
+    if (t->cli.resume && metrics_truncate(path, t->start)) fatal(t, "resuming metrics");
+    char tmp[STRATA_PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path); /* a killed resume's */
+    if (unlink(tmp) == 0) STRATA_INFO("train", "removed %s, left by a run killed while resuming", tmp);
     t->metrics = fopen(path, t->cli.resume ? "a" : "w");
     if (!t->metrics) { strata_fail("%s: %s", path, strerror(errno)); fatal(t, "opening metrics"); }
+    struct stat st;
+    t->metrics_good_bytes = fstat(fileno(t->metrics), &st) == 0 && S_ISREG(st.st_mode) ? (long)st.st_size : 0;
     if (t->tokenizer && strata_run_tokenizer_record(cfg, t->tokenizer)) fatal(t, "recording the tokenizer");
 }
 
@@ -586,15 +835,32 @@ static void print_progress(trainer *t, const step_figures *f, double run_t0) {
     fflush(stdout);
 }
 
-/* One line of metrics.jsonl per step (rank 0): the step's figures, memory against the plan. */
-static void write_metrics(trainer *t, const step_figures *f) {
+/* A write to metrics.jsonl failed: put the file back to its last complete line (so it
+ * stays one JSON object per line), drop what stdio still holds, and fail naming the
+ * file and errno. */
+static int metrics_failed(trainer *t, int e) {
+    FILE *m = t->metrics;
+    __fpurge(m);
+    struct stat st;
+    if (fstat(fileno(m), &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fileno(m), (off_t)t->metrics_good_bytes) != 0)
+        STRATA_WARN("train", "%s: cannot cut back its partial last line: %s", t->metrics_path, strerror(errno));
+    return strata_fail("writing %s failed: %s (errno %d)", t->metrics_path, strerror(e), e);
+}
+
+/* One line of metrics.jsonl per step (rank 0): the step's figures, memory against the plan.
+ * Every write is checked and the line flushed; 0 or -1 + error. */
+static int write_metrics(trainer *t, const step_figures *f) {
     const strata_step_result *r = &f->r;
     double tok_s = t->tokens_per_step / (f->ms / 1e3);
     strata_engine_memory mem = strata_engine_get_memory(t->engine);
     size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime, rss = rss_bytes();
     if (rss > t->rss_peak) t->rss_peak = rss;
     if (used > t->device_used_peak) t->device_used_peak = used;
-    FILE *m = t->metrics;
+    /* the line is made in memory and written at once, so the write's errno is its own */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (!m) return strata_fail("metrics: out of host memory for a line");
     fprintf(m, "{\"step\": %lld, \"loss\": %.9g, ", (long long)f->done, r->loss);
     if (f->eval_now) fprintf(m, "\"val_loss\": %.9g, ", f->val_loss);
     fprintf(m, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
@@ -613,7 +879,17 @@ static void write_metrics(trainer *t, const step_figures *f) {
             used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
     if (t->auto_change[0] && f->done == t->start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, m);
     fprintf(m, "}\n");
-    fflush(m);
+    if (fclose(m) != 0) {
+        free(text);
+        return strata_fail("metrics: out of host memory for a line");
+    }
+    errno = 0;
+    int bad = fwrite(text, 1, len, t->metrics) != len || fflush(t->metrics) != 0;
+    int e = errno ? errno : EIO;
+    free(text);
+    if (bad) return metrics_failed(t, e);
+    t->metrics_good_bytes += (long)len;
+    return 0;
 }
 
 /* A step whose loss is not finite: a device fault on some rank (checkpoint what is intact,
@@ -632,14 +908,38 @@ static int nonfinite_step(trainer *t, int64_t step, const strata_step_result *r,
     return STRATA_EXIT_ERROR;
 }
 
+/* metrics.jsonl could not be written (rank 0 said why): every rank saves what is intact
+ * (this may fail too on a full disk; the last good checkpoint is never touched), then
+ * the run ends with exit 1. Every rank comes here together. */
+static int metrics_stop(trainer *t, int64_t done, double loss, int64_t last_saved) {
+    char dir[STRATA_PATH_MAX] = "";
+    doing = DOING_SAVE;
+    int saved = save_checkpoint(t, done, loss, dir, sizeof dir) == 0;
+    if (saved) saved_step = done;
+    if (t->rank != 0) return STRATA_EXIT_ERROR;
+    if (saved)
+        STRATA_ERROR("train", "stopped after step %lld because metrics.jsonl could not be written; step %lld is "
+                     "saved in %s. Free space, then resume with --resume latest.", (long long)done, (long long)done, dir);
+    else
+        STRATA_ERROR("train", "stopped after step %lld because metrics.jsonl could not be written, and the checkpoint "
+                     "of this step failed too (%s). %s Free space, then resume with --resume latest.",
+                     (long long)done, strata_error(),
+                     last_saved >= 0 ? "The last good checkpoint is intact." : "No checkpoint had been written yet.");
+    return STRATA_EXIT_ERROR;
+}
+
 /* The steps from t->start to train.steps, with validation, metrics and checkpoints; stops
- * early on a signal (every rank agrees first) or a non-finite step. Returns an exit code. */
+ * early on a signal (every rank agrees first), a non-finite step or a metrics write that
+ * fails. Returns an exit code. */
 static int train_loop(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int64_t steps = cfg->train.steps, last_saved = t->cli.resume ? t->start : -1;
     double loss = NAN, run_t0 = strata_now_ms();
+    saved_step = last_saved;
     for (int64_t step = t->start; step < steps; step++) {
         step_figures f = {.done = step + 1, .val_loss = NAN};
+        doing_step = step + 1;
+        doing = DOING_STEP;
         double t0 = strata_now_ms();
         strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
         if (strata_engine_step(t->engine, &t->train, step, &f.r)) fatal(t, "training step");
@@ -651,19 +951,30 @@ static int train_loop(trainer *t) {
         loss = f.r.loss;
         t->tokens_seen += t->tokens_per_step;
         f.eval_now = t->have_val && ((cfg->train.eval_every > 0 && f.done % cfg->train.eval_every == 0) || f.done == steps);
+        doing = DOING_EVAL;
         if (f.eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &f.val_loss)) fatal(t, "validation");
+        /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics */
+        double agree[2] = {0, 0};
         if (t->rank == 0) {
             print_progress(t, &f, run_t0);
-            write_metrics(t, &f);
+            if (write_metrics(t, &f)) {
+                strata_log(STRATA_LOG_ERROR, "train", "step %lld: %s", (long long)f.done, strata_error());
+                agree[1] = 1;
+            }
         }
         /* every rank must agree to stop, or some would wait in a collective for the others */
-        double stop = stop_requested ? 1.0 : 0.0;
-        if (t->world > 1 && strata_allreduce_host_f64(t->comm, &stop, 1)) fatal(t, "agreeing on a stop");
+        doing = DOING_AGREE;
+        agree[0] = stop_requested ? 1.0 : 0.0;
+        if (t->world > 1 && strata_allreduce_host_f64(t->comm, agree, 2)) fatal(t, "agreeing on a stop");
+        if (agree[1] > 0) return metrics_stop(t, f.done, loss, last_saved);
+        double stop = agree[0];
         int periodic = cfg->run.checkpoint_every > 0 && f.done % cfg->run.checkpoint_every == 0;
         if (periodic || (f.done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
             char dir[STRATA_PATH_MAX];
+            doing = DOING_SAVE;
             if (save_checkpoint(t, f.done, loss, dir, sizeof dir)) fatal(t, "saving a checkpoint");
             last_saved = f.done;
+            saved_step = f.done;
         }
         if (stop > 0) {
             if (t->rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)f.done);
@@ -671,7 +982,19 @@ static int train_loop(trainer *t) {
         }
     }
     /* the last step's offloaded update runs behind it; its errors must not go unseen */
+    doing = DOING_FINISH;
     if (strata_engine_sync(t->engine)) fatal(t, "finishing the last optimizer update");
+    /* the file is complete only once it is closed without error */
+    if (t->metrics) {
+        int bad = fclose(t->metrics) != 0;
+        int e = errno;
+        t->metrics = NULL;
+        if (bad) {
+            strata_fail("closing %s failed: %s (errno %d)", t->metrics_path, strerror(e), e);
+            strata_log(STRATA_LOG_ERROR, "train", "%s; the checkpoints are intact", strata_error());
+            return STRATA_EXIT_ERROR;
+        }
+    }
     return STRATA_EXIT_OK;
 }
 
@@ -718,7 +1041,8 @@ static void report_memory(const trainer *t) {
 }
 
 static void close_trainer(trainer *t) {
-    if (t->metrics) fclose(t->metrics);
+    if (t->metrics) fclose(t->metrics); /* only on a path that already failed */
+    if (t->lock_fd >= 0) close(t->lock_fd); /* lets go of run.dir */
     if (t->engine) strata_unbuild(t->engine, &t->arena, &t->m);
     if (t->have_train) strata_loader_close(&t->train);
     if (t->have_val) strata_loader_close(&t->val);
@@ -730,6 +1054,7 @@ static void close_trainer(trainer *t) {
 
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank) {
     trainer *t = strata_xcalloc(1, sizeof *t);
+    t->lock_fd = -1;
     t->rank = rank;
     t->world = world;
     int rc = parse_cli(argc, argv, &t->cli, "train", 1, 0);
@@ -751,7 +1076,17 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
 
-    if ((rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
+    if ((rc = claim_run_dir(t))) {
+        close_trainer(t);
+        return rc;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (world > 1) sigaction(SIGCONT, &sa, NULL); /* mpirun's first word when a rank has died */
+
+    if ((rc = reclaim_nvme(t)) || (rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
         close_trainer(t);
         return rc;
     }
@@ -761,12 +1096,14 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return rc;
     }
     restore_state(t);
+    if (t->cli.resume && t->start >= cfg->train.steps) {
+        if (rank == 0)
+            STRATA_INFO("train", "run already at step %lld of %lld; nothing to do (raise train.steps to train further)",
+                        (long long)t->start, (long long)cfg->train.steps);
+        close_trainer(t);
+        return STRATA_EXIT_OK;
+    }
     open_run_dir(t);
-
-    struct sigaction sa = {0};
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
 
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && !stop_requested && rank == 0 && cfg->train.sample_tokens > 0 &&

@@ -11,6 +11,7 @@
  *
  * On the pread/pwrite fallback a "submission" performs the system call at once and
  * queues its result, so completions go through the same code, injection included. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
@@ -87,28 +89,108 @@ static const char *op_name(int op) { return op == STRATA_NVME_WRITE ? "write" : 
 /* ---------------------------------------------------------------------------------- */
 /* Open and close                                                                       */
 
+/* The swap file is flock()ed for the store's life: the lock is what tells a live store
+ * from one a killed process left behind (strata_nvme_reclaim). Between the create and the
+ * lock another process's reclaim may take the file for stale and remove it (holding its
+ * lock for a moment, so this waits); then the name no longer leads to our file, and it
+ * is made again. */
+static int lock_file(strata_nvme_store *s) {
+    while (flock(s->fd, LOCK_EX) != 0) {
+        if (errno == EINTR) continue;
+        if (errno != ENOLCK && errno != EOPNOTSUPP && errno != EINVAL) return -1;
+        STRATA_WARN("nvme", "%s: the filesystem has no file locks (%s), so a later run cannot tell this file "
+                            "from a stale one", s->path, strerror(errno));
+        return 0;
+    }
+    struct stat mine, named;
+    if (fstat(s->fd, &mine) == 0 && stat(s->path, &named) == 0 && mine.st_dev == named.st_dev &&
+        mine.st_ino == named.st_ino)
+        return 0;
+    errno = ENOENT;
+    return -1;
+}
+
 static int create_file(strata_nvme_store *s, const char *dir) {
     int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt < 4; attempt++) {
         s->fd = open(s->path, flags | O_DIRECT, 0600);
-        if (s->fd < 0 && errno == EINVAL) {
-            s->fd = open(s->path, flags, 0600);
-            if (s->fd >= 0) {
-                s->direct = 0;
-                return 0;
-            }
-        } else if (s->fd >= 0) {
-            s->direct = 1;
-            return 0;
+        s->direct = s->fd >= 0;
+        if (s->fd < 0 && errno == EINVAL) s->fd = open(s->path, flags, 0600);
+        if (s->fd >= 0) {
+            if (lock_file(s) == 0) return 0;
+            int e = errno;
+            close(s->fd);
+            s->fd = -1;
+            if (e == ENOENT) continue; /* removed under us as stale: make it again */
+            return strata_fail("nvme: cannot lock %s: %s", s->path, strerror(e));
         }
         /* the same pid's file from a process that died without closing */
-        if (errno == EEXIST && attempt == 0 && unlink(s->path) == 0) continue;
+        if (errno == EEXIST && unlink(s->path) == 0) continue;
         break;
     }
     int e = errno;
     return strata_fail("nvme: cannot create %s: %s; offload.nvme_path (%s) must be a writable "
                        "directory on a local disk",
                        s->path, strerror(e), dir);
+}
+
+int strata_nvme_reclaim(const char *dir, char *live, size_t live_len, size_t *live_bytes) {
+    if (live_len) live[0] = 0;
+    if (live_bytes) *live_bytes = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : strata_fail("nvme: cannot list %s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int rank = -1, n = 0;
+        long pid = -1;
+        const char *nm = e->d_name;
+        /* strata-rank%05d-%ld.swap, as strata_nvme_open names it, and nothing else */
+        if (sscanf(nm, "strata-rank%5d-%ld.swap%n", &rank, &pid, &n) != 2 || nm[n] != 0 || rank < 0 || pid <= 0)
+            continue;
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", dir, nm) >= (int)sizeof path) continue;
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) {
+            if (errno == ENOENT) continue; /* its owner closed it, or another rank reclaimed it */
+            rc = strata_fail("nvme: cannot open %s to see whether it is in use: %s", path, strerror(errno));
+            break;
+        }
+        struct stat st;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            close(fd);
+            continue;
+        }
+        char hb[32];
+        strata_fmt_bytes(hb, sizeof hb, (double)st.st_blocks * 512.0);
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            /* nobody holds it: its process is gone (killed before it could remove it) */
+            if (unlink(path) != 0 && errno != ENOENT) {
+                rc = strata_fail("nvme: %s is a stale swap file (process %ld is gone) holding %s, but it "
+                                 "cannot be removed: %s; delete it by hand", path, pid, hb, strerror(errno));
+                close(fd);
+                break;
+            }
+            STRATA_INFO("nvme", "removed %s, a stale swap file left by process %ld (no longer running), which "
+                                "held %s of the disk", path, pid, hb);
+        } else if (errno == EWOULDBLOCK || errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL) {
+            /* held; or, on a filesystem without locks, impossible to tell: left alone */
+            if (live_bytes) *live_bytes += (size_t)st.st_blocks * 512;
+            if (live_len) {
+                size_t o = strlen(live);
+                if (o + 1 < live_len)
+                    snprintf(live + o, live_len - o, "%s%s (%s, rank %d of a running process %ld)", o ? ", " : "",
+                             path, hb, rank, pid);
+            }
+        } else {
+            rc = strata_fail("nvme: cannot lock %s to see whether it is in use: %s", path, strerror(errno));
+            close(fd);
+            break;
+        }
+        close(fd);
+    }
+    closedir(d);
+    return rc;
 }
 
 static int preallocate(strata_nvme_store *s, const char *dir) {

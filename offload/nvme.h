@@ -3,7 +3,8 @@
  * strata_nvme_open creates "<dir>/strata-rank%05d-<pid>.swap", opened with O_DIRECT and
  * preallocated to its full size with fallocate, so a disk that is too small fails at
  * open (naming the path, the bytes needed and the bytes free) rather than mid-run. The
- * file is removed again by strata_nvme_close. Fallbacks, each logged once at open under
+ * file is removed again by strata_nvme_close, and flock()ed while open, so that
+ * strata_nvme_reclaim can tell a live store's file from one a killed process left. Fallbacks, each logged once at open under
  * the [nvme] tag:
  *  - a filesystem that refuses O_DIRECT gets buffered I/O (slower, fills the page cache);
  *  - buffers io_uring will not register are used unregistered (a little more CPU per I/O);
@@ -54,6 +55,13 @@ typedef struct strata_nvme_stats {
 strata_nvme_store *strata_nvme_open(const char *dir, int rank, size_t bytes, size_t block_bytes,
                                     int queue_depth, void *const *reg_bufs,
                                     const size_t *reg_sizes, int n_reg);
+/* Before a run plans its disk space: every strata-rank*-*.swap file in dir whose lock can be
+ * taken belongs to a process that is gone (killed before it could remove it) and is
+ * removed, saying so at info level with its size. Files whose lock is held belong to a
+ * running process: they stay, and are described in `live` ("path (size, rank r of a
+ * running process p)", ", "-separated) with their disk bytes summed in *live_bytes.
+ * A missing dir is not an error here (the plan names it). 0, or -1 + error. */
+int strata_nvme_reclaim(const char *dir, char *live, size_t live_len, size_t *live_bytes);
 /* Finishes the I/O in flight, releases the ring and removes the file. Requests never
  * waited for are abandoned with a warning. */
 void strata_nvme_close(strata_nvme_store *s);

@@ -126,6 +126,35 @@ _Noreturn void strata_mpi_abort(int code) {
     exit(code);
 }
 
+static int startup_mpi_check(int rc, const char *call) {
+    if (rc == MPI_SUCCESS) return 0;
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return strata_fail("%s at start-up failed: %s", call, msg);
+}
+
+int strata_mpi_bcast(void *buf, size_t bytes, int root) {
+    if (!mpi_is_active) return 0;
+    if (bytes > INT_MAX) return strata_fail("MPI_Bcast at start-up: %zu bytes is too many", bytes);
+    mpi_enter();
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+    mpi_leave();
+    return startup_mpi_check(rc, "MPI_Bcast");
+}
+
+int strata_mpi_allgather(const void *in, void *out, size_t bytes_per_rank) {
+    if (!mpi_is_active) {
+        memmove(out, in, bytes_per_rank);
+        return 0;
+    }
+    if (bytes_per_rank > INT_MAX) return strata_fail("MPI_Allgather at start-up: %zu bytes is too many", bytes_per_rank);
+    mpi_enter();
+    int rc = MPI_Allgather(in, (int)bytes_per_rank, MPI_BYTE, out, (int)bytes_per_rank, MPI_BYTE, MPI_COMM_WORLD);
+    mpi_leave();
+    return startup_mpi_check(rc, "MPI_Allgather");
+}
+
 /* ---- the comm object ---- */
 
 typedef enum comm_elem { ELEM_F32, ELEM_F64, ELEM_BYTE, ELEM_BF16 } comm_elem;

@@ -65,6 +65,13 @@ void strata_mpi_finalize(void);
 int strata_mpi_active(void);
 /* Ends every rank of the job at once (MPI_Abort when MPI is active, else exit). */
 _Noreturn void strata_mpi_abort(int code);
+/* Start-up agreement before any comm is open (strata train decides on rank 0 whether the
+ * run may start at all, and every rank must hear the answer before it does collective
+ * work): a blocking MPI_Bcast / MPI_Allgather of bytes on MPI_COMM_WORLD from the calling
+ * thread. Without MPI, bcast does nothing and allgather copies in to out. 0, or -1 +
+ * error naming the call. */
+int strata_mpi_bcast(void *buf, size_t bytes, int root);
+int strata_mpi_allgather(const void *in, void *out, size_t bytes_per_rank);
 
 /* Opens the backend the config asks for (see the top of this file) on a stream of the
  * right kind that the comm makes, owns and destroys at close. NULL + error naming

@@ -756,6 +756,44 @@ static void test_crash_safety(const char *root) {
     free_model(&b);
 }
 
+/* What killed saves leave (an unfinished step_N.tmp, the moved-aside copy of a re-saved
+ * step, a half-written latest.tmp) is removed at start; finished steps are not, nor is an
+ * .old whose step has no finished copy (it may be the only one). */
+static void test_clean_stale(const char *root) {
+    char run[1024], p[4096], removed[256];
+    snprintf(run, sizeof run, "%s/clean", root);
+    CHECK(strata_ckpt_clean_stale(run, removed, sizeof removed) == 0, "clean_stale: a run without ckpt/ has nothing to clean");
+    model m;
+    small_model(&m, 11);
+    CHECK(save(run, &m, 2, 4, "a: 1\n", 0) == 0 && save(run, &m, 2, 8, "a: 1\n", 0) == 0, "clean_stale: two checkpoints saved");
+    char tmp[4096];
+    strata_ckpt_tmp_dir(tmp, sizeof tmp, run, 12); /* a save of step 12 killed half-way */
+    const float *shards[MAX_U][STRATA_CKPT_KINDS];
+    for (int u = 0; u < m.n_units; u++)
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++) shards[u][k] = m.data[u][k];
+    strata_ckpt_write_rank(tmp, &m.L, 0, 2, (const float *const (*)[STRATA_CKPT_KINDS])shards);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000004.old", run); /* step 4 re-saved: the old copy left */
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000006.old", run); /* moved aside, the new copy never installed */
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/ckpt/latest.tmp", run);
+    write_text(p, "step_00000012\n");
+    int n = strata_ckpt_clean_stale(run, removed, sizeof removed);
+    CHECK(n == 3, "clean_stale: 3 leftovers removed, got %d: '%s'", n, removed);
+    CHECK(strstr(removed, "step_00000012.tmp") && strstr(removed, "step_00000004.old") && strstr(removed, "latest.tmp"),
+          "clean_stale: their names are reported: '%s'", removed);
+    CHECK(!exists("%s/ckpt/step_00000012.tmp%s", run, "") && !exists("%s/ckpt/step_00000004.old%s", run, ""),
+          "clean_stale: step_00000012.tmp and step_00000004.old are gone");
+    CHECK(exists("%s/ckpt/step_00000006.old%s", run, ""), "clean_stale: an .old without a finished step stays");
+    CHECK(exists("%s/ckpt/step_00000004/manifest.yaml%s", run, "") && exists("%s/ckpt/step_00000008/manifest.yaml%s", run, ""),
+          "clean_stale: finished checkpoints are untouched");
+    char dir[4096];
+    CHECK(strata_ckpt_resolve("latest", run, dir, sizeof dir) == 0 && strstr(dir, "step_00000008"),
+          "clean_stale: latest still names step 8");
+    CHECK(strata_ckpt_clean_stale(run, removed, sizeof removed) == 0, "clean_stale: a second pass finds nothing");
+    free_model(&m);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     char root[256];
@@ -779,6 +817,7 @@ int main(void) {
     test_check_layout(root);
     test_write_failure(root);
     test_crash_safety(root);
+    test_clean_stale(root);
     rm_rf(root);
     printf("%s: %d failure(s), %.0f ms\n", failures ? "FAILED" : "passed", failures, strata_now_ms() - t0);
     return failures ? 1 : 0;

@@ -4,7 +4,8 @@
  * -EINTR, reports injected -EIO and -ENOSPC naming path, offset and bytes while staying
  * usable, refuses a store bigger than a real 4 MB tmpfs, a missing and a read-only
  * directory with clear errors, serves two threads at once, and removes its file on
- * close. Ends with a small `bench io` table. */
+ * close; strata_nvme_reclaim removes swap files nobody holds, keeps (and names) those of
+ * open stores, and leaves other files alone. Ends with a small `bench io` table. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -349,6 +350,51 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* A store's file is locked while it is open: reclaim names it and keeps it. A swap file
+ * nobody holds (what a SIGKILLed run leaves: the kernel let go of its lock) is removed;
+ * files that only look similar are not touched. */
+static void test_reclaim(void) {
+    char dir[320], stale[400], other[400], odd[400];
+    snprintf(dir, sizeof dir, "%s/reclaim", base);
+    mkdir(dir, 0755);
+    strata_nvme_store *s = strata_nvme_open(dir, 2, 64 * KB, 64 * KB, 2, NULL, NULL, 0);
+    CHECK(s != NULL, "reclaim: a store opens (%s)", s ? "" : strata_error());
+    if (!s) return;
+    snprintf(stale, sizeof stale, "%s/strata-rank00001-999999999.swap", dir);
+    snprintf(other, sizeof other, "%s/strata-rank00001-12.swap.bak", dir);
+    snprintf(odd, sizeof odd, "%s/notes.txt", dir);
+    const char *made[] = {stale, other, odd};
+    for (int i = 0; i < 3; i++) {
+        int fd = open(made[i], O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            CHECK(write(fd, "x", 1) == 1, "reclaim: wrote %s", made[i]);
+            close(fd);
+        }
+    }
+    char live[1024];
+    size_t live_bytes = 0;
+    int rc = strata_nvme_reclaim(dir, live, sizeof live, &live_bytes);
+    CHECK(rc == 0, "reclaim: returns 0 (%s)", rc ? strata_error() : "");
+    CHECK(!file_exists(stale), "reclaim: the unlocked swap file %s is removed", stale);
+    CHECK(file_exists(strata_nvme_path(s)), "reclaim: the open store's file stays");
+    CHECK(strstr(live, strata_nvme_path(s)) && strstr(live, "rank 2 of a running process"),
+          "reclaim: the open store's file is named as live: '%s'", live);
+    CHECK(live_bytes >= 64 * KB, "reclaim: its %zu bytes on disk are counted", live_bytes);
+    CHECK(file_exists(other) && file_exists(odd), "reclaim: files that are not swap files are left alone");
+    /* the same process holding the lock through another descriptor still counts as live */
+    rc = strata_nvme_reclaim(dir, live, sizeof live, NULL);
+    CHECK(rc == 0 && file_exists(strata_nvme_path(s)), "reclaim: a second look keeps the open store's file");
+    strata_nvme_close(s);
+    rc = strata_nvme_reclaim(dir, live, sizeof live, &live_bytes);
+    CHECK(rc == 0 && live[0] == 0 && live_bytes == 0, "reclaim: nothing live once the store is closed: '%s'", live);
+    char missing[400];
+    snprintf(missing, sizeof missing, "%s/missing", dir);
+    CHECK(strata_nvme_reclaim(missing, live, sizeof live, NULL) == 0, "reclaim: a missing directory is left to the plan to name");
+    unlink(other);
+    unlink(odd);
+    rmdir(dir);
+}
+
 static void test_threads(void) {
     strata_nvme_store *s = strata_nvme_open(base, 2, 16 * MB, 128 * KB, 8, NULL, NULL, 0);
     if (!s) {
@@ -424,6 +470,7 @@ int main(void) {
     test_open_errors();
     test_real_enospc();
     test_threads();
+    test_reclaim();
     test_bench(d);
 
     CHECK(dir_is_empty(base), "no store file is left in %s", base);
