@@ -690,10 +690,6 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
  * anything is allocated, then committed. Returns an exit code (0: go on). */
 static int build_and_plan(trainer *t) {
     const strata_config *cfg = &t->cfg;
-    if (strata_plan_check_paths(cfg)) {
-        if (t->rank == 0) fprintf(stderr, "%s\n", strata_error());
-        return STRATA_EXIT_USAGE;
-    }
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;
     plan_this_run(t, &plan);
@@ -1076,6 +1072,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
 
+    /* a config error (nvme_path missing or not a directory) before the run dir is touched */
+    if (strata_plan_check_paths(cfg)) {
+        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
+        close_trainer(t);
+        return STRATA_EXIT_USAGE;
+    }
     if ((rc = claim_run_dir(t))) {
         close_trainer(t);
         return rc;
