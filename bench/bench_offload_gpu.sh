@@ -4,8 +4,8 @@
 #   - GPT-2 1.5B (B=8, T=1024, bf16, no activation checkpointing), zero stage 1:
 #     optimizer on the GPU, in pinned host memory (cpu) and on NVMe, against PyTorch FSDP2
 #     with CPUOffloadPolicy (bench/fsdp2_offload.py) when torch is installed;
-#   - the floor for the NVMe run: bytes read and written per step over `strata bench io`'s
-#     measured O_DIRECT bandwidth at the same block size and queue depth;
+#   - each offload run's split (GPU compute, D2H, CPU AdamW, H2D, disk, waits) and its floor
+#     with the step as a multiple of it, from strata train's own end-of-run report;
 #   - a 7.1B-parameter GPT (34 layers, 4096 channels) at zero stage 3 with parameters and
 #     optimizer state in pinned host memory: step time, loss per step, where each byte lives.
 # Usage: STRATA=build-gpu/strata [NVME_DIR=/path] [OUT=dir] [OFFLOAD_PARTS="1.5b 7b"] bench/bench_offload_gpu.sh
@@ -72,29 +72,15 @@ echo
 python3 -c "import torch" 2> /dev/null && python3 "$ROOT/bench/torch_adamw.py" 2>&1 | tail -n 3 || true
 echo
 echo
-echo "NVMe floor: optimizer state read and written once per step (fp32 master, m, v)"
-"$S" bench io --nvme-dir "$NVME_DIR" --block-kb 1024 --queue-depth 32 > io.txt 2>&1 || true
-python3 - io.txt runs/nvme <<'PY'
-import json, re, statistics, sys
-txt = open(sys.argv[1]).read()
-def bw(kind):
-    m = re.search(r"O_DIRECT[^\n]*%s[^\n]*?([0-9.]+) GB/s" % kind, txt, re.I)
-    return float(m.group(1)) if m else None
-r, w = bw("read"), bw("write")
-try:
-    rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
-    ms = statistics.median(x["step_ms"] for x in rows[1:] or rows)
-except Exception:
-    ms = None
-state = 1557611200 * 12  # fp32 master + m + v of GPT-2 1.5B's padded parameters
-if r and w:
-    floor = state / (r * 1e9) + state / (w * 1e9)
-    line = f"read {r} GB/s, write {w} GB/s: floor {floor:.2f} s/step"
-    if ms: line += f"; measured {ms / 1e3:.2f} s/step = {ms / 1e3 / floor:.2f}x the floor (target <= 1.3x)"
-    print(line)
-else:
-    print("could not parse strata bench io output:\n" + txt)
-PY
+echo "The split and the floor of each offload run (strata train's end-of-run report; docs/benchmarks.md):"
+for o in cpu nvme; do
+  echo
+  echo "offload.optimizer: $o"
+  grep '^\[offload\]' $o.log | sed 's/^\[offload\] */    /' || echo "    (no report: the run failed)"
+done
+echo
+echo "strata bench io, at the NVMe runs' block size and queue depth:"
+"$S" bench io --nvme-dir "$NVME_DIR" --block-kb 1024 --queue-depth 32 2>&1 | sed 's/^/    /' || true
 } | tee "$OUT/bench_offload.md"
 rm -rf "$NVME_DIR"/strata-* 2> /dev/null || true
 fi

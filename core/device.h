@@ -80,6 +80,12 @@ typedef struct strata_device_ops {
     int (*stream_wait_event)(strata_stream *s, strata_event *e);
     int (*event_sync)(strata_event *e);  /* host waits for the last record */
     int (*event_query)(strata_event *e); /* 1 complete, 0 pending */
+    /* Timing: an event made by event_create_timed also keeps when its newest record was
+     * reached, and event_elapsed_ms gives the time from a's to b's, both complete (it
+     * never waits: -1 + error while either is pending). On CUDA both must be recorded on
+     * DEVICE streams (the GPU's clock); plain events skip timing, which CUDA makes cheaper. */
+    strata_event *(*event_create_timed)(strata_device *d);
+    int (*event_elapsed_ms)(strata_event *a, strata_event *b, double *ms);
 
     /* Free and total bytes of device memory, as the backend sees them. */
     int (*mem_info)(strata_device *d, size_t *free_bytes, size_t *total_bytes);
@@ -131,6 +137,8 @@ static inline int strata_event_record(strata_device *d, strata_event *e, strata_
 static inline int strata_stream_wait_event(strata_device *d, strata_stream *s, strata_event *e) { return d->ops->stream_wait_event(s, e); }
 static inline int strata_event_sync(strata_device *d, strata_event *e) { return d->ops->event_sync(e); }
 static inline int strata_event_query(strata_device *d, strata_event *e) { return d->ops->event_query(e); }
+static inline strata_event *strata_event_create_timed(strata_device *d) { return d->ops->event_create_timed(d); }
+static inline int strata_event_elapsed_ms(strata_device *d, strata_event *a, strata_event *b, double *ms) { return d->ops->event_elapsed_ms(a, b, ms); }
 
 /* Memory of kind k starting on an `align` boundary (a power of two), for O_DIRECT I/O:
  * what the backend returns when that is aligned already (both backends page-align pinned

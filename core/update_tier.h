@@ -15,6 +15,7 @@
 #define STRATA_UPDATE_TIER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/arena.h"
 #include "core/device.h"
@@ -25,6 +26,37 @@
 enum { STRATA_STATE_MASTER = 0, STRATA_STATE_M = 1, STRATA_STATE_V = 2 };
 
 typedef struct strata_update_tier strata_update_tier;
+
+/* What a tier's update work cost since the tier was made, by stage: seconds its HOST
+ * streams were busy and the bytes they moved. Cumulative, so the difference of two
+ * snapshots taken after `sync` is exactly the work in between. Blocking calls from the
+ * engine's thread (read_state, write_state, write_params: initialisation and checkpoints)
+ * are not counted: they are not a step's work. */
+/* The fields, for code that adds or subtracts snapshots field by field. */
+#define STRATA_TIER_SECONDS(X) X(d2h_s) X(adamw_s) X(state_wait_s) X(state_write_s) X(h2d_s) X(param_write_s) X(param_read_s)
+#define STRATA_TIER_COUNTS(X) X(d2h_bytes) X(h2d_bytes) X(adamw_elements) X(adamw_bytes) X(disk_read_bytes) X(disk_write_bytes)
+
+typedef struct strata_tier_stats {
+    double d2h_s;         /* gradients device -> pinned staging */
+    double adamw_s;       /* the CPU AdamW itself, waits below excluded */
+    double state_wait_s;  /* the AdamW's thread waiting for NVMe state reads (prefetched) */
+    double state_write_s; /* the AdamW's thread writing updated NVMe state */
+    double h2d_s;         /* updated parameters pinned -> device */
+    double param_write_s; /* updated parameter shards to NVMe (offload.params: nvme) */
+    double param_read_s;  /* parameter shards read from NVMe for the gathers */
+    uint64_t d2h_bytes, h2d_bytes;
+    uint64_t adamw_elements;
+    uint64_t adamw_bytes; /* host memory the AdamW streams: 28 + param bytes per element */
+    uint64_t disk_read_bytes, disk_write_bytes; /* state and parameter shards, 4 KiB-rounded */
+} strata_tier_stats;
+
+/* acc += x (sign > 0) or acc -= x, every field. */
+static inline void strata_tier_stats_add(strata_tier_stats *acc, const strata_tier_stats *x, int sign) {
+#define STRATA_TIER_ADD_(f) acc->f = sign > 0 ? acc->f + x->f : acc->f - x->f;
+    STRATA_TIER_SECONDS(STRATA_TIER_ADD_)
+    STRATA_TIER_COUNTS(STRATA_TIER_ADD_)
+#undef STRATA_TIER_ADD_
+}
 
 typedef struct strata_update_tier_ops {
     /* Plans n_units optimizer ranges of n[u] fp32 elements each (the engine's ranges:
@@ -64,6 +96,10 @@ typedef struct strata_update_tier_ops {
     /* Bytes the tier keeps on NVMe, and of them the parameter shards', for the plan. */
     size_t (*nvme_bytes)(const strata_update_tier *t);
     size_t (*nvme_param_bytes)(const strata_update_tier *t);
+
+    /* The work so far (see strata_tier_stats); call it only after `sync`, when no stream
+     * is writing the counters. */
+    void (*stats)(const strata_update_tier *t, strata_tier_stats *out);
 } strata_update_tier_ops;
 
 /* A tier's own struct starts with this one, so its functions find themselves from it. */

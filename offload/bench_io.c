@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "core/common.h"
 #include "offload/bench_io.h"
 #include "offload/nvme.h"
@@ -27,15 +29,17 @@ static double time_copy(strata_device *d, strata_stream *s, void *dst, const voi
     return best;
 }
 
-static int bench_nvme(FILE *out, const char *dir, size_t block_bytes, int queue_depth,
-                      void *buf, size_t total) {
+/* Best write and read of `total` bytes from buf through a store in dir (removed after),
+ * in ms; its description into label. 0, or -1 + error. */
+static int time_nvme(const char *dir, int rank, size_t block_bytes, int queue_depth, void *buf, size_t total,
+                     double *write_ms, double *read_ms, char *label, size_t label_len) {
     size_t reg_size = total;
     void *reg = buf;
     strata_nvme_store *st =
-        strata_nvme_open(dir, 0, total, block_bytes, queue_depth, &reg, &reg_size, 1);
-    if (!st) return strata_fail_wrap("bench io");
-    char label[160], hb[32];
-    snprintf(label, sizeof label, "(%s, %s, qd %d, %s blocks)",
+        strata_nvme_open(dir, rank, total, block_bytes, queue_depth, &reg, &reg_size, 1);
+    if (!st) return -1;
+    char hb[32];
+    snprintf(label, label_len, "(%s, %s, qd %d, %s blocks)",
              strata_nvme_is_direct(st) ? "O_DIRECT" : "buffered",
              strata_nvme_uses_uring(st) ? "io_uring" : "pread/pwrite", queue_depth,
              strata_fmt_bytes(hb, sizeof hb, (double)block_bytes));
@@ -55,16 +59,80 @@ static int bench_nvme(FILE *out, const char *dir, size_t block_bytes, int queue_
         double ms = strata_now_ms() - t0;
         if (best_r < 0 || ms < best_r) best_r = ms;
     }
+    *write_ms = best_w;
+    *read_ms = best_r;
     if (rc == 0) {
-        char name[200];
-        snprintf(name, sizeof name, "nvme write %s", label);
-        row(out, name, total, best_w);
-        snprintf(name, sizeof name, "nvme read %s", label);
-        row(out, name, total, best_r);
-        fprintf(out, "  (nvme file %s)\n", strata_nvme_path(st));
+        size_t o = strlen(label);
+        snprintf(label + o, label_len - o, " (file %s)", strata_nvme_path(st));
     }
     strata_nvme_close(st); /* keeps this thread's error from the failed request */
-    return rc == 0 ? 0 : strata_fail_wrap("bench io");
+    return rc;
+}
+
+static int bench_nvme(FILE *out, const char *dir, size_t block_bytes, int queue_depth,
+                      void *buf, size_t total) {
+    char label[4096 + 200], name[4096 + 240];
+    double best_w, best_r;
+    if (time_nvme(dir, 0, block_bytes, queue_depth, buf, total, &best_w, &best_r, label, sizeof label))
+        return strata_fail_wrap("bench io");
+    char *file = strstr(label, " (file ");
+    if (file) *file = 0;
+    snprintf(name, sizeof name, "nvme write %s", label);
+    row(out, name, total, best_w);
+    snprintf(name, sizeof name, "nvme read %s", label);
+    row(out, name, total, best_r);
+    if (file) fprintf(out, "  (nvme %s\n", file + 2);
+    return 0;
+}
+
+/* Best of BENCH_REPS passes of a += s * b over n floats (reads 8, writes 4 bytes each),
+ * on every OpenMP thread, in ms. */
+static double time_host_pass(float *a, const float *b, size_t n) {
+    double best = -1;
+    for (int r = 0; r < BENCH_REPS; r++) {
+        double t0 = strata_now_ms();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) a[i] += 0.5f * b[i];
+        double ms = strata_now_ms() - t0;
+        if (best < 0 || ms < best) best = ms;
+    }
+    return best;
+}
+
+int strata_measure_floor_bandwidth(strata_device *d, void *pinned, void *device, size_t bytes, const char *nvme_dir,
+                                   int rank, size_t block_bytes, int queue_depth, strata_floor_bandwidth *bw) {
+    memset(bw, 0, sizeof *bw);
+    bytes = bytes / STRATA_NVME_ALIGN * STRATA_NVME_ALIGN;
+    if (bytes < 2 * STRATA_NVME_ALIGN) return 0; /* nothing to measure on */
+    strata_stream *s = strata_stream_create(d, "floor", STRATA_STREAM_DEVICE);
+    if (!s) return strata_fail_wrap("measuring the floor's bandwidths");
+    memset(pinned, 0, bytes); /* every page touched before the clock starts */
+    int rc = strata_memset_async(d, s, device, 0, bytes) || strata_stream_sync(d, s) ? -1 : 0;
+    double h2d = rc ? -1 : time_copy(d, s, device, pinned, bytes);
+    double d2h = h2d < 0 ? -1 : time_copy(d, s, pinned, device, bytes);
+    if (d2h < 0) rc = -1;
+    if (!rc) {
+        bw->copy_bytes = bytes;
+        bw->h2d = (double)bytes / (h2d * 1e6);
+        bw->d2h = (double)bytes / (d2h * 1e6);
+        size_t n = bytes / 2 / sizeof(float);
+        bw->host_bytes = 3 * n * sizeof(float);
+        bw->host = (double)bw->host_bytes / (time_host_pass(pinned, (float *)pinned + n, n) * 1e6);
+    }
+    if (!rc && nvme_dir) {
+        double w_ms, r_ms;
+        char label[4096 + 200];
+        rc = time_nvme(nvme_dir, rank, block_bytes, queue_depth, pinned, bytes, &w_ms, &r_ms, label, sizeof label);
+        if (!rc) {
+            bw->disk_bytes = bytes;
+            bw->disk_write = (double)bytes / (w_ms * 1e6);
+            bw->disk_read = (double)bytes / (r_ms * 1e6);
+        }
+    }
+    memset(pinned, 0, bytes);
+    if (strata_memset_async(d, s, device, 0, bytes) || strata_stream_sync(d, s)) rc = -1;
+    strata_stream_destroy(d, s);
+    return rc ? strata_fail_wrap("measuring the floor's bandwidths") : 0;
 }
 
 int strata_bench_io(FILE *out, strata_device *d, const char *nvme_dir, size_t block_bytes,

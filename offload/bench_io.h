@@ -17,6 +17,22 @@
 
 #include "core/device.h"
 
+/* Bandwidths in GB/s, for the offload floor (launcher/train.c); 0: not measured. */
+typedef struct strata_floor_bandwidth {
+    double h2d, d2h;             /* pinned <-> device, as the pinned rows */
+    double host;                 /* host memory: a streaming a += s * b over all OpenMP threads */
+    double disk_read, disk_write; /* as the nvme rows, at offload.block_kb and queue_depth */
+    size_t copy_bytes, host_bytes, disk_bytes; /* what each was measured on */
+} strata_floor_bandwidth;
+
+/* The floor's bandwidths, measured on the caller's memory, which is scratch here: pinned
+ * (page-aligned) and device blocks, `bytes` of each used (rounded down to 4 KiB; the host
+ * pass takes the pinned block's two halves). The disk is measured only when nvme_dir is
+ * set, through a store of `bytes` that is removed again. Best of a few passes each, so
+ * about 20 passes over `bytes` in all. The memory is left zeroed. 0, or -1 + error. */
+int strata_measure_floor_bandwidth(strata_device *d, void *pinned, void *device, size_t bytes, const char *nvme_dir,
+                                   int rank, size_t block_bytes, int queue_depth, strata_floor_bandwidth *bw);
+
 /* 0, or -1 + error (allocation, stream or store failure); rows already printed stay. */
 int strata_bench_io(FILE *out, strata_device *d, const char *nvme_dir, size_t block_bytes,
                     int queue_depth, size_t total_bytes);

@@ -11,7 +11,12 @@
  *
  * b cycles over offload.buffer_count staging buffers per direction. Every wait and record
  * is enqueued by the caller's thread in unit order, so a wait on ev_x[b] always captures
- * the record made for the unit that used buffer b before. */
+ * the record made for the unit that used buffer b before.
+ *
+ * The split (core/update_tier.h's strata_tier_stats): each stage's seconds are timed by
+ * the thread that runs it, into counters only that thread writes (the copies between
+ * two clock tasks on their own stream); bytes the caller enqueues are counted by the
+ * caller. `stats` sums them after `sync`, so no counter is read while it is written. */
 #include "offload/pipeline.h"
 
 #include <pthread.h>
@@ -32,6 +37,13 @@ typedef struct param_io {
     int u, b;
     void *dst;
 } param_io;
+
+/* A HOST stream's busy time around its copies: `start` and `stop` tasks bracket each
+ * copy on the stream, so both run on its worker, in order. */
+typedef struct stream_clock {
+    double t0_ms;
+    double busy_s;
+} stream_clock;
 
 typedef struct update_task {
     struct offload_tier *o;
@@ -76,6 +88,10 @@ typedef struct offload_tier {
     update_task *tasks;
     int prefetched_unit, prefetch_slot, next_slot;
     strata_nvme_ticket prefetch_ticket[3];
+    /* the split's counters, each written by one thread only: the caller (bytes it
+     * enqueues), the AdamW's worker, the param-in worker, the offload-out worker */
+    strata_tier_stats by_caller, by_run, by_param_in, by_out;
+    stream_clock clock_in, clock_out;
     pthread_mutex_t mu;
     char error[1024];
 } offload_tier;
@@ -235,8 +251,13 @@ static void record_error(offload_tier *o, const char *what);
 static void param_read_run(void *arg) {
     param_io *r = arg;
     offload_tier *o = r->o;
-    if (strata_nvme_read(o->store, o->param_off[r->u], r->dst, o->param_stride[r->u]))
+    double t0 = strata_now_ms();
+    if (strata_nvme_read(o->store, o->param_off[r->u], r->dst, o->param_stride[r->u])) {
         record_error(o, "offload: reading parameters");
+        return;
+    }
+    o->by_param_in.param_read_s += (strata_now_ms() - t0) / 1e3;
+    o->by_param_in.disk_read_bytes += o->param_stride[r->u];
 }
 
 static int offload_fetch_params(strata_update_tier *t, int u, void *dst, int tag) {
@@ -255,8 +276,19 @@ static void record_error(offload_tier *o, const char *what) {
 static void param_write_run(void *arg) {
     param_io *w = arg;
     offload_tier *o = w->o;
-    if (strata_nvme_write(o->store, o->param_off[w->u], o->param_stage[w->b], o->param_stride[w->u]))
+    double t0 = strata_now_ms();
+    if (strata_nvme_write(o->store, o->param_off[w->u], o->param_stage[w->b], o->param_stride[w->u])) {
         record_error(o, "offload: writing parameters");
+        return;
+    }
+    o->by_out.param_write_s += (strata_now_ms() - t0) / 1e3;
+    o->by_out.disk_write_bytes += o->param_stride[w->u];
+}
+
+static void clock_start(void *arg) { ((stream_clock *)arg)->t0_ms = strata_now_ms(); }
+static void clock_stop(void *arg) {
+    stream_clock *c = arg;
+    c->busy_s += (strata_now_ms() - c->t0_ms) / 1e3;
 }
 
 static int prefetch(offload_tier *o, int u, int slot) {
@@ -275,6 +307,8 @@ static void update_run(void *arg) {
     int u = t->u;
     float *state[3];
     int slot = 0;
+    strata_tier_stats *st = &o->by_run;
+    double t0 = strata_now_ms();
     if (o->nvme) {
         if (o->prefetched_unit != u) { /* not prefetched (first unit of a step): read now */
             slot = o->next_slot;
@@ -283,11 +317,15 @@ static void update_run(void *arg) {
         slot = o->prefetch_slot;
         for (int k = 0; k < 3; k++)
             if (strata_nvme_wait(o->store, o->prefetch_ticket[k])) { record_error(o, "offload: reading optimizer state"); return; }
+        st->disk_read_bytes += 3 * o->unit_stride[u];
         o->prefetched_unit = -1;
         for (int k = 0; k < 3; k++) state[k] = o->slot_state[slot][k];
         /* the next unit's state streams in while this one updates */
         if (u + 1 < o->n_units && prefetch(o, u + 1, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
         o->next_slot = slot ^ 1;
+        double t1 = strata_now_ms();
+        st->state_wait_s += (t1 - t0) / 1e3;
+        t0 = t1;
     } else {
         for (int k = 0; k < 3; k++) state[k] = o->state[u][k];
     }
@@ -299,13 +337,19 @@ static void update_run(void *arg) {
         if (!s->decay) a.weight_decay = 0.0f;
         strata_cpu_adamw(state[0] + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo, state[1] + s->lo,
                          state[2] + s->lo, s->n, &a);
+        st->adamw_elements += s->n;
+        st->adamw_bytes += s->n * (28 + o->es); /* reads grad, master, m, v; writes those three and the param */
     }
+    double t1 = strata_now_ms();
+    st->adamw_s += (t1 - t0) / 1e3;
     if (o->nvme) {
         for (int k = 0; k < 3; k++)
             if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], o->unit_stride[u])) {
                 record_error(o, "offload: writing optimizer state");
                 return;
             }
+        st->disk_write_bytes += 3 * o->unit_stride[u];
+        st->state_write_s += (strata_now_ms() - t1) / 1e3;
     }
 }
 
@@ -326,8 +370,11 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
     /* in: once the gradient is final and the update that last read this buffer is done */
     int rc = after ? strata_stream_wait_event(d, o->in, after) : 0;
     rc = rc || strata_stream_wait_event(d, o->in, o->ev_updated[b]);
+    rc = rc || strata_host_task(d, o->in, clock_start, &o->clock_in);
     rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad, n * sizeof(float));
+    rc = rc || strata_host_task(d, o->in, clock_stop, &o->clock_in);
     rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
+    o->by_caller.d2h_bytes += n * sizeof(float);
     /* run: once the gradient is in and the parameters this buffer held last have left */
     rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
     rc = rc || strata_stream_wait_event(d, o->stream, o->ev_param_free[b]);
@@ -339,7 +386,10 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
         t->write = (param_io){o, u, b, NULL};
         rc = rc || strata_host_task(d, o->out, param_write_run, &t->write);
     } else {
+        rc = rc || strata_host_task(d, o->out, clock_start, &o->clock_out);
         rc = rc || strata_memcpy_async(d, o->out, param_out, o->param_stage[b], n * o->es);
+        rc = rc || strata_host_task(d, o->out, clock_stop, &o->clock_out);
+        o->by_caller.h2d_bytes += n * o->es;
     }
     rc = rc || strata_event_record(d, o->ev_param_free[b], o->out);
     if (!rc && done) rc = strata_event_record(d, done, o->out);
@@ -360,6 +410,16 @@ static int offload_sync(strata_update_tier *t) {
     return failed ? -1 : 0;
 }
 
+static void offload_stats(const strata_update_tier *t, strata_tier_stats *out) {
+    const offload_tier *o = offload_of_const(t);
+    const strata_tier_stats *parts[4] = {&o->by_caller, &o->by_run, &o->by_param_in, &o->by_out};
+    strata_tier_stats s = {0};
+    for (int i = 0; i < 4; i++) strata_tier_stats_add(&s, parts[i], 1);
+    s.d2h_s = o->clock_in.busy_s;
+    s.h2d_s = o->clock_out.busy_s;
+    *out = s;
+}
+
 static const strata_update_tier_ops offload_ops = {
     .plan = offload_plan,
     .open = offload_open,
@@ -373,6 +433,7 @@ static const strata_update_tier_ops offload_ops = {
     .fetch_params = offload_fetch_params,
     .nvme_bytes = offload_nvme_bytes,
     .nvme_param_bytes = offload_nvme_param_bytes,
+    .stats = offload_stats,
 };
 
 strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device *dev, int rank) {

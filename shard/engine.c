@@ -130,7 +130,25 @@ typedef struct offload_link {
      * wait for a host stream's record may hold the enqueueing thread (core/cuda/device_cuda.cu) */
     unsigned char *gather_pending;
     double wait_ms; /* of the current step */
+    /* the split: the tier's counters at the last step's update (taken after its sync),
+     * and work since then that was no step's (eval's parameter reads) */
+    strata_tier_stats seen, not_steps;
+    int have_seen;
 } offload_link;
+
+/* The compute stream's busy time in a step (offload runs): timed events at the step's
+ * start and end, and a pair around every place compute may stand waiting (a wait on
+ * another stream, the host reading a batch or waiting for the tier): before the wait,
+ * and after it once the next work is enqueued. busy = (end - start) - the pairs' time.
+ * Events are recorded on compute only, so the device's own clock times them; they are
+ * read after the step's one sync, so timing adds no sync. */
+typedef struct compute_clock {
+    int on;           /* timing the current step */
+    int n_pairs, used;
+    int untimed;      /* waits past n_pairs this step (their time is counted as busy) */
+    strata_event *start, *end;
+    strata_event **gap; /* 2 * n_pairs: [2i] before wait i, [2i+1] after it */
+} compute_clock;
 
 /* Test-only fault switches, read once when the engine is made: inject at optimizer step N
  * (counted from 1, as in the progress line; 0: never). */
@@ -170,6 +188,7 @@ struct strata_engine {
     bf16_reduction red;
     gather_ring ring;
     offload_link off;
+    compute_clock clock;
     fault_switches fault;
 
     /* the step's own buffers and timings */
@@ -370,6 +389,14 @@ static void make_events(strata_engine *e) {
         e->off.ev_update[u] = strata_event_create(dev);
         e->off.ev_params_ready[u] = e->z.gather_updates ? strata_event_create(dev) : e->off.ev_update[u];
     }
+    if (e->off.tier) { /* the split's clock: a pair for each wait a micro-step can make (see run_micro_step) */
+        compute_clock *c = &e->clock;
+        c->n_pairs = e->A * (4 + 3 * e->sched.n_ops) + 8;
+        c->start = strata_event_create_timed(dev);
+        c->end = strata_event_create_timed(dev);
+        c->gap = strata_xcalloc(2 * (size_t)c->n_pairs, sizeof *c->gap);
+        for (int i = 0; i < 2 * c->n_pairs; i++) c->gap[i] = strata_event_create_timed(dev);
+    }
 }
 
 strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, strata_arena *arena,
@@ -425,6 +452,11 @@ static void destroy_events(strata_engine *e) {
         if (e->off.ev_params_ready[u] != e->off.ev_update[u]) strata_event_destroy(d, e->off.ev_params_ready[u]);
         strata_event_destroy(d, e->off.ev_update[u]);
     }
+    compute_clock *c = &e->clock;
+    strata_event_destroy(d, c->start);
+    strata_event_destroy(d, c->end);
+    for (int i = 0; i < 2 * c->n_pairs && c->gap; i++) strata_event_destroy(d, c->gap[i]);
+    free(c->gap);
 }
 
 void strata_engine_destroy(strata_engine *e) {
@@ -464,12 +496,61 @@ const size_t *strata_engine_padded(const strata_engine *e) { return e->padded; }
 
 static strata_stream *comm_stream(strata_engine *e) { return strata_comm_stream(e->comm); }
 
+/* ---- the compute clock (compute_clock above) ---- */
+
+/* Before a place compute may stand waiting: the pair's index, or -1 when not timing. */
+static int stall_begin(strata_engine *e) {
+    compute_clock *c = &e->clock;
+    if (!c->on) return -1;
+    if (c->used == c->n_pairs) {
+        c->untimed++;
+        return -1;
+    }
+    strata_event_record(e->dev, c->gap[2 * c->used], e->dev->compute);
+    return c->used++;
+}
+
+static void stall_end(strata_engine *e, int i) {
+    if (i >= 0) strata_event_record(e->dev, e->clock.gap[2 * i + 1], e->dev->compute);
+}
+
+static void clock_start(strata_engine *e) {
+    compute_clock *c = &e->clock;
+    if (!c->n_pairs) return;
+    c->on = 1;
+    c->used = c->untimed = 0;
+    strata_event_record(e->dev, c->start, e->dev->compute);
+}
+
+static void clock_stop(strata_engine *e) {
+    if (!e->clock.on) return;
+    strata_event_record(e->dev, e->clock.end, e->dev->compute);
+    e->clock.on = 0;
+}
+
+/* After the compute stream's sync: the step's busy ms (0 when not timed or not readable). */
+static double clock_busy_ms(strata_engine *e, int *untimed) {
+    compute_clock *c = &e->clock;
+    *untimed = c->untimed;
+    double span = 0, gap = 0;
+    if (!c->n_pairs || strata_event_elapsed_ms(e->dev, c->start, c->end, &span)) return 0;
+    for (int i = 0; i < c->used; i++) {
+        double ms;
+        if (strata_event_elapsed_ms(e->dev, c->gap[2 * i], c->gap[2 * i + 1], &ms)) return 0;
+        gap += ms;
+    }
+    return span - gap;
+}
+
 /* Compute waiting for the collective stream: timed, so a step's metrics show how long
  * compute sat idle on communication. */
+
 static void compute_wait(strata_engine *e, strata_event *ev) {
+    int stall = stall_begin(e);
     double t0 = strata_now_ms();
     strata_stream_wait_event(e->dev, e->dev->compute, ev);
     e->comm_wait_ms += strata_now_ms() - t0;
+    stall_end(e, stall);
 }
 static void comm_sync(strata_engine *e) {
     double t0 = strata_now_ms();
@@ -770,11 +851,13 @@ static int gather_embed(strata_engine *e) {
 static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) {
     if (!e->z.params_sharded) {
         if (e->off.tier && !op->backward) {
+            int stall = stall_begin(e);
             double t0 = strata_now_ms();
             int rc = gather_updated(e, op->unit);
             e->off.wait_ms += strata_now_ms() - t0;
+            if (!rc) wait_params_ready(e, op->unit);
+            stall_end(e, stall);
             if (rc) return -1;
-            wait_params_ready(e, op->unit);
         }
         e->m->params[op->unit] = e->params_full[op->unit];
         return 0;
@@ -793,9 +876,11 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
 /* ---- the step ---- */
 
 static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) {
+    int stall = stall_begin(e);
     double t0 = strata_now_ms();
     int rc = strata_loader_read(L, first, e->B, e->inputs, e->targets);
     e->data_ms += strata_now_ms() - t0;
+    stall_end(e, stall);
     if (rc) return -1;
     if (strata_model_set_batch(e->m, e->inputs, e->targets))
         return strata_fail_wrap("micro-batch of sequences %llu..%llu of data", (unsigned long long)first,
@@ -882,9 +967,20 @@ static void adamw_unit(strata_engine *e, int u, const strata_adamw_args *base) {
  * forward follows unit by unit (gather_updates: each unit's all-gather issued just before
  * it). The previous step's updates finished behind this step's forward (so the sync costs
  * no wait); their errors surface here, and their task records are free to refill. */
-static int update_by_tier(strata_engine *e, const strata_adamw_args *args) {
+static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strata_step_result *r) {
     strata_update_tier *tier = e->off.tier;
     if (tier->ops->sync(tier)) return -1;
+    strata_tier_stats now;
+    tier->ops->stats(tier, &now);
+    if (e->off.have_seen) { /* the last step's update, this step's reads: now - seen - not_steps */
+        r->tier = now;
+        strata_tier_stats_add(&r->tier, &e->off.seen, -1);
+        strata_tier_stats_add(&r->tier, &e->off.not_steps, -1);
+        r->have_split = 1;
+    }
+    e->off.seen = now;
+    e->off.have_seen = 1;
+    memset(&e->off.not_steps, 0, sizeof e->off.not_steps);
     strata_event_record(e->dev, e->ev_compute, e->dev->compute);
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     for (int u = 0; u < e->U; u++) {
@@ -933,6 +1029,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     /* each token's weight in the step's mean loss over all ranks and micro-steps */
     float dloss = 1.0f / (float)(BT * (size_t)e->world * (size_t)e->A);
     float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
+    clock_start(e);
     strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
@@ -948,7 +1045,9 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     }
     strata_memcpy_async(d, d->compute, &sums[0], e->norm_sum, sizeof(double));
     strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
+    clock_stop(e);
     strata_stream_sync(d, d->compute);
+    r->compute_ms = clock_busy_ms(e, &r->compute_untimed);
     sums[1] = *e->loss_sum_host;
     if (e->fault.nan_step == step + 1) sums[1] = NAN; /* STRATA_FAULT_NAN_STEP: this rank's loss */
     if (strata_allreduce_host_f64(e->comm, sums, 2)) return -1;
@@ -963,7 +1062,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     float clip = (float)e->cfg->optim.grad_clip;
     float scale = clip > 0 && r->grad_norm > clip ? (float)(clip / (r->grad_norm + 1e-6)) : 1.0f;
     strata_adamw_args args = strata_adamw_args_at(e->cfg, step, scale);
-    if (e->off.tier ? update_by_tier(e, &args) : update_on_device(e, &args)) return -1;
+    if (e->off.tier ? update_by_tier(e, &args, r) : update_on_device(e, &args)) return -1;
     r->offload_wait_ms = e->off.wait_ms;
     r->comm_wait_ms = e->comm_wait_ms;
     r->data_ms = e->data_ms;
@@ -974,6 +1073,8 @@ int strata_engine_sync(strata_engine *e) { return finish_updates(e); }
 
 int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double *loss) {
     if (finish_updates(e)) return -1;
+    strata_tier_stats before = {0}, after;
+    if (e->off.tier) e->off.tier->ops->stats(e->off.tier, &before);
     strata_device *d = e->dev;
     strata_model *m = e->m;
     gather_ring *r = &e->ring;
@@ -998,6 +1099,12 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
         }
     }
     strata_stream_sync(d, comm_stream(e));
+    if (e->off.tier) { /* eval's parameter reads are no step's work: kept out of the next step's split */
+        if (e->off.tier->ops->sync(e->off.tier)) return -1;
+        e->off.tier->ops->stats(e->off.tier, &after);
+        strata_tier_stats_add(&after, &before, -1);
+        strata_tier_stats_add(&e->off.not_steps, &after, 1);
+    }
     strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
     strata_stream_sync(d, d->compute);
     double sum = *e->loss_sum_host;

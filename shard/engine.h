@@ -43,6 +43,16 @@ typedef struct strata_step_result {
     double comm_wait_ms; /* compute (or the host) blocked waiting for collectives */
     double data_ms;      /* reading batches */
     double offload_wait_ms; /* waiting for the offloaded optimizer update */
+    /* The split of an offload run (an update tier), from its second step on
+     * (have_split): compute_ms is the time the compute stream was busy, from device
+     * timing events, with every stretch it stood waiting (collectives, the tier, data)
+     * taken out; compute_untimed counts waits past the timer's events, left in as busy.
+     * tier is the tier's work since the last step's snapshot: the previous step's update
+     * (it runs behind this step's forward) and this step's parameter reads. */
+    int have_split;
+    double compute_ms;
+    int compute_untimed;
+    strata_tier_stats tier;
 } strata_step_result;
 
 /* Plans everything (model activations included) into `arena` for world size `world`;

@@ -3,7 +3,8 @@
 # (nvme) gives bitwise the losses of no offload, at stages 0-3, world 1 and 2, over 20
 # steps; at stage 3 the parameter shards live in the same tier too; a checkpoint taken with
 # everything on NVMe resumes bitwise; a too-small, missing or read-only nvme_path is
-# refused at start with a clear message; the pinned pool never grows.
+# refused at start with a clear message; the pinned pool never grows; every offload run
+# ends with its split and floor (the bytes themselves are checked in tests/test_engine.c).
 set -euo pipefail
 S=${STRATA:?set by ctest}
 command -v mpirun > /dev/null || { echo "mpirun not found: skipping"; exit 77; }
@@ -71,6 +72,27 @@ for tier in "device memory" "pinned host memory"; do
 done
 grep -q "\[plan\] nvme: planned \(.*\), held \1 in " again.log || fail "end-of-run nvme line: $(grep plan again.log)"
 pass "the end of a run reports every tier, planned against allocated: $(grep -c '^\[plan\]' again.log) lines"
+
+# the split and its floor: every offload run ends with them; the step is never much
+# below the floor (a lower bound: 0.9 allows for noise), and the floor names its term
+floor_ok() { # log label
+  grep -q '\[offload\]   D2H gradients .* | H2D parameters' "$1" || fail "$2: no split in the report: $(grep offload "$1")"
+  grep -q '\[offload\] floor .* ms, set by ' "$1" || fail "$2: no floor in the report: $(grep offload "$1")"
+  local x; x=$(grep -o 'ms = [0-9.]*x the floor' "$1" | grep -o '[0-9.]*x' | tr -d x)
+  [ -n "$x" ] && awk -v x="$x" 'BEGIN { exit !(x >= 0.9) }' || fail "$2: step/floor ratio '$x'"
+  echo "$2: $(grep -o 'floor [0-9.]* ms, set by [^(]*' "$1"), step ${x}x the floor"
+}
+floor_ok again.log "stage 3, params and optimizer on NVMe, world 1"
+run 2 train o.yaml --set run.dir=runs/split2 --set zero.stage=1 --set offload.optimizer=cpu --set train.steps=4 > split2.log 2>&1 ||
+  fail "world 2 split run: $(tail -3 split2.log)"
+floor_ok split2.log "stage 1, optimizer in pinned memory, world 2"
+grep -q '"offload_d2h_bytes": [1-9]' runs/split2/metrics.jsonl || fail "metrics.jsonl has no split figures"
+STRATA_OFFLOAD_FLOOR=off "$S" train o.yaml --set run.dir=runs/nofloor --set offload.optimizer=cpu --set train.steps=3 > nofloor.log 2>&1 ||
+  fail "STRATA_OFFLOAD_FLOOR=off run: $(tail -3 nofloor.log)"
+grep -q 'floor: not measured' nofloor.log && grep -q 'CPU AdamW' nofloor.log || fail "STRATA_OFFLOAD_FLOOR=off: $(grep offload nofloor.log)"
+"$S" train o.yaml --set run.dir=runs/nosplit --set train.steps=3 > nosplit.log 2>&1 || fail "plain run: $(tail -3 nosplit.log)"
+! grep -q '\[offload\]' nosplit.log || fail "a run without offload printed a split: $(grep offload nosplit.log)"
+pass "offload runs end with the split and the floor (step >= 0.9 x floor); STRATA_OFFLOAD_FLOOR=off skips the floor; no split without offload"
 
 # nvme_path too small: refused at start with the bytes needed and free
 if mkdir small && mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then

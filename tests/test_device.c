@@ -426,6 +426,38 @@ static void stress_fn(void *arg) {
         c->bad++;
 }
 
+/* Timed events (the offload split's compute clock): elapsed time between two completed
+ * records is their order on the clock; a pending or never-recorded event is an error,
+ * never a wait. */
+static void test_event_elapsed(strata_device *d) {
+    strata_event *a = strata_event_create_timed(d), *b = strata_event_create_timed(d);
+    double ms = -1;
+    CHECK(strata_event_elapsed_ms(d, a, b, &ms) != 0 && ms == -1, "elapsed between never-recorded events fails");
+    strata_event_record(d, a, d->compute);
+    double t0 = strata_now_ms();
+    volatile double x = 0;
+    for (int i = 0; i < 200000; i++) x += i * 0.5; /* work between the two records */
+    double host_ms = strata_now_ms() - t0;
+    strata_event_record(d, b, d->compute);
+    CHECK(strata_event_elapsed_ms(d, a, b, &ms) == 0 && ms >= host_ms && ms >= 0,
+          "elapsed a -> b on the compute stream covers the work between them (%.4f ms >= %.4f ms)", ms, host_ms);
+    double back = 1;
+    CHECK(strata_event_elapsed_ms(d, b, a, &back) == 0 && back == -ms, "elapsed b -> a is its negative");
+    strata_stream *s = strata_stream_create(d, "gated", STRATA_STREAM_HOST);
+    gate g;
+    gate_init(&g);
+    strata_host_task(d, s, gate_wait, &g);
+    strata_event_record(d, b, s);
+    CHECK(strata_event_elapsed_ms(d, a, b, &ms) != 0, "elapsed to an event still pending fails at once");
+    gate_open(&g);
+    strata_stream_sync(d, s);
+    CHECK(strata_event_elapsed_ms(d, a, b, &ms) == 0 && ms >= 0, "once reached it is read (%.4f ms)", ms);
+    gate_destroy(&g);
+    strata_stream_destroy(d, s);
+    strata_event_destroy(d, a);
+    strata_event_destroy(d, b);
+}
+
 static void test_stress(strata_device *d) {
     static stress_ctx ctx;
     static stress_item items[K][TASKS];
@@ -479,6 +511,7 @@ int main(void) {
     test_event_query_and_unrecorded(d);
     test_compute_waits_for_worker(d);
     test_stream_sync_and_destroy(d);
+    test_event_elapsed(d);
     test_stress(d);
     strata_device_close(d);
     printf("%s: %d failure%s\n", failures ? "FAILED" : "passed", failures, failures == 1 ? "" : "s");

@@ -6,7 +6,8 @@
  *  - communication: bytes per rank per step are the ZeRO paper's 2 psi / 3 psi;
  *  - overlap: a stage-2 reduce-scatter runs while backward compute is still running;
  *  - offload: optimizer state in pinned memory, updated by the CPU behind the next
- *    step's forward, gives bitwise the losses of the same run without offload;
+ *    step's forward, gives bitwise the losses of the same run without offload; each
+ *    step's split counts exactly the bytes the plan says each stage moves;
  *  - bf16 gradient reduction (train.grad_reduce_dtype, several ranks): half the gradient
  *    bytes, losses within bf16's rounding of the fp32 reduction. */
 #include <math.h>
@@ -44,6 +45,7 @@ typedef struct run {
     strata_engine *e;
     strata_loader L;
     double loss[MAX_STEPS];
+    strata_step_result res[MAX_STEPS];
     size_t psi; /* padded parameter count, all units */
 } run;
 
@@ -110,6 +112,7 @@ static void run_steps(run *r, int n) {
             exit(1);
         }
         r->loss[s] = res.loss;
+        r->res[s] = res;
     }
     log_losses(r, n);
 }
@@ -146,6 +149,61 @@ static double weight_diff(run *r, run *ref) {
 static uint64_t coll_bytes(strata_comm *c) {
     strata_comm_stats st = strata_comm_get_stats(c);
     return st.bytes[STRATA_COLL_ALLREDUCE] + st.bytes[STRATA_COLL_REDUCE_SCATTER] + st.bytes[STRATA_COLL_ALLGATHER];
+}
+
+/* The split of an offload run: from the second step on, each step's tier figures are
+ * exactly the bytes the plan moves (the previous step's update and this step's parameter
+ * reads), with n[u] the rank's optimizer range of unit u:
+ *   D2H the gradients, 4 n[u]; AdamW n[u] elements, (28 + es) n[u] bytes;
+ *   H2D the parameters, es n[u] (none when the parameters live on NVMe);
+ *   NVMe state 3 ranges read and written, each 4 n[u] rounded up to 4 KiB;
+ *   NVMe parameters (stage 3) es n[u] rounded up written once, and read once per gather:
+ *   twice a micro-step, except the embedding (kept from its forward through the head's
+ *   backward) and the head (its backward follows its forward) once. */
+static void check_split(const run *r, int stage, int nvme) {
+    const size_t *pad = strata_engine_padded(r->e);
+    int U = r->m.n_units, A = r->cfg.train.grad_accum, params_nvme = nvme && stage == 3;
+    uint64_t es = strata_dtype_size(dev->compute_dtype);
+    strata_tier_stats want = {0};
+    for (int u = 0; u < U; u++) {
+        uint64_t n = stage == 0 ? pad[u] : pad[u] / (size_t)world;
+        want.d2h_bytes += 4 * n;
+        want.adamw_elements += n;
+        want.adamw_bytes += (28 + es) * n;
+        if (!params_nvme) want.h2d_bytes += es * n;
+        if (nvme) {
+            want.disk_read_bytes += 3 * strata_round_up(4 * n, 4096);
+            want.disk_write_bytes += 3 * strata_round_up(4 * n, 4096);
+        }
+        if (params_nvme) {
+            uint64_t blk = strata_round_up(es * n, 4096);
+            want.disk_write_bytes += blk;
+            want.disk_read_bytes += (uint64_t)A * (u == 0 || u == U - 1 ? 1 : 2) * blk;
+        }
+    }
+    int ok = !r->res[0].have_split, steps_ok = 0;
+    for (int s = 1; s < STEPS; s++) {
+        const strata_tier_stats *t = &r->res[s].tier;
+        int exact = r->res[s].have_split;
+#define SAME_(f) exact &= t->f == want.f;
+        STRATA_TIER_COUNTS(SAME_)
+#undef SAME_
+        exact &= r->res[s].compute_ms > 0 && r->res[s].compute_untimed == 0 && t->adamw_s > 0;
+        if (!exact && steps_ok == s - 1 && rank == 0)
+            printf("step %d: d2h %llu/%llu h2d %llu/%llu adamw %llu/%llu disk r %llu/%llu w %llu/%llu compute %.3f ms\n",
+                   s + 1, (unsigned long long)t->d2h_bytes, (unsigned long long)want.d2h_bytes,
+                   (unsigned long long)t->h2d_bytes, (unsigned long long)want.h2d_bytes,
+                   (unsigned long long)t->adamw_bytes, (unsigned long long)want.adamw_bytes,
+                   (unsigned long long)t->disk_read_bytes, (unsigned long long)want.disk_read_bytes,
+                   (unsigned long long)t->disk_write_bytes, (unsigned long long)want.disk_write_bytes, r->res[s].compute_ms);
+        steps_ok += exact;
+    }
+    CHECK(ok && steps_ok == STEPS - 1,
+          "world %d stage %d offload %s: the split's bytes match the plan in %d of %d steps (D2H %llu, H2D %llu, "
+          "AdamW %llu, disk read %llu, write %llu a step); compute busy time measured in each",
+          world, stage, nvme ? "nvme" : "cpu", steps_ok, STEPS - 1, (unsigned long long)want.d2h_bytes,
+          (unsigned long long)want.h2d_bytes, (unsigned long long)want.adamw_bytes,
+          (unsigned long long)want.disk_read_bytes, (unsigned long long)want.disk_write_bytes);
 }
 
 int main(int argc, char **argv) {
@@ -207,12 +265,12 @@ int main(int argc, char **argv) {
     }
 
     /* offload: the same runs with the optimizer state in pinned memory (and, at stage 3,
-     * the parameter shards too, then once more with both on NVMe); the CPU's update of
-     * step s overlaps step s+1's forward */
-    for (int stage = 0; stage <= 4; stage++) {
-        int nvme = stage == 4;
+     * the parameter shards too), then on NVMe (stage 1: the optimizer; stage 3: both);
+     * the CPU's update of step s overlaps step s+1's forward */
+    static const struct { int stage, nvme; } offload_cases[] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {1, 1}, {3, 1}};
+    for (size_t c = 0; c < sizeof offload_cases / sizeof offload_cases[0]; c++) {
+        int stage = offload_cases[c].stage, nvme = offload_cases[c].nvme;
         run plain, off;
-        if (nvme) stage = 3;
         run_open(&plain, comm, rank, world, stage, B, 2, 1);
         run_steps(&plain, STEPS);
         const char *tier = nvme ? "nvme" : "cpu";
@@ -228,13 +286,13 @@ int main(int argc, char **argv) {
         for (int s = 0; s < STEPS; s++) same &= plain.loss[s] == off.loss[s];
         CHECK(same, "world %d stage %d: offload %s (%d staging buffers) gives bitwise the losses of no offload", world,
               stage, tier, stage + 1);
+        check_split(&off, stage, nvme);
         double val_plain = 0, val_off = 0;
         CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 && strata_engine_eval(off.e, &off.L, 1, &val_off) == 0 &&
                   val_plain == val_off,
               "world %d stage %d: eval after the last (overlapped) update agrees: %.9g vs %.9g", world, stage, val_plain, val_off);
         run_close(&plain);
         run_close(&off);
-        if (nvme) stage = 4;
     }
 
     /* bf16 gradient reduction: the same runs reducing in bf16 move half the gradient bytes

@@ -78,6 +78,7 @@ struct strata_event {
     pthread_cond_t cv;
     uint64_t recorded;  /* generations handed out by event_record */
     uint64_t completed; /* newest generation whose marker was reached */
+    double completed_ms; /* when it was reached (strata_now_ms), for event_elapsed_ms */
     int refs;           /* the owner plus each queued task naming this event */
 };
 
@@ -101,7 +102,10 @@ static void event_unref(strata_event *e) {
 
 static void event_complete(strata_event *e, uint64_t generation) {
     pthread_mutex_lock(&e->mu);
-    if (e->completed < generation) e->completed = generation;
+    if (e->completed < generation) {
+        e->completed = generation;
+        e->completed_ms = strata_now_ms();
+    }
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -321,6 +325,25 @@ static int cpu_event_sync(strata_event *e) {
     return 0;
 }
 
+/* Every event keeps its time here: a clock read per record costs next to nothing. */
+static strata_event *cpu_event_create_timed(strata_device *d) { return cpu_event_create(d); }
+
+static int cpu_event_elapsed_ms(strata_event *a, strata_event *b, double *ms) {
+    if (!a || !b) return strata_fail("event elapsed: event is NULL");
+    double t[2];
+    strata_event *ev[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        pthread_mutex_lock(&ev[i]->mu);
+        int ready = ev[i]->recorded > 0 && ev[i]->completed >= ev[i]->recorded;
+        t[i] = ev[i]->completed_ms;
+        pthread_mutex_unlock(&ev[i]->mu);
+        if (!ready) return strata_fail("event elapsed: the %s event %s", i ? "second" : "first",
+                                       ev[i]->recorded ? "is still pending" : "was never recorded");
+    }
+    *ms = t[1] - t[0];
+    return 0;
+}
+
 static int cpu_event_query(strata_event *e) {
     if (!e) return strata_fail("event query: event is NULL");
     pthread_mutex_lock(&e->mu);
@@ -416,6 +439,8 @@ static const strata_device_ops cpu_ops = {
     .stream_wait_event = cpu_stream_wait_event,
     .event_sync = cpu_event_sync,
     .event_query = cpu_event_query,
+    .event_create_timed = cpu_event_create_timed,
+    .event_elapsed_ms = cpu_event_elapsed_ms,
     .mem_info = cpu_mem_info,
     .sync_all = cpu_sync_all,
 };

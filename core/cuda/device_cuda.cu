@@ -722,6 +722,40 @@ static int cuda_event_sync(strata_event *e) {
     return 0;
 }
 
+/* A timed event is a plain one whose cudaEvent keeps timestamps. */
+static strata_event *cuda_event_create_timed(strata_device *d) {
+    strata_event *e = cuda_event_create(d);
+    if (!e) return NULL;
+    cudaEvent_t timed;
+    cudaError_t err = cudaEventCreateWithFlags(&timed, cudaEventDefault);
+    if (err != cudaSuccess) {
+        strata_fail("cuda:%d: cudaEventCreateWithFlags (timed) failed: %s", impl_of(d)->ordinal, cudaGetErrorString(err));
+        cuda_event_destroy(e);
+        return NULL;
+    }
+    cudaEventDestroy(e->cu);
+    e->cu = timed;
+    return e;
+}
+
+/* Both records must be on DEVICE streams: a HOST stream's record is a marker, which
+ * the GPU's clock never sees. */
+static int cuda_event_elapsed_ms(strata_event *a, strata_event *b, double *ms) {
+    if (!a || !b) return strata_fail("event elapsed: event is NULL");
+    int ka, kb, slot;
+    uint32_t ticket;
+    int pending = event_snapshot(a, &ka, &slot, &ticket) | event_snapshot(b, &kb, &slot, &ticket);
+    if (ka != STRATA_STREAM_DEVICE || kb != STRATA_STREAM_DEVICE)
+        return strata_fail("event elapsed: both events must be recorded on DEVICE streams");
+    if (pending) return strata_fail("event elapsed: an event is still pending");
+    if (make_current(impl_of(a->d)->ordinal)) return -1;
+    float f = 0;
+    cudaError_t err = cudaEventElapsedTime(&f, a->cu, b->cu);
+    if (err != cudaSuccess) return strata_fail("cudaEventElapsedTime failed: %s", cudaGetErrorString(err));
+    *ms = f;
+    return 0;
+}
+
 static int cuda_event_query(strata_event *e) {
     if (!e) return strata_fail("event query: event is NULL");
     int kind, slot;
@@ -804,6 +838,8 @@ static const strata_device_ops cuda_ops = {
     cuda_stream_wait_event,
     cuda_event_sync,
     cuda_event_query,
+    cuda_event_create_timed,
+    cuda_event_elapsed_ms,
     cuda_mem_info,
     cuda_sync_all,
 };
