@@ -552,6 +552,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n_seeds; i++) {
         run_one(corpus[i].data, corpus[i].len);
         new_outcome(outcome_hash());
+        if (verbose) printf("seed %zu: %s\n", i, fuzz_accepted ? "accepted" : strata_error());
         if (valid[i] && !fuzz_accepted) {
             fprintf(stderr, "%s: seed %s is no longer accepted: %s\n  (regenerate it: tests/fuzz/README.md)\n",
                     g.prog, valid[i], strata_error()[0] ? strata_error() : "(no message)");
