@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The second README command: build and run the whole test suite, then the unit tests
-# again under AddressSanitizer and the stream/collective tests under ThreadSanitizer.
+# again under AddressSanitizer and under AddressSanitizer + UndefinedBehaviorSanitizer
+# (which also runs the fuzz targets, tests/fuzz), and the stream/collective tests under
+# ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 launcher/install-deps.sh --tests   # nothing to do when the packages are already there
@@ -17,6 +19,11 @@ echo "[test] AddressSanitizer build: unit tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address -DSTRATA_CUDA=OFF > /dev/null
 cmake --build build-asan -j"$jobs" > /dev/null
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" -L unit --timeout 900)
+echo "[test] AddressSanitizer + UndefinedBehaviorSanitizer build: unit tests, then the fuzz targets"
+# -O2 (RelWithDebInfo): UBSan's checks at -O0 make the kernel tests ten times slower
+cmake -S . -B build-ubsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF > /dev/null
+cmake --build build-ubsan -j"$jobs" > /dev/null
+(cd build-ubsan && ctest --output-on-failure -j"$jobs" -L "unit|fuzz" --timeout 900)
 echo "[test] ThreadSanitizer build: streams, events, collectives, engine"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=thread -DSTRATA_CUDA=OFF > /dev/null
 cmake --build build-tsan -j"$jobs" > /dev/null
