@@ -32,6 +32,9 @@
 /* manifest.yaml's first line: the CRC-32C of every byte after that line */
 #define MANIFEST_CRC_PREFIX "manifest_crc32c: "
 #define CKPT_PATH_MAX 4096
+/* Per-rank state is allocated for the manifest's world before any rank file is opened:
+ * bound it, so a hostile manifest cannot ask for gigabytes. */
+#define CKPT_MAX_WORLD (1 << 20)
 /* Linux moves at most ~2 GiB per read/write call; stay well under it. */
 #define CKPT_IO_CHUNK ((size_t)1 << 30)
 
@@ -339,6 +342,11 @@ static int layout_index(const strata_ckpt_layout *L, const char *what, int **ord
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] < 0) {
                 strata_fail("%s: tensor %s: negative dimension %lld", what, t->name, (long long)t->shape[d]);
+                goto out;
+            }
+            /* a product that wraps could match numel: refuse it before it does */
+            if (t->shape[d] && prod > SIZE_MAX / (size_t)t->shape[d]) {
+                strata_fail("%s: tensor %s: its shape's element count overflows", what, t->name);
                 goto out;
             }
             prod *= (size_t)t->shape[d];
@@ -1116,8 +1124,8 @@ static int parse_manifest(strata_ckpt *ck) {
         yget_double(&d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
         yexpect(&d, root, "", "dtype", "float32") != 0)
         goto out;
-    if (ck->world < 1) {
-        strata_fail("%s: world %d must be at least 1", path, ck->world);
+    if (ck->world < 1 || ck->world > CKPT_MAX_WORLD) {
+        strata_fail("%s: world %d must be between 1 and %d", path, ck->world, CKPT_MAX_WORLD);
         goto out;
     }
     ck->meta.world = ck->world;

@@ -601,6 +601,11 @@ static int apply_document(strata_config *c, load_state *st, const char *name, ya
     if (root->type != YAML_MAPPING_NODE)
         return strata_fail("%s:%d: expected a mapping of sections at the top level, got a %s", name,
                            node_line(root), node_kind(root));
+    /* a quoted "\0" would end the C string early and cut a key or value short unseen */
+    for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++)
+        if (n->type == YAML_SCALAR_NODE && strlen((const char *)n->data.scalar.value) != n->data.scalar.length)
+            return strata_fail("%s:%d: '%s...' holds a NUL byte, which no key or value may", name, node_line(n),
+                               (const char *)n->data.scalar.value);
     /* the base goes first wherever `base:` is written, so this file always overrides it */
     yaml_node_pair_t *base = NULL;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
@@ -841,6 +846,10 @@ static void quote_string(const char *text, char *out, size_t n) {
         else if (*p == '\n') o += (size_t)snprintf(out + o, n - o, "\\n");
         else if (*p == '\t') o += (size_t)snprintf(out + o, n - o, "\\t");
         else if (*p < 0x20 || *p == 0x7f) o += (size_t)snprintf(out + o, n - o, "\\x%02x", *p);
+        /* YAML reads NEL, LS and PS as line breaks, folding them even inside quotes */
+        else if (p[0] == 0xc2 && p[1] == 0x85) o += (size_t)snprintf(out + o, n - o, "\\N"), p++;
+        else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+            o += (size_t)snprintf(out + o, n - o, "\\%c", p[2] == 0xa8 ? 'L' : 'P'), p += 2;
         else out[o++] = (char)*p;
     }
     out[o++] = '"';

@@ -794,6 +794,45 @@ static void test_clean_stale(const char *root) {
     free_model(&m);
 }
 
+/* Replaces the first `from` in the manifest of dir with `to` (a hand edit, as an attacker would). */
+static void edit_manifest(const char *dir, const char *orig, const char *from, const char *to) {
+    char p[4200], text[16384];
+    snprintf(p, sizeof p, "%s/manifest.yaml", dir);
+    const char *at = strstr(orig, from);
+    CHECK(at != NULL, "the manifest holds '%s'", from);
+    if (!at) return;
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(at - orig), orig, to, at + strlen(from));
+    write_manifest(p, text); /* with its checksum made to match: the parser behind it is what is tested */
+}
+
+/* Manifests that asked for what the bytes do not hold (found by tests/fuzz/fuzz_checkpoint). */
+static void test_hostile_manifest(const char *root) {
+    char run[1024], dir[4096], p[4200], msg[8600], orig[16384];
+    snprintf(run, sizeof run, "%s/hostile", root);
+    model m;
+    small_model(&m, 5);
+    CHECK(save(run, &m, 2, 3, "a: 1\n", 0) == 0, "save a checkpoint to edit");
+    snprintf(dir, sizeof dir, "%s/ckpt/step_00000003", run);
+    snprintf(p, sizeof p, "%s/manifest.yaml", dir);
+    read_text(p, orig, sizeof orig);
+
+    /* a world of 2^31-1 ranks: per-rank state for all of them was allocated (8 GiB) */
+    edit_manifest(dir, orig, "\nworld: 2\n", "\nworld: 2147483647\n");
+    snprintf(msg, sizeof msg, "%s: world 2147483647 must be between 1 and 1048576", p);
+    CHECK_ERR(strata_ckpt_open(dir) == NULL, msg, "a manifest's absurd world is refused before allocating");
+
+    /* (2^63-1)^2 wraps to 1 in 64 bits, so this shape "had" 37 elements */
+    edit_manifest(dir, orig, "numel: 37, shape: [37]", "numel: 37, shape: [9223372036854775807, 9223372036854775807, 37]");
+    snprintf(msg, sizeof msg, "%s: tensor transformer.wte.weight: its shape's element count overflows", p);
+    CHECK_ERR(strata_ckpt_open(dir) == NULL, msg, "a shape whose element count wraps around is refused");
+
+    write_text(p, orig);
+    strata_ckpt *ck = strata_ckpt_open(dir);
+    CHECK(ck != NULL, "the unedited manifest still opens (%s)", ck ? "" : strata_error());
+    strata_ckpt_close(ck);
+    free_model(&m);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     char root[256];
@@ -818,6 +857,7 @@ int main(void) {
     test_write_failure(root);
     test_crash_safety(root);
     test_clean_stale(root);
+    test_hostile_manifest(root);
     rm_rf(root);
     printf("%s: %d failure(s), %.0f ms\n", failures ? "FAILED" : "passed", failures, strata_now_ms() - t0);
     return failures ? 1 : 0;

@@ -117,6 +117,9 @@ static const bad_case bad_cases[] = {
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,
      "bad.yaml: offload.block_kb (1026) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)"},
 
+    /* a quoted \0 would cut the value short unseen (found by tests/fuzz/fuzz_config) */
+    {"NUL byte in a quoted value", HEAD "  val: \"v\\0al\"\n" TRAIN, NULL,
+     "bad.yaml:9: 'v...' holds a NUL byte, which no key or value may"},
     /* --set overrides: the file is fine, the override is not. */
     {"--set: not an integer", HEAD TRAIN, "train.steps=x", "--set: key 'train.steps': expected an integer, got 'x'"},
     {"--set: missing '='", HEAD TRAIN, "train.steps", "--set: expected section.key=value, got 'train.steps'"},
@@ -379,7 +382,9 @@ static void test_round_trip(void) {
                           "optim.eps=1e-300", "train.seed=18446744073709551615", "train.activation_checkpointing=every:7",
                           "train.steps=1000000000000", "zero.stage=3", "comm.timeout_s=0.5", "train.dtype=bf16",
                           "train.grad_reduce_dtype=fp32", "offload.optimizer=cpu", "data.shuffle=false",
-                          "run.dir=runs/with: colon # hash", "model.padded_vocab_size=384"};
+                          "run.dir=runs/with: colon # hash", "model.padded_vocab_size=384",
+                          /* YAML's other line breaks, NEL, LS and PS (found by tests/fuzz/fuzz_config) */
+                          "data.tokenizer=nel\xc2\x85 ls\xe2\x80\xa8 ps\xe2\x80\xa9 end"};
     int rc = strata_config_load_string(&c, "rt.yaml", HEAD TRAIN, sets, (int)(sizeof sets / sizeof sets[0]));
     CHECK(rc == 0, "round-trip source: %s", strata_error());
     round_trip(&c, 1, "with comments");
