@@ -17,6 +17,7 @@
 #include <liburing.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/common.h"
@@ -134,6 +136,27 @@ static int create_file(strata_nvme_store *s, const char *dir) {
                        s->path, strerror(e), dir);
 }
 
+/* flock(LOCK_EX | LOCK_NB) on a swap file, waiting a little when the lock is held but the
+ * process named in the file's name is gone from this host: a killed process's io_uring is
+ * torn down by the kernel after the process is reaped, and the ring holds the file (and so
+ * its lock) until then. A pid alive here, or one that stays locked (another host's process
+ * on a shared disk), is left as held. Returns flock's result, errno set on failure. */
+static int lock_when_owner_gone(int fd, long pid) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    if (errno != EWOULDBLOCK) return -1;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) {
+        errno = EWOULDBLOCK;
+        return -1;
+    }
+    for (int i = 0; i < 200; i++) { /* up to 2 s */
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+        if (errno != EWOULDBLOCK) return -1;
+    }
+    return -1;
+}
+
 int strata_nvme_reclaim(const char *dir, char *live, size_t live_len, size_t *live_bytes) {
     if (live_len) live[0] = 0;
     if (live_bytes) *live_bytes = 0;
@@ -163,7 +186,7 @@ int strata_nvme_reclaim(const char *dir, char *live, size_t live_len, size_t *li
         }
         char hb[32];
         strata_fmt_bytes(hb, sizeof hb, (double)st.st_blocks * 512.0);
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        if (lock_when_owner_gone(fd, pid) == 0) {
             /* nobody holds it: its process is gone (killed before it could remove it) */
             if (unlink(path) != 0 && errno != ENOENT) {
                 rc = strata_fail("nvme: %s is a stale swap file (process %ld is gone) holding %s, but it "
