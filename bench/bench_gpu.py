@@ -158,8 +158,10 @@ def render(rows, peak):
         ok = [r for r in rs if "tok_s" in r]
         ref = next((r for r in ok if r.get("impl") == "nanogpt" and r.get("compile")), None)
         head = ok[0] if ok else rs[0]
+        torch_versions = sorted({r["torch"] for r in ok if r.get("torch")})
         out.append(f"GPT-2 {size}: {head.get('layers', '?')} layers, {head.get('channels', '?')} channels, "
-                   f"B={head.get('batch', '?')}, T={head.get('seq', '?')}, bf16; MFU against {peak:g} TFLOP/s")
+                   f"B={head.get('batch', '?')}, T={head.get('seq', '?')}, bf16; MFU against {peak:g} TFLOP/s"
+                   + "".join(f"; PyTorch {v}" for v in torch_versions))
         out.append("")
         out.append("| run | tokens/s | ms/step | model TFLOP/s | MFU | peak memory GiB (allocator / device in use) | x torch.compile |")
         out.append("|---|---|---|---|---|---|---|")
