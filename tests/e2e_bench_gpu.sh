@@ -29,8 +29,9 @@ grep -qF "| Strata stage 0 | 460,000 | 35.6 | 393.0 | 39.7% | 8.00 / 9.00 | 1.15
 grep -qF "| PyTorch nanoGPT torch.compile | 400,000 | 41.0 | 341.8 | 34.6% | 8.40 / - | 1.00x |" table.md || fail "compile's row: $(cat table.md)"
 grep -qF "| PyTorch HF GPT2LMHeadModel sdpa eager | failed: exit 1 (Traceback) |" table.md || fail "a failed row: $(cat table.md)"
 grep -qF "GPT-2 1.5b: 48 layers, 1600 channels, B=8, T=1024, bf16; MFU against 989 TFLOP/s" table.md || fail "1.5b's heading"
-grep -F "| Strata stage 0 | 40,000 |" table.md | grep -qF "| - |" || fail "no compile row at 1.5b: the ratio must be -"
-PEAK_TFLOPS=756 python3 "$SRC/bench/bench_gpu.py" render --rows rows.jsonl | grep -qF "MFU against 756 TFLOP/s" || fail "PEAK_TFLOPS"
+grep -F "| Strata stage 0 | 40,000 |" table.md > row15.md && grep -qF "| - |" row15.md || fail "no compile row at 1.5b: the ratio must be -"
+PEAK_TFLOPS=756 python3 "$SRC/bench/bench_gpu.py" render --rows rows.jsonl > table756.md
+grep -qF "MFU against 756 TFLOP/s" table756.md || fail "PEAK_TFLOPS"
 pass "the table: MFU from Strata's FLOP count, the ratio to torch.compile, failed rows"
 
 set +e
