@@ -3,7 +3,7 @@
 # ones included: kernels vs the CPU oracle, streams and events, no allocation in steps,
 # collectives on device buffers), compare 20 training steps on the GPU with the CPU run
 # and across comm backends (nccl at world 1, two ranks sharing the GPU over staged MPI),
-# and benchmark GPT-2 124M (B=16, T=1024, bf16) against PyTorch eager in the same run.
+# and benchmark GPT-2 124M (B=16, T=1024, bf16) against PyTorch in the same run.
 # Tables go to $OUT when set.
 #
 # NCCL: the toolkit's if it has one, else PyTorch's pip package (nvidia-nccl-cu13 or
@@ -27,8 +27,9 @@ log() { echo "[gpu-check] $*"; }
 # $OUT/gpu-matrix.md; render the parts of several calls together with `python3
 # bench/gpu_matrix.py render --results DIR --out docs/gpu-matrix.md`), sanitize
 # (compute-sanitizer memcheck and racecheck), check (tests, GPU vs CPU, comm backends, ~5 min),
-# torch (bf16 against transformers), bench (attention kernels; 124M against PyTorch eager and
-# torch.compile, ~5 min), bench15 (1.5B, ~4 min), memory
+# torch (bf16 against transformers), bench (attention kernels; 124M: Strata against the
+# nanoGPT-style PyTorch model eager and compiled and HF's, and Strata's kernel profile, through
+# bench/bench_gpu.sh within ~8 min), bench15 (the same at 1.5B, within ~9 min), memory
 # (plan vs nvidia-smi, ~5 min), offload (1.5B offload vs FSDP2 ~6 min, then 7.1B ~6 min;
 # OFFLOAD_PARTS="1.5b" or "7b" picks one). The device tool runs one command for at most 10
 # minutes, so there run them in separate calls; the build is incremental and shared.
@@ -230,85 +231,19 @@ probe "zero stage 2, STRATA_CUDA_DEVICE_WAITS=1 CUDA_MODULE_LOADING=EAGER" STRAT
 # training over the comm backends at every stage is the matrix's ranks and world1 parts
 fi
 
-if want bench || want bench15; then
-log "GPT-2 124M (B=16; part bench) and 1.5B (B=8; part bench15), T=1024, bf16: Strata stages 0 and 3 against PyTorch"
-# MFU: model FLOPs (6N + 12LCT per token, as strata's metrics count them) over 989 TFLOP/s,
-# the H100 SXM's dense bf16 peak (the PCIe H100's is 756: the column says which was used).
-PEAK=${PEAK_TFLOPS:-989}
-strata_row() { # name config micro_batch stage [extra --set...]
-  local name=$1 cfg=$2 mb=$3 st=$4; shift 4
-  rm -rf runs/b
-  if watched 240 "$name" env STRATA_CUDA_UNVERIFIED=1 "$S" train "$cfg" --set device=cuda --set train.steps=12 \
-       --set train.micro_batch=$mb --set zero.stage=$st --set run.dir=runs/b --set run.checkpoint_every=0 --set run.checkpoint_at_end=false \
-       --set train.eval_every=0 --set train.sample_tokens=0 --set train.sample_every=0 --set 'data.train=data/train_*.bin' \
-       --set data.val= "$@" > b.log 2>&1; then
-    python3 - "$name" "$PEAK" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open("runs/b/metrics.jsonl")][3:]
-tps = statistics.median(r["tokens_per_s"] for r in rows); ms = statistics.median(r["step_ms"] for r in rows)
-tf = statistics.median(r["tflops"] for r in rows)
-used = max(r.get("device_used_peak_bytes", 0) for r in rows) / 2**30
-arena = max(r["peak_mem_bytes"] for r in rows) / 2**30
-print(f"| {sys.argv[1]} | {tps:,.0f} | {ms:.1f} | {tf:.0f} ({100 * tf / float(sys.argv[2]):.1f}%) | {used:.2f} GiB device ({arena:.2f} arena) |")
-PY
-  else
-    echo "| $name | failed: $(grep -m1 -E 'error|HUNG' b.log | cut -c1-120) | | | |"
-  fi
-}
-torch_row() { # layers embd heads batch mode
-  python3 - "$@" "$PEAK" <<'PY' 2> torch.log || echo "| PyTorch $5 L$1 | failed: $(tail -1 torch.log | cut -c1-100) | | | |"
-import sys, time, statistics, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-L, C, H, B, mode, peak = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
-torch.manual_seed(0)
-cfg = GPT2Config(n_layer=L, n_head=H, n_embd=C, n_positions=1024, vocab_size=50257, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
-m = GPT2LMHeadModel(cfg).cuda()
-opt = torch.optim.AdamW(m.parameters(), lr=6e-4, fused=True)
-step_model = torch.compile(m) if mode == "compile" else m
-x = torch.randint(0, 50257, (B, 1024), device="cuda")
-torch.cuda.reset_peak_memory_stats()
-times = []
-for i in range(15):
-    torch.cuda.synchronize(); t = time.time()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = step_model(x, labels=x).loss
-    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(); times.append(time.time() - t)
-s = statistics.median(times[5:])
-n = sum(p.numel() for p in m.parameters())
-tf = (6 * n + 12 * L * C * 1024) * B * 1024 / s / 1e12
-free, total = torch.cuda.mem_get_info()
-print(f"| PyTorch {torch.__version__} {mode} (bf16 autocast, fused AdamW) | {B * 1024 / s:,.0f} | {s * 1e3:.1f} | {tf:.0f} ({100 * tf / peak:.1f}%) | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated |")
-PY
-}
 if want bench; then
-log "attention kernels: CUDA cores against tensor cores (bench/bench_attention.c)"
-"$ROOT/build-gpu/bench/bench_attention" 20 2>&1 | tee "$OUT/bench_attention.md" || true
-{
-echo "GPT-2 124M, B=16, T=1024, bf16 (MFU against $PEAK TFLOP/s)"
-echo
-echo "| run | tokens/s (median) | ms/step | model TFLOP/s (MFU) | peak GPU memory |"
-echo "|---|---|---|---|---|"
-strata_row "Strata stage 0" "$ROOT/configs/gpt2-124m.yaml" 16 0
-strata_row "Strata stage 3" "$ROOT/configs/gpt2-124m.yaml" 16 3
-[ "${STRATA_ATTENTION_TC_BENCH:-1}" = 1 ] && STRATA_ATTENTION=tc strata_row "Strata stage 0, STRATA_ATTENTION=tc" "$ROOT/configs/gpt2-124m.yaml" 16 0
-if python3 -c "import torch, transformers" 2> /dev/null; then
-  torch_row 12 768 12 16 eager
-  torch_row 12 768 12 16 compile
-fi
-} | tee "$OUT/bench_gpu.md"
+  log "attention kernels: CUDA cores against tensor cores (bench/bench_attention.c)"
+  "$ROOT/build-gpu/bench/bench_attention" 20 2>&1 | tee "$OUT/bench_attention.md" || true
+  log "GPT-2 124M (B=16, T=1024, bf16): Strata stages 0 and 3 against PyTorch, and Strata's kernel profile (bench/bench_gpu.sh)"
+  STRATA="$S" OUT="$OUT" BENCH_NAME=bench_gpu BENCH_SIZES=124m BENCH_BUDGET_S=${BENCH_BUDGET_S:-450} \
+    BENCH_ROWS="${BENCH_ROWS:-strata0 compile strata3 eager hf strata0-tc}" bash "$ROOT/bench/bench_gpu.sh" ||
+    log "bench_gpu.sh failed"
 fi
 if want bench15; then
-{
-echo "GPT-2 1.5B, B=8, T=1024, bf16, activation checkpointing per block (MFU against $PEAK TFLOP/s)"
-echo
-echo "| run | tokens/s (median) | ms/step | model TFLOP/s (MFU) | peak GPU memory |"
-echo "|---|---|---|---|---|"
-strata_row "Strata stage 0" "$ROOT/configs/gpt2-1.5b.yaml" 8 0
-strata_row "Strata stage 3" "$ROOT/configs/gpt2-1.5b.yaml" 8 3
-python3 -c "import torch, transformers" 2> /dev/null && torch_row 48 1600 25 8 eager
-} | tee "$OUT/bench_gpu_1.5b.md"
-fi
+  log "GPT-2 1.5B (B=8, T=1024, bf16): Strata stages 0 and 3 against PyTorch (bench/bench_gpu.sh)"
+  STRATA="$S" OUT="$OUT" BENCH_NAME=bench_gpu_1.5b BENCH_SIZES=1.5b BENCH_PROFILE=0 BENCH_BUDGET_S=${BENCH_BUDGET_S:-500} \
+    BENCH_ROWS="${BENCH_ROWS:-strata0 compile strata3 eager hf}" bash "$ROOT/bench/bench_gpu.sh" ||
+    log "bench_gpu.sh failed"
 fi
 
 if want torch; then

@@ -58,7 +58,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # the tied head

@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/kernels.h"
+#include "core/profile.h"
 
 /* Tensors of a block in flat-buffer order; the index names are used below. */
 enum {
@@ -228,6 +229,14 @@ static void *tensor_ptr(strata_model *m, void *base, int u, int i, size_t es) {
 }
 #define P(u, i) tensor_ptr(m, m->params[u], u, i, es)
 #define G(u, i) ((float *)tensor_ptr(m, m->grads[u], u, i, sizeof(float)))
+/* Kernel call(s) timed as one call of group g when the step is profiled (core/profile.h;
+ * m->prof is NULL otherwise, and this is the call alone). */
+#define TIMED(g, ...)                                                   \
+    do {                                                                \
+        int prof_call_ = strata_prof_begin(m->prof, STRATA_PROF_##g);   \
+        __VA_ARGS__;                                                    \
+        strata_prof_end(m->prof, prof_call_);                           \
+    } while (0)
 
 int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets) {
     /* every token that reaches the embedding (and every target the loss indexes) passes
@@ -256,15 +265,15 @@ static void block_forward(strata_model *m, int u) {
     int B = m->cur_B, T = m->cur_T, C = m->shape.n_embd, NH = m->shape.n_head, BT = B * T;
     strata_block_acts *a = acts_of(m, l);
     void *x = m->resid[l];
-    k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C);
-    k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, 0); /* (B,T,3C) */
-    k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, C, NH);                  /* (B,T,C) */
-    k->matmul_forward(s, m->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, 0);
-    k->residual_forward(s, a->resid2, x, m->scratch_btc, (size_t)BT * C);
-    k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C);
-    k->matmul_forward(s, a->fch, a->fch_gelu, a->ln2, P(u, FC_W), P(u, FC_B), BT, C, 4 * C, 0); /* (B,T,4C) */
-    k->matmul_forward(s, m->scratch_btc, NULL, a->fch_gelu, P(u, FCPROJ_W), P(u, FCPROJ_B), BT, 4 * C, C, 0);
-    k->residual_forward(s, m->resid[l + 1], a->resid2, m->scratch_btc, (size_t)BT * C);
+    TIMED(LAYERNORM, k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C));
+    TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, 0)); /* (B,T,3C) */
+    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, C, NH));                  /* (B,T,C) */
+    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, m->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, 0));
+    TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, m->scratch_btc, (size_t)BT * C));
+    TIMED(LAYERNORM, k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C));
+    TIMED(MATMUL_FC, k->matmul_forward(s, a->fch, a->fch_gelu, a->ln2, P(u, FC_W), P(u, FC_B), BT, C, 4 * C, 0)); /* (B,T,4C) */
+    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, m->scratch_btc, NULL, a->fch_gelu, P(u, FCPROJ_W), P(u, FCPROJ_B), BT, 4 * C, C, 0));
+    TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, m->scratch_btc, (size_t)BT * C));
 }
 
 void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, float loss_scale) {
@@ -275,18 +284,18 @@ void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, f
     int L = m->shape.n_layer, V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
-        k->encoder_forward(s, m->resid[0], m->inputs, P(0, WTE), P(0, WPE), B, T, C); /* (B,T,C) */
+        TIMED(EMBEDDING, k->encoder_forward(s, m->resid[0], m->inputs, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
         break;
     case STRATA_UNIT_BLOCK:
         block_forward(m, u);
         break;
     case STRATA_UNIT_HEAD:
-        k->layernorm_forward(s, m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], P(u, LNF_W), P(u, LNF_B), BT, C);
-        k->matmul_forward(s, m->logits, NULL, m->lnf, P(0, WTE), NULL, BT, C, Vp, 1); /* (B,T,Vp) */
+        TIMED(LAYERNORM, k->layernorm_forward(s, m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[L], P(u, LNF_W), P(u, LNF_B), BT, C));
+        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, m->lnf, P(0, WTE), NULL, BT, C, Vp, 1)); /* (B,T,Vp) */
         if (loss_scale != 0.0f || train) {
             /* (B,T) losses; in training the logits become dlogits in place */
-            k->crossentropy(s, m->losses, train ? m->logits : NULL, m->logits, m->targets, BT, V, Vp, dloss);
-            k->loss_accumulate(s, m->loss_sum, m->losses, BT, loss_scale);
+            TIMED(CROSSENTROPY, k->crossentropy(s, m->losses, train ? m->logits : NULL, m->logits, m->targets, BT, V, Vp, dloss),
+                  k->loss_accumulate(s, m->loss_sum, m->losses, BT, loss_scale));
         }
         break;
     }
@@ -298,17 +307,21 @@ static void block_backward(strata_model *m, int u) {
     size_t es = strata_dtype_size(m->dev->compute_dtype);
     int l = m->units[u].layer;
     int B = m->cur_B, T = m->cur_T, C = m->shape.n_embd, NH = m->shape.n_head, BT = B * T;
-    if (block_recomputed(m, l)) block_forward(m, u); /* activation checkpointing: rebuild acts */
+    if (block_recomputed(m, l)) { /* activation checkpointing: rebuild acts */
+        strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
+        block_forward(m, u);
+        strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
+    }
     strata_block_acts *a = acts_of(m, l);
     /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. */
-    k->matmul_backward(s, m->dfch, G(u, FCPROJ_W), G(u, FCPROJ_B), m->dresid, a->fch_gelu, P(u, FCPROJ_W), BT, 4 * C, C, 0);
-    k->gelu_backward(s, m->dfch, a->fch, m->dfch, (size_t)BT * 4 * C);
-    k->matmul_backward(s, m->dbtc, G(u, FC_W), G(u, FC_B), m->dfch, a->ln2, P(u, FC_W), BT, C, 4 * C, 0);
-    k->layernorm_backward(s, m->dresid, G(u, LN2_W), G(u, LN2_B), m->dbtc, a->resid2, P(u, LN2_W), a->ln2_mean, a->ln2_rstd, BT, C);
-    k->matmul_backward(s, m->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, 0);
-    k->attention_backward(s, m->dqkv, m->dbtc, a->qkv, a->atty, a->att_lse, B, T, C, NH);
-    k->matmul_backward(s, m->dbtc, G(u, QKV_W), G(u, QKV_B), m->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, 0);
-    k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), m->dbtc, m->resid[l], P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C);
+    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, m->dfch, G(u, FCPROJ_W), G(u, FCPROJ_B), m->dresid, a->fch_gelu, P(u, FCPROJ_W), BT, 4 * C, C, 0));
+    TIMED(GELU, k->gelu_backward(s, m->dfch, a->fch, m->dfch, (size_t)BT * 4 * C));
+    TIMED(MATMUL_FC, k->matmul_backward(s, m->dbtc, G(u, FC_W), G(u, FC_B), m->dfch, a->ln2, P(u, FC_W), BT, C, 4 * C, 0));
+    TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN2_W), G(u, LN2_B), m->dbtc, a->resid2, P(u, LN2_W), a->ln2_mean, a->ln2_rstd, BT, C));
+    TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, m->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, 0));
+    TIMED(ATTENTION, k->attention_backward(s, m->dqkv, m->dbtc, a->qkv, a->atty, a->att_lse, B, T, C, NH));
+    TIMED(MATMUL_QKV, k->matmul_backward(s, m->dbtc, G(u, QKV_W), G(u, QKV_B), m->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, 0));
+    TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), m->dbtc, m->resid[l], P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
 }
 
 void strata_model_backward_unit(strata_model *m, int u) {
@@ -320,15 +333,15 @@ void strata_model_backward_unit(strata_model *m, int u) {
     switch (m->units[u].kind) {
     case STRATA_UNIT_HEAD:
         /* tied head: dwte (Vp,C) += dlogits^T lnf; dlnf = dlogits wte */
-        k->matmul_backward(s, m->dbtc, G(0, WTE), NULL, m->logits, m->lnf, P(0, WTE), BT, C, Vp, 1);
+        TIMED(CLASSIFIER, k->matmul_backward(s, m->dbtc, G(0, WTE), NULL, m->logits, m->lnf, P(0, WTE), BT, C, Vp, 1));
         strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * C * es);
-        k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), m->dbtc, m->resid[L], P(u, LNF_W), m->lnf_mean, m->lnf_rstd, BT, C);
+        TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), m->dbtc, m->resid[L], P(u, LNF_W), m->lnf_mean, m->lnf_rstd, BT, C));
         break;
     case STRATA_UNIT_BLOCK:
         block_backward(m, u);
         break;
     case STRATA_UNIT_EMBED:
-        k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, B, T, C);
+        TIMED(EMBEDDING, k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, B, T, C));
         break;
     }
 }

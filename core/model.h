@@ -90,6 +90,9 @@ typedef struct strata_model {
     void *dqkv;               /* (B,T,3C) */
     void *dfch;               /* (B,T,4C) */
     int32_t *inputs, *targets; /* (B,T) on the device */
+    /* the kernel profile (core/profile.h), set by the engine for the span of a profiled
+     * training step; NULL otherwise (eval, sampling, and every run without STRATA_PROFILE) */
+    struct strata_prof *prof;
 } strata_model;
 
 /* The model a config describes (model.* keys, padded vocabulary resolved). */

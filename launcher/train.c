@@ -308,6 +308,7 @@ typedef struct trainer {
     int split_steps;
     double split_ms[5]; /* step, compute busy, waits on the tier, on collectives, on data */
     strata_tier_stats split_tier;
+    int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -839,6 +840,30 @@ static void measure_floor(trainer *t) {
         STRATA_WARN("offload", "the floor will not be reported: %s", strata_error());
 }
 
+/* ---- the kernel profile (STRATA_PROFILE=kernels, core/profile.h) ---- */
+
+/* STRATA_PROFILE, read once at the start: 1 kernels, 0 unset, empty or off, -1 anything
+ * else (a usage error, with the message set). */
+static int kernel_profile_choice(void) {
+    const char *v = getenv("STRATA_PROFILE");
+    if (!v || !*v || !strcmp(v, "off")) return 0;
+    if (!strcmp(v, "kernels")) return 1;
+    return strata_fail("STRATA_PROFILE=%s: not a profile this build knows (kernels, or off)", v);
+}
+
+/* At the end of a run, rank 0: this rank's kernel groups per step (the engine read their
+ * events a step late; the last step's are read here, after the run's final sync). */
+static void report_kernel_profile(trainer *t) {
+    if (!t->kernel_profile || t->rank != 0) return;
+    strata_prof_report r;
+    if (strata_engine_kernel_profile(t->engine, &r)) {
+        STRATA_WARN("prof", "no kernel profile: %s", strata_error());
+        return;
+    }
+    strata_prof_print(&r, t->world > 1 ? "[rank 0] [prof] " : "[prof] ", stdout);
+    fflush(stdout);
+}
+
 /* One step's split into the run's sums (steps whose tier figures are whole). */
 static void split_add(trainer *t, const strata_step_result *r, double ms) {
     if (!r->have_split) return;
@@ -1196,6 +1221,11 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return STRATA_EXIT_USAGE;
     }
     config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+    if ((t->kernel_profile = kernel_profile_choice()) < 0) {
+        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
+        close_trainer(t);
+        return STRATA_EXIT_USAGE;
+    }
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
 
     /* a config error (nvme_path missing or not a directory) before the run dir is touched */
@@ -1219,6 +1249,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return rc;
     }
     measure_floor(t); /* on the arena's memory, before the state is put in it */
+    if (t->kernel_profile && strata_engine_profile_kernels(t->engine)) fatal(t, "starting the kernel profile");
     t->tokens_per_step = (double)cfg->train.micro_batch * strata_config_seq_len(cfg) * cfg->train.grad_accum * world;
     if ((rc = open_data(t))) {
         close_trainer(t);
@@ -1236,6 +1267,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
 
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK) report_offload_split(t);
+    if (exit_code == STRATA_EXIT_OK) report_kernel_profile(t);
     if (exit_code == STRATA_EXIT_OK && !stop_requested && rank == 0 && cfg->train.sample_tokens > 0 &&
         strata_engine_params_resident(t->engine) == 0)
         final_sample(t);

@@ -190,6 +190,7 @@ struct strata_engine {
     offload_link off;
     compute_clock clock;
     fault_switches fault;
+    strata_prof *prof; /* STRATA_PROFILE=kernels (strata_engine_profile_kernels), else NULL */
 
     /* the step's own buffers and timings */
     strata_event *ev_compute;  /* "compute so far", for the collective stream to wait on */
@@ -465,6 +466,7 @@ void strata_engine_destroy(strata_engine *e) {
         e->dev->ops->sync_all(e->dev);
         destroy_events(e);
     }
+    strata_prof_destroy(e->prof);
     if (e->off.tier) e->off.tier->ops->destroy(e->off.tier);
     free(e->off.ev_update);
     free(e->off.ev_params_ready);
@@ -546,17 +548,20 @@ static double clock_busy_ms(strata_engine *e, int *untimed) {
  * compute sat idle on communication. */
 
 static void compute_wait(strata_engine *e, strata_event *ev) {
-    int stall = stall_begin(e);
+    int stall = stall_begin(e), call = strata_prof_begin(e->m->prof, STRATA_PROF_COMM_WAIT);
     double t0 = strata_now_ms();
     strata_stream_wait_event(e->dev, e->dev->compute, ev);
     e->comm_wait_ms += strata_now_ms() - t0;
+    strata_prof_end(e->m->prof, call);
     stall_end(e, stall);
 }
 static void comm_sync(strata_engine *e) {
+    int call = strata_prof_begin(e->m->prof, STRATA_PROF_COMM_WAIT);
     double t0 = strata_now_ms();
     strata_stream_sync(e->dev, comm_stream(e));
     if (e->land.stream) strata_stream_sync(e->dev, e->land.stream);
     e->comm_wait_ms += strata_now_ms() - t0;
+    strata_prof_end(e->m->prof, call);
 }
 
 /* Makes the collective stream wait for everything enqueued on compute so far. */
@@ -930,6 +935,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
     for (int i = 0; i < e->sched.n_ops; i++) {
         const unit_op *op = &e->sched.ops[i];
         if (op->backward && !prev->backward) r->backward_start_ms = strata_now_ms();
+        strata_prof_set_phase(m->prof, op->backward ? STRATA_PROF_BACKWARD : STRATA_PROF_FORWARD);
         if (params_for(e, op, prev)) return -1;
         if (!op->backward) {
             strata_model_forward_unit(m, op->unit, 1, dloss, loss_scale);
@@ -958,7 +964,9 @@ static void adamw_unit(strata_engine *e, int u, const strata_adamw_args *base) {
         strata_adamw_args a = *base;
         if (!seg[i].decay) a.weight_decay = 0.0f;
         size_t off = seg[i].lo;
+        int call = strata_prof_begin(e->m->prof, STRATA_PROF_ADAMW);
         k->adamw(e->dev->compute, w + off, param_out + off * e->es, g + off, m1 + off, m2 + off, seg[i].n, &a);
+        strata_prof_end(e->m->prof, call);
     }
 }
 
@@ -1020,7 +1028,7 @@ static void poison_on_fault(strata_engine *e, int64_t step) {
         strata_memset_async(e->dev, e->dev->compute, e->m->loss_sum, 0xff, sizeof(float));
 }
 
-int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
+static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
     e->comm_wait_ms = e->data_ms = e->off.wait_ms = 0;
@@ -1033,6 +1041,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
+    strata_prof_set_phase(m->prof, STRATA_PROF_UPDATE);
     comm_sync(e);
     poison_on_fault(e, step);
 
@@ -1048,6 +1057,7 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     clock_stop(e);
     strata_stream_sync(d, d->compute);
     r->compute_ms = clock_busy_ms(e, &r->compute_untimed);
+    if (m->prof && strata_prof_collect(m->prof)) STRATA_WARN("prof", "%s", strata_error()); /* the last step's */
     sums[1] = *e->loss_sum_host;
     if (e->fault.nan_step == step + 1) sums[1] = NAN; /* STRATA_FAULT_NAN_STEP: this rank's loss */
     if (strata_allreduce_host_f64(e->comm, sums, 2)) return -1;
@@ -1067,6 +1077,35 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
     r->comm_wait_ms = e->comm_wait_ms;
     r->data_ms = e->data_ms;
     return 0;
+}
+
+/* A profiled step (STRATA_PROFILE=kernels) is the same step with the model's and the
+ * engine's timed calls recorded into the profiler's bank for it. */
+int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
+    if (!e->prof) return step_once(e, L, step, r);
+    strata_prof_step_begin(e->prof);
+    e->m->prof = e->prof;
+    int rc = step_once(e, L, step, r);
+    e->m->prof = NULL;
+    strata_prof_step_end(e->prof, rc == 0);
+    return rc;
+}
+
+int strata_engine_profile_kernels(strata_engine *e) {
+    STRATA_ASSERT(e->dev && !e->prof);
+    /* timed calls a step can make: per micro-step the forward's 9 per block + 4, the
+     * backward's 8 per block + 3, a recompute's 9 per block, and up to 4 waits per
+     * unit op; then the update's AdamW segments (at most a unit's tensors) and waits */
+    int L = e->m->shape.n_layer, cap = e->A * (26 * L + 11 + 4 * e->sched.n_ops) + 8;
+    for (int u = 0; u < e->U; u++) cap += e->m->units[u].n_tensors + 1;
+    e->prof = strata_prof_create(e->dev, cap);
+    return e->prof ? 0 : -1;
+}
+
+int strata_engine_kernel_profile(strata_engine *e, strata_prof_report *r) {
+    if (!e->prof) return strata_fail("kernel profile: not enabled (STRATA_PROFILE=kernels)");
+    if (strata_prof_flush(e->prof)) return -1;
+    return strata_prof_report_get(e->prof, r);
 }
 
 int strata_engine_sync(strata_engine *e) { return finish_updates(e); }

@@ -24,6 +24,7 @@
 #include "core/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "core/profile.h"
 #include "core/update_tier.h"
 #include "shard/comm.h"
 
@@ -87,6 +88,13 @@ int strata_engine_init_from(strata_engine *e, strata_param_source source, void *
 /* One optimizer step: grad_accum micro-batches of this rank's slice of the global batch,
  * reductions, clipping, AdamW, gathers. */
 int strata_engine_step(strata_engine *e, strata_loader *train, int64_t step, strata_step_result *r);
+
+/* STRATA_PROFILE=kernels: from the next step on, every step's kernel groups are timed on
+ * the compute stream (core/profile.h); makes all the profiler's events now. 0, or -1 + error. */
+int strata_engine_profile_kernels(strata_engine *e);
+/* At the end of a run (after strata_engine_sync): waits for the last step's events and
+ * gives the means per step. 0, or -1 + error (not enabled, or no step profiled). */
+int strata_engine_kernel_profile(strata_engine *e, strata_prof_report *r);
 
 /* Waits for the last step's offloaded optimizer update, which otherwise runs behind the
  * next step's forward; returns the error it hit, if any. Eval, checkpoints and sampling
