@@ -1007,7 +1007,7 @@ static int write_metrics(trainer *t, const step_figures *f) {
             "\"offload_wait_ms\": %.3f, \"data_ms\": %.3f",
             r->lr, r->grad_norm, tok_s, f->ms, tok_s * strata_model_flops_per_token(&t->m, strata_config_seq_len(&t->cfg)) / 1e12,
             t->tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
-            mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss_bytes(),
+            mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss,
             t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)f->comm_bytes,
             f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms, r->comm_wait_ms, r->offload_wait_ms, r->data_ms);
     /* the device as nvidia-smi sees it (CUDA) against the plan's prediction of it */
