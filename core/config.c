@@ -192,6 +192,8 @@ static const key_spec schema[] = {
 
     ENUM_("offload", "optimizer", offload.optimizer, offload_names, "none", "where optimizer state lives"),
     ENUM_("offload", "params", offload.params, offload_names, "none", "where stage-3 parameter shards live"),
+    DBL("offload", "optimizer_ratio", offload.optimizer_ratio, 0, 1, "1", F_MIN_EXCL,
+        "share of the optimizer state offloaded; the rest stays on the device (the first units in forward order)"),
     STR("offload", "nvme_path", offload.nvme_path, "", 0, "directory for nvme offload files"),
     DBL("offload", "pinned_budget_gb", offload.pinned_budget_gb, 0, 1e6, "0", 0,
         "pinned host memory; 0 = what the plan needs"),
@@ -779,6 +781,16 @@ int strata_config_check(const strata_config *c, const char *name) {
     if (c->offload.params == STRATA_OFFLOAD_NVME && c->offload.optimizer == STRATA_OFFLOAD_NONE)
         return strata_fail("%s: offload.params is nvme, which needs offload.optimizer cpu or nvme (the CPU update "
                            "writes the parameters to disk)", name);
+    if (c->offload.optimizer_ratio < 1) {
+        char r[64];
+        format_double(c->offload.optimizer_ratio, r, sizeof r);
+        if (c->offload.optimizer == STRATA_OFFLOAD_NONE)
+            return strata_fail("%s: offload.optimizer_ratio (%s) is the share of the optimizer state offloaded, but "
+                               "offload.optimizer is none (set it to cpu or nvme, or the ratio to 1)", name, r);
+        if (c->offload.params != STRATA_OFFLOAD_NONE)
+            return strata_fail("%s: offload.optimizer_ratio (%s) below 1 needs offload.params none (a unit whose "
+                               "optimizer state stays on the device updates its parameters there)", name, r);
+    }
     if (c->offload.block_kb % 4)
         return strata_fail("%s: offload.block_kb (%d) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)",
                            name, c->offload.block_kb);

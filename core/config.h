@@ -89,6 +89,9 @@ typedef struct strata_config {
     struct {
         strata_offload_choice optimizer;
         strata_offload_choice params;
+        /* share of the rank's optimizer state the offload tier holds (whole units, the last
+         * in forward order); the rest stays on the device. 1 = all of it */
+        double optimizer_ratio;
         char nvme_path[STRATA_PATH_MAX];
         double pinned_budget_gb; /* 0 = what the plan needs */
         int buffer_count;

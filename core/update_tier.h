@@ -60,7 +60,9 @@ static inline void strata_tier_stats_add(strata_tier_stats *acc, const strata_ti
 
 typedef struct strata_update_tier_ops {
     /* Plans n_units optimizer ranges of n[u] fp32 elements each (the engine's ranges:
-     * whole units at stage 0, the rank's shards above) and the tier's staging into `a`;
+     * whole units at stage 0, the rank's shards above; 0 for a unit whose state stays on
+     * the device, offload.optimizer_ratio, which the tier is never asked about) and the
+     * tier's staging into `a`;
      * updated parameters are written in param_dtype. Once, before the arena is committed. */
     void (*plan)(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n, strata_dtype param_dtype);
     /* After the arena is committed: opens what needs the memory (the NVMe store, which

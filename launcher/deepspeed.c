@@ -283,7 +283,9 @@ static int offload_section(conv *c, const char *name, const strata_json *o, int 
         } else if (!strcmp(m->key, "ratio")) {
             double x = 1.0;
             if ((r = get_number(c, key, v, &x))) { if (r < 0) return -1; continue; }
-            if (x != 1.0) note(c, key, "Strata offloads all of the optimizer state or none (no partial offload)");
+            if (is_param) note(c, key, "Strata's offload.optimizer_ratio splits the optimizer state only; ignored here");
+            else if (x <= 0.0 || x > 1.0) note(c, key, "%g offloads nothing or is out of range; ignored", x);
+            else if (x != 1.0) put(c, "offload", "optimizer_ratio", key, "%g", x);
         } else if (!strcmp(m->key, "buffer_size")) {
             note(c, key, "Strata sizes its staging buffers from the largest unit");
         } else if (!strcmp(m->key, "max_in_cpu")) {

@@ -924,8 +924,12 @@ static void report_offload_split(trainer *t) {
     STRATA_INFO("offload", "  D2H gradients %.2f ms, %s | H2D parameters %.2f ms, %s",
                 v[SPLIT_D2H], strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]), v[SPLIT_H2D],
                 strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]));
-    STRATA_INFO("offload", "  CPU AdamW %.2f ms, %.0f parameters, %s of host memory traffic",
-                v[SPLIT_ADAMW], v[SPLIT_ADAMW_N], strata_fmt_bytes(b[2], 32, v[SPLIT_ADAMW_B]));
+    char kept[96] = "";
+    if (t->cfg.offload.optimizer_ratio < 1)
+        snprintf(kept, sizeof kept, "; the device updates the rest (offload.optimizer_ratio %g)",
+                 t->cfg.offload.optimizer_ratio);
+    STRATA_INFO("offload", "  CPU AdamW %.2f ms, %.0f parameters, %s of host memory traffic%s",
+                v[SPLIT_ADAMW], v[SPLIT_ADAMW_N], strata_fmt_bytes(b[2], 32, v[SPLIT_ADAMW_B]), kept);
     STRATA_INFO("offload", "  disk read %s (AdamW waiting for state %.2f ms, parameter reads %.2f ms) | write %s "
                 "(state %.2f ms, parameters %.2f ms)", strata_fmt_bytes(b[3], 32, v[SPLIT_READ_B]), v[SPLIT_STATE_WAIT],
                 v[SPLIT_PARAM_READ], strata_fmt_bytes(b[4], 32, v[SPLIT_WRITE_B]), v[SPLIT_STATE_WRITE],

@@ -125,6 +125,7 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     for (int u = 0; u < n_units; u++) {
         o->n[u] = n[u];
         if (n[u] > o->max_n) o->max_n = n[u];
+        if (!n[u]) continue; /* the device holds this unit's state (offload.optimizer_ratio) */
         if (o->nvme) {
             o->unit_stride[u] = strata_round_up(n[u] * sizeof(float), NVME_ALIGN);
             o->file_off[u] = o->file_bytes;
@@ -321,7 +322,9 @@ static void update_run(void *arg) {
         o->prefetched_unit = -1;
         for (int k = 0; k < 3; k++) state[k] = o->slot_state[slot][k];
         /* the next unit's state streams in while this one updates */
-        if (u + 1 < o->n_units && prefetch(o, u + 1, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
+        int next = u + 1;
+        while (next < o->n_units && !o->n[next]) next++;
+        if (next < o->n_units && prefetch(o, next, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
         o->next_slot = slot ^ 1;
         double t1 = strata_now_ms();
         st->state_wait_s += (t1 - t0) / 1e3;

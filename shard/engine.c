@@ -121,6 +121,10 @@ typedef struct gather_ring {
  * for its own update. */
 typedef struct offload_link {
     strata_update_tier *tier; /* NULL: the optimizer state is on the device */
+    /* per unit: 1 when the tier holds its optimizer state; offload.optimizer_ratio below 1
+     * keeps the first units' (in forward order) on the device, updated on the compute
+     * stream, so the next forward starts on them while the tier works on the rest */
+    unsigned char *held;
     strata_event **ev_update; /* per unit: its update is done */
     /* per unit: its updated parameters are in place for forward (gather_updates: after the
      * all-gather, on the collective stream; otherwise ev_update itself) */
@@ -222,6 +226,22 @@ static void reserve(strata_engine *e, strata_mem_category cat, const char *what,
 static size_t opt_lo(const strata_engine *e, int u) { return e->z.opt_sharded ? (size_t)e->rank * e->shard[u] : 0; }
 static size_t opt_n(const strata_engine *e, int u) { return e->z.opt_sharded ? e->shard[u] : e->padded[u]; }
 
+/* Whether the update tier holds unit u's optimizer state (else the device does). */
+static int in_tier(const strata_engine *e, int u) { return e->off.tier && e->off.held[u]; }
+
+/* offload.optimizer_ratio: the device keeps units, in forward order, while their state
+ * stays within its share (1 - ratio) of the rank's optimizer state; the tier holds the rest. */
+static void split_optimizer(strata_engine *e) {
+    e->off.held = strata_xcalloc(e->U, 1);
+    size_t total = 0, kept = 0;
+    for (int u = 0; u < e->U; u++) total += opt_n(e, u);
+    double device_share = (1.0 - e->cfg->offload.optimizer_ratio) * (double)total;
+    for (int u = 0; u < e->U; u++) {
+        if ((double)(kept + opt_n(e, u)) <= device_share) kept += opt_n(e, u);
+        else e->off.held[u] = 1;
+    }
+}
+
 /* Phase 1: the facts of the stage, the dtype, the partition, the fault switches. */
 static void set_up(strata_engine *e) {
     const strata_config *cfg = e->cfg;
@@ -263,6 +283,7 @@ static void plan_state(strata_engine *e) {
     e->master = strata_xcalloc(e->U, sizeof(float *));
     e->mom1 = strata_xcalloc(e->U, sizeof(float *));
     e->mom2 = strata_xcalloc(e->U, sizeof(float *));
+    if (e->off.tier) split_optimizer(e);
     for (int u = 0; u < e->U; u++) {
         size_t P = e->padded[u], S = e->shard[u], n = opt_n(e, u);
         if (!e->z.params_sharded) reserve(e, STRATA_CAT_PARAMS, "params", u, P * e->es, &e->params_full[u]);
@@ -273,7 +294,7 @@ static void plan_state(strata_engine *e) {
                          STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
         if (!e->z.grads_sharded) reserve(e, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
         else reserve(e, STRATA_CAT_GRADS, "grad_shard", u, S * 4, (void **)&e->grad_acc[u]);
-        if (e->off.tier) {
+        if (in_tier(e, u)) {
             e->mem.optimizer += 3 * n * 4; /* held by this rank, in the tier's memory */
             continue;
         }
@@ -283,7 +304,7 @@ static void plan_state(strata_engine *e) {
     }
     if (e->off.tier) {
         size_t *n = strata_xcalloc(e->U, sizeof *n);
-        for (int u = 0; u < e->U; u++) n[u] = opt_n(e, u);
+        for (int u = 0; u < e->U; u++) n[u] = in_tier(e, u) ? opt_n(e, u) : 0; /* 0: not the tier's */
         e->off.tier->ops->plan(e->off.tier, e->arena, e->U, n, e->dtype);
         free(n);
         e->off.ev_update = strata_xcalloc(e->U, sizeof *e->off.ev_update);
@@ -469,6 +490,7 @@ void strata_engine_destroy(strata_engine *e) {
     strata_prof_destroy(e->prof);
     if (e->off.tier) e->off.tier->ops->destroy(e->off.tier);
     free(e->off.ev_update);
+    free(e->off.held);
     free(e->off.ev_params_ready);
     free(e->off.gather_pending);
     free(e->ring.slot);
@@ -723,42 +745,33 @@ static void wait_params_ready(strata_engine *e, int u) {
 /* Publishes the master weights as the compute-dtype parameters forward reads: convert
  * this rank's part, then (gather_updates) all-gather the full buffers. */
 static int publish_params(strata_engine *e) {
-    if (e->off.tier) {
-        /* the master weights are in the tier's memory: convert on the host, copy over */
-        strata_update_tier *tier = e->off.tier;
-        float *host = strata_xmalloc(e->max_opt_n * sizeof(float));
-        void *conv = strata_xmalloc(e->max_opt_n * e->es);
-        int rc = 0;
-        for (int u = 0; u < e->U && !rc; u++) {
-            size_t n = opt_n(e, u);
-            rc = tier->ops->read_state(tier, u, STRATA_STATE_MASTER, host);
-            if (rc) break;
+    strata_update_tier *tier = e->off.tier;
+    float *host = tier ? strata_xmalloc(e->max_opt_n * sizeof(float)) : NULL;
+    void *conv = tier ? strata_xmalloc(e->max_opt_n * e->es) : NULL;
+    int rc = 0;
+    for (int u = 0; u < e->U && !rc; u++) {
+        size_t n = opt_n(e, u);
+        if (!in_tier(e, u)) {
+            e->dev->k->convert(e->dev->compute, param_dest(e, u), e->dtype, e->master[u], STRATA_F32, n);
+        } else { /* the master weights are in the tier's memory: convert on the host, copy over */
+            if ((rc = tier->ops->read_state(tier, u, STRATA_STATE_MASTER, host))) break;
             strata_kernels_cpu.convert(NULL, conv, e->dtype, host, STRATA_F32, n);
             if (e->ring.from_nvme) {
                 rc = tier->ops->write_params(tier, u, conv);
                 continue;
             }
             strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es);
-            strata_stream_sync(e->dev, e->dev->compute);
-            if (e->z.gather_updates) {
-                comm_after_compute(e);
-                if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) rc = -1;
-            }
+            strata_stream_sync(e->dev, e->dev->compute); /* conv is reused next unit */
         }
-        strata_stream_sync(e->dev, comm_stream(e));
-        free(host);
-        free(conv);
-        return rc;
-    }
-    for (int u = 0; u < e->U; u++) {
-        e->dev->k->convert(e->dev->compute, param_dest(e, u), e->dtype, e->master[u], STRATA_F32, opt_n(e, u));
         if (e->z.gather_updates) {
             comm_after_compute(e);
-            if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
+            if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) rc = -1;
         }
     }
     strata_stream_sync(e->dev, comm_stream(e));
-    return 0;
+    free(host);
+    free(conv);
+    return rc;
 }
 
 /* The seeded random init as a parameter source. */
@@ -776,7 +789,7 @@ int strata_engine_init_from(strata_engine *e, strata_param_source source, void *
     for (int u = 0; u < e->U && !rc; u++) {
         size_t lo = opt_lo(e, u), n = opt_n(e, u);
         if ((rc = source(ctx, e->m, u, lo, lo + n, host))) break;
-        if (tier) {
+        if (in_tier(e, u)) {
             rc = tier->ops->write_state(tier, u, STRATA_STATE_MASTER, host);
             memset(host, 0, n * sizeof(float));
             if (!rc) rc = tier->ops->write_state(tier, u, STRATA_STATE_M, host);
@@ -992,10 +1005,15 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
     strata_event_record(e->dev, e->ev_compute, e->dev->compute);
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     for (int u = 0; u < e->U; u++) {
-        int n_seg = strata_adamw_segments(e->m, u, opt_lo(e, u), opt_n(e, u), seg);
-        if (tier->ops->update(tier, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, args, e->ev_compute,
-                              e->off.ev_update[u]))
-            return -1;
+        if (!in_tier(e, u)) { /* the device holds this unit's state: its update runs on compute */
+            adamw_unit(e, u, args);
+            strata_event_record(e->dev, e->off.ev_update[u], e->dev->compute);
+        } else {
+            int n_seg = strata_adamw_segments(e->m, u, opt_lo(e, u), opt_n(e, u), seg);
+            if (tier->ops->update(tier, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, args, e->ev_compute,
+                                  e->off.ev_update[u]))
+                return -1;
+        }
         if (e->z.gather_updates) e->off.gather_pending[u] = 1;
     }
     return 0;
@@ -1165,7 +1183,7 @@ static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA
     for (int u = 0; u < e->U; u++) {
         /* the standard shard's place in this rank's optimizer range */
         size_t lo = e->z.opt_sharded ? 0 : (size_t)e->rank * e->shard[u], S = e->shard[u];
-        if (tier) { /* state in the tier's memory: read it, keep the standard shard */
+        if (in_tier(e, u)) { /* state in the tier's memory: read it, keep the standard shard */
             for (int k = 0; k < 3; k++) {
                 if (tier->ops->read_state(tier, u, k, tmp)) {
                     free(tmp);
@@ -1239,7 +1257,7 @@ int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
         for (int k = 0; k < 3 && !rc; k++) {
             rc = strata_ckpt_read_range(ck, u, k, lo, lo + n, host);
             if (rc) break;
-            if (e->off.tier) {
+            if (in_tier(e, u)) {
                 rc = e->off.tier->ops->write_state(e->off.tier, u, k, host);
                 continue;
             }

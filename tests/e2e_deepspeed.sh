@@ -76,6 +76,16 @@ grep -q "^#   fp16: Strata has no fp16 loss scaling" out.txt || fail "fp16 shoul
 grep -q "grad_clip: 0 .*DeepSpeed's default: no clipping" out.txt || fail "the clipping default should say why"
 pass "DeepSpeed's defaults are written out where Strata's differ; fp16 is named with its bf16 alternative"
 
+# ZeRO-Offload++'s partial offload: offload_optimizer.ratio becomes offload.optimizer_ratio
+echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1,
+       "offload_optimizer": {"device": "cpu", "ratio": 0.6}}}' > ratio.json
+[ "$(code "$S" config --from-deepspeed ratio.json --base "$SRC/configs/gpt2-124m.yaml")" = 0 ] || fail "ratio config: $(cat err.txt)"
+cp out.txt ratio.yaml
+grep -q "^  optimizer_ratio: 0.6 " ratio.yaml || fail "offload_optimizer.ratio should carry over: $(cat ratio.yaml)"
+"$S" config ratio.yaml > effective.yaml || fail "the ratio YAML should load: $(cat effective.yaml)"
+grep -q "^  optimizer_ratio: 0.6" effective.yaml || fail "the effective config should keep the ratio: $(cat effective.yaml)"
+pass "offload_optimizer.ratio 0.6 becomes offload.optimizer_ratio 0.6 and loads"
+
 # a Hugging Face Trainer config: "auto" everywhere; those keys are named, never guessed
 cat > hf.json <<'JSON'
 {"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},

@@ -114,6 +114,14 @@ static const bad_case bad_cases[] = {
      "bad.yaml: offload.params is nvme, which needs offload.optimizer cpu or nvme (the CPU update writes the parameters to disk)"},
     {"params offloaded below stage 3", HEAD TRAIN "offload:\n  params: cpu\n", NULL,
      "bad.yaml: offload.params is cpu, which needs zero.stage 3 (stages 0-2 keep full parameters on every rank)"},
+    {"optimizer ratio without offload", HEAD TRAIN "offload:\n  optimizer_ratio: 0.5\n", NULL,
+     "bad.yaml: offload.optimizer_ratio (0.5) is the share of the optimizer state offloaded, but offload.optimizer is "
+     "none (set it to cpu or nvme, or the ratio to 1)"},
+    {"optimizer ratio with parameters offloaded", HEAD TRAIN "zero: {stage: 3}\noffload: {optimizer: cpu, params: cpu, optimizer_ratio: 0.25}\n",
+     NULL, "bad.yaml: offload.optimizer_ratio (0.25) below 1 needs offload.params none (a unit whose optimizer state "
+     "stays on the device updates its parameters there)"},
+    {"optimizer ratio of 0", HEAD TRAIN "offload: {optimizer: cpu, optimizer_ratio: 0}\n", NULL,
+     "bad.yaml:11: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, got 0"},
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,
      "bad.yaml: offload.block_kb (1026) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)"},
 

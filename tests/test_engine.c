@@ -160,13 +160,21 @@ static uint64_t coll_bytes(strata_comm *c) {
  *   NVMe parameters (stage 3) es n[u] rounded up written once, and read once per gather:
  *   twice a micro-step, except the embedding (kept from its forward through the head's
  *   backward) and the head (its backward follows its forward) once. */
-static void check_split(const run *r, int stage, int nvme) {
+static void check_split(const run *r, int stage, int nvme, double ratio) {
     const size_t *pad = strata_engine_padded(r->e);
     int U = r->m.n_units, A = r->cfg.train.grad_accum, params_nvme = nvme && stage == 3;
     uint64_t es = strata_dtype_size(dev->compute_dtype);
     strata_tier_stats want = {0};
+    /* offload.optimizer_ratio: the device keeps units in forward order while they stay
+     * within its share of the elements; the tier moves only the others' bytes */
+    uint64_t total = 0, kept = 0;
+    for (int u = 0; u < U; u++) total += stage == 0 ? pad[u] : pad[u] / (size_t)world;
     for (int u = 0; u < U; u++) {
         uint64_t n = stage == 0 ? pad[u] : pad[u] / (size_t)world;
+        if ((double)(kept + n) <= (1.0 - ratio) * (double)total) {
+            kept += n;
+            continue;
+        }
         want.d2h_bytes += 4 * n;
         want.adamw_elements += n;
         want.adamw_bytes += (28 + es) * n;
@@ -181,6 +189,7 @@ static void check_split(const run *r, int stage, int nvme) {
             want.disk_read_bytes += (uint64_t)A * (u == 0 || u == U - 1 ? 1 : 2) * blk;
         }
     }
+    CHECK(ratio == 1 || kept > 0, "offload.optimizer_ratio %g keeps some units' state on the device", ratio);
     int ok = !r->res[0].have_split, steps_ok = 0;
     for (int s = 1; s < STEPS; s++) {
         const strata_tier_stats *t = &r->res[s].tier;
@@ -267,15 +276,19 @@ int main(int argc, char **argv) {
     /* offload: the same runs with the optimizer state in pinned memory (and, at stage 3,
      * the parameter shards too), then on NVMe (stage 1: the optimizer; stage 3: both);
      * the CPU's update of step s overlaps step s+1's forward */
-    static const struct { int stage, nvme; } offload_cases[] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {1, 1}, {3, 1}};
+    /* and with part of the optimizer state kept on the device (offload.optimizer_ratio) */
+    static const struct { int stage, nvme; double ratio; } offload_cases[] = {
+        {0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {3, 0, 1}, {1, 1, 1}, {3, 1, 1}, {0, 0, 0.5}, {1, 0, 0.7}, {2, 1, 0.5}, {3, 0, 0.3}};
     for (size_t c = 0; c < sizeof offload_cases / sizeof offload_cases[0]; c++) {
         int stage = offload_cases[c].stage, nvme = offload_cases[c].nvme;
+        double ratio = offload_cases[c].ratio;
         run plain, off;
         run_open(&plain, comm, rank, world, stage, B, 2, 1);
         run_steps(&plain, STEPS);
         const char *tier = nvme ? "nvme" : "cpu";
         snprintf(offload_sets[0], sizeof offload_sets[0], "offload.optimizer=%s", tier);
-        if (stage == 3) snprintf(offload_sets[1], sizeof offload_sets[1], "offload.params=%s", tier);
+        if (ratio < 1) snprintf(offload_sets[1], sizeof offload_sets[1], "offload.optimizer_ratio=%g", ratio);
+        else if (stage == 3) snprintf(offload_sets[1], sizeof offload_sets[1], "offload.params=%s", tier);
         /* 1, 2, 3, 4 staging buffers: the pipeline is exact at every depth */
         snprintf(offload_sets[2], sizeof offload_sets[2], "offload.buffer_count=%d", stage + 1);
         snprintf(offload_sets[3], sizeof offload_sets[3], "offload.nvme_path=%s", dir);
@@ -284,9 +297,9 @@ int main(int argc, char **argv) {
         run_steps(&off, STEPS);
         int same = 1;
         for (int s = 0; s < STEPS; s++) same &= plain.loss[s] == off.loss[s];
-        CHECK(same, "world %d stage %d: offload %s (%d staging buffers) gives bitwise the losses of no offload", world,
-              stage, tier, stage + 1);
-        check_split(&off, stage, nvme);
+        CHECK(same, "world %d stage %d: offload %s (%d staging buffers, ratio %g) gives bitwise the losses of no offload",
+              world, stage, tier, stage + 1, ratio);
+        check_split(&off, stage, nvme, ratio);
         double val_plain = 0, val_off = 0;
         CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 && strata_engine_eval(off.e, &off.L, 1, &val_off) == 0 &&
                   val_plain == val_off,
