@@ -243,6 +243,7 @@ typedef struct option {
     int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
+    int ratio_pct;  /* offload.optimizer_ratio in percent, found by option_fits; 0: the config's */
 } option;
 
 /* Estimated costs, as fractions of a step's time:
@@ -301,6 +302,12 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->offload.params = (strata_offload_choice)o->params;
         snprintf(sets[n++], 96, "offload.params=%s", o->params == 1 ? "cpu" : "nvme");
     }
+    /* a partial optimizer offload keeps parameters on the device (core/config.c) */
+    double ratio = o->ratio_pct ? o->ratio_pct / 100.0 : o->params ? 1.0 : base->offload.optimizer_ratio;
+    if (ratio != base->offload.optimizer_ratio && n < max_sets) {
+        out->offload.optimizer_ratio = ratio;
+        snprintf(sets[n++], 96, "offload.optimizer_ratio=%g", ratio);
+    }
     return n;
 }
 
@@ -324,7 +331,7 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
                 if (st != cfg->zero.stage && world == 1 && !(st == 3 && par > 0)) continue;
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
-                option o = {ckpts[ci], h, st, off, par, 0, 0};
+                option o = {ckpts[ci], h, st, off, par, 0, 0, 0};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -335,14 +342,57 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
 /* 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 offloads: all of them */
 #define MAX_OPTIONS (3 * 32 * 4 * 3 * 3)
 
-static int option_fits(const strata_config *cfg, const option *o, int world, strata_device *dev) {
+/* o planned with offload.optimizer_ratio pct (0: the option's own): whether the device
+ * fits it, and whether every other tier does. */
+static void plan_option(const strata_config *cfg, const option *o, int pct, int world, strata_device *dev,
+                        int *device_ok, int *rest_ok) {
+    option with = *o;
+    if (pct) with.ratio_pct = pct;
     strata_config c2;
     char tmp[8][96];
     strata_plan p;
-    apply_option(cfg, o, &c2, tmp, 8);
+    apply_option(cfg, &with, &c2, tmp, 8);
     strata_plan_compute(&p, &c2, world);
     strata_plan_check(&p, &c2, dev);
-    return p.fits;
+    *device_ok = p.cpu_backend || !p.capacity[STRATA_TIER_DEVICE] ||
+                 strata_plan_device_total(&p) <= p.capacity[STRATA_TIER_DEVICE];
+    *rest_ok = p.fits;
+    if (!p.fits && !*device_ok) { /* the verdict stopped at the device: ask the other tiers alone */
+        c2.memory.gpu_gb = 1e6;
+        strata_plan_check(&p, &c2, dev);
+        *rest_ok = p.fits;
+    }
+}
+
+/* Whether o fits. An optimizer offload (parameters on the device) that overflows the host
+ * or the disk while the device has room keeps part of the state on the device: the device
+ * fits ratios from some r_d up, the other tiers up to some r_h, each found by bisection in
+ * steps of 0.01; o takes the middle of [r_d, r_h], splitting the slack between the tiers. */
+static int option_fits(const strata_config *cfg, option *o, int world, strata_device *dev) {
+    int device_ok, rest_ok;
+    plan_option(cfg, o, 0, world, dev, &device_ok, &rest_ok);
+    if (device_ok && rest_ok) return 1;
+    if (!device_ok || !o->offload || o->params) return 0;
+    int d_lo = 1, d_hi = 100; /* smallest percentage the device fits (it fits 100) */
+    while (d_lo < d_hi) {
+        int mid = (d_lo + d_hi) / 2, dev_ok, r_ok;
+        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok);
+        if (dev_ok) d_hi = mid;
+        else d_lo = mid + 1;
+    }
+    int r_lo = 0, r_hi = 99; /* largest percentage the other tiers fit (0: none) */
+    while (r_lo < r_hi) {
+        int mid = (r_lo + r_hi + 1) / 2, dev_ok, r_ok;
+        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok);
+        if (r_ok) r_lo = mid;
+        else r_hi = mid - 1;
+    }
+    if (r_lo < 1 || d_lo > r_lo) return 0;
+    int pct = (d_lo + r_lo) / 2;
+    plan_option(cfg, o, pct, world, dev, &device_ok, &rest_ok);
+    if (!device_ok || !rest_ok) return 0;
+    o->ratio_pct = pct;
+    return 1;
 }
 
 static void join_sets(char sets[][96], int n, char *line, size_t line_len) {
@@ -372,7 +422,7 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
     if (p.fits) return 0;
     option *opts = strata_xcalloc(MAX_OPTIONS, sizeof *opts);
     int n_opts = enumerate_options(cfg, world, opts, MAX_OPTIONS);
-    option best = {0, 0, 0, 0, 0, -1, 0};
+    option best = {0, 0, 0, 0, 0, -1, 0, 0};
     for (int i = 0; i < n_opts; i++) {
         if (best.cost >= 0 && opts[i].cost >= best.cost) continue;
         if (option_fits(cfg, &opts[i], world, dev)) best = opts[i];

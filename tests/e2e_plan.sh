@@ -174,6 +174,30 @@ grep -q "no GPU here, so estimated: CUDA context 512.00 MiB + cuBLASLt workspace
   fail "the runtime row should say it is an estimate: $(cat gplan.txt)"
 pass "a cuda plan without a GPU counts an estimated CUDA runtime of 608 MiB in the fit check"
 
+# a model whose optimizer state fits neither the GPU nor the host alone (a 10.3B GPT on an
+# 80 GB GPU and 110 GiB of host memory): the ladder keeps part of the state on the device
+# (offload.optimizer_ratio), and its line, applied, fits with both tiers' headroom
+cat > big.yaml <<'YAML'
+device: cuda
+model: {n_layer: 50, n_head: 32, n_embd: 4096, seq_len: 1024, vocab_size: 50257}
+data: {train: "data/train_*.bin"}
+train: {steps: 20, micro_batch: 4, dtype: bf16, activation_checkpointing: blocks}
+YAML
+big() { CUDA_VISIBLE_DEVICES='' "$S" plan big.yaml --gpu-gb 79 --host-gb 110 "$@"; }
+set +e; big > big.txt; rc=$?; big --set offload.optimizer=cpu > bigcpu.txt; rc_cpu=$?; set -e
+[ $rc -eq 3 ] && [ $rc_cpu -eq 3 ] && grep -q "DOES NOT FIT (host memory" bigcpu.txt ||
+  fail "10.3B: neither on the GPU nor fully offloaded should fit: $rc $rc_cpu $(cat bigcpu.txt)"
+line=$(grep -o 'cheapest change that fits[^:]*: .*' big.txt | sed 's/^[^:]*: //')
+grep -q -- "--set offload.optimizer=cpu --set offload.optimizer_ratio=0\.[0-9]*$" <<<"$line" ||
+  fail "10.3B: the ladder should offload part of the optimizer: $(tail -3 big.txt)"
+# shellcheck disable=SC2086 # the suggestion is a list of --set arguments
+big $line > bigfit.txt || fail "10.3B with '$line' should fit: $(cat bigfit.txt)"
+dev_opt=$(awk '$1 == "device" && NF > 8 {print $6 $7}' bigfit.txt)
+pin_opt=$(awk '$1 == "pinned" {print $7 $8}' bigfit.txt)
+[ "$dev_opt" != "0B" ] && [ "$pin_opt" != "0B" ] && [ -n "$dev_opt" ] && [ -n "$pin_opt" ] ||
+  fail "10.3B: the optimizer state should be on both tiers: device '$dev_opt', pinned '$pin_opt': $(cat bigfit.txt)"
+pass "10.3B on 79 GiB GPU + 110 GiB host: '$line' fits, optimizer $dev_opt on the device and $pin_opt pinned"
+
 # 2,000 steps of a tiny model: resident memory flat after warm-up
 cat > tiny.yaml <<'YAML'
 device: cpu
