@@ -7,8 +7,13 @@
 #   - each offload run's split (GPU compute, D2H, CPU AdamW, H2D, disk, waits) and its floor
 #     with the step as a multiple of it, from strata train's own end-of-run report;
 #   - a 7.1B-parameter GPT (34 layers, 4096 channels) at zero stage 3 with parameters and
-#     optimizer state in pinned host memory: step time, loss per step, where each byte lives.
-# Usage: STRATA=build-gpu/strata [NVME_DIR=/path] [OUT=dir] [OFFLOAD_PARTS="1.5b 7b"] bench/bench_offload_gpu.sh
+#     optimizer state in pinned host memory: step time, loss per step, where each byte lives;
+#   - the largest GPT the box holds (10b): `strata plan` on this machine's GPU and host
+#     memory for 4096-channel GPTs of 50, 54, 58 ... layers (no allocation), then 20 steps of
+#     the 50-layer one (10.3B) with the optimizer offloaded as far as the plan says
+#     (offload.optimizer_ratio keeps the rest on the GPU): loss per step, step time, its
+#     split and floor, planned against allocated per tier.
+# Usage: STRATA=build-gpu/strata [NVME_DIR=/path] [OUT=dir] [OFFLOAD_PARTS="1.5b 7b 10b"] bench/bench_offload_gpu.sh
 # (each part takes 5-7 minutes: under the device tool's 10-minute limit, run them one per call)
 # Needs a built strata with the CUDA backend (bench/gpu-check.sh builds one).
 set -euo pipefail
@@ -16,7 +21,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 S=${STRATA:-$ROOT/build-gpu/strata}
 OUT=${OUT:-$ROOT/gpu-check-out}
 NVME_DIR=${NVME_DIR:-/tmp/strata-nvme}
-PARTS=" ${OFFLOAD_PARTS:-1.5b 7b} "
+PARTS=" ${OFFLOAD_PARTS:-1.5b 7b 10b} "
 mkdir -p "$OUT" "$NVME_DIR"
 log() { echo "[bench-offload] $*"; }
 W=$(mktemp -d /tmp/strata-bench-offload.XXXXXX)
@@ -85,7 +90,7 @@ echo "strata bench io, at the NVMe runs' block size and queue depth:"
 rm -rf "$NVME_DIR"/strata-* 2> /dev/null || true
 fi
 
-[[ "$PARTS" == *" 7b "* ]] || exit 0
+if [[ "$PARTS" == *" 7b "* ]]; then
 log "7.1B GPT, zero stage 3, parameters and optimizer state in pinned host memory"
 cat > big.yaml <<'YAML'
 device: cuda
@@ -122,4 +127,67 @@ big_run() { # limit_s label, extra --set...
 # offloaded (the parameters, 14 GB in bf16, fit the GPU) still shows a 7B model training
 big_run 300 "7.1B, stage 3, params + optimizer offloaded" ||
   big_run 270 "7.1B, stage 1, optimizer offloaded (fallback)" --set zero.stage=1 --set offload.params=none
+} | tee -a "$OUT/bench_offload.md"
+fi
+
+[[ "$PARTS" == *" 10b "* ]] || exit 0
+log "the largest GPT this box holds: plans, then 20 steps of 10.3B"
+gpt() { # n_layer: a 4096-channel GPT-2-style config, optimizer offloaded to pinned memory
+  cat > gpt$1.yaml <<YAML
+device: cuda
+model: {n_layer: $1, n_head: 32, n_embd: 4096, seq_len: 1024, vocab_size: 50257}
+data: {train: "data/train_*.bin"}
+train: {steps: 20, micro_batch: 4, grad_accum: 1, dtype: bf16, activation_checkpointing: blocks,
+        eval_every: 0, log_every: 1, sample_tokens: 0}
+optim: {lr: 1.0e-4, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}
+run: {dir: runs/gpt$1, checkpoint_every: 0, checkpoint_at_end: false}
+offload: {optimizer: cpu, buffer_count: 2}
+YAML
+}
+# the plan's fitting line for a config ("" when it fits as it is; exit 1 when nothing does)
+fit_line() {
+  local out rc; set +e; out=$("$S" plan "$1" 2>&1); rc=$?; set -e
+  [ $rc -eq 0 ] && { echo ""; return 0; }
+  grep -o 'cheapest change that fits[^:]*: .*' <<<"$out" | sed 's/^[^:]*: //' | grep . || return 1
+}
+{
+echo
+echo "The largest GPT this box holds (4096 channels, B=4, T=1024, bf16, checkpointing, optimizer offloaded; \`strata plan\` on this machine's free GPU memory and MemAvailable):"
+echo
+echo "| layers | parameters | fits with |"
+echo "|---|---|---|"
+for L in 50 54 58 62 66 70; do
+  gpt $L
+  params=$( { "$S" plan gpt$L.yaml 2>&1 || true; } | grep -o '[0-9]* parameters' | head -1 | awk '{printf "%.2fB", $1 / 1e9}')
+  if line=$(fit_line gpt$L.yaml); then
+    echo "| $L | $params | ${line:-as it is} |"
+  else
+    echo "| $L | $params | nothing: $( { "$S" plan gpt$L.yaml 2>&1 || true; } | grep -o 'DOES NOT FIT ([^)]*' | head -1)) |"
+    break
+  fi
+done
+echo
+gpt 50
+if ! line=$(fit_line gpt50.yaml); then
+  echo "10.3B GPT: no setting fits this machine's memory (the table's reason); not trained"
+  exit 0
+fi
+echo "10.3B GPT (50 layers, 4096 channels, B=4, T=1024), optimizer offloaded: ${line:-as configured}"
+echo
+# shellcheck disable=SC2086 # the plan's line is a list of --set arguments
+"$S" plan gpt50.yaml $line 2>&1 | sed 's/^/    /'
+# shellcheck disable=SC2086
+if timeout 500 "$S" train gpt50.yaml $line > gpt50.log 2>&1; then
+  echo
+  echo "| run | s/step (median) | tokens/s | GPU (planned) | pinned host | offload wait |"
+  echo "|---|---|---|---|---|---|"
+  summarize runs/gpt50 "10.3B, ${line:-offload.optimizer: cpu}"
+  echo
+  echo "loss per step: $(grep -o '"loss": [0-9.]*' runs/gpt50/metrics.jsonl | cut -d' ' -f2 | tr '\n' ' ')"
+else
+  echo "10.3B: failed or timed out: $(grep -m3 -E 'error|FAIL|HUNG' gpt50.log | cut -c1-200)"
+  echo "last lines: $(tail -3 gpt50.log | cut -c1-200)"
+fi
+echo
+grep -E '^\[(offload|plan)\]' gpt50.log | sed 's/^/    /' || true
 } | tee -a "$OUT/bench_offload.md"

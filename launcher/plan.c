@@ -343,9 +343,10 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
 #define MAX_OPTIONS (3 * 32 * 4 * 3 * 3)
 
 /* o planned with offload.optimizer_ratio pct (0: the option's own): whether the device
- * fits it, and whether every other tier does. */
+ * fits it, whether every other tier does, and whether the device's capacity is known (a
+ * GPU's, measured or from memory.gpu_gb). */
 static void plan_option(const strata_config *cfg, const option *o, int pct, int world, strata_device *dev,
-                        int *device_ok, int *rest_ok) {
+                        int *device_ok, int *rest_ok, int *device_known) {
     option with = *o;
     if (pct) with.ratio_pct = pct;
     strata_config c2;
@@ -356,6 +357,7 @@ static void plan_option(const strata_config *cfg, const option *o, int pct, int 
     strata_plan_check(&p, &c2, dev);
     *device_ok = p.cpu_backend || !p.capacity[STRATA_TIER_DEVICE] ||
                  strata_plan_device_total(&p) <= p.capacity[STRATA_TIER_DEVICE];
+    *device_known = !p.cpu_backend && p.capacity[STRATA_TIER_DEVICE] > 0;
     *rest_ok = p.fits;
     if (!p.fits && !*device_ok) { /* the verdict stopped at the device: ask the other tiers alone */
         c2.memory.gpu_gb = 1e6;
@@ -369,27 +371,28 @@ static void plan_option(const strata_config *cfg, const option *o, int pct, int 
  * fits ratios from some r_d up, the other tiers up to some r_h, each found by bisection in
  * steps of 0.01; o takes the middle of [r_d, r_h], splitting the slack between the tiers. */
 static int option_fits(const strata_config *cfg, option *o, int world, strata_device *dev) {
-    int device_ok, rest_ok;
-    plan_option(cfg, o, 0, world, dev, &device_ok, &rest_ok);
+    int device_ok, rest_ok, known, ignored;
+    plan_option(cfg, o, 0, world, dev, &device_ok, &rest_ok, &known);
     if (device_ok && rest_ok) return 1;
-    if (!device_ok || !o->offload || o->params) return 0;
+    /* a device of unknown size (no GPU here, no memory.gpu_gb) has no room to count on */
+    if (!device_ok || !known || !o->offload || o->params) return 0;
     int d_lo = 1, d_hi = 100; /* smallest percentage the device fits (it fits 100) */
     while (d_lo < d_hi) {
         int mid = (d_lo + d_hi) / 2, dev_ok, r_ok;
-        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok);
+        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok, &ignored);
         if (dev_ok) d_hi = mid;
         else d_lo = mid + 1;
     }
     int r_lo = 0, r_hi = 99; /* largest percentage the other tiers fit (0: none) */
     while (r_lo < r_hi) {
         int mid = (r_lo + r_hi + 1) / 2, dev_ok, r_ok;
-        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok);
+        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok, &ignored);
         if (r_ok) r_lo = mid;
         else r_hi = mid - 1;
     }
     if (r_lo < 1 || d_lo > r_lo) return 0;
     int pct = (d_lo + r_lo) / 2;
-    plan_option(cfg, o, pct, world, dev, &device_ok, &rest_ok);
+    plan_option(cfg, o, pct, world, dev, &device_ok, &rest_ok, &ignored);
     if (!device_ok || !rest_ok) return 0;
     o->ratio_pct = pct;
     return 1;
