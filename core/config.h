@@ -92,6 +92,9 @@ typedef struct strata_config {
         /* share of the rank's optimizer state the offload tier holds (whole units, the last
          * in forward order); the rest stays on the device. 1 = all of it */
         double optimizer_ratio;
+        /* optimizer: nvme: share of the tier's state on NVMe (whole units, the last in
+         * forward order); the rest in pinned memory. 1 = all of it */
+        double nvme_ratio;
         char nvme_path[STRATA_PATH_MAX];
         double pinned_budget_gb; /* 0 = what the plan needs */
         int buffer_count;

@@ -116,14 +116,18 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
                      strerror(errno));
     }
     char b1[32], b2[32];
-    p->fits = 1;
     p->why[0] = 0;
     /* host memory holds pinned + host, and on the CPU backend the "device" tier too */
     size_t host_need = p->need[STRATA_TIER_PINNED] + p->need[STRATA_TIER_HOST] +
                        (p->cpu_backend ? p->need[STRATA_TIER_DEVICE] : 0);
     size_t device_need = strata_plan_device_total(p);
-    if (!p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] && device_need > p->capacity[STRATA_TIER_DEVICE]) {
-        p->fits = 0;
+    int pinned_over = cfg->offload.pinned_budget_gb > 0 && p->need[STRATA_TIER_PINNED] > p->capacity[STRATA_TIER_PINNED];
+    /* each tier on its own (the remedy ladder moves state between them), then the first over */
+    p->device_over = !p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] && device_need > p->capacity[STRATA_TIER_DEVICE];
+    p->host_over = pinned_over || host_need > host;
+    p->nvme_over = p->nvme_error[0] || (p->need[STRATA_TIER_NVME] && p->need[STRATA_TIER_NVME] > p->capacity[STRATA_TIER_NVME]);
+    p->fits = !p->device_over && !p->host_over && !p->nvme_over;
+    if (p->device_over) {
         char b3[32], b4[32];
         if (p->runtime_bytes)
             snprintf(p->why, sizeof p->why, "device memory: needs %s (arena %s + CUDA runtime %s%s), %s available",
@@ -134,20 +138,16 @@ void strata_plan_check(strata_plan *p, const strata_config *cfg, strata_device *
         else
             snprintf(p->why, sizeof p->why, "device memory: needs %s, %s available", strata_fmt_bytes(b1, 32, (double)device_need),
                      strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_DEVICE]));
-    } else if (cfg->offload.pinned_budget_gb > 0 && p->need[STRATA_TIER_PINNED] > p->capacity[STRATA_TIER_PINNED]) {
-        p->fits = 0;
+    } else if (pinned_over) {
         snprintf(p->why, sizeof p->why, "pinned host memory: needs %s, offload.pinned_budget_gb allows %s",
                  strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_PINNED]),
                  strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_PINNED]));
-    } else if (host_need > host) {
-        p->fits = 0;
+    } else if (p->host_over) {
         snprintf(p->why, sizeof p->why, "host memory: needs %s, %s available", strata_fmt_bytes(b1, 32, (double)host_need),
                  strata_fmt_bytes(b2, 32, (double)host));
     } else if (p->nvme_error[0]) {
-        p->fits = 0;
         snprintf(p->why, sizeof p->why, "%s", p->nvme_error);
-    } else if (p->need[STRATA_TIER_NVME] && p->need[STRATA_TIER_NVME] > p->capacity[STRATA_TIER_NVME]) {
-        p->fits = 0;
+    } else if (p->nvme_over) {
         snprintf(p->why, sizeof p->why, "nvme (%.1024s): needs %s, %s free", cfg->offload.nvme_path,
                  strata_fmt_bytes(b1, 32, (double)p->need[STRATA_TIER_NVME]),
                  strata_fmt_bytes(b2, 32, (double)p->capacity[STRATA_TIER_NVME]));
@@ -244,6 +244,7 @@ typedef struct option {
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
     int ratio_pct;  /* offload.optimizer_ratio in percent, found by option_fits; 0: the config's */
+    int nvme_pct;   /* offload.nvme_ratio in percent, likewise */
 } option;
 
 /* Estimated costs, as fractions of a step's time:
@@ -308,6 +309,12 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->offload.optimizer_ratio = ratio;
         snprintf(sets[n++], 96, "offload.optimizer_ratio=%g", ratio);
     }
+    /* a pinned/NVMe split needs the optimizer on NVMe (core/config.c) */
+    double nvme_ratio = o->nvme_pct ? o->nvme_pct / 100.0 : o->offload != 2 ? 1.0 : base->offload.nvme_ratio;
+    if (nvme_ratio != base->offload.nvme_ratio && n < max_sets) {
+        out->offload.nvme_ratio = nvme_ratio;
+        snprintf(sets[n++], 96, "offload.nvme_ratio=%g", nvme_ratio);
+    }
     return n;
 }
 
@@ -331,7 +338,7 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
                 if (st != cfg->zero.stage && world == 1 && !(st == 3 && par > 0)) continue;
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
-                option o = {ckpts[ci], h, st, off, par, 0, 0, 0};
+                option o = {ckpts[ci], h, st, off, par, 0, 0, 0, 0};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -342,60 +349,70 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
 /* 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 offloads: all of them */
 #define MAX_OPTIONS (3 * 32 * 4 * 3 * 3)
 
-/* o planned with offload.optimizer_ratio pct (0: the option's own): whether the device
- * fits it, whether every other tier does, and whether the device's capacity is known (a
- * GPU's, measured or from memory.gpu_gb). */
-static void plan_option(const strata_config *cfg, const option *o, int pct, int world, strata_device *dev,
-                        int *device_ok, int *rest_ok, int *device_known) {
-    option with = *o;
-    if (pct) with.ratio_pct = pct;
+/* o planned (with its ratios, found by option_fits, if any): each tier's verdict in p, and
+ * whether the device's capacity is known (a GPU's, measured or from memory.gpu_gb). */
+static int plan_option(const strata_config *cfg, const option *o, int world, strata_device *dev, strata_plan *p) {
     strata_config c2;
     char tmp[8][96];
-    strata_plan p;
-    apply_option(cfg, &with, &c2, tmp, 8);
-    strata_plan_compute(&p, &c2, world);
-    strata_plan_check(&p, &c2, dev);
-    *device_ok = p.cpu_backend || !p.capacity[STRATA_TIER_DEVICE] ||
-                 strata_plan_device_total(&p) <= p.capacity[STRATA_TIER_DEVICE];
-    *device_known = !p.cpu_backend && p.capacity[STRATA_TIER_DEVICE] > 0;
-    *rest_ok = p.fits;
-    if (!p.fits && !*device_ok) { /* the verdict stopped at the device: ask the other tiers alone */
-        c2.memory.gpu_gb = 1e6;
-        strata_plan_check(&p, &c2, dev);
-        *rest_ok = p.fits;
-    }
+    apply_option(cfg, o, &c2, tmp, 8);
+    strata_plan_compute(p, &c2, world);
+    strata_plan_check(p, &c2, dev);
+    return !p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] > 0;
 }
 
-/* Whether o fits. An optimizer offload (parameters on the device) that overflows the host
- * or the disk while the device has room keeps part of the state on the device: the device
- * fits ratios from some r_d up, the other tiers up to some r_h, each found by bisection in
- * steps of 0.01; o takes the middle of [r_d, r_h], splitting the slack between the tiers. */
+/* The share (percent, 1..99) that moves state from tier A to tier B, `pct` of o: A's
+ * verdict improves as it grows, B's worsens. A fits from some a_min up, B up to some
+ * b_max (both by bisection); o takes the middle of [a_min, b_max], splitting the slack
+ * between the two tiers, or 0 when the interval is empty. */
+static int split_share(const strata_config *cfg, option *o, int *pct, int world, strata_device *dev,
+                       int (*a_over)(const strata_plan *), int (*b_over)(const strata_plan *)) {
+    strata_plan p;
+    int lo = 1, hi = 100; /* smallest share A fits (it fits none moved: 100 is "as before") */
+    while (lo < hi) {
+        *pct = (lo + hi) / 2;
+        plan_option(cfg, o, world, dev, &p);
+        if (!a_over(&p)) hi = *pct;
+        else lo = *pct + 1;
+    }
+    int a_min = lo;
+    lo = 0, hi = 99; /* largest share B fits (0: none) */
+    while (lo < hi) {
+        *pct = (lo + hi + 1) / 2;
+        plan_option(cfg, o, world, dev, &p);
+        if (!b_over(&p)) lo = *pct;
+        else hi = *pct - 1;
+    }
+    int b_max = lo;
+    *pct = 0;
+    if (b_max < 1 || a_min > b_max) return 0;
+    *pct = (a_min + b_max) / 2;
+    plan_option(cfg, o, world, dev, &p);
+    if (p.fits) return 1;
+    *pct = 0;
+    return 0;
+}
+
+static int over_device(const strata_plan *p) { return p->device_over; }
+static int over_host(const strata_plan *p) { return p->host_over; }
+static int over_nvme(const strata_plan *p) { return p->nvme_over; }
+static int over_off_device(const strata_plan *p) { return p->host_over || p->nvme_over; }
+
+/* Whether o fits. When it offloads the optimizer (parameters on the device) and a tier
+ * overflows while another has room, part of the state moves: from NVMe to pinned memory
+ * (offload.nvme_ratio: the disk over, the host with room), else from the host or disk to
+ * the device (offload.optimizer_ratio: the GPU with room). */
 static int option_fits(const strata_config *cfg, option *o, int world, strata_device *dev) {
-    int device_ok, rest_ok, known, ignored;
-    plan_option(cfg, o, 0, world, dev, &device_ok, &rest_ok, &known);
-    if (device_ok && rest_ok) return 1;
+    strata_plan p;
+    int known = plan_option(cfg, o, world, dev, &p);
+    if (p.fits) return 1;
+    if (p.device_over || !o->offload || o->params) return 0;
+    /* nvme_ratio: the host's verdict improves as the NVMe share grows, the disk's worsens */
+    if (o->offload == 2 && p.nvme_over && !p.host_over && !p.nvme_error[0] &&
+        split_share(cfg, o, &o->nvme_pct, world, dev, over_host, over_nvme))
+        return 1;
     /* a device of unknown size (no GPU here, no memory.gpu_gb) has no room to count on */
-    if (!device_ok || !known || !o->offload || o->params) return 0;
-    int d_lo = 1, d_hi = 100; /* smallest percentage the device fits (it fits 100) */
-    while (d_lo < d_hi) {
-        int mid = (d_lo + d_hi) / 2, dev_ok, r_ok;
-        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok, &ignored);
-        if (dev_ok) d_hi = mid;
-        else d_lo = mid + 1;
-    }
-    int r_lo = 0, r_hi = 99; /* largest percentage the other tiers fit (0: none) */
-    while (r_lo < r_hi) {
-        int mid = (r_lo + r_hi + 1) / 2, dev_ok, r_ok;
-        plan_option(cfg, o, mid, world, dev, &dev_ok, &r_ok, &ignored);
-        if (r_ok) r_lo = mid;
-        else r_hi = mid - 1;
-    }
-    if (r_lo < 1 || d_lo > r_lo) return 0;
-    int pct = (d_lo + r_lo) / 2;
-    plan_option(cfg, o, pct, world, dev, &device_ok, &rest_ok, &ignored);
-    if (!device_ok || !rest_ok) return 0;
-    o->ratio_pct = pct;
-    return 1;
+    if (!known) return 0;
+    return split_share(cfg, o, &o->ratio_pct, world, dev, over_device, over_off_device);
 }
 
 static void join_sets(char sets[][96], int n, char *line, size_t line_len) {
@@ -425,7 +442,7 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
     if (p.fits) return 0;
     option *opts = strata_xcalloc(MAX_OPTIONS, sizeof *opts);
     int n_opts = enumerate_options(cfg, world, opts, MAX_OPTIONS);
-    option best = {0, 0, 0, 0, 0, -1, 0, 0};
+    option best = {0, 0, 0, 0, 0, -1, 0, 0, 0};
     for (int i = 0; i < n_opts; i++) {
         if (best.cost >= 0 && opts[i].cost >= best.cost) continue;
         if (option_fits(cfg, &opts[i], world, dev)) best = opts[i];

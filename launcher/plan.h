@@ -39,6 +39,7 @@ typedef struct strata_plan {
     int runtime_estimated;         /* no GPU here: runtime_held is the context estimate + workspace */
     int cpu_backend;               /* device memory is host memory: one budget for both */
     int fits;
+    int device_over, host_over, nvme_over; /* each tier's own verdict (host: pinned + host) */
     char nvme_error[1100];         /* nvme_path unusable (missing, not a directory) */
     char why[1200];                /* which tier is over, by how much */
 } strata_plan;

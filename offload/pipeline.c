@@ -59,16 +59,17 @@ typedef struct offload_tier {
     const strata_config *cfg;
     strata_arena *arena;
     strata_device *dev;
-    int nvme;        /* 1: state on NVMe, 0: state in pinned memory */
+    int nvme;        /* offload.optimizer: nvme (some units' state is on NVMe, offload.nvme_ratio) */
+    unsigned char *on_nvme; /* per unit: its state is on NVMe (else in pinned memory) */
     int params_nvme; /* 1: the units' compute-dtype parameters live on NVMe too (stage 3) */
     int n_units, rank;
     size_t *n, max_n;
     strata_dtype param_dtype;
     size_t es;
-    float *(*state)[3];       /* cpu tier: per unit, per kind, pinned */
-    float *slot_state[2][3];  /* nvme tier: two pinned slots of max_n per kind */
-    size_t *file_off;         /* nvme tier: per unit, offset of its kind-0 block; kinds follow */
-    size_t *unit_stride;      /* nvme tier: per unit, bytes of one kind, 4096-aligned */
+    float *(*state)[3];       /* units in pinned memory: per kind */
+    float *slot_state[2][3];  /* units on NVMe: two pinned slots per kind, of the largest one */
+    size_t *file_off;         /* units on NVMe: offset of the kind-0 block; kinds follow */
+    size_t *unit_stride;      /* units on NVMe: bytes of one kind, 4096-aligned */
     size_t *param_off;        /* params on nvme: per unit, offset of its parameters */
     size_t *param_stride;     /* their bytes, 4096-aligned */
     size_t file_bytes;
@@ -121,12 +122,25 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     o->param_off = strata_xcalloc(n_units, sizeof *o->param_off);
     o->param_stride = strata_xcalloc(n_units, sizeof *o->param_stride);
     o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
+    o->on_nvme = strata_xcalloc(n_units, 1);
+    /* offload.nvme_ratio: units, in forward order, stay in pinned memory while within its
+     * share (1 - ratio) of the tier's elements; the rest go to NVMe. The first units are
+     * the first the next forward needs, and their updates need no disk. */
+    size_t total = 0, pinned = 0, max_nvme_n = 0;
+    for (int u = 0; u < n_units; u++) total += n[u];
+    double pinned_share = o->nvme ? (1.0 - cfg->offload.nvme_ratio) * (double)total : (double)total;
+    for (int u = 0; u < n_units; u++) {
+        if (!n[u]) continue; /* the device holds this unit's state (offload.optimizer_ratio) */
+        if ((double)(pinned + n[u]) <= pinned_share) pinned += n[u];
+        else o->on_nvme[u] = 1;
+    }
     static const char *kind_names[3] = {"offload.master", "offload.adam_m", "offload.adam_v"};
     for (int u = 0; u < n_units; u++) {
         o->n[u] = n[u];
         if (n[u] > o->max_n) o->max_n = n[u];
-        if (!n[u]) continue; /* the device holds this unit's state (offload.optimizer_ratio) */
-        if (o->nvme) {
+        if (!n[u]) continue;
+        if (o->on_nvme[u]) {
+            if (n[u] > max_nvme_n) max_nvme_n = n[u];
             o->unit_stride[u] = strata_round_up(n[u] * sizeof(float), NVME_ALIGN);
             o->file_off[u] = o->file_bytes;
             o->file_bytes += 3 * o->unit_stride[u];
@@ -146,10 +160,10 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
         o->n_fetch = cfg->zero.prefetch_units + 2; /* the gather ring and the embedding */
         o->fetch = strata_xcalloc(o->n_fetch, sizeof *o->fetch);
     }
-    if (o->nvme)
+    if (max_nvme_n)
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
-                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, o->max_n * sizeof(float), (void **)&o->slot_state[s][k]);
+                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, max_nvme_n * sizeof(float), (void **)&o->slot_state[s][k]);
     for (int b = 0; b < o->n_buf; b++) {
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
         /* rounded up so a parameter write to NVMe is whole 4 KiB blocks */
@@ -178,6 +192,7 @@ static void offload_destroy(strata_update_tier *t) {
     pthread_mutex_destroy(&o->mu);
     free(o->n);
     free(o->state);
+    free(o->on_nvme);
     free(o->file_off);
     free(o->unit_stride);
     free(o->param_off);
@@ -210,30 +225,39 @@ static int offload_open(strata_update_tier *t) {
 
 static size_t state_offset(const offload_tier *o, int u, int kind) { return o->file_off[u] + (size_t)kind * o->unit_stride[u]; }
 
+/* A prefetch still in flight into a slot a blocking call is about to reuse: wait for it. */
+static int drain_prefetch(offload_tier *o) {
+    int rc = 0;
+    if (o->prefetched_unit >= 0)
+        for (int k = 0; k < 3; k++) rc |= strata_nvme_wait(o->store, o->prefetch_ticket[k]);
+    o->prefetched_unit = -1;
+    return rc ? -1 : 0;
+}
+
 static int offload_read_state(strata_update_tier *t, int u, int kind, float *dst) {
     offload_tier *o = offload_of(t);
-    if (!o->nvme) {
+    if (!o->on_nvme[u]) {
         memcpy(dst, o->state[u][kind], o->n[u] * sizeof(float));
         return 0;
     }
     /* through a pinned slot: O_DIRECT needs aligned sizes, the caller's buffer is not */
+    if (drain_prefetch(o)) return -1;
     float *slot = o->slot_state[0][kind];
     if (strata_nvme_read(o->store, state_offset(o, u, kind), slot, o->unit_stride[u])) return -1;
     memcpy(dst, slot, o->n[u] * sizeof(float));
-    o->prefetched_unit = -1; /* slot 0 was overwritten */
     return 0;
 }
 
 static int offload_write_state(strata_update_tier *t, int u, int kind, const float *src) {
     offload_tier *o = offload_of(t);
-    if (!o->nvme) {
+    if (!o->on_nvme[u]) {
         memcpy(o->state[u][kind], src, o->n[u] * sizeof(float));
         return 0;
     }
+    if (drain_prefetch(o)) return -1; /* its slot is reused, and its unit may be the one written */
     float *slot = o->slot_state[0][kind];
     memcpy(slot, src, o->n[u] * sizeof(float));
     memset((char *)slot + o->n[u] * sizeof(float), 0, o->unit_stride[u] - o->n[u] * sizeof(float));
-    o->prefetched_unit = -1;
     return strata_nvme_write(o->store, state_offset(o, u, kind), slot, o->unit_stride[u]);
 }
 
@@ -302,6 +326,13 @@ static int prefetch(offload_tier *o, int u, int slot) {
     return 0;
 }
 
+/* The first unit after u whose state is on NVMe (n_units: none). */
+static int next_on_nvme(const offload_tier *o, int u) {
+    int next = u + 1;
+    while (next < o->n_units && !o->on_nvme[next]) next++;
+    return next;
+}
+
 static void update_run(void *arg) {
     update_task *t = arg;
     offload_tier *o = t->o;
@@ -310,7 +341,7 @@ static void update_run(void *arg) {
     int slot = 0;
     strata_tier_stats *st = &o->by_run;
     double t0 = strata_now_ms();
-    if (o->nvme) {
+    if (o->on_nvme[u]) {
         if (o->prefetched_unit != u) { /* not prefetched (first unit of a step): read now */
             slot = o->next_slot;
             if (prefetch(o, u, slot)) { record_error(o, "offload: reading optimizer state"); return; }
@@ -322,8 +353,7 @@ static void update_run(void *arg) {
         o->prefetched_unit = -1;
         for (int k = 0; k < 3; k++) state[k] = o->slot_state[slot][k];
         /* the next unit's state streams in while this one updates */
-        int next = u + 1;
-        while (next < o->n_units && !o->n[next]) next++;
+        int next = next_on_nvme(o, u);
         if (next < o->n_units && prefetch(o, next, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
         o->next_slot = slot ^ 1;
         double t1 = strata_now_ms();
@@ -331,6 +361,12 @@ static void update_run(void *arg) {
         t0 = t1;
     } else {
         for (int k = 0; k < 3; k++) state[k] = o->state[u][k];
+        /* the disk starts on the first unit it holds while the pinned ones update */
+        int next = next_on_nvme(o, u);
+        if (o->prefetched_unit < 0 && next < o->n_units && prefetch(o, next, o->next_slot)) {
+            record_error(o, "offload: prefetching optimizer state");
+            return;
+        }
     }
     float *grad = o->grad_stage[t->b];
     char *param = o->param_stage[t->b];
@@ -345,7 +381,7 @@ static void update_run(void *arg) {
     }
     double t1 = strata_now_ms();
     st->adamw_s += (t1 - t0) / 1e3;
-    if (o->nvme) {
+    if (o->on_nvme[u]) {
         for (int k = 0; k < 3; k++)
             if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], o->unit_stride[u])) {
                 record_error(o, "offload: writing optimizer state");

@@ -57,17 +57,23 @@ diff <(losses runs/res | sed -n '11,20p') <(losses runs/res2) > /dev/null || fai
 diff <(losses runs/none_2_3) <(losses runs/res) > /dev/null || fail "nvme offload with checkpoints: losses differ from no offload"
 pass "world 2 stage 3, params and optimizer on NVMe: resume from step 10 is bitwise identical (steps 11-20)"
 
-# part of the optimizer state on the device (offload.optimizer_ratio): the same losses, and
-# its checkpoint resumes bitwise with all of the state offloaded and with none of it
+# the optimizer state in three tiers: 40% on the device (offload.optimizer_ratio 0.6), of the
+# rest half in pinned memory and half on NVMe (offload.nvme_ratio 0.5): the same losses, the
+# plan names all three, and its checkpoint resumes bitwise fully offloaded and not offloaded
+"$S" plan o.yaml --world 2 --set zero.stage=1 --set offload.optimizer=nvme --set offload.optimizer_ratio=0.6 \
+  --set offload.nvme_ratio=0.5 > ratio_plan.txt || fail "three-tier plan: $(cat ratio_plan.txt)"
+# the optimizer column of each tier's row ("pinned host" is two words)
+opt=$(awk '$1 == "device" && NF > 8 {d = $6 $7} $1 == "pinned" {p = $7 $8} $1 == "nvme" {n = $6 $7} END {print d, p, n}' ratio_plan.txt)
+grep -q ' 0B\|^0B' <<<"$opt" && fail "the three-tier plan should hold optimizer state in every tier, got '$opt': $(cat ratio_plan.txt)"
 run 2 train o.yaml --set run.dir=runs/ratio --set zero.stage=1 --set offload.optimizer=nvme --set offload.optimizer_ratio=0.6 \
-  --set run.checkpoint_every=10 > ratio.log 2>&1 || fail "ratio 0.6 run: $(tail -3 ratio.log)"
-diff <(losses runs/none_2_1) <(losses runs/ratio) > /dev/null || fail "offload.optimizer_ratio 0.6: losses differ from no offload"
+  --set offload.nvme_ratio=0.5 --set run.checkpoint_every=10 > ratio.log 2>&1 || fail "three-tier run: $(tail -3 ratio.log)"
+diff <(losses runs/none_2_1) <(losses runs/ratio) > /dev/null || fail "three tiers: losses differ from no offload"
 for o in "--set offload.optimizer=cpu" "--set offload.optimizer=none"; do
   rm -rf runs/ratio2
   run 2 train o.yaml --set run.dir=runs/ratio2 --set zero.stage=1 $o --resume runs/ratio/ckpt/step_00000010 > /dev/null
-  diff <(losses runs/ratio | sed -n '11,20p') <(losses runs/ratio2) > /dev/null || fail "ratio 0.6 checkpoint resumed with $o: losses differ"
+  diff <(losses runs/ratio | sed -n '11,20p') <(losses runs/ratio2) > /dev/null || fail "three-tier checkpoint resumed with $o: losses differ"
 done
-pass "world 2 stage 1, 60% of the optimizer state on NVMe and 40% on the device: bitwise the losses of no offload; its checkpoint resumes bitwise fully offloaded and not offloaded"
+pass "world 2 stage 1, the optimizer state on the device, in pinned memory and on NVMe: bitwise the losses of no offload; its checkpoint resumes bitwise fully offloaded and not offloaded"
 
 
 # steady state: a run right after another (same nvme_path, same run dir) starts as fast,

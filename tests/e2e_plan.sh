@@ -198,6 +198,27 @@ pin_opt=$(awk '$1 == "pinned" {print $7 $8}' bigfit.txt)
   fail "10.3B: the optimizer state should be on both tiers: device '$dev_opt', pinned '$pin_opt': $(cat bigfit.txt)"
 pass "10.3B on 79 GiB GPU + 110 GiB host: '$line' fits, optimizer $dev_opt on the device and $pin_opt pinned"
 
+# the disk too small for the NVMe state while the host has room: the ladder keeps the first
+# units' state in pinned memory (offload.nvme_ratio), and that line trains
+mkdir -p swap
+cat > disk.yaml <<YAML
+device: cpu
+model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 3, micro_batch: 2, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/disk}
+offload: {optimizer: nvme, nvme_path: "$PWD/swap", block_kb: 4}
+YAML
+set +e; "$S" plan disk.yaml --nvme-gb 0.0003 > disk.txt; rc=$?; set -e
+line=$(grep -o 'cheapest change that fits[^:]*: .*' disk.txt | sed 's/^[^:]*: //')
+[ $rc -eq 3 ] && grep -q "DOES NOT FIT (nvme" disk.txt && grep -q -- "^--set offload.nvme_ratio=0\.[0-9]*$" <<<"$line" ||
+  fail "a too-small disk should be answered with offload.nvme_ratio: rc $rc, $(tail -3 disk.txt)"
+# shellcheck disable=SC2086 # the suggestion is a list of --set arguments
+"$S" plan disk.yaml --nvme-gb 0.0003 $line > disk2.txt || fail "'$line' should fit the disk: $(cat disk2.txt)"
+# shellcheck disable=SC2086
+"$S" train disk.yaml --set memory.nvme_gb=0.0003 $line > disk.log 2>&1 || fail "training with '$line': $(tail -3 disk.log)"
+pass "a disk too small for the NVMe state: '$line' fits it, the rest pinned, and trains"
+
 # 2,000 steps of a tiny model: resident memory flat after warm-up
 cat > tiny.yaml <<'YAML'
 device: cpu

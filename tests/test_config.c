@@ -120,6 +120,9 @@ static const bad_case bad_cases[] = {
     {"optimizer ratio with parameters offloaded", HEAD TRAIN "zero: {stage: 3}\noffload: {optimizer: cpu, params: cpu, optimizer_ratio: 0.25}\n",
      NULL, "bad.yaml: offload.optimizer_ratio (0.25) below 1 needs offload.params none (a unit whose optimizer state "
      "stays on the device updates its parameters there)"},
+    {"nvme ratio without the optimizer on nvme", HEAD TRAIN "offload: {optimizer: cpu, nvme_ratio: 0.5}\n", NULL,
+     "bad.yaml: offload.nvme_ratio (0.5) is the share of the offloaded optimizer state on NVMe, but offload.optimizer "
+     "is cpu (set it to nvme, or the ratio to 1)"},
     {"optimizer ratio of 0", HEAD TRAIN "offload: {optimizer: cpu, optimizer_ratio: 0}\n", NULL,
      "bad.yaml:11: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, got 0"},
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,

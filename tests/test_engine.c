@@ -33,7 +33,7 @@ enum { MAX_STEPS = 20, B = 2 };
  * (STRATA_TEST_STEPS) since it checks threads, not numerics, at 10-50x the cost. */
 static int STEPS = MAX_STEPS;
 static char data_glob[256];
-static char offload_sets[4][320]; /* extra --set lines for the offload runs, "" when unused */
+static char offload_sets[5][320]; /* extra --set lines for the offload runs, "" when unused */
 static strata_device *dev;
 static strata_stream *comm_stream, *single_stream;
 static strata_comm *comm, *single;
@@ -57,9 +57,9 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     snprintf(sets[2], 320, "train.grad_accum=%d", accum);
     snprintf(sets[3], 320, "zero.overlap_comm=%s", overlap ? "true" : "false");
     snprintf(sets[4], 320, "data.train=%s", data_glob);
-    const char *sp[9] = {sets[0], sets[1], sets[2], sets[3], sets[4]};
+    const char *sp[10] = {sets[0], sets[1], sets[2], sets[3], sets[4]};
     int n_sets = 5;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (offload_sets[i][0]) sp[n_sets++] = offload_sets[i];
     const char *yaml = "device: cpu\n"
                        "model: {n_layer: 4, n_head: 2, n_embd: 64, seq_len: 16, vocab_size: 256}\n"
@@ -160,29 +160,44 @@ static uint64_t coll_bytes(strata_comm *c) {
  *   NVMe parameters (stage 3) es n[u] rounded up written once, and read once per gather:
  *   twice a micro-step, except the embedding (kept from its forward through the head's
  *   backward) and the head (its backward follows its forward) once. */
-static void check_split(const run *r, int stage, int nvme, double ratio) {
+static void check_split(const run *r, int stage, int nvme, double ratio, double nvme_ratio) {
     const size_t *pad = strata_engine_padded(r->e);
     int U = r->m.n_units, A = r->cfg.train.grad_accum, params_nvme = nvme && stage == 3;
     uint64_t es = strata_dtype_size(dev->compute_dtype);
     strata_tier_stats want = {0};
     /* offload.optimizer_ratio: the device keeps units in forward order while they stay
      * within its share of the elements; the tier moves only the others' bytes */
-    uint64_t total = 0, kept = 0;
+    uint64_t total = 0, kept = 0, offloaded = 0, pinned = 0;
+    unsigned char in_tier[64] = {0};
+    STRATA_ASSERT(U <= 64);
     for (int u = 0; u < U; u++) total += stage == 0 ? pad[u] : pad[u] / (size_t)world;
     for (int u = 0; u < U; u++) {
         uint64_t n = stage == 0 ? pad[u] : pad[u] / (size_t)world;
-        if ((double)(kept + n) <= (1.0 - ratio) * (double)total) {
-            kept += n;
-            continue;
-        }
+        if ((double)(kept + n) <= (1.0 - ratio) * (double)total) kept += n;
+        else in_tier[u] = 1, offloaded += n;
+    }
+    /* offload.nvme_ratio: of the tier's units, the first stay pinned within their share */
+    int n_nvme = 0;
+    for (int u = 0; u < U; u++) {
+        uint64_t n = stage == 0 ? pad[u] : pad[u] / (size_t)world;
+        if (!in_tier[u]) continue;
+        int unit_nvme = nvme;
+        if (nvme && (double)(pinned + n) <= (1.0 - nvme_ratio) * (double)offloaded) pinned += n, unit_nvme = 0;
+        n_nvme += unit_nvme;
         want.d2h_bytes += 4 * n;
         want.adamw_elements += n;
         want.adamw_bytes += (28 + es) * n;
         if (!params_nvme) want.h2d_bytes += es * n;
-        if (nvme) {
+        if (unit_nvme) {
             want.disk_read_bytes += 3 * strata_round_up(4 * n, 4096);
             want.disk_write_bytes += 3 * strata_round_up(4 * n, 4096);
         }
+    }
+    CHECK(nvme_ratio == 1 || (pinned > 0 && n_nvme > 0), "offload.nvme_ratio %g puts units both in pinned memory and on NVMe",
+          nvme_ratio);
+    for (int u = 0; u < U; u++) {
+        uint64_t n = stage == 0 ? pad[u] : pad[u] / (size_t)world;
+        if (!in_tier[u]) continue;
         if (params_nvme) {
             uint64_t blk = strata_round_up(es * n, 4096);
             want.disk_write_bytes += blk;
@@ -277,11 +292,14 @@ int main(int argc, char **argv) {
      * the parameter shards too), then on NVMe (stage 1: the optimizer; stage 3: both);
      * the CPU's update of step s overlaps step s+1's forward */
     /* and with part of the optimizer state kept on the device (offload.optimizer_ratio) */
-    static const struct { int stage, nvme; double ratio; } offload_cases[] = {
-        {0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {3, 0, 1}, {1, 1, 1}, {3, 1, 1}, {0, 0, 0.5}, {1, 0, 0.7}, {2, 1, 0.5}, {3, 0, 0.3}};
+    /* and with part of the optimizer state kept on the device (offload.optimizer_ratio), part
+     * of the offloaded state in pinned memory (offload.nvme_ratio), or both */
+    static const struct { int stage, nvme; double ratio, nvme_ratio; } offload_cases[] = {
+        {0, 0, 1, 1},   {1, 0, 1, 1},   {2, 0, 1, 1},   {3, 0, 1, 1},   {1, 1, 1, 1},   {3, 1, 1, 1},   {0, 0, 0.5, 1},
+        {1, 0, 0.7, 1}, {2, 1, 0.5, 1}, {3, 0, 0.3, 1}, {1, 1, 1, 0.5}, {3, 1, 1, 0.4}, {2, 1, 0.8, 0.5}};
     for (size_t c = 0; c < sizeof offload_cases / sizeof offload_cases[0]; c++) {
         int stage = offload_cases[c].stage, nvme = offload_cases[c].nvme;
-        double ratio = offload_cases[c].ratio;
+        double ratio = offload_cases[c].ratio, nvme_ratio = offload_cases[c].nvme_ratio;
         run plain, off;
         run_open(&plain, comm, rank, world, stage, B, 2, 1);
         run_steps(&plain, STEPS);
@@ -292,14 +310,15 @@ int main(int argc, char **argv) {
         /* 1, 2, 3, 4 staging buffers: the pipeline is exact at every depth */
         snprintf(offload_sets[2], sizeof offload_sets[2], "offload.buffer_count=%d", stage + 1);
         snprintf(offload_sets[3], sizeof offload_sets[3], "offload.nvme_path=%s", dir);
+        if (nvme_ratio < 1) snprintf(offload_sets[4], sizeof offload_sets[4], "offload.nvme_ratio=%g", nvme_ratio);
         run_open(&off, comm, rank, world, stage, B, 2, 1);
-        offload_sets[0][0] = offload_sets[1][0] = offload_sets[2][0] = offload_sets[3][0] = 0;
+        for (int i = 0; i < 5; i++) offload_sets[i][0] = 0;
         run_steps(&off, STEPS);
         int same = 1;
         for (int s = 0; s < STEPS; s++) same &= plain.loss[s] == off.loss[s];
-        CHECK(same, "world %d stage %d: offload %s (%d staging buffers, ratio %g) gives bitwise the losses of no offload",
-              world, stage, tier, stage + 1, ratio);
-        check_split(&off, stage, nvme, ratio);
+        CHECK(same, "world %d stage %d: offload %s (%d staging buffers, ratio %g, nvme ratio %g) gives bitwise the losses "
+              "of no offload", world, stage, tier, stage + 1, ratio, nvme_ratio);
+        check_split(&off, stage, nvme, ratio, nvme_ratio);
         double val_plain = 0, val_off = 0;
         CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 && strata_engine_eval(off.e, &off.L, 1, &val_off) == 0 &&
                   val_plain == val_off,
