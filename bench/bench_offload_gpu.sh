@@ -54,14 +54,17 @@ echo "GPT-2 1.5B, B=8, T=1024, bf16, no activation checkpointing, zero stage 1, 
 echo
 echo "| run | s/step (median) | tokens/s | GPU (planned) | pinned host | offload wait |"
 echo "|---|---|---|---|---|---|"
-for o in none cpu nvme; do
+# cpu-auto: the optimizer offloaded, but only what the GPU cannot hold (offload.optimizer_ratio: auto)
+for o in none cpu cpu-auto nvme; do
   steps=8; [ $o = nvme ] && steps=4
+  extra=(--set "offload.optimizer=$o") label="offload.optimizer: $o"
+  [ $o = cpu-auto ] && extra=(--set offload.optimizer=cpu --set offload.optimizer_ratio=auto) label="offload.optimizer: cpu, optimizer_ratio: auto"
   if timeout 540 "$S" train "$ROOT/configs/gpt2-1.5b.yaml" "${common[@]}" --set zero.stage=1 --set train.micro_batch=8 \
-       --set train.steps=$steps --set train.activation_checkpointing=none --set offload.optimizer=$o --set "offload.nvme_path=$NVME_DIR" --set run.dir=runs/$o \
+       --set train.steps=$steps --set train.activation_checkpointing=none "${extra[@]}" --set "offload.nvme_path=$NVME_DIR" --set run.dir=runs/$o \
        > $o.log 2>&1; then
-    summarize runs/$o "Strata, offload.optimizer: $o"
+    summarize runs/$o "Strata, $label$(grep -o 'auto is [0-9.]*' $o.log | sed 's/^/ (/; s/$/)/')"
   else
-    echo "| Strata, offload.optimizer: $o | failed: $(grep -m1 -E 'error|FAIL' $o.log | cut -c1-100) | | | | |"
+    echo "| Strata, $label | failed: $(grep -m1 -E 'error|FAIL' $o.log | cut -c1-100) | | | | |"
   fi
 done
 if python3 -c "import torch, transformers" 2> /dev/null; then
@@ -78,7 +81,7 @@ python3 -c "import torch" 2> /dev/null && python3 "$ROOT/bench/torch_adamw.py" 2
 echo
 echo
 echo "The split and the floor of each offload run (strata train's end-of-run report; docs/benchmarks.md):"
-for o in cpu nvme; do
+for o in cpu cpu-auto nvme; do
   echo
   echo "offload.optimizer: $o"
   grep '^\[offload\]' $o.log | sed 's/^\[offload\] */    /' || echo "    (no report: the run failed)"
@@ -168,7 +171,11 @@ for L in 50 54 58 62 66 70; do
 done
 echo
 gpt 50
-if ! line=$(fit_line gpt50.yaml); then
+# the optimizer offloaded as far as the GPU cannot hold it (auto); the ladder's line if that
+# does not fit the host
+line="--set offload.optimizer_ratio=auto"
+# shellcheck disable=SC2086
+if ! "$S" plan gpt50.yaml $line > /dev/null 2>&1 && ! line=$(fit_line gpt50.yaml); then
   echo "10.3B GPT: no setting fits this machine's memory (the table's reason); not trained"
   exit 0
 fi

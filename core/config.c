@@ -75,6 +75,7 @@ enum {
     F_MIN_EXCL = 2, /* value must be > min */
     F_MAX_EXCL = 4, /* value must be < max */
     F_NONEMPTY = 8, /* strings */
+    F_AUTO = 16,    /* K_DOUBLE: also "auto", stored as STRATA_AUTO (the launcher resolves it) */
 };
 
 typedef struct key_spec {
@@ -192,8 +193,8 @@ static const key_spec schema[] = {
 
     ENUM_("offload", "optimizer", offload.optimizer, offload_names, "none", "where optimizer state lives"),
     ENUM_("offload", "params", offload.params, offload_names, "none", "where stage-3 parameter shards live"),
-    DBL("offload", "optimizer_ratio", offload.optimizer_ratio, 0, 1, "1", F_MIN_EXCL,
-        "share of the optimizer state offloaded; the rest stays on the device (the first units in forward order)"),
+    DBL("offload", "optimizer_ratio", offload.optimizer_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,
+        "share of the optimizer state offloaded, the rest on the device (the first units); auto = what the device cannot hold"),
     DBL("offload", "nvme_ratio", offload.nvme_ratio, 0, 1, "1", F_MIN_EXCL,
         "optimizer: nvme: share of the offloaded state on NVMe; the rest in pinned memory (the first units)"),
     STR("offload", "nvme_path", offload.nvme_path, "", 0, "directory for nvme offload files"),
@@ -355,8 +356,8 @@ static int range_error(const char *where, const char *name, const key_spec *k, c
     format_double(k->min, lo, sizeof lo);
     format_double(k->max, hi, sizeof hi);
     if (k->flags & F_MIN_EXCL)
-        return strata_fail("%s: key '%s': must be greater than %s and at most %s, got %s", where, name, lo, hi,
-                           text);
+        return strata_fail("%s: key '%s': must be greater than %s and at most %s%s, got %s", where, name, lo, hi,
+                           k->flags & F_AUTO ? ", or auto" : "", text);
     if (k->flags & F_MAX_EXCL)
         return strata_fail("%s: key '%s': must be at least %s and less than %s, got %s", where, name, lo, hi,
                            text);
@@ -399,8 +400,13 @@ static int set_value(strata_config *c, const key_spec *k, const char *text, cons
         return 0;
     }
     case K_DOUBLE: {
+        if ((k->flags & F_AUTO) && !strcmp(text, "auto")) {
+            *(double *)field = STRATA_AUTO;
+            return 0;
+        }
         if (!is_number_text(text))
-            return strata_fail("%s: key '%s': expected a number, got '%s'", where, name, text);
+            return strata_fail("%s: key '%s': expected a number%s, got '%s'", where, name,
+                               k->flags & F_AUTO ? " or auto" : "", text);
         double v = strtod(text, NULL);
         if (!in_range(k, v)) return range_error(where, name, k, text);
         *(double *)field = v;
@@ -462,6 +468,10 @@ static void value_text(const strata_config *c, const key_spec *k, char *buf, siz
     case K_INT64: snprintf(buf, n, "%lld", (long long)*(const int64_t *)field); return;
     case K_UINT64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)field); return;
     case K_DOUBLE:
+        if ((k->flags & F_AUTO) && *(const double *)field == STRATA_AUTO) {
+            snprintf(buf, n, "auto");
+            return;
+        }
         /* "1.0" rather than "1", so a printed config shows which keys take fractions. */
         format_double(*(const double *)field, buf, n);
         if (!strpbrk(buf, ".en")) strncat(buf, ".0", n - strlen(buf) - 1);
@@ -785,13 +795,15 @@ int strata_config_check(const strata_config *c, const char *name) {
                            "writes the parameters to disk)", name);
     if (c->offload.optimizer_ratio < 1) {
         char r[64];
-        format_double(c->offload.optimizer_ratio, r, sizeof r);
+        if (c->offload.optimizer_ratio == STRATA_AUTO) snprintf(r, sizeof r, "auto");
+        else format_double(c->offload.optimizer_ratio, r, sizeof r);
         if (c->offload.optimizer == STRATA_OFFLOAD_NONE)
             return strata_fail("%s: offload.optimizer_ratio (%s) is the share of the optimizer state offloaded, but "
                                "offload.optimizer is none (set it to cpu or nvme, or the ratio to 1)", name, r);
         if (c->offload.params != STRATA_OFFLOAD_NONE)
-            return strata_fail("%s: offload.optimizer_ratio (%s) below 1 needs offload.params none (a unit whose "
-                               "optimizer state stays on the device updates its parameters there)", name, r);
+            return strata_fail("%s: offload.optimizer_ratio (%s) %s offload.params none (a unit whose optimizer state "
+                               "stays on the device updates its parameters there)", name, r,
+                               c->offload.optimizer_ratio == STRATA_AUTO ? "needs" : "below 1 needs");
     }
     if (c->offload.nvme_ratio < 1 && c->offload.optimizer != STRATA_OFFLOAD_NVME) {
         char r[64];

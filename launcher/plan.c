@@ -233,6 +233,40 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
 
 size_t strata_plan_device_total(const strata_plan *p) { return p->need[STRATA_TIER_DEVICE] + p->runtime_bytes; }
 
+/* ---- offload.optimizer_ratio: auto ---- */
+
+/* The share of the device auto keeps free of the plan: room for what the runtime may
+ * allocate past its measured allowance. */
+#define AUTO_DEVICE_HEADROOM 0.02
+
+static int device_fits_ratio(const strata_config *cfg, int pct, int world, strata_device *dev, int *known) {
+    strata_config c = *cfg;
+    c.offload.optimizer_ratio = pct / 100.0;
+    strata_plan p;
+    strata_plan_compute(&p, &c, world);
+    strata_plan_check(&p, &c, dev);
+    *known = !p.cpu_backend && p.capacity[STRATA_TIER_DEVICE] > 0;
+    return *known && (double)strata_plan_device_total(&p) <= (1.0 - AUTO_DEVICE_HEADROOM) * (double)p.capacity[STRATA_TIER_DEVICE];
+}
+
+double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev) {
+    if (cfg->offload.optimizer_ratio != STRATA_AUTO) return cfg->offload.optimizer_ratio;
+    cfg->offload.optimizer_ratio = 1.0;
+    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE) return 1.0;
+    strata_config c = *cfg;
+    if (dev) c.train.dtype = dev->compute_dtype == STRATA_BF16 ? STRATA_DTYPE_BF16 : STRATA_DTYPE_FP32;
+    int known;
+    if (!device_fits_ratio(&c, 100, world, dev, &known)) return 1.0; /* no room, or no size to go by */
+    int lo = 1, hi = 100; /* the smallest share the device holds the rest of */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (device_fits_ratio(&c, mid, world, dev, &known)) hi = mid;
+        else lo = mid + 1;
+    }
+    cfg->offload.optimizer_ratio = lo / 100.0;
+    return cfg->offload.optimizer_ratio;
+}
+
 /* ---- the remedy ladder ---- */
 
 typedef struct option {

@@ -73,6 +73,14 @@ size_t strata_plan_device_total(const strata_plan *p);
 int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev, char sets[][96],
                         int max_sets, char *sets_line, size_t line_len, double *cost);
 
+/* offload.optimizer_ratio: auto becomes the smallest share (0.01 steps) whose plan leaves
+ * the device 2% of its capacity free: the optimizer state the device cannot hold is
+ * offloaded, the rest stays. 1 when the device's size is unknown (no GPU here and no
+ * memory.gpu_gb), when even all of it offloaded does not leave that room, or when nothing
+ * can stay (offload.params set). Writes the ratio into cfg and returns it; other values are
+ * returned as they are. */
+double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev);
+
 /* One change that fits, as strata_plan_suggest writes it. */
 #define STRATA_PLAN_MAX_SETS 8
 typedef struct strata_plan_candidate {

@@ -179,6 +179,8 @@ int strata_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
+    if (cfg.offload.optimizer_ratio == STRATA_AUTO)
+        printf("offload.optimizer_ratio: auto is %g\n", strata_plan_resolve_ratio(&cfg, cli.world, NULL));
     strata_plan p;
     strata_plan_compute(&p, &cfg, cli.world);
     strata_plan_check(&p, &cfg, NULL);
@@ -694,9 +696,28 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
     return 0;
 }
 
+/* offload.optimizer_ratio: auto becomes a share on this rank's device (launcher/plan.c);
+ * every rank takes the largest any found, so none keeps more than its device holds. */
+static void resolve_auto_ratio(trainer *t) {
+    if (t->cfg.offload.optimizer_ratio != STRATA_AUTO) return;
+    double mine = strata_plan_resolve_ratio(&t->cfg, t->world, t->dev), r = mine;
+    double *all = strata_xcalloc((size_t)t->world, sizeof *all);
+    if (strata_mpi_allgather(&mine, all, sizeof mine)) fatal(t, "agreeing on offload.optimizer_ratio: auto");
+    for (int i = 0; i < t->world; i++) r = fmax(r, all[i]);
+    free(all);
+    t->cfg.offload.optimizer_ratio = r;
+    if (t->rank == 0)
+        STRATA_INFO("plan", "offload.optimizer_ratio: auto is %g: %s", r,
+                    r < 1 ? "the optimizer state the device cannot hold is offloaded, the rest stays on it"
+                          : "all of the optimizer state is offloaded (the device has no room for any, or its size "
+                            "is unknown: set memory.gpu_gb)");
+    config_to_yaml(&t->cfg, t->config_yaml, sizeof t->config_yaml); /* the run's record names the ratio */
+}
+
 /* The model, its memory plan and the engine: the plan is checked (and fitted) before
  * anything is allocated, then committed. Returns an exit code (0: go on). */
 static int build_and_plan(trainer *t) {
+    resolve_auto_ratio(t);
     const strata_config *cfg = &t->cfg;
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;

@@ -235,7 +235,9 @@ static void split_optimizer(strata_engine *e) {
     e->off.held = strata_xcalloc(e->U, 1);
     size_t total = 0, kept = 0;
     for (int u = 0; u < e->U; u++) total += opt_n(e, u);
-    double device_share = (1.0 - e->cfg->offload.optimizer_ratio) * (double)total;
+    double ratio = e->cfg->offload.optimizer_ratio;
+    if (!(ratio > 0 && ratio <= 1)) ratio = 1; /* auto that no launcher resolved: all offloaded */
+    double device_share = (1.0 - ratio) * (double)total;
     for (int u = 0; u < e->U; u++) {
         if ((double)(kept + opt_n(e, u)) <= device_share) kept += opt_n(e, u);
         else e->off.held[u] = 1;

@@ -219,6 +219,34 @@ line=$(grep -o 'cheapest change that fits[^:]*: .*' disk.txt | sed 's/^[^:]*: //
 "$S" train disk.yaml --set memory.nvme_gb=0.0003 $line > disk.log 2>&1 || fail "training with '$line': $(tail -3 disk.log)"
 pass "a disk too small for the NVMe state: '$line' fits it, the rest pinned, and trains"
 
+# offload.optimizer_ratio: auto keeps on the device what its budget holds (with 2% of it
+# free) and offloads the rest: with a device budget it resolves below 1, names itself in the
+# log and in the checkpoint's config, and trains to the same losses as no offload; without a device
+# size to go by it offloads everything and says why
+cat > auto.yaml <<'YAML'
+device: cpu
+model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 256}
+data: {train: "data/train_*.bin"}
+train: {steps: 6, micro_batch: 2, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/auto}
+YAML
+"$S" train auto.yaml --set run.dir=runs/auto_none > /dev/null 2>&1 || fail "auto.yaml without offload should train"
+"$S" train auto.yaml --set offload.optimizer=cpu --set offload.optimizer_ratio=auto --set memory.gpu_gb=0.0007 > auto.log 2>&1 ||
+  fail "optimizer_ratio auto: $(tail -3 auto.log)"
+r=$(grep -o 'offload.optimizer_ratio: auto is [0-9.]*' auto.log | grep -o '[0-9.]*$')
+awk -v r="$r" 'BEGIN { exit !(r > 0 && r < 1) }' || fail "auto with a 0.7 MiB device should keep part on it: '$r': $(grep plan auto.log)"
+grep -q "optimizer_ratio: $r" runs/auto/ckpt/step_00000006/manifest.yaml ||
+  fail "the checkpoint's config should name the resolved ratio $r: $(grep ratio runs/auto/ckpt/step_00000006/manifest.yaml)"
+diff <(grep -o '"loss": [^,]*' runs/auto_none/metrics.jsonl) <(grep -o '"loss": [^,]*' runs/auto/metrics.jsonl) > /dev/null ||
+  fail "optimizer_ratio auto ($r): losses differ from no offload"
+"$S" plan auto.yaml --set offload.optimizer=cpu --set offload.optimizer_ratio=auto --gpu-gb 0.0007 | grep -q "auto is $r" ||
+  fail "strata plan should resolve auto to the same $r"
+"$S" train auto.yaml --set run.dir=runs/auto1 --set offload.optimizer=cpu --set offload.optimizer_ratio=auto > auto1.log 2>&1 ||
+  fail "auto without a device size: $(tail -3 auto1.log)"
+grep -q 'auto is 1: all of the optimizer state is offloaded .*set memory.gpu_gb' auto1.log ||
+  fail "auto without a device size should offload everything and say why: $(grep plan auto1.log)"
+pass "optimizer_ratio auto: $r on a 0.7 MiB device (bitwise the losses of no offload; strata plan agrees); 1 without a device size, said"
+
 # 2,000 steps of a tiny model: resident memory flat after warm-up
 cat > tiny.yaml <<'YAML'
 device: cpu

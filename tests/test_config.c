@@ -124,7 +124,7 @@ static const bad_case bad_cases[] = {
      "bad.yaml: offload.nvme_ratio (0.5) is the share of the offloaded optimizer state on NVMe, but offload.optimizer "
      "is cpu (set it to nvme, or the ratio to 1)"},
     {"optimizer ratio of 0", HEAD TRAIN "offload: {optimizer: cpu, optimizer_ratio: 0}\n", NULL,
-     "bad.yaml:11: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, got 0"},
+     "bad.yaml:11: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, or auto, got 0"},
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,
      "bad.yaml: offload.block_kb (1026) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)"},
 
@@ -365,6 +365,21 @@ static void test_overrides(void) {
     rc = strata_config_check(&c, "o.yaml");
     CHECK(rc == -1 && !strcmp(strata_error(), "o.yaml: train.seq_len (1000) must not exceed model.seq_len (8)"),
           "check after set: %s", strata_error());
+
+    /* offload.optimizer_ratio takes "auto" (the launcher resolves it) or a share */
+    const char *ratio[] = {"offload.optimizer=cpu", "offload.optimizer_ratio=auto"};
+    rc = strata_config_load_string(&c, "o.yaml", HEAD TRAIN, ratio, 2);
+    CHECK(rc == 0 && c.offload.optimizer_ratio == STRATA_AUTO, "optimizer_ratio auto: %s", strata_error());
+    rc = strata_config_set(&c, "offload.optimizer_ratio=half");
+    CHECK(rc == -1 && !strcmp(strata_error(), "--set: key 'offload.optimizer_ratio': expected a number or auto, got 'half'"),
+          "optimizer_ratio text: %s", strata_error());
+    rc = strata_config_set(&c, "offload.optimizer_ratio=1.5");
+    CHECK(rc == -1 && !strcmp(strata_error(), "--set: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, "
+                                              "or auto, got 1.5"), "optimizer_ratio range: %s", strata_error());
+    const char *auto_none[] = {"offload.optimizer_ratio=auto"};
+    rc = strata_config_load_string(&c, "o.yaml", HEAD TRAIN, auto_none, 1);
+    CHECK(rc == -1 && strstr(strata_error(), "offload.optimizer_ratio (auto) is the share of the optimizer state offloaded, "
+                                             "but offload.optimizer is none"), "auto without offload: %s", strata_error());
     printf("ok   overrides win over the file; failures leave the config unchanged\n");
 }
 
