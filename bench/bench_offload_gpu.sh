@@ -144,7 +144,7 @@ train: {steps: 20, micro_batch: 4, grad_accum: 1, dtype: bf16, activation_checkp
         eval_every: 0, log_every: 1, sample_tokens: 0}
 optim: {lr: 1.0e-4, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}
 run: {dir: runs/gpt$1, checkpoint_every: 0, checkpoint_at_end: false}
-offload: {optimizer: cpu, buffer_count: 2}
+offload: {optimizer: cpu, buffer_count: 2, nvme_path: "$NVME_DIR"}
 YAML
 }
 # the plan's fitting line for a config ("" when it fits as it is; exit 1 when nothing does)
@@ -155,7 +155,7 @@ fit_line() {
 }
 {
 echo
-echo "The largest GPT this box holds (4096 channels, B=4, T=1024, bf16, checkpointing, optimizer offloaded; \`strata plan\` on this machine's free GPU memory and MemAvailable):"
+echo "The largest GPT this box holds (4096 channels, B=4, T=1024, bf16, checkpointing, optimizer offloaded; \`strata plan\` on this machine's free GPU memory, MemAvailable and the free space of $NVME_DIR):"
 echo
 echo "| layers | parameters | fits with |"
 echo "|---|---|---|"

@@ -431,21 +431,22 @@ static int over_host(const strata_plan *p) { return p->host_over; }
 static int over_nvme(const strata_plan *p) { return p->nvme_over; }
 static int over_off_device(const strata_plan *p) { return p->host_over || p->nvme_over; }
 
-/* Whether o fits. When it offloads the optimizer (parameters on the device) and a tier
- * overflows while another has room, part of the state moves: from NVMe to pinned memory
- * (offload.nvme_ratio: the disk over, the host with room), else from the host or disk to
- * the device (offload.optimizer_ratio: the GPU with room). */
+/* Whether o fits. When it offloads the optimizer and a tier overflows while another has
+ * room, part of the state moves: from NVMe to pinned memory (offload.nvme_ratio: the disk
+ * over, the host with room), else (parameters on the device) from the host or disk to the
+ * device (offload.optimizer_ratio: the GPU with room). */
 static int option_fits(const strata_config *cfg, option *o, int world, strata_device *dev) {
     strata_plan p;
     int known = plan_option(cfg, o, world, dev, &p);
     if (p.fits) return 1;
-    if (p.device_over || !o->offload || o->params) return 0;
+    if (p.device_over || !o->offload) return 0;
     /* nvme_ratio: the host's verdict improves as the NVMe share grows, the disk's worsens */
     if (o->offload == 2 && p.nvme_over && !p.host_over && !p.nvme_error[0] &&
         split_share(cfg, o, &o->nvme_pct, world, dev, over_host, over_nvme))
         return 1;
-    /* a device of unknown size (no GPU here, no memory.gpu_gb) has no room to count on */
-    if (!known) return 0;
+    /* a device of unknown size (no GPU here, no memory.gpu_gb) has no room to count on; a
+     * unit kept there updates its parameters there, so they must live there too */
+    if (!known || o->params) return 0;
     return split_share(cfg, o, &o->ratio_pct, world, dev, over_device, over_off_device);
 }
 

@@ -217,7 +217,11 @@ line=$(grep -o 'cheapest change that fits[^:]*: .*' disk.txt | sed 's/^[^:]*: //
 "$S" plan disk.yaml --nvme-gb 0.0003 $line > disk2.txt || fail "'$line' should fit the disk: $(cat disk2.txt)"
 # shellcheck disable=SC2086
 "$S" train disk.yaml --set memory.nvme_gb=0.0003 $line > disk.log 2>&1 || fail "training with '$line': $(tail -3 disk.log)"
-pass "a disk too small for the NVMe state: '$line' fits it, the rest pinned, and trains"
+# the same with the stage-3 parameter shards in pinned memory (the split is the tier's own)
+set +e; "$S" plan disk.yaml --nvme-gb 0.0003 --set zero.stage=3 --set offload.params=cpu > disk3.txt; set -e
+grep -q -- "cheapest change that fits.*: --set offload.nvme_ratio=0\.[0-9]*$" disk3.txt ||
+  fail "stage 3, parameters pinned, too-small disk: $(tail -2 disk3.txt)"
+pass "a disk too small for the NVMe state: '$line' fits it, the rest pinned, and trains (at stage 3 with pinned parameters too)"
 
 # offload.optimizer_ratio: auto keeps on the device what its budget holds (with 2% of it
 # free) and offloads the rest: with a device budget it resolves below 1, names itself in the
