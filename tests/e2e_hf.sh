@@ -128,9 +128,12 @@ YAML
 "${MPI[@]}" -np 2 "$S" train base2.yaml --set train.steps=4 --resume latest > a24.log
 ref2=$(loss_at runs/a2 4)
 mkdir -p swap
-for off in none cpu nvme; do
+for off in none cpu nvme split; do
   extra=()
   [ $off != none ] && extra=(--set offload.optimizer=$off --set offload.params=$off --set "offload.nvme_path=$W/swap")
+  # the optimizer state in three tiers (device, pinned, NVMe), the parameter shards on the device
+  [ $off = split ] && extra=(--set offload.optimizer=nvme --set offload.optimizer_ratio=0.6 --set offload.nvme_ratio=0.5
+                             --set "offload.nvme_path=$W/swap")
   "${MPI[@]}" -x STRATA_LOG=debug -np 2 "$S" train ft.yaml --set model.init_from=hf2 --set run.dir=runs/b2_$off \
     --set train.micro_batch=1 --set zero.stage=3 "${extra[@]}" > b2_$off.log 2>&1
   [ "$(loss_at runs/b2_$off 1)" = "$ref2" ] || fail "world 2 stage 3 offload $off: $(loss_at runs/b2_$off 1) vs $ref2"
@@ -141,4 +144,4 @@ for off in none cpu nvme; do
   [ -n "$total" ] && [ $((r0 + r1)) -eq "$total" ] && [ $((10 * r0)) -lt $((6 * total)) ] &&
     [ $((10 * r1)) -lt $((6 * total)) ] || fail "offload $off: ranks read $r0 and $r1 of $total parameters"
 done
-pass "world 2, stage 3 (shards on the device, in pinned memory, on NVMe): init_from gives the run's next loss bit for bit ($ref2); each rank read only its half ($r0 + $r1 = $total parameters)"
+pass "world 2, stage 3 (shards on the device, in pinned memory, on NVMe; the optimizer state split over all three): init_from gives the run's next loss bit for bit ($ref2); each rank read only its half ($r0 + $r1 = $total parameters)"
