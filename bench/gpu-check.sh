@@ -30,11 +30,11 @@ log() { echo "[gpu-check] $*"; }
 # torch (bf16 against transformers), bench (attention kernels; 124M: Strata against the
 # nanoGPT-style PyTorch model eager and compiled and HF's, and Strata's kernel profile, through
 # bench/bench_gpu.sh within ~8 min), bench15 (the same at 1.5B, within ~9 min), memory
-# (plan vs nvidia-smi, ~5 min), offload (1.5B offload vs FSDP2 ~6 min, 7.1B ~6 min, the
-# largest GPT the box holds and 20 steps of 10.3B ~8 min; OFFLOAD_PARTS="1.5b", "7b" or
-# "10b" picks one). The device tool runs one command for at most 10
+# (plan vs nvidia-smi, ~5 min), offload (1.5B optimizer on the GPU / CPU / CPU auto / NVMe
+# vs FSDP2, ~7 min), offload7b (7.1B at stage 3, ~6 min), offload10b (the largest GPT the
+# box holds by plan, then 20 steps of 10.3B, ~8 min). The device tool runs one command for at most 10
 # minutes, so there run them in separate calls; the build is incremental and shared.
-PARTS=" ${GPU_CHECK_PARTS:-matrix-world1 matrix-ranks matrix-attention sanitize check torch bench bench15 memory offload} "
+PARTS=" ${GPU_CHECK_PARTS:-matrix-world1 matrix-ranks matrix-attention sanitize check torch bench bench15 memory offload offload7b offload10b} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 prefix_args=()
 if ! echo '#include <yaml.h>' | cc -E - > /dev/null 2>&1 ||
@@ -263,9 +263,11 @@ if want memory; then
   STRATA="$S" OUT="$OUT" bash "$ROOT/bench/gpu-memory.sh" || log "gpu-memory.sh failed"
 fi
 
-if want offload; then
-  log "offload: 1.5B optimizer on GPU / CPU / NVMe vs FSDP2, NVMe floor, 7.1B, the largest GPT the box holds (bench/bench_offload_gpu.sh)"
-  STRATA="$S" OUT="$OUT" bash "$ROOT/bench/bench_offload_gpu.sh" || log "bench_offload_gpu.sh failed"
-fi
+# bench/bench_offload_gpu.sh in its three parts, one device call each
+for part in offload:1.5b offload7b:7b offload10b:10b; do
+  want "${part%%:*}" || continue
+  log "${part%%:*}: bench/bench_offload_gpu.sh, part ${part#*:}"
+  STRATA="$S" OUT="$OUT" OFFLOAD_PARTS="${part#*:}" bash "$ROOT/bench/bench_offload_gpu.sh" || log "bench_offload_gpu.sh ${part#*:} failed"
+done
 
 log "done; tables in $OUT"
