@@ -267,6 +267,21 @@ double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *d
     return cfg->offload.optimizer_ratio;
 }
 
+int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *dev, char *line, size_t len) {
+    if (len) line[0] = 0;
+    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE ||
+        cfg->offload.optimizer_ratio != 1.0)
+        return 0;
+    strata_config c = *cfg;
+    c.offload.optimizer_ratio = STRATA_AUTO;
+    double r = strata_plan_resolve_ratio(&c, world, dev);
+    if (r >= 1.0) return 0;
+    snprintf(line, len, "hint: the device has room for %.0f%% of the optimizer state: --set offload.optimizer_ratio=auto "
+                        "(%g here) keeps it there, with no PCIe transfer or CPU update for it",
+             100.0 * (1.0 - r), r);
+    return 1;
+}
+
 /* ---- the remedy ladder ---- */
 
 typedef struct option {

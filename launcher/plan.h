@@ -81,6 +81,11 @@ int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev,
  * returned as they are. */
 double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev);
 
+/* A config that offloads all of its optimizer state (ratio 1, parameters on the device)
+ * while the device has room for part of it: writes a one-line hint naming
+ * optimizer_ratio: auto and what it would keep, returns 1; else 0 and an empty line. */
+int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *dev, char *line, size_t len);
+
 /* One change that fits, as strata_plan_suggest writes it. */
 #define STRATA_PLAN_MAX_SETS 8
 typedef struct strata_plan_candidate {

@@ -192,6 +192,8 @@ int strata_cmd_plan(int argc, char **argv) {
            cfg.train.micro_batch, strata_config_seq_len(&cfg), cfg.train.grad_accum);
     strata_model_free(&m);
     strata_plan_print(&p, stdout);
+    char hint[400];
+    if (p.fits && strata_plan_auto_hint(&cfg, cli.world, NULL, hint, sizeof hint)) printf("  %s\n", hint);
     if (!p.fits) {
         char sets[8][96], line[800];
         double cost;
@@ -728,6 +730,8 @@ static int build_and_plan(trainer *t) {
     }
     int rc;
     if (!plan.fits && (rc = fit_the_plan(t, &plan))) return rc;
+    char hint[400];
+    if (t->rank == 0 && strata_plan_auto_hint(&t->cfg, t->world, t->dev, hint, sizeof hint)) STRATA_INFO("plan", "%s", hint);
     t->planned_device = plan.need[STRATA_TIER_DEVICE];
     t->planned_pinned = plan.need[STRATA_TIER_PINNED];
     t->planned_nvme = plan.need[STRATA_TIER_NVME];

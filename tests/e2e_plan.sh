@@ -249,7 +249,10 @@ diff <(grep -o '"loss": [^,]*' runs/auto_none/metrics.jsonl) <(grep -o '"loss": 
   fail "auto without a device size: $(tail -3 auto1.log)"
 grep -q 'auto is 1: all of the optimizer state is offloaded .*set memory.gpu_gb' auto1.log ||
   fail "auto without a device size should offload everything and say why: $(grep plan auto1.log)"
-pass "optimizer_ratio auto: $r on a 0.7 MiB device (bitwise the losses of no offload; strata plan agrees); 1 without a device size, said"
+"$S" plan auto.yaml --set offload.optimizer=cpu --gpu-gb 0.0007 | grep -q "hint: the device has room for .*optimizer_ratio=auto ($r here)" ||
+  fail "a full offload with room on the device should name auto: $("$S" plan auto.yaml --set offload.optimizer=cpu --gpu-gb 0.0007 | tail -2)"
+! "$S" plan auto.yaml --set offload.optimizer=cpu | grep -q hint || fail "no device size: no hint"
+pass "optimizer_ratio auto: $r on a 0.7 MiB device (bitwise the losses of no offload; strata plan agrees, and hints at it for a full offload); 1 without a device size, said"
 
 # 2,000 steps of a tiny model: resident memory flat after warm-up
 cat > tiny.yaml <<'YAML'
