@@ -53,3 +53,15 @@ int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
     }
     return k;
 }
+
+void strata_split_units(const size_t *n, int count, double faster_share, unsigned char *slower) {
+    size_t total = 0, kept = 0;
+    for (int u = 0; u < count; u++) total += n[u];
+    double room = faster_share * (double)total;
+    for (int u = 0; u < count; u++) {
+        slower[u] = 0;
+        if (!n[u]) continue;
+        if ((double)(kept + n[u]) <= room) kept += n[u];
+        else slower[u] = 1;
+    }
+}

@@ -34,4 +34,11 @@ typedef struct strata_adamw_segment {
 int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
                           strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS]);
 
+/* Where each unit's optimizer state lives when it is split between a faster and a slower
+ * place (offload.optimizer_ratio: device | tier; offload.nvme_ratio: pinned | NVMe): units,
+ * in forward order, stay in the faster one while the elements kept there stay within
+ * `faster_share` (0..1) of all; the others get slower[u] = 1. A unit of n[u] = 0 is in
+ * neither (slower[u] = 0). The first units are the first the next forward needs. */
+void strata_split_units(const size_t *n, int count, double faster_share, unsigned char *slower);
+
 #endif

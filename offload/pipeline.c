@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/optim.h"
 #include "offload/cpu_adam.h"
 #include "offload/nvme.h"
 
@@ -122,18 +123,11 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     o->param_off = strata_xcalloc(n_units, sizeof *o->param_off);
     o->param_stride = strata_xcalloc(n_units, sizeof *o->param_stride);
     o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
+    /* offload.nvme_ratio: the first units' state in pinned memory (their updates need no
+     * disk), the rest on NVMe; units of n = 0 stay on the device (offload.optimizer_ratio) */
     o->on_nvme = strata_xcalloc(n_units, 1);
-    /* offload.nvme_ratio: units, in forward order, stay in pinned memory while within its
-     * share (1 - ratio) of the tier's elements; the rest go to NVMe. The first units are
-     * the first the next forward needs, and their updates need no disk. */
-    size_t total = 0, pinned = 0, max_nvme_n = 0;
-    for (int u = 0; u < n_units; u++) total += n[u];
-    double pinned_share = o->nvme ? (1.0 - cfg->offload.nvme_ratio) * (double)total : (double)total;
-    for (int u = 0; u < n_units; u++) {
-        if (!n[u]) continue; /* the device holds this unit's state (offload.optimizer_ratio) */
-        if ((double)(pinned + n[u]) <= pinned_share) pinned += n[u];
-        else o->on_nvme[u] = 1;
-    }
+    strata_split_units(n, n_units, o->nvme ? 1.0 - cfg->offload.nvme_ratio : 1.0, o->on_nvme);
+    size_t max_nvme_n = 0;
     static const char *kind_names[3] = {"offload.master", "offload.adam_m", "offload.adam_v"};
     for (int u = 0; u < n_units; u++) {
         o->n[u] = n[u];

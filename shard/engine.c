@@ -229,19 +229,15 @@ static size_t opt_n(const strata_engine *e, int u) { return e->z.opt_sharded ? e
 /* Whether the update tier holds unit u's optimizer state (else the device does). */
 static int in_tier(const strata_engine *e, int u) { return e->off.tier && e->off.held[u]; }
 
-/* offload.optimizer_ratio: the device keeps units, in forward order, while their state
- * stays within its share (1 - ratio) of the rank's optimizer state; the tier holds the rest. */
+/* offload.optimizer_ratio: the device keeps the first units' state, the tier the rest. */
 static void split_optimizer(strata_engine *e) {
-    e->off.held = strata_xcalloc(e->U, 1);
-    size_t total = 0, kept = 0;
-    for (int u = 0; u < e->U; u++) total += opt_n(e, u);
     double ratio = e->cfg->offload.optimizer_ratio;
     if (!(ratio > 0 && ratio <= 1)) ratio = 1; /* auto that no launcher resolved: all offloaded */
-    double device_share = (1.0 - ratio) * (double)total;
-    for (int u = 0; u < e->U; u++) {
-        if ((double)(kept + opt_n(e, u)) <= device_share) kept += opt_n(e, u);
-        else e->off.held[u] = 1;
-    }
+    size_t *n = strata_xcalloc(e->U, sizeof *n);
+    for (int u = 0; u < e->U; u++) n[u] = opt_n(e, u);
+    e->off.held = strata_xcalloc(e->U, 1);
+    strata_split_units(n, e->U, 1.0 - ratio, e->off.held);
+    free(n);
 }
 
 /* Phase 1: the facts of the stage, the dtype, the partition, the fault switches. */

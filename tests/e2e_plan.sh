@@ -12,6 +12,8 @@ trap 'rm -rf "$W"' EXIT
 cd "$W"
 fail() { echo "FAIL: $*"; exit 1; }
 pass() { echo "ok: $*"; }
+# the --set line of "cheapest change that fits" in a plan's output
+suggested() { grep -o 'cheapest change that fits[^:]*: .*' "$1" | sed 's/^[^:]*: //'; }
 run() { local n=$1; shift; if [ "$n" -eq 1 ]; then "$S" "$@"; else "${MPI[@]}" -np "$n" "$S" "$@"; fi; }
 field() { grep -o "\"$2\": [0-9]*" "$1" | head -1 | cut -d' ' -f2; }
 
@@ -187,7 +189,7 @@ big() { CUDA_VISIBLE_DEVICES='' "$S" plan big.yaml --gpu-gb 79 --host-gb 110 "$@
 set +e; big > big.txt; rc=$?; big --set offload.optimizer=cpu > bigcpu.txt; rc_cpu=$?; set -e
 [ $rc -eq 3 ] && [ $rc_cpu -eq 3 ] && grep -q "DOES NOT FIT (host memory" bigcpu.txt ||
   fail "10.3B: neither on the GPU nor fully offloaded should fit: $rc $rc_cpu $(cat bigcpu.txt)"
-line=$(grep -o 'cheapest change that fits[^:]*: .*' big.txt | sed 's/^[^:]*: //')
+line=$(suggested big.txt)
 grep -q -- "--set offload.optimizer=cpu --set offload.optimizer_ratio=0\.[0-9]*$" <<<"$line" ||
   fail "10.3B: the ladder should offload part of the optimizer: $(tail -3 big.txt)"
 # shellcheck disable=SC2086 # the suggestion is a list of --set arguments
@@ -201,24 +203,25 @@ pass "10.3B on 79 GiB GPU + 110 GiB host: '$line' fits, optimizer $dev_opt on th
 # the disk too small for the NVMe state while the host has room: the ladder keeps the first
 # units' state in pinned memory (offload.nvme_ratio), and that line trains
 mkdir -p swap
-cat > disk.yaml <<YAML
+cat > small.yaml <<YAML
 device: cpu
 model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 256}
 data: {train: "data/train_*.bin"}
-train: {steps: 3, micro_batch: 2, eval_every: 0, sample_tokens: 0}
-run: {dir: runs/disk}
-offload: {optimizer: nvme, nvme_path: "$PWD/swap", block_kb: 4}
+train: {steps: 6, micro_batch: 2, eval_every: 0, sample_tokens: 0}
+run: {dir: runs/small}
+offload: {nvme_path: "$PWD/swap", block_kb: 4}
 YAML
-set +e; "$S" plan disk.yaml --nvme-gb 0.0003 > disk.txt; rc=$?; set -e
-line=$(grep -o 'cheapest change that fits[^:]*: .*' disk.txt | sed 's/^[^:]*: //')
+disk() { "$S" "$1" small.yaml --set offload.optimizer=nvme --set run.dir=runs/disk --set memory.nvme_gb=0.0003 "${@:2}"; }
+set +e; disk plan > disk.txt; rc=$?; set -e
+line=$(suggested disk.txt)
 [ $rc -eq 3 ] && grep -q "DOES NOT FIT (nvme" disk.txt && grep -q -- "^--set offload.nvme_ratio=0\.[0-9]*$" <<<"$line" ||
   fail "a too-small disk should be answered with offload.nvme_ratio: rc $rc, $(tail -3 disk.txt)"
 # shellcheck disable=SC2086 # the suggestion is a list of --set arguments
-"$S" plan disk.yaml --nvme-gb 0.0003 $line > disk2.txt || fail "'$line' should fit the disk: $(cat disk2.txt)"
+disk plan $line > disk2.txt || fail "'$line' should fit the disk: $(cat disk2.txt)"
 # shellcheck disable=SC2086
-"$S" train disk.yaml --set memory.nvme_gb=0.0003 $line > disk.log 2>&1 || fail "training with '$line': $(tail -3 disk.log)"
+disk train $line > disk.log 2>&1 || fail "training with '$line': $(tail -3 disk.log)"
 # the same with the stage-3 parameter shards in pinned memory (the split is the tier's own)
-set +e; "$S" plan disk.yaml --nvme-gb 0.0003 --set zero.stage=3 --set offload.params=cpu > disk3.txt; set -e
+set +e; disk plan --set zero.stage=3 --set offload.params=cpu > disk3.txt; set -e
 grep -q -- "cheapest change that fits.*: --set offload.nvme_ratio=0\.[0-9]*$" disk3.txt ||
   fail "stage 3, parameters pinned, too-small disk: $(tail -2 disk3.txt)"
 pass "a disk too small for the NVMe state: '$line' fits it, the rest pinned, and trains (at stage 3 with pinned parameters too)"
@@ -227,15 +230,9 @@ pass "a disk too small for the NVMe state: '$line' fits it, the rest pinned, and
 # free) and offloads the rest: with a device budget it resolves below 1, names itself in the
 # log and in the checkpoint's config, and trains to the same losses as no offload; without a device
 # size to go by it offloads everything and says why
-cat > auto.yaml <<'YAML'
-device: cpu
-model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 256}
-data: {train: "data/train_*.bin"}
-train: {steps: 6, micro_batch: 2, eval_every: 0, sample_tokens: 0}
-run: {dir: runs/auto}
-YAML
+cp small.yaml auto.yaml
 "$S" train auto.yaml --set run.dir=runs/auto_none > /dev/null 2>&1 || fail "auto.yaml without offload should train"
-"$S" train auto.yaml --set offload.optimizer=cpu --set offload.optimizer_ratio=auto --set memory.gpu_gb=0.0007 > auto.log 2>&1 ||
+"$S" train auto.yaml --set run.dir=runs/auto --set offload.optimizer=cpu --set offload.optimizer_ratio=auto --set memory.gpu_gb=0.0007 > auto.log 2>&1 ||
   fail "optimizer_ratio auto: $(tail -3 auto.log)"
 r=$(grep -o 'offload.optimizer_ratio: auto is [0-9.]*' auto.log | grep -o '[0-9.]*$')
 awk -v r="$r" 'BEGIN { exit !(r > 0 && r < 1) }' || fail "auto with a 0.7 MiB device should keep part on it: '$r': $(grep plan auto.log)"
