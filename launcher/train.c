@@ -311,6 +311,7 @@ typedef struct trainer {
     strata_floor_bandwidth floor_bw;
     int split_steps;
     double split_ms[5]; /* step, compute busy, waits on the tier, on collectives, on data */
+    double split_gather_bytes; /* stage-3 gathers' shard bytes read from host memory */
     strata_tier_stats split_tier;
     int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
 } trainer;
@@ -895,13 +896,14 @@ static void split_add(trainer *t, const strata_step_result *r, double ms) {
     double x[5] = {ms, r->compute_ms, r->offload_wait_ms, r->comm_wait_ms, r->data_ms};
     for (int i = 0; i < 5; i++) t->split_ms[i] += x[i];
     strata_tier_stats_add(&t->split_tier, &r->tier, 1);
+    t->split_gather_bytes += (double)r->gather_h2d_bytes;
     t->split_steps++;
 }
 
 /* What each rank sends rank 0: per-step means, then the floor's terms (ms). */
 enum { SPLIT_STEP, SPLIT_COMPUTE, SPLIT_WAIT_TIER, SPLIT_WAIT_COMM, SPLIT_WAIT_DATA, SPLIT_D2H, SPLIT_ADAMW,
        SPLIT_STATE_WAIT, SPLIT_STATE_WRITE, SPLIT_H2D, SPLIT_PARAM_WRITE, SPLIT_PARAM_READ, SPLIT_D2H_B, SPLIT_H2D_B,
-       SPLIT_ADAMW_N, SPLIT_ADAMW_B, SPLIT_READ_B, SPLIT_WRITE_B, FLOOR_COMPUTE, FLOOR_PCIE, FLOOR_HOST, FLOOR_DISK,
+       SPLIT_ADAMW_N, SPLIT_ADAMW_B, SPLIT_READ_B, SPLIT_WRITE_B, SPLIT_GATHER_B, FLOOR_COMPUTE, FLOOR_PCIE, FLOOR_HOST, FLOOR_DISK,
        SPLIT_N };
 
 static double gbps_ms(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e6) : 0; }
@@ -922,8 +924,9 @@ static void report_offload_split(trainer *t) {
     double cnt[] = {(double)s->d2h_bytes, (double)s->h2d_bytes, (double)s->adamw_elements, (double)s->adamw_bytes,
                     (double)s->disk_read_bytes, (double)s->disk_write_bytes};
     for (int i = 0; i < 6; i++) v[SPLIT_D2H_B + i] = cnt[i] / n;
+    v[SPLIT_GATHER_B] = t->split_gather_bytes / n;
     v[FLOOR_COMPUTE] = v[SPLIT_COMPUTE];
-    v[FLOOR_PCIE] = fmax(gbps_ms(v[SPLIT_D2H_B], bw->d2h), gbps_ms(v[SPLIT_H2D_B], bw->h2d));
+    v[FLOOR_PCIE] = fmax(gbps_ms(v[SPLIT_D2H_B], bw->d2h), gbps_ms(v[SPLIT_H2D_B] + v[SPLIT_GATHER_B], bw->h2d));
     v[FLOOR_HOST] = gbps_ms(v[SPLIT_ADAMW_B], bw->host);
     v[FLOOR_DISK] = gbps_ms(v[SPLIT_READ_B], bw->disk_read) + gbps_ms(v[SPLIT_WRITE_B], bw->disk_write);
     double *all = strata_xcalloc((size_t)t->world * SPLIT_N, sizeof *all);
@@ -946,9 +949,13 @@ static void report_offload_split(trainer *t) {
                 t->world > 1 ? "s" : "");
     STRATA_INFO("offload", "  compute busy %.2f ms | waits: on the tier %.2f ms, collectives %.2f ms, data %.2f ms",
                 v[SPLIT_COMPUTE], v[SPLIT_WAIT_TIER], v[SPLIT_WAIT_COMM], v[SPLIT_WAIT_DATA]);
-    STRATA_INFO("offload", "  D2H gradients %.2f ms, %s | H2D parameters %.2f ms, %s",
+    char gathers[80] = "";
+    if (v[SPLIT_GATHER_B] > 0)
+        snprintf(gathers, sizeof gathers, " (+ %s of stage-3 gathers from host memory)",
+                 strata_fmt_bytes(b[5], 32, v[SPLIT_GATHER_B]));
+    STRATA_INFO("offload", "  D2H gradients %.2f ms, %s | H2D parameters %.2f ms, %s%s",
                 v[SPLIT_D2H], strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]), v[SPLIT_H2D],
-                strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]));
+                strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]), gathers);
     char kept[96] = "";
     if (t->cfg.offload.optimizer_ratio < 1)
         snprintf(kept, sizeof kept, "; the device updates the rest (offload.optimizer_ratio %g)",
@@ -1045,7 +1052,8 @@ static int write_metrics(trainer *t, const step_figures *f) {
             used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
     if (t->auto_change[0] && f->done == t->start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, m);
     if (r->have_split) { /* the offload split: this rank's, the previous step's update (see strata_step_result) */
-        fprintf(m, ", \"compute_busy_ms\": %.3f", r->compute_ms);
+        fprintf(m, ", \"compute_busy_ms\": %.3f, \"offload_gather_h2d_bytes\": %llu", r->compute_ms,
+                (unsigned long long)r->gather_h2d_bytes);
 #define SPLIT_SECONDS_(f) fprintf(m, ", \"offload_" #f "\": %.6f", r->tier.f);
 #define SPLIT_COUNTS_(f) fprintf(m, ", \"offload_" #f "\": %llu", (unsigned long long)r->tier.f);
         STRATA_TIER_SECONDS(SPLIT_SECONDS_)

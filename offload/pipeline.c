@@ -49,6 +49,7 @@ typedef struct stream_clock {
 typedef struct update_task {
     struct offload_tier *o;
     int u, b;
+    void *param_host; /* offload.params: cpu: the unit's shard in pinned memory, written in place */
     param_io write;
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     int n_seg;
@@ -63,6 +64,7 @@ typedef struct offload_tier {
     int nvme;        /* offload.optimizer: nvme (some units' state is on NVMe, offload.nvme_ratio) */
     unsigned char *on_nvme; /* per unit: its state is on NVMe (else in pinned memory) */
     int params_nvme; /* 1: the units' compute-dtype parameters live on NVMe too (stage 3) */
+    int params_host; /* 1: they live in pinned memory (offload.params: cpu): the update writes them there */
     int n_units, rank;
     size_t *n, max_n;
     strata_dtype param_dtype;
@@ -160,9 +162,11 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
                 reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, max_nvme_n * sizeof(float), (void **)&o->slot_state[s][k]);
     for (int b = 0; b < o->n_buf; b++) {
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
-        /* rounded up so a parameter write to NVMe is whole 4 KiB blocks */
-        reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_stage", b, strata_round_up(o->max_n * o->es, NVME_ALIGN),
-                       &o->param_stage[b]);
+        /* rounded up so a parameter write to NVMe is whole 4 KiB blocks; none when the
+         * update writes the parameters in place (offload.params: cpu) */
+        if (!o->params_host)
+            reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_stage", b,
+                           strata_round_up(o->max_n * o->es, NVME_ALIGN), &o->param_stage[b]);
     }
 }
 
@@ -363,7 +367,7 @@ static void update_run(void *arg) {
         }
     }
     float *grad = o->grad_stage[t->b];
-    char *param = o->param_stage[t->b];
+    char *param = t->param_host ? t->param_host : o->param_stage[t->b];
     for (int i = 0; i < t->n_seg; i++) {
         const strata_adamw_segment *s = &t->seg[i];
         strata_adamw_args a = t->args;
@@ -397,6 +401,7 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
     memcpy(t->seg, seg, (size_t)n_seg * sizeof *seg);
     t->n_seg = n_seg;
     t->args = *args;
+    t->param_host = o->params_host ? param_out : NULL; /* before the task that reads it is queued */
     int b = t->b = (int)(o->seq++ % (uint64_t)o->n_buf);
     strata_device *d = o->dev;
     size_t n = o->n[u];
@@ -418,6 +423,8 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
     if (o->params_nvme) {
         t->write = (param_io){o, u, b, NULL};
         rc = rc || strata_host_task(d, o->out, param_write_run, &t->write);
+    } else if (o->params_host) {
+        /* written in place by the update: nothing crosses PCIe; the gathers read them */
     } else {
         rc = rc || strata_host_task(d, o->out, clock_start, &o->clock_out);
         rc = rc || strata_memcpy_async(d, o->out, param_out, o->param_stage[b], n * o->es);
@@ -477,6 +484,7 @@ strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device 
     o->dev = dev;
     o->nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME;
     o->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
+    o->params_host = cfg->offload.params == STRATA_OFFLOAD_CPU;
     o->rank = rank;
     o->prefetched_unit = -1;
     pthread_mutex_init(&o->mu, NULL);

@@ -202,6 +202,7 @@ struct strata_engine {
     float *loss_sum_host;
     int32_t *inputs, *targets; /* host (B,T), in the arena */
     double comm_wait_ms, data_ms;
+    uint64_t gather_h2d_bytes; /* of the current step (see strata_step_result) */
     strata_engine_memory mem;
 };
 
@@ -834,6 +835,7 @@ static int gather_shard(strata_engine *e, int u, void *dst, strata_event *dst_fr
         strata_stream_wait_event(d, comm_stream(e), e->off.ev_update[u]);
     }
     if (strata_allgather(e->comm, dst, shard, e->shard[u] * e->es)) return -1;
+    if (e->cfg->offload.params != STRATA_OFFLOAD_NONE) e->gather_h2d_bytes += e->shard[u] * e->es; /* from host memory */
     return strata_event_record(d, gathered, comm_stream(e));
 }
 
@@ -1048,6 +1050,7 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
     e->comm_wait_ms = e->data_ms = e->off.wait_ms = 0;
+    e->gather_h2d_bytes = 0;
     strata_model *m = e->m;
     size_t BT = (size_t)e->B * e->T;
     /* each token's weight in the step's mean loss over all ranks and micro-steps */
@@ -1081,6 +1084,7 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     r->loss = sums[1] / e->world;
     r->lr = strata_lr_at(e->cfg, step);
     r->offload_wait_ms = e->off.wait_ms;
+    r->gather_h2d_bytes = e->gather_h2d_bytes; /* every gather of the step is issued by now */
     if (!isfinite(r->grad_norm) || !isfinite(r->loss)) {
         r->nonfinite = 1; /* every rank saw the same sums, so every rank skips the update */
         return 0;

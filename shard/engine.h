@@ -54,6 +54,9 @@ typedef struct strata_step_result {
     double compute_ms;
     int compute_untimed;
     strata_tier_stats tier;
+    /* stage 3 with the parameter shards off the device (offload.params): the shard bytes
+     * this step's gathers read from host memory, which cross PCIe to the device */
+    uint64_t gather_h2d_bytes;
 } strata_step_result;
 
 /* Plans everything (model activations included) into `arena` for world size `world`;

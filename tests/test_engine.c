@@ -187,7 +187,7 @@ static void check_split(const run *r, int stage, int nvme, double ratio, double 
         want.d2h_bytes += 4 * n;
         want.adamw_elements += n;
         want.adamw_bytes += (28 + es) * n;
-        if (!params_nvme) want.h2d_bytes += es * n;
+        if (r->cfg.offload.params == STRATA_OFFLOAD_NONE) want.h2d_bytes += es * n; /* else written in host memory */
         if (unit_nvme) {
             want.disk_read_bytes += 3 * strata_round_up(4 * n, 4096);
             want.disk_write_bytes += 3 * strata_round_up(4 * n, 4096);
@@ -205,6 +205,11 @@ static void check_split(const run *r, int stage, int nvme, double ratio, double 
         }
     }
     CHECK(ratio == 1 || kept > 0, "offload.optimizer_ratio %g keeps some units' state on the device", ratio);
+    /* stage 3 with the parameter shards in host memory: every gather reads one there
+     * (the embedding and the head once a micro-step, each block for forward and backward) */
+    uint64_t want_gather = 0;
+    for (int u = 0; u < U && r->cfg.offload.params != STRATA_OFFLOAD_NONE; u++)
+        want_gather += (uint64_t)A * (u == 0 || u == U - 1 ? 1 : 2) * es * (pad[u] / (size_t)world);
     int ok = !r->res[0].have_split, steps_ok = 0;
     for (int s = 1; s < STEPS; s++) {
         const strata_tier_stats *t = &r->res[s].tier;
@@ -213,6 +218,7 @@ static void check_split(const run *r, int stage, int nvme, double ratio, double 
         STRATA_TIER_COUNTS(SAME_)
 #undef SAME_
         exact &= r->res[s].compute_ms > 0 && r->res[s].compute_untimed == 0 && t->adamw_s > 0;
+        exact &= r->res[s].gather_h2d_bytes == want_gather;
         if (!exact && steps_ok == s - 1 && rank == 0)
             printf("step %d: d2h %llu/%llu h2d %llu/%llu adamw %llu/%llu disk r %llu/%llu w %llu/%llu compute %.3f ms\n",
                    s + 1, (unsigned long long)t->d2h_bytes, (unsigned long long)want.d2h_bytes,
@@ -220,14 +226,18 @@ static void check_split(const run *r, int stage, int nvme, double ratio, double 
                    (unsigned long long)t->adamw_bytes, (unsigned long long)want.adamw_bytes,
                    (unsigned long long)t->disk_read_bytes, (unsigned long long)want.disk_read_bytes,
                    (unsigned long long)t->disk_write_bytes, (unsigned long long)want.disk_write_bytes, r->res[s].compute_ms);
+        if (!exact && steps_ok == s - 1 && rank == 0)
+            printf("step %d: gathers from host memory %llu/%llu\n", s + 1, (unsigned long long)r->res[s].gather_h2d_bytes,
+                   (unsigned long long)want_gather);
         steps_ok += exact;
     }
     CHECK(ok && steps_ok == STEPS - 1,
           "world %d stage %d offload %s: the split's bytes match the plan in %d of %d steps (D2H %llu, H2D %llu, "
-          "AdamW %llu, disk read %llu, write %llu a step); compute busy time measured in each",
+          "AdamW %llu, disk read %llu, write %llu, gathers from host memory %llu a step); compute busy time measured in each",
           world, stage, nvme ? "nvme" : "cpu", steps_ok, STEPS - 1, (unsigned long long)want.d2h_bytes,
           (unsigned long long)want.h2d_bytes, (unsigned long long)want.adamw_bytes,
-          (unsigned long long)want.disk_read_bytes, (unsigned long long)want.disk_write_bytes);
+          (unsigned long long)want.disk_read_bytes, (unsigned long long)want.disk_write_bytes,
+          (unsigned long long)want_gather);
 }
 
 int main(int argc, char **argv) {
