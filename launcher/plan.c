@@ -233,55 +233,6 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
 
 size_t strata_plan_device_total(const strata_plan *p) { return p->need[STRATA_TIER_DEVICE] + p->runtime_bytes; }
 
-/* ---- offload.optimizer_ratio: auto ---- */
-
-/* The share of the device auto keeps free of the plan: room for what the runtime may
- * allocate past its measured allowance. */
-#define AUTO_DEVICE_HEADROOM 0.02
-
-static int device_fits_ratio(const strata_config *cfg, int pct, int world, strata_device *dev, int *known) {
-    strata_config c = *cfg;
-    c.offload.optimizer_ratio = pct / 100.0;
-    strata_plan p;
-    strata_plan_compute(&p, &c, world);
-    strata_plan_check(&p, &c, dev);
-    *known = !p.cpu_backend && p.capacity[STRATA_TIER_DEVICE] > 0;
-    return *known && (double)strata_plan_device_total(&p) <= (1.0 - AUTO_DEVICE_HEADROOM) * (double)p.capacity[STRATA_TIER_DEVICE];
-}
-
-double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev) {
-    if (cfg->offload.optimizer_ratio != STRATA_AUTO) return cfg->offload.optimizer_ratio;
-    cfg->offload.optimizer_ratio = 1.0;
-    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE) return 1.0;
-    strata_config c = *cfg;
-    if (dev) c.train.dtype = dev->compute_dtype == STRATA_BF16 ? STRATA_DTYPE_BF16 : STRATA_DTYPE_FP32;
-    int known;
-    if (!device_fits_ratio(&c, 100, world, dev, &known)) return 1.0; /* no room, or no size to go by */
-    int lo = 1, hi = 100; /* the smallest share the device holds the rest of */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (device_fits_ratio(&c, mid, world, dev, &known)) hi = mid;
-        else lo = mid + 1;
-    }
-    cfg->offload.optimizer_ratio = lo / 100.0;
-    return cfg->offload.optimizer_ratio;
-}
-
-int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *dev, char *line, size_t len) {
-    if (len) line[0] = 0;
-    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE ||
-        cfg->offload.optimizer_ratio != 1.0)
-        return 0;
-    strata_config c = *cfg;
-    c.offload.optimizer_ratio = STRATA_AUTO;
-    double r = strata_plan_resolve_ratio(&c, world, dev);
-    if (r >= 1.0) return 0;
-    snprintf(line, len, "hint: the device has room for %.0f%% of the optimizer state: --set offload.optimizer_ratio=auto "
-                        "(%g here) keeps it there, with no PCIe transfer or CPU update for it",
-             100.0 * (1.0 - r), r);
-    return 1;
-}
-
 /* ---- the remedy ladder ---- */
 
 typedef struct option {
@@ -556,4 +507,52 @@ int strata_plan_candidates(const strata_config *cfg_in, int world, strata_device
     free(taken);
     free(opts);
     return n > 0 ? n : -1;
+}
+
+/* ---- offload.optimizer_ratio: auto ---- */
+
+/* The share of the device auto keeps free of the plan: room for what the runtime may
+ * allocate past its measured allowance. */
+#define AUTO_DEVICE_HEADROOM 0.02
+
+static int device_fits_ratio(const strata_config *cfg, int pct, int world, strata_device *dev, int *known) {
+    strata_config c = *cfg;
+    c.offload.optimizer_ratio = pct / 100.0;
+    strata_plan p;
+    strata_plan_compute(&p, &c, world);
+    strata_plan_check(&p, &c, dev);
+    *known = !p.cpu_backend && p.capacity[STRATA_TIER_DEVICE] > 0;
+    return *known && (double)strata_plan_device_total(&p) <= (1.0 - AUTO_DEVICE_HEADROOM) * (double)p.capacity[STRATA_TIER_DEVICE];
+}
+
+double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev) {
+    if (cfg->offload.optimizer_ratio != STRATA_AUTO) return cfg->offload.optimizer_ratio;
+    cfg->offload.optimizer_ratio = 1.0;
+    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE) return 1.0;
+    strata_config c = device_config(cfg, dev);
+    int known;
+    if (!device_fits_ratio(&c, 100, world, dev, &known)) return 1.0; /* no room, or no size to go by */
+    int lo = 1, hi = 100; /* the smallest share the device holds the rest of */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (device_fits_ratio(&c, mid, world, dev, &known)) hi = mid;
+        else lo = mid + 1;
+    }
+    cfg->offload.optimizer_ratio = lo / 100.0;
+    return cfg->offload.optimizer_ratio;
+}
+
+int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *dev, char *line, size_t len) {
+    if (len) line[0] = 0;
+    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE ||
+        cfg->offload.optimizer_ratio != 1.0)
+        return 0;
+    strata_config c = *cfg;
+    c.offload.optimizer_ratio = STRATA_AUTO;
+    double r = strata_plan_resolve_ratio(&c, world, dev);
+    if (r >= 1.0) return 0;
+    snprintf(line, len, "hint: the device has room for %.0f%% of the optimizer state: --set offload.optimizer_ratio=auto "
+                        "(%g here) keeps it there, with no PCIe transfer or CPU update for it",
+             100.0 * (1.0 - r), r);
+    return 1;
 }
