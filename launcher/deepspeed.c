@@ -662,6 +662,14 @@ static int finish(conv *c) {
              "every rank), as in DeepSpeed");
         put(c, "offload", "params", "offload_param needs stage 3", "none");
     }
+    /* a unit whose optimizer state stays on the GPU updates its parameters there */
+    params = find_out(c, "offload", "params");
+    const out_key *ratio = find_out(c, "offload", "optimizer_ratio");
+    if (ratio && params && strcmp(params->value, "none")) {
+        note(c, "zero_optimization.offload_optimizer.ratio", "Strata keeps part of the optimizer state on the GPU only "
+             "with the parameters there, and offload_param moves them off: all of it is offloaded");
+        put(c, "offload", "optimizer_ratio", "offload_param is set", "1");
+    }
     return 0;
 }
 

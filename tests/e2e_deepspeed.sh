@@ -84,7 +84,14 @@ cp out.txt ratio.yaml
 grep -q "^  optimizer_ratio: 0.6 " ratio.yaml || fail "offload_optimizer.ratio should carry over: $(cat ratio.yaml)"
 "$S" config ratio.yaml > effective.yaml || fail "the ratio YAML should load: $(cat effective.yaml)"
 grep -q "^  optimizer_ratio: 0.6" effective.yaml || fail "the effective config should keep the ratio: $(cat effective.yaml)"
-pass "offload_optimizer.ratio 0.6 becomes offload.optimizer_ratio 0.6 and loads"
+# with offload_param too, Strata cannot keep part of the state on the GPU: named, not refused
+echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+       "offload_optimizer": {"device": "cpu", "ratio": 0.6}, "offload_param": {"device": "cpu"}}}' > ratio3.json
+[ "$(code "$S" config --from-deepspeed ratio3.json --base "$SRC/configs/gpt2-124m.yaml")" = 0 ] ||
+  fail "ratio with offload_param should convert: $(cat err.txt)"
+grep -q "^  optimizer_ratio: 1 " out.txt && grep -q "^#   zero_optimization.offload_optimizer.ratio: .*only with the parameters there" out.txt ||
+  fail "ratio with offload_param should become 1 with a note: $(cat out.txt)"
+pass "offload_optimizer.ratio 0.6 becomes offload.optimizer_ratio 0.6 and loads; with offload_param it becomes 1, named"
 
 # a Hugging Face Trainer config: "auto" everywhere; those keys are named, never guessed
 cat > hf.json <<'JSON'
