@@ -195,8 +195,8 @@ static const key_spec schema[] = {
     ENUM_("offload", "params", offload.params, offload_names, "none", "where stage-3 parameter shards live"),
     DBL("offload", "optimizer_ratio", offload.optimizer_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,
         "share of the optimizer state offloaded, the rest on the device (the first units); auto = what the device cannot hold"),
-    DBL("offload", "nvme_ratio", offload.nvme_ratio, 0, 1, "1", F_MIN_EXCL,
-        "optimizer: nvme: share of the offloaded state on NVMe; the rest in pinned memory (the first units)"),
+    DBL("offload", "nvme_ratio", offload.nvme_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,
+        "optimizer: nvme: share of the offloaded state on NVMe, the rest pinned (the first units); auto = what the host cannot hold"),
     STR("offload", "nvme_path", offload.nvme_path, "", 0, "directory for nvme offload files"),
     DBL("offload", "pinned_budget_gb", offload.pinned_budget_gb, 0, 1e6, "0", 0,
         "pinned host memory; 0 = what the plan needs"),
@@ -807,7 +807,8 @@ int strata_config_check(const strata_config *c, const char *name) {
     }
     if (c->offload.nvme_ratio < 1 && c->offload.optimizer != STRATA_OFFLOAD_NVME) {
         char r[64];
-        format_double(c->offload.nvme_ratio, r, sizeof r);
+        if (c->offload.nvme_ratio == STRATA_AUTO) snprintf(r, sizeof r, "auto");
+        else format_double(c->offload.nvme_ratio, r, sizeof r);
         return strata_fail("%s: offload.nvme_ratio (%s) is the share of the offloaded optimizer state on NVMe, but "
                            "offload.optimizer is %s (set it to nvme, or the ratio to 1)", name, r,
                            strata_offload_name(c->offload.optimizer));

@@ -19,7 +19,8 @@ typedef enum { STRATA_SCHEDULE_COSINE = 0, STRATA_SCHEDULE_LINEAR, STRATA_SCHEDU
 typedef enum { STRATA_DTYPE_AUTO = 0, STRATA_DTYPE_FP32, STRATA_DTYPE_BF16 } strata_dtype_choice;
 typedef enum { STRATA_BACKEND_AUTO = 0, STRATA_BACKEND_CPU, STRATA_BACKEND_CUDA } strata_backend_choice;
 typedef enum { STRATA_COMM_AUTO = 0, STRATA_COMM_MPI, STRATA_COMM_NCCL } strata_comm_choice;
-/* A number key set to "auto" (offload.optimizer_ratio): resolved by the launcher. */
+/* A number key set to "auto" (offload.optimizer_ratio, offload.nvme_ratio): resolved by the
+ * launcher. */
 #define STRATA_AUTO (-1.0)
 
 typedef enum { STRATA_OFFLOAD_NONE = 0, STRATA_OFFLOAD_CPU, STRATA_OFFLOAD_NVME } strata_offload_choice;
@@ -97,7 +98,8 @@ typedef struct strata_config {
          * the launcher resolves it (strata_plan_resolve_ratio) */
         double optimizer_ratio;
         /* optimizer: nvme: share of the tier's state on NVMe (whole units, the last in
-         * forward order); the rest in pinned memory. 1 = all of it */
+         * forward order); the rest in pinned memory. 1 = all of it; STRATA_AUTO until the
+         * launcher resolves it */
         double nvme_ratio;
         char nvme_path[STRATA_PATH_MAX];
         double pinned_budget_gb; /* 0 = what the plan needs */

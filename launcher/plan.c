@@ -509,37 +509,64 @@ int strata_plan_candidates(const strata_config *cfg_in, int world, strata_device
     return n > 0 ? n : -1;
 }
 
-/* ---- offload.optimizer_ratio: auto ---- */
+/* ---- offload.optimizer_ratio and nvme_ratio: auto ---- */
 
-/* The share of the device auto keeps free of the plan: room for what the runtime may
- * allocate past its measured allowance. */
+/* What auto keeps free of the plan: on the device, room for what the runtime may allocate
+ * past its measured allowance; in host memory, room for the system, the page cache and the
+ * process's own unplanned memory. */
 #define AUTO_DEVICE_HEADROOM 0.02
+#define AUTO_HOST_HEADROOM 0.10
 
-static int device_fits_ratio(const strata_config *cfg, int pct, int world, strata_device *dev, int *known) {
-    strata_config c = *cfg;
-    c.offload.optimizer_ratio = pct / 100.0;
-    strata_plan p;
-    strata_plan_compute(&p, &c, world);
-    strata_plan_check(&p, &c, dev);
-    *known = !p.cpu_backend && p.capacity[STRATA_TIER_DEVICE] > 0;
-    return *known && (double)strata_plan_device_total(&p) <= (1.0 - AUTO_DEVICE_HEADROOM) * (double)p.capacity[STRATA_TIER_DEVICE];
+static int device_has_room(const strata_plan *p) {
+    return !p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] > 0 &&
+           (double)strata_plan_device_total(p) <= (1.0 - AUTO_DEVICE_HEADROOM) * (double)p->capacity[STRATA_TIER_DEVICE];
 }
 
-double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev) {
-    if (cfg->offload.optimizer_ratio != STRATA_AUTO) return cfg->offload.optimizer_ratio;
-    cfg->offload.optimizer_ratio = 1.0;
-    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || cfg->offload.params != STRATA_OFFLOAD_NONE) return 1.0;
-    strata_config c = device_config(cfg, dev);
-    int known;
-    if (!device_fits_ratio(&c, 100, world, dev, &known)) return 1.0; /* no room, or no size to go by */
-    int lo = 1, hi = 100; /* the smallest share the device holds the rest of */
+static int host_has_room(const strata_plan *p) {
+    double need = (double)(p->need[STRATA_TIER_PINNED] + p->need[STRATA_TIER_HOST] +
+                           (p->cpu_backend ? p->need[STRATA_TIER_DEVICE] : 0));
+    return need <= (1.0 - AUTO_HOST_HEADROOM) * (double)p->capacity[STRATA_TIER_HOST] &&
+           p->need[STRATA_TIER_PINNED] <= p->capacity[STRATA_TIER_PINNED];
+}
+
+static int share_has_room(strata_config *c, double *share, int pct, int world, strata_device *dev,
+                          int (*room)(const strata_plan *)) {
+    strata_plan p;
+    *share = pct / 100.0;
+    strata_plan_compute(&p, c, world);
+    strata_plan_check(&p, c, dev);
+    return room(&p);
+}
+
+/* The smallest share (percent) of *share that leaves room where `room` looks, by
+ * bisection over 1..100 (a larger share moves state out of there); 0 when not even all.
+ * *share is left at whatever was tried last. */
+static int smallest_share(strata_config *c, double *share, int world, strata_device *dev,
+                          int (*room)(const strata_plan *)) {
+    if (!share_has_room(c, share, 100, world, dev, room)) return 0;
+    int lo = 1, hi = 100;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        if (device_fits_ratio(&c, mid, world, dev, &known)) hi = mid;
+        if (share_has_room(c, share, mid, world, dev, room)) hi = mid;
         else lo = mid + 1;
     }
-    cfg->offload.optimizer_ratio = lo / 100.0;
-    return cfg->offload.optimizer_ratio;
+    return lo;
+}
+
+void strata_plan_resolve_auto(strata_config *cfg, int world, strata_device *dev) {
+    strata_config c = device_config(cfg, dev);
+    int opt_auto = cfg->offload.optimizer_ratio == STRATA_AUTO, nvme_auto = cfg->offload.nvme_ratio == STRATA_AUTO;
+    c.offload.optimizer_ratio = cfg->offload.optimizer_ratio = opt_auto ? 1.0 : cfg->offload.optimizer_ratio;
+    c.offload.nvme_ratio = cfg->offload.nvme_ratio = nvme_auto ? 1.0 : cfg->offload.nvme_ratio;
+    /* first what the device keeps (the faster tier), then, of the rest, what the host keeps */
+    if (opt_auto && cfg->offload.optimizer != STRATA_OFFLOAD_NONE && cfg->offload.params == STRATA_OFFLOAD_NONE) {
+        int pct = smallest_share(&c, &c.offload.optimizer_ratio, world, dev, device_has_room);
+        cfg->offload.optimizer_ratio = c.offload.optimizer_ratio = pct ? pct / 100.0 : 1.0;
+    }
+    if (nvme_auto && cfg->offload.optimizer == STRATA_OFFLOAD_NVME) {
+        int pct = smallest_share(&c, &c.offload.nvme_ratio, world, dev, host_has_room);
+        cfg->offload.nvme_ratio = pct ? pct / 100.0 : 1.0;
+    }
 }
 
 int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *dev, char *line, size_t len) {
@@ -549,7 +576,8 @@ int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *de
         return 0;
     strata_config c = *cfg;
     c.offload.optimizer_ratio = STRATA_AUTO;
-    double r = strata_plan_resolve_ratio(&c, world, dev);
+    strata_plan_resolve_auto(&c, world, dev);
+    double r = c.offload.optimizer_ratio;
     if (r >= 1.0) return 0;
     snprintf(line, len, "hint: the device has room for %.0f%% of the optimizer state: --set offload.optimizer_ratio=auto "
                         "(%g here) keeps it there, with no PCIe transfer or CPU update for it",

@@ -73,13 +73,14 @@ size_t strata_plan_device_total(const strata_plan *p);
 int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev, char sets[][96],
                         int max_sets, char *sets_line, size_t line_len, double *cost);
 
-/* offload.optimizer_ratio: auto becomes the smallest share (0.01 steps) whose plan leaves
- * the device 2% of its capacity free: the optimizer state the device cannot hold is
- * offloaded, the rest stays. 1 when the device's size is unknown (no GPU here and no
- * memory.gpu_gb), when even all of it offloaded does not leave that room, or when nothing
- * can stay (offload.params set). Writes the ratio into cfg and returns it; other values are
- * returned as they are. */
-double strata_plan_resolve_ratio(strata_config *cfg, int world, strata_device *dev);
+/* The ratios set to auto become numbers, in steps of 0.01: offload.optimizer_ratio the
+ * smallest share whose plan leaves the device 2% of its capacity free (the optimizer state
+ * the device cannot hold is offloaded, the rest stays; 1 when the device's size is unknown,
+ * as with no GPU and no memory.gpu_gb, when even all of it offloaded leaves no such room,
+ * or when nothing can stay, offload.params set); then offload.nvme_ratio (optimizer: nvme)
+ * the smallest share on NVMe that leaves host memory 10% free (1 when even all of it on
+ * NVMe does not). Numbers are left as they are. */
+void strata_plan_resolve_auto(strata_config *cfg, int world, strata_device *dev);
 
 /* A config that offloads all of its optimizer state (ratio 1, parameters on the device)
  * while the device has room for part of it: writes a one-line hint naming

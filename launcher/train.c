@@ -179,8 +179,10 @@ int strata_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
-    if (cfg.offload.optimizer_ratio == STRATA_AUTO)
-        printf("offload.optimizer_ratio: auto is %g\n", strata_plan_resolve_ratio(&cfg, cli.world, NULL));
+    int opt_auto = cfg.offload.optimizer_ratio == STRATA_AUTO, nvme_auto = cfg.offload.nvme_ratio == STRATA_AUTO;
+    strata_plan_resolve_auto(&cfg, cli.world, NULL);
+    if (opt_auto) printf("offload.optimizer_ratio: auto is %g\n", cfg.offload.optimizer_ratio);
+    if (nvme_auto) printf("offload.nvme_ratio: auto is %g\n", cfg.offload.nvme_ratio);
     strata_plan p;
     strata_plan_compute(&p, &cfg, cli.world);
     strata_plan_check(&p, &cfg, NULL);
@@ -699,28 +701,39 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
     return 0;
 }
 
-/* offload.optimizer_ratio: auto becomes a share on this rank's device (launcher/plan.c);
- * every rank takes the largest any found, so none keeps more than its device holds. */
-static void resolve_auto_ratio(trainer *t) {
-    if (t->cfg.offload.optimizer_ratio != STRATA_AUTO) return;
-    double mine = strata_plan_resolve_ratio(&t->cfg, t->world, t->dev), r = mine;
-    double *all = strata_xcalloc((size_t)t->world, sizeof *all);
-    if (strata_mpi_allgather(&mine, all, sizeof mine)) fatal(t, "agreeing on offload.optimizer_ratio: auto");
-    for (int i = 0; i < t->world; i++) r = fmax(r, all[i]);
+/* offload.optimizer_ratio and nvme_ratio: auto become shares on this rank's device and host
+ * (launcher/plan.c); every rank takes the largest any found, so none keeps more than its
+ * device or host holds. */
+static void resolve_auto_ratios(trainer *t) {
+    strata_config *cfg = &t->cfg;
+    int opt_auto = cfg->offload.optimizer_ratio == STRATA_AUTO, nvme_auto = cfg->offload.nvme_ratio == STRATA_AUTO;
+    if (!opt_auto && !nvme_auto) return;
+    strata_plan_resolve_auto(cfg, t->world, t->dev);
+    double mine[2] = {cfg->offload.optimizer_ratio, cfg->offload.nvme_ratio};
+    double *all = strata_xcalloc(2 * (size_t)t->world, sizeof *all);
+    if (strata_mpi_allgather(mine, all, sizeof mine)) fatal(t, "agreeing on the offload ratios set to auto");
+    for (int i = 0; i < t->world; i++) {
+        cfg->offload.optimizer_ratio = fmax(cfg->offload.optimizer_ratio, all[2 * i]);
+        cfg->offload.nvme_ratio = fmax(cfg->offload.nvme_ratio, all[2 * i + 1]);
+    }
     free(all);
-    t->cfg.offload.optimizer_ratio = r;
-    if (t->rank == 0)
-        STRATA_INFO("plan", "offload.optimizer_ratio: auto is %g: %s", r,
-                    r < 1 ? "the optimizer state the device cannot hold is offloaded, the rest stays on it"
-                          : "all of the optimizer state is offloaded (the device has no room for any, or its size "
-                            "is unknown: set memory.gpu_gb)");
-    config_to_yaml(&t->cfg, t->config_yaml, sizeof t->config_yaml); /* the run's record names the ratio */
+    if (t->rank == 0 && opt_auto)
+        STRATA_INFO("plan", "offload.optimizer_ratio: auto is %g: %s", cfg->offload.optimizer_ratio,
+                    cfg->offload.optimizer_ratio < 1
+                        ? "the optimizer state the device cannot hold is offloaded, the rest stays on it"
+                        : "all of the optimizer state is offloaded (the device has no room for any, or its size is "
+                          "unknown: set memory.gpu_gb)");
+    if (t->rank == 0 && nvme_auto)
+        STRATA_INFO("plan", "offload.nvme_ratio: auto is %g: %s", cfg->offload.nvme_ratio,
+                    cfg->offload.nvme_ratio < 1 ? "the offloaded state host memory cannot hold is on NVMe, the rest pinned"
+                                                : "all of the offloaded state is on NVMe (host memory has no room for any)");
+    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml); /* the run's record names the ratios */
 }
 
 /* The model, its memory plan and the engine: the plan is checked (and fitted) before
  * anything is allocated, then committed. Returns an exit code (0: go on). */
 static int build_and_plan(trainer *t) {
-    resolve_auto_ratio(t);
+    resolve_auto_ratios(t);
     const strata_config *cfg = &t->cfg;
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     strata_plan plan;

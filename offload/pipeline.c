@@ -128,7 +128,9 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     /* offload.nvme_ratio: the first units' state in pinned memory (their updates need no
      * disk), the rest on NVMe; units of n = 0 stay on the device (offload.optimizer_ratio) */
     o->on_nvme = strata_xcalloc(n_units, 1);
-    strata_split_units(n, n_units, o->nvme ? 1.0 - cfg->offload.nvme_ratio : 1.0, o->on_nvme);
+    double nvme_ratio = cfg->offload.nvme_ratio;
+    if (!(nvme_ratio > 0 && nvme_ratio <= 1)) nvme_ratio = 1; /* auto that no launcher resolved: all on NVMe */
+    strata_split_units(n, n_units, o->nvme ? 1.0 - nvme_ratio : 1.0, o->on_nvme);
     size_t max_nvme_n = 0;
     static const char *kind_names[3] = {"offload.master", "offload.adam_m", "offload.adam_v"};
     for (int u = 0; u < n_units; u++) {

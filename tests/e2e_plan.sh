@@ -249,7 +249,18 @@ grep -q 'auto is 1: all of the optimizer state is offloaded .*set memory.gpu_gb'
 "$S" plan auto.yaml --set offload.optimizer=cpu --gpu-gb 0.0007 | grep -q "hint: the device has room for .*optimizer_ratio=auto ($r here)" ||
   fail "a full offload with room on the device should name auto: $("$S" plan auto.yaml --set offload.optimizer=cpu --gpu-gb 0.0007 | tail -2)"
 ! "$S" plan auto.yaml --set offload.optimizer=cpu | grep -q hint || fail "no device size: no hint"
-pass "optimizer_ratio auto: $r on a 0.7 MiB device (bitwise the losses of no offload; strata plan agrees, and hints at it for a full offload); 1 without a device size, said"
+# offload.nvme_ratio: auto keeps pinned what host memory holds (with 10% of it free) and puts
+# the rest on NVMe: resolved below 1 on a 1.8 MiB host, the same losses
+"$S" train auto.yaml --set run.dir=runs/nauto --set offload.optimizer=nvme --set offload.nvme_ratio=auto \
+  --set memory.host_gb=0.0018 > nauto.log 2>&1 || fail "nvme_ratio auto: $(tail -3 nauto.log)"
+nr=$(grep -o 'offload.nvme_ratio: auto is [0-9.]*' nauto.log | grep -o '[0-9.]*$')
+awk -v r="$nr" 'BEGIN { exit !(r > 0 && r < 1) }' || fail "nvme_ratio auto on a 1.8 MiB host should split: '$nr': $(grep plan nauto.log)"
+grep -q '\[plan\] nvme: planned [1-9]' nauto.log || fail "nvme_ratio $nr should put some state on NVMe: $(grep plan nauto.log)"
+diff <(grep -o '"loss": [^,]*' runs/auto_none/metrics.jsonl) <(grep -o '"loss": [^,]*' runs/nauto/metrics.jsonl) > /dev/null ||
+  fail "nvme_ratio auto ($nr): losses differ from no offload"
+"$S" plan auto.yaml --set offload.optimizer=nvme --set offload.nvme_ratio=auto --host-gb 0.0018 | grep -q "nvme_ratio: auto is $nr" ||
+  fail "strata plan should resolve nvme_ratio auto to the same $nr"
+pass "optimizer_ratio auto: $r on a 0.7 MiB device (bitwise the losses of no offload; strata plan agrees, and hints at it for a full offload); 1 without a device size, said; nvme_ratio auto: $nr on a 1.8 MiB host, the same losses"
 
 # 2,000 steps of a tiny model: resident memory flat after warm-up
 cat > tiny.yaml <<'YAML'

@@ -380,6 +380,14 @@ static void test_overrides(void) {
     rc = strata_config_load_string(&c, "o.yaml", HEAD TRAIN, auto_none, 1);
     CHECK(rc == -1 && strstr(strata_error(), "offload.optimizer_ratio (auto) is the share of the optimizer state offloaded, "
                                              "but offload.optimizer is none"), "auto without offload: %s", strata_error());
+    const char *nvme_auto[] = {"offload.optimizer=nvme", "offload.nvme_path=/mnt/nvme", "offload.nvme_ratio=auto"};
+    rc = strata_config_load_string(&c, "o.yaml", HEAD TRAIN, nvme_auto, 3);
+    CHECK(rc == 0 && c.offload.nvme_ratio == STRATA_AUTO, "nvme_ratio auto: %s", strata_error());
+    const char *nvme_auto_cpu[] = {"offload.optimizer=cpu", "offload.nvme_ratio=auto"};
+    rc = strata_config_load_string(&c, "o.yaml", HEAD TRAIN, nvme_auto_cpu, 2);
+    CHECK(rc == -1 && strstr(strata_error(), "offload.nvme_ratio (auto) is the share of the offloaded optimizer state on "
+                                             "NVMe, but offload.optimizer is cpu"), "nvme_ratio auto without nvme: %s",
+          strata_error());
     printf("ok   overrides win over the file; failures leave the config unchanged\n");
 }
 
