@@ -14,10 +14,13 @@ against its references:
   - world 1: measured peak device memory (what nvidia-smi counts) within 5% of the plan.
 A row passes only if its run exits 0 within its time limit, completes every step and meets
 each check. A run that outlives its limit is a hang: every thread's stack of it and of its
-children goes to hangs.txt, then it is killed, and the row fails.
+children goes to hangs.txt, then it is killed, and the row fails; a failed row's log (its
+last 64 KiB) is kept in DIR/logs. With --deadline (a Unix time: the end of the device call
+this runs in) no row starts that could not finish before it, and no run outlives it: the
+rows left are "not run", so a part cut short still returns every result it has.
 
-Usage (bench/gpu-check.sh runs these; each part fits one 10-minute device call):
-  gpu_matrix.py run --strata build-gpu/strata --part world1 --results DIR
+Usage (bench/gpu-check.sh runs these, under the deadline of its one device call):
+  gpu_matrix.py run --strata build-gpu/strata --part world1 --results DIR [--deadline UNIXTIME]
   gpu_matrix.py render --results DIR --out docs/gpu-matrix.md
 `--device cpu` runs the same rows on the CPU backend (rows that need a GPU are reported as
 not applicable); `--quick` shrinks the model and the step count (tests/e2e_matrix.sh uses
@@ -54,8 +57,10 @@ QUICK_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, seq_len=32, vocab_size=256, m
 QUICK_STEPS = 4
 
 
+# A row's time limit: 20 steps of the small shapes take seconds on a GPU (CUDA start-up
+# included), so a run still going after a minute (two with several ranks) has hung.
 def row(name, shape="small", sets=(), env=None, world=1, ref=None, tol=TOL_BITWISE, cpu=True,
-        needs_gpu=False, limit_s=120):
+        needs_gpu=False, limit_s=60):
     return dict(name=name, shape=shape, sets=list(sets), env=env or {}, world=world, ref=ref, tol=tol,
                 cpu=cpu, needs_gpu=needs_gpu, limit_s=limit_s)
 
@@ -97,7 +102,7 @@ def parts():
             for dt in ("fp32", "bf16"):
                 ranks.append(row(f"{n} ranks, stage {st}, reduce {dt}", world=n, ref=base, tol=TOL_RANKS,
                                  sets=[f"zero.stage={st}", "comm.backend=mpi", f"train.grad_reduce_dtype={dt}",
-                                       f"train.micro_batch=DIV{n}"], limit_s=240))
+                                       f"train.micro_batch=DIV{n}"], limit_s=120))
     p["ranks"] = ranks
 
     att = []
@@ -137,7 +142,7 @@ def descendants(pid):
     return out
 
 
-def dump_stacks(pid, name, hangs_path):
+def dump_stacks(pid, name, hangs_path, debugger_s=60):
     """Every thread's stack of pid and its descendants (gdb, or cuda-gdb where gdb is missing)."""
     dbg = shutil.which("gdb") or shutil.which("cuda-gdb")
     with open(hangs_path, "a") as out:
@@ -153,14 +158,20 @@ def dump_stacks(pid, name, hangs_path):
                 continue
             try:
                 bt = subprocess.run([dbg, "-p", str(p), "-batch", "-ex", "thread apply all bt 20"],
-                                    capture_output=True, text=True, timeout=60).stdout
+                                    capture_output=True, text=True, timeout=debugger_s).stdout
             except subprocess.TimeoutExpired:
                 bt = "   (debugger timed out)\n"
             out.write("".join(l + "\n" for l in bt.splitlines() if l.startswith(("Thread", "#"))))
         out.flush()
 
 
-def run_cmd(argv, env, log_path, limit_s, name, hangs_path):
+# With a deadline, the seconds kept back after a run's limit for the stack dump of a hang, and
+# the least a row needs to be worth starting (tests/e2e_matrix.sh shrinks both).
+STACKS_S = float(os.environ.get("STRATA_MATRIX_STACKS_S", 30))
+MIN_ROW_S = float(os.environ.get("STRATA_MATRIX_MIN_ROW_S", 15))
+
+
+def run_cmd(argv, env, log_path, limit_s, name, hangs_path, debugger_s=60):
     """Runs argv in its own session; returns (exit code, seconds, hung)."""
     t0 = time.time()
     with open(log_path, "w") as log:
@@ -169,7 +180,7 @@ def run_cmd(argv, env, log_path, limit_s, name, hangs_path):
             rc = proc.wait(timeout=limit_s)
             return rc, time.time() - t0, False
         except subprocess.TimeoutExpired:
-            dump_stacks(proc.pid, name, hangs_path)
+            dump_stacks(proc.pid, name, hangs_path, debugger_s)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -271,7 +282,11 @@ class Runner:
                    ["-x", "OMP_NUM_THREADS=%d" % max(1, (os.cpu_count() or 2) // r["world"])] + \
                    [x for k in sorted(r["env"]) + ["STRATA_CUDA_UNVERIFIED"] for x in ("-x", k)] + argv
         log = os.path.join(self.work, f"{tag}.log")
-        rc, secs, hung = run_cmd(argv, env, log, r["limit_s"], tag, self.hangs)
+        limit, debugger_s = r["limit_s"], 60
+        if self.a.deadline:
+            limit = min(limit, self.a.deadline - time.time() - STACKS_S)
+            debugger_s = STACKS_S / max(1, r["world"] + 1)
+        rc, secs, hung = run_cmd(argv, env, log, max(limit, 1), tag, self.hangs, debugger_s)
         return run_dir, log, rc, secs, hung
 
     def cpu_reference(self, r):
@@ -286,9 +301,29 @@ class Runner:
             self.cpu_refs[key] = [m["loss"] for m in metrics(run_dir)] if rc == 0 else None
         return self.cpu_refs[key]
 
+    def left(self):
+        return self.a.deadline - time.time() if self.a.deadline else float("inf")
+
+    def keep_log(self, tag, log):
+        """A failed row's log, its last 64 KiB, into the results (bench/gpu-check.sh packs them)."""
+        try:
+            with open(log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 65536))
+                tail = f.read()
+            os.makedirs(os.path.join(self.a.results, "logs"), exist_ok=True)
+            with open(os.path.join(self.a.results, "logs", tag + ".log"), "wb") as out:
+                out.write(tail)
+        except OSError:
+            pass
+
     def run_row(self, part, r):
         res = dict(part=part, name=r["name"], world=r["world"], ref=r["ref"], tol=r["tol"], shape=r["shape"],
                    sets=r["sets"], env=r["env"], device=self.a.device, reasons=[])
+        if self.left() < STACKS_S + MIN_ROW_S:
+            res["status"] = "not run"
+            res["reasons"].append("the call's deadline came first")
+            return res
         if r["needs_gpu"] and self.a.device != "cuda":
             res["status"] = "n/a"
             res["reasons"].append("needs a GPU")
@@ -303,6 +338,12 @@ class Runner:
         steps = QUICK_STEPS if self.a.quick else STEPS
         losses = [x["loss"] for x in m]
         res.update(exit=rc, seconds=round(secs, 1), steps=len(m), losses=losses)
+        if hung and secs < r["limit_s"] - 1:  # stopped by the deadline, not by its own limit
+            res["status"] = "not run"
+            res["reasons"].append(f"cut short by the call's deadline after {secs:.0f} s, {len(m)} steps done "
+                                  "(stacks in hangs.txt)")
+            self.keep_log(tag, log)
+            return res
         if hung:
             res["reasons"].append(f"HUNG after {r['limit_s']} s (stacks in hangs.txt)")
         elif rc != 0:
@@ -345,6 +386,8 @@ class Runner:
                 if res["cpu_diff"] > TOL_CPU:
                     res["reasons"].append(f"losses differ from the CPU fp32 run by {res['cpu_diff']:.3g}")
         res["status"] = "fail" if res["reasons"] else "pass"
+        if res["status"] == "fail":
+            self.keep_log(tag, log)
         self.done[r["name"]] = res
         self.crcs[r["name"]] = crcs
         return res
@@ -371,9 +414,10 @@ def cmd_run(a):
                     command=" ".join(sys.argv))
         with open(os.path.join(a.results, f"matrix-{a.part}.json"), "w") as f:
             json.dump(dict(meta=meta, rows=out), f, indent=1)
-    failed = [x for x in out if x["status"] == "fail"]
-    print(f"[matrix] {a.part}: {len(out) - len(failed)} of {len(out)} rows pass or n/a in {time.time() - t0:.0f} s")
-    return 1 if failed else 0
+    count = {k: sum(1 for x in out if x["status"] == k) for k in ("pass", "fail", "n/a", "not run")}
+    print(f"[matrix] {a.part}: {count['pass']} pass, {count['fail']} fail, {count['n/a']} n/a, "
+          f"{count['not run']} not run, of {len(out)} rows in {time.time() - t0:.0f} s")
+    return 1 if count["fail"] or count["not run"] else 0
 
 
 def machine(device):
@@ -412,7 +456,7 @@ def cmd_render(a):
              "bit for bit the losses and final checkpoint of its reference at world 1, within "
              f"{TOL_RANKS:g} (relative) of world 1 with several ranks, within {TOL_CPU:g} of the CPU fp32 run, "
              f"and at world 1 measured peak device memory within {TOL_MEMORY_PCT:g}% of the plan.", ""]
-    total = {"pass": 0, "fail": 0, "n/a": 0}
+    total = {"pass": 0, "fail": 0, "n/a": 0, "not run": 0}
     for part in order:
         if part not in done:
             lines += [f"## {part}", "", "not run", ""]
@@ -439,12 +483,14 @@ def cmd_render(a):
             lines.append(f"| {r['name']} | {r['world']} | {result} | {refcol} | {cpu} | {mem} | {ms} |")
         lines.append("")
     lines.insert(2, f"Rows: {total['pass']} pass, {total['fail']} fail, {total['n/a']} not applicable"
+                    + (f", {total['not run']} not run (the device call's deadline came first)" if total["not run"] else "")
                     + (f"; parts not run: {', '.join(p for p in order if p not in done)}" if len(done) < len(order) else "")
                     + ".\n")
     with open(a.out, "w") as f:
         f.write("\n".join(lines))
-    print(f"[matrix] wrote {a.out}: {total['pass']} pass, {total['fail']} fail, {total['n/a']} n/a")
-    return 1 if total["fail"] or len(done) < len(order) else 0
+    print(f"[matrix] wrote {a.out}: {total['pass']} pass, {total['fail']} fail, {total['n/a']} n/a, "
+          f"{total['not run']} not run")
+    return 1 if total["fail"] or total["not run"] or len(done) < len(order) else 0
 
 
 def main():
@@ -459,6 +505,7 @@ def main():
     r.add_argument("--quick", action="store_true")
     r.add_argument("--only", help="row names separated by ';' (their references must be among them)")
     r.add_argument("--limit-s", type=float, help="every row's time limit (tests plant a hang with it)")
+    r.add_argument("--deadline", type=float, help="Unix time by which the part must have ended")
     g = sub.add_parser("render")
     g.add_argument("--results", required=True)
     g.add_argument("--out", required=True)

@@ -55,4 +55,30 @@ set -e
 grep -q "^Rows: 1 pass, 3 fail, 0 not applicable; parts not run: ranks, attention" bad.md || fail "$(head -5 bad.md)"
 grep -q "^| stage 2 | 1 | FAIL: losses differ" bad.md || fail "$(cat bad.md)"
 pass "the rendered table counts the failures and names the parts not run"
+# the device call's deadline: a row that would outlive it is cut (stacks taken), the rows after
+# it are not started, each is "not run" with its reason, the failed rows' logs are kept, and
+# the part still writes its results before the deadline
+set +e
+t0=$(date +%s)
+STRATA_MATRIX_STACKS_S=1 STRATA_MATRIX_MIN_ROW_S=3 "${M[@]}" run --strata "$W/fake.sh" --part world1 --device cpu \
+  --quick --results late --workdir wlate --deadline $((t0 + 12)) --only "stage 0;stage 1;stage 2" > late.log 2>&1
+rc=$?
+t1=$(date +%s)
+set -e
+[ $rc -ne 0 ] || fail "a part cut by its deadline passed: $(cat late.log)"
+[ $((t1 - t0)) -le 13 ] || fail "the part outlived its deadline by $((t1 - t0 - 12)) s: $(cat late.log)"
+grep -q "stage 0: PASS" late.log || fail "$(cat late.log)"
+grep -q "stage 1: NOT RUN (cut short by the call's deadline after [0-9]* s, 0 steps done" late.log || fail "$(cat late.log)"
+grep -q "stage 2: NOT RUN (the call's deadline came first)" late.log || fail "$(cat late.log)"
+grep -q "1 pass, 0 fail, 0 n/a, 2 not run" late.log || fail "$(cat late.log)"
+[ -f late/logs/world1-stage-1.log ] || fail "the cut row's log was not kept: $(ls -R late)"
+[ -s bad/logs/world1-stage-2.log ] && [ -f bad/logs/world1-stage-3-optimizer-and-params-nvme.log ] \
+  || fail "failed rows' logs were not kept: $(ls -R bad)"
+set +e
+"${M[@]}" render --results late --out late.md > /dev/null; rc=$?
+set -e
+[ $rc -ne 0 ] || fail "render of a part with rows not run should exit non-zero"
+grep -q "^Rows: 1 pass, 0 fail, 0 not applicable, 2 not run (the device call's deadline came first)" late.md \
+  || fail "$(head -5 late.md)"
+pass "a part cut by the device call's deadline ends in time and names the rows it did not run"
 echo "all e2e_matrix checks passed"

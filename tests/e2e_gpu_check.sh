@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# bench/gpu-check.sh's plumbing, kept honest without a GPU: a GPU session has one device call
+# of at most 10 minutes, so the script must end by its deadline whatever hangs, and return
+# what it found in the few files the device tool brings back. On the CPU, with the build under
+# test: the `check` part runs (its GPU runs fail, and the summary says so), a part that does
+# not fit in what is left is named and not started, everything is packed into one archive
+# beside the summary, an unknown part is refused before anything runs, and with a strata that
+# never finishes the script still ends by its deadline, with the stacks of what it stopped.
+set -euo pipefail
+S=${STRATA:?set by ctest}
+SRC=${STRATA_SOURCE_DIR:?set by ctest}
+B=${STRATA_BUILD_DIR:?set by ctest}
+command -v python3 > /dev/null || { echo "SKIP: no python3"; exit 77; }
+W=$(mktemp -d /tmp/strata-e2e-gpu-check.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail() { echo "FAIL: $*"; exit 1; }
+pass() { echo "ok: $*"; }
+G=(bash "$SRC/bench/gpu-check.sh")
+
+set +e
+GPU_CHECK_PARTS="check nosuch" OUT=$W/o0 "${G[@]}" > unknown.log 2>&1
+rc=$?
+set -e
+[ $rc = 2 ] || fail "an unknown part: exit $rc, not 2: $(cat unknown.log)"
+grep -q "GPU_CHECK_PARTS: unknown part 'nosuch'" unknown.log || fail "$(cat unknown.log)"
+[ ! -e o0 ] || fail "an unknown part still ran something: $(ls o0)"
+pass "an unknown part is refused before anything runs"
+
+t0=$(date +%s)
+# (run from the source tree by a relative path, as the device tool's command does)
+(cd "$SRC" && GPU_CHECK_BUILD=$B GPU_CHECK_STRATA=$S GPU_CHECK_PARTS="check offload10b" GPU_CHECK_DEADLINE_S=240 \
+  GPU_CHECK_RESULTS=$W/r1 OUT=$W/o1 bash bench/gpu-check.sh) > one.log 2>&1 || fail "gpu-check failed: $(tail -30 one.log)"
+t1=$(date +%s)
+ls o1 > files.txt
+[ "$(cat files.txt | tr '\n' ' ')" = "gpu-check.tar.gz summary.md " ] || fail "files back: $(cat files.txt)"
+sm=o1/summary.md
+grep -q "^## check$" $sm || fail "$(cat $sm)"
+grep -q "^(done in [0-9]* s)$" $sm || fail "the part did not end by itself: $(cat $sm)"
+grep -q "^- test_cuda (world 1): exit 77 (skipped: no GPU)" $sm || fail "$(cat $sm)"
+grep -q "^- GPU vs CPU: FAIL" $sm || fail "a GPU run without a GPU did not fail the comparison: $(cat $sm)"
+grep -q "^- zero stage 2 on CUDA: exit 1; 0 steps; .*cuda" $sm || fail "$(cat $sm)"
+grep -q "^## offload10b: not started: [0-9]* s left of the deadline, it needs about 450 s" $sm || fail "$(cat $sm)"
+grep -q "^gpu-check: ended after [0-9]* s of its 240 s, exit 0" $sm || fail "$(cat $sm)"
+tail -40 one.log | grep -q "^## check" || fail "the summary is not printed last: $(tail -20 one.log)"
+mkdir x && tar xzf o1/gpu-check.tar.gz -C x
+for f in summary.md part-check.log gpu_vs_cpu.md train-cpu.log train-gpu.log test_cuda.log; do
+  [ -f "x/$f" ] || fail "$f is not in the archive: $(ls x)"
+done
+grep -q "loss" x/train-cpu.log || fail "the CPU run did not train: $(tail x/train-cpu.log)"
+pass "check part on the CPU in $((t1 - t0)) s: a summary and one archive come back, parts that do not fit are named"
+
+# a strata that never finishes: every run is cut, and the script still ends by its deadline
+cat > hang.sh << HANG
+#!/usr/bin/env bash
+[ "\$1" = train ] && exec sleep 600
+exec "$S" "\$@"
+HANG
+chmod +x hang.sh
+t0=$(date +%s)
+GPU_CHECK_BUILD=$B GPU_CHECK_STRATA=$W/hang.sh GPU_CHECK_PARTS="check matrix-world1" GPU_CHECK_DEADLINE_S=40 \
+  GPU_CHECK_NEEDS_S=5 GPU_CHECK_RESULTS=$W/r2 OUT=$W/o2 "${G[@]}" > two.log 2>&1 || fail "gpu-check failed: $(tail -30 two.log)"
+t1=$(date +%s)
+[ $((t1 - t0)) -le 42 ] || fail "the script outlived its 40 s deadline: $((t1 - t0)) s"
+pgrep -f "^sleep 600" > /dev/null && fail "a cut run was left running"
+mkdir y && tar xzf o2/gpu-check.tar.gz -C y
+grep -q "HUNG (or cut at the deadline) after [0-9]* s" y/hangs.txt || fail "no stacks of the cut runs: $(ls y)"
+grep -q "^## check$" o2/summary.md || fail "$(cat o2/summary.md)"
+grep -q "^## matrix-world1" o2/summary.md || fail "$(cat o2/summary.md)"
+pass "with runs that never end, the script ends in $((t1 - t0)) s of its 40 s deadline and names what it cut"
+echo "all e2e_gpu_check checks passed"
