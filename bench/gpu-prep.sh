@@ -2,7 +2,8 @@
 # Fills .dev/ with what a bare GPU machine (no package registry) needs to build and run
 # Strata there: Debian's .deb files of the libraries Strata links statically (.dev/debs) and
 # PyPI's relocatable Open MPI wheel, which gives mpicc, mpi.h and mpirun (.dev/wheels).
-# Run it on a machine that reaches the registries; then carry .dev with the device tool.
+# Run it on a machine that reaches the registries; then carry .dev/debs and .dev/wheels with
+# the device tool (not all of .dev: launcher/test.sh keeps the tests' PyTorch venv there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .dev/debs .dev/wheels
