@@ -18,7 +18,7 @@
 #                     stage 3, the largest GPT the box holds (~7-8 min each)
 #
 # One device call, one deadline. A session's device time (15 minutes) holds one call of at
-# most 10 minutes, so the whole script keeps to GPU_CHECK_DEADLINE_S (default 540 s, the
+# most 10 minutes, so the whole script keeps to GPU_CHECK_DEADLINE_S (default 570 s, the
 # build included): a part starts only if its estimate fits in what is left, every run in it
 # is cut at the deadline (the matrix names the rows it did not reach), and the parts that did
 # not start are named. Give the call timeout_s 600 and list the parts not yet done; what a
@@ -273,7 +273,7 @@ for p in $PARTS; do
   [ -n "${NEEDS[$p]:-}" ] || { echo "gpu-check: GPU_CHECK_PARTS: unknown part '$p' (parts: $ALL_PARTS)" >&2; exit 2; }
 done
 START=$(date +%s)
-export GPU_CHECK_END=$((START + ${GPU_CHECK_DEADLINE_S:-540}))
+export GPU_CHECK_END=$((START + ${GPU_CHECK_DEADLINE_S:-570}))
 rm -rf "$RES"
 mkdir -p "$RES" "$DEST"
 rm -f "$DEST/gpu-check.tar.gz" "$DEST/summary.md" "$DEST/gpu-matrix.md"
@@ -287,7 +287,7 @@ pack() {
   local rc=$?
   set +e
   say ""
-  say "gpu-check: ended after $(($(date +%s) - START)) s of its ${GPU_CHECK_DEADLINE_S:-540} s, exit $rc"
+  say "gpu-check: ended after $(($(date +%s) - START)) s of its ${GPU_CHECK_DEADLINE_S:-570} s, exit $rc"
   # a log over 2 MiB keeps its end: one archive comes back only within 16 MiB
   find "$RES" -type f -size +2M | while read -r f; do tail -c 2M "$f" > "$f.end" && mv "$f.end" "$f"; done
   tar czf "$DEST/gpu-check.tar.gz" -C "$RES" . 2> /dev/null
