@@ -13,7 +13,8 @@
 #   torch             bf16 against transformers (~2 min)
 #   bench, bench15    124M and 1.5B: Strata against the nanoGPT-style PyTorch model eager
 #                     and compiled and HF's, and Strata's kernel profile (~8 min each)
-#   memory            the plan against nvidia-smi (~5 min)
+#   memory            the plan against nvidia-smi, the refused 1.5B, and another process
+#                     taking all free GPU memory mid-run (~5 min)
 #   offload, offload7b, offload10b   bench/bench_offload_gpu.sh: 1.5B vs FSDP2, 7.1B at
 #                     stage 3, the largest GPT the box holds (~7-8 min each)
 #

@@ -5,7 +5,9 @@
 # samples the GPU's memory every 100 ms. The table: the plan's predicted device total (the
 # arena plus its CUDA runtime row, from metrics.jsonl), nvidia-smi's peak, and the
 # difference (the goal: within 5%). Also the refusal case: a 1.5B run that would not fit at
-# stage 0 is refused (exit 3) with a suggestion, and the suggestion, applied, trains.
+# stage 0 is refused (exit 3) with a suggestion, and the suggestion, applied, trains. Last,
+# another process takes all free GPU memory mid-run: the run finishes bitwise, or ends with
+# exit 4 and a resume command that finishes it bitwise.
 #
 # Usage: STRATA=build-gpu/strata [OUT=dir] [GPU=0] [STEPS=4] bench/gpu-memory.sh
 # Needs a strata built with the CUDA backend (bench/gpu-check.sh builds one) and nvidia-smi.
@@ -109,6 +111,75 @@ else
     echo "the suggestion, applied, trained 3 steps: PASS"
   else
     echo "the suggestion, applied, did not train 3 steps: FAIL ($(grep -m1 error 1.5b-refused-then-suggested.log | cut -c1-120))"
+  fi
+fi
+
+# Another process takes all of the GPU's free memory in the middle of a 124M run. Strata
+# allocates nothing on the device after its start, so the run should finish with the losses
+# of an undisturbed one; if something does allocate after all (a lazily loaded module, a
+# library's workspace), the run must end with exit 4, a checkpoint and a resume command
+# that, run once the memory is back, finishes the run bitwise as if nothing had happened.
+echo
+hog_common=("${common[@]}" --set zero.stage=0 --set train.steps=12 --set run.checkpoint_every=0)
+rm -rf runs/hog-ref runs/hog
+rc=0
+timeout 300 "$S" train "$C124" "${hog_common[@]}" --set run.dir=runs/hog-ref > hog-ref.log 2>&1 || rc=$?
+if [ $rc -ne 0 ]; then
+  echo "another process takes the free memory: FAIL: the undisturbed reference run exited $rc"
+else
+  timeout 300 "$S" train "$C124" "${hog_common[@]}" --set run.dir=runs/hog > hog.log 2>&1 &
+  run=$!
+  python3 - runs/hog/metrics.jsonl "$run" > hog-taker.log 2>&1 <<'PY' &
+import os, sys, time
+import torch
+metrics, pid = sys.argv[1], int(sys.argv[2])
+def steps():
+    try:
+        return sum(1 for l in open(metrics) if '"loss"' in l)
+    except OSError:
+        return 0
+while steps() < 3:
+    if not os.path.exists(f"/proc/{pid}"):
+        sys.exit("the run ended before step 3")
+    time.sleep(0.02)
+held, chunk = [], 1 << 30
+while chunk >= 1 << 20:  # take every free byte, in ever smaller pieces
+    try:
+        held.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        chunk //= 2
+free, total = torch.cuda.mem_get_info()
+print(f"took {sum(t.numel() for t in held) / 2**30:.2f} GiB after step {steps()}; {free / 2**20:.0f} MiB left free", flush=True)
+while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+    time.sleep(0.1)
+PY
+  taker=$!
+  rc=0
+  wait $run || rc=$?
+  wait $taker 2> /dev/null || true
+  took=$(tail -1 hog-taker.log)
+  same() { # bitwise equal losses in steps $1.. of the two runs' metrics
+    python3 - "$1" runs/hog-ref/metrics.jsonl runs/hog/metrics.jsonl <<'PY'
+import json, sys
+first = int(sys.argv[1])
+def losses(p):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r and r["step"] >= first}
+a, b = losses(sys.argv[2]), losses(sys.argv[3])
+sys.exit(0 if a and a == b else 1)
+PY
+  }
+  if [ $rc -eq 0 ]; then
+    if same 1; then v=PASS; else v="FAIL (losses differ from the undisturbed run)"; fi
+    echo "another process takes the free memory ($took): the run finished its 12 steps, losses bitwise those of the undisturbed run: $v"
+  elif [ $rc -eq 4 ]; then
+    resume=$(grep -A1 "resume with:" hog.log | tail -1 | sed 's/^ *//')
+    rc2=0
+    # the printed command names the binary `strata`: run it with this one
+    [ -n "$resume" ] && { (eval "set -- ${resume#strata }" && timeout 300 "$S" "$@") > hog-resume.log 2>&1 || rc2=$?; }
+    if [ -n "$resume" ] && [ $rc2 -eq 0 ] && same 1; then v=PASS; else v="FAIL (resume exit $rc2; command: '$resume')"; fi
+    echo "another process takes the free memory ($took): exit 4 with a checkpoint; the printed resume command finished the run bitwise: $v"
+  else
+    echo "another process takes the free memory ($took): FAIL: exit $rc (0 or 4 expected): $(grep -m1 -E 'error' hog.log | cut -c1-160)"
   fi
 fi
 } | tee table.md
