@@ -51,9 +51,10 @@ grep -q "loss" x/train-cpu.log || fail "the CPU run did not train: $(tail x/trai
 pass "check part on the CPU in $((t1 - t0)) s: a summary and one archive come back, parts that do not fit are named"
 
 # a strata that never finishes: every run is cut, and the script still ends by its deadline
+# (it sleeps 617 s, a duration no other test sleeps, so the pgrep below finds only its own)
 cat > hang.sh << HANG
 #!/usr/bin/env bash
-[ "\$1" = train ] && exec sleep 600
+[ "\$1" = train ] && exec sleep 617
 exec "$S" "\$@"
 HANG
 chmod +x hang.sh
@@ -62,7 +63,7 @@ GPU_CHECK_BUILD=$B GPU_CHECK_STRATA=$W/hang.sh GPU_CHECK_PARTS="check matrix-wor
   GPU_CHECK_NEEDS_S=5 GPU_CHECK_RESULTS=$W/r2 OUT=$W/o2 "${G[@]}" > two.log 2>&1 || fail "gpu-check failed: $(tail -30 two.log)"
 t1=$(date +%s)
 [ $((t1 - t0)) -le 42 ] || fail "the script outlived its 40 s deadline: $((t1 - t0)) s"
-pgrep -f "^sleep 600" > /dev/null && fail "a cut run was left running"
+pgrep -f "^sleep 617" > /dev/null && fail "a cut run was left running"
 mkdir y && tar xzf o2/gpu-check.tar.gz -C y
 grep -q "HUNG (or cut at the deadline) after [0-9]* s" y/hangs.txt || fail "no stacks of the cut runs: $(ls y)"
 grep -q "^## check$" o2/summary.md || fail "$(cat o2/summary.md)"
