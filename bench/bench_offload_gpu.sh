@@ -89,7 +89,7 @@ done
 echo
 echo "strata bench io, at the NVMe runs' block size and queue depth:"
 "$S" bench io --nvme-dir "$NVME_DIR" --block-kb 1024 --queue-depth 32 2>&1 | sed 's/^/    /' || true
-} | tee "$OUT/bench_offload.md"
+} | tee -a "$OUT/bench_offload.md" # appended: each part adds its table
 rm -rf "$NVME_DIR"/strata-* 2> /dev/null || true
 fi
 

@@ -186,7 +186,7 @@ part_matrix() { # world1 | ranks | attention
   python3 "$ROOT/bench/gpu_matrix.py" run --strata "$S" --part "$1" --results "$OUT/matrix" --workdir "$W/matrix" \
     --deadline $((GPU_CHECK_END - 10)) 2>&1 | tee "$OUT/matrix-$1.log" || true
   grep -E "^\[matrix\] $1: [0-9]+ pass" "$OUT/matrix-$1.log" | sed 's/^\[matrix\] /- matrix /' | tee -a "$SUMMARY" || true
-  grep -E ": (FAIL|NOT RUN)" "$OUT/matrix-$1.log" | head -30 | sed 's/^\[matrix\] /    /' | cut -c1-300 | tee -a "$SUMMARY" || true
+  grep -E ": (FAIL|NOT RUN)" "$OUT/matrix-$1.log" | head -30 | sed 's/^\[matrix\] /    /' | cut -c1-200 | tee -a "$SUMMARY" || true
   python3 "$ROOT/bench/gpu_matrix.py" render --results "$OUT/matrix" --out "$OUT/gpu-matrix.md" > /dev/null || true
 }
 part_matrix-world1() { part_matrix world1; }
@@ -255,8 +255,10 @@ part_memory() {
 # bench/bench_offload_gpu.sh in its three parts
 part_offload_run() {
   log "bench/bench_offload_gpu.sh, part $1"
+  local before=0 # the table grows part by part: the summary takes this part's lines
+  [ -f "$OUT/bench_offload.md" ] && before=$(wc -l < "$OUT/bench_offload.md")
   STRATA="$S" OUT="$OUT" OFFLOAD_PARTS="$1" bash "$ROOT/bench/bench_offload_gpu.sh" || say "- bench_offload_gpu.sh $1 failed"
-  grep -E "^\|" "$OUT/bench_offload.md" 2> /dev/null | tee -a "$SUMMARY" || true
+  tail -n +$((before + 1)) "$OUT/bench_offload.md" 2> /dev/null | grep -E "^\|" | tee -a "$SUMMARY" || true
 }
 part_offload() { part_offload_run 1.5b; }
 part_offload7b() { part_offload_run 7b; }
