@@ -170,7 +170,7 @@ PY
     shift
     rm -rf runs/u
     local log=$OUT/probe-$((++nprobe)).log rc=0
-    watched 45 "$name" env STRATA_CUDA_UNVERIFIED=1 "${envs[@]}" "$S" train tiny.yaml --set device=cuda \
+    watched 30 "$name" env STRATA_CUDA_UNVERIFIED=1 "${envs[@]}" "$S" train tiny.yaml --set device=cuda \
       --set zero.stage=$1 --set run.dir=runs/u > "$log" 2>&1 || rc=$?
     say "- $name: $(exit_text $rc); $(cat runs/u/metrics.jsonl 2> /dev/null | grep -c '"step"') steps$([ $rc = 0 ] || echo "; $(first_line 'rror' "$log")")"
   }
