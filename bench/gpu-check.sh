@@ -266,6 +266,9 @@ part_offload10b() { part_offload_run 10b; }
 
 if [ -n "${GPU_CHECK_PART:-}" ]; then
   cd "$W"
+  # the check, matrix and sanitize runs take seconds: a wait of 10 s is a hang in the
+  # making, and says which stream's record it waits for (core/common.h)
+  case $GPU_CHECK_PART in check | matrix-* | sanitize) export STRATA_WAIT_REPORT_S=${STRATA_WAIT_REPORT_S:-10} ;; esac
   "part_$GPU_CHECK_PART"
   exit 0
 fi

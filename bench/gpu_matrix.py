@@ -283,11 +283,13 @@ class Runner:
         argv = [self.a.strata, "train", cfg] + [x for s in sets for x in ("--set", s)]
         env = dict(os.environ, **r["env"])
         env.setdefault("STRATA_CUDA_UNVERIFIED", "1")  # while the refusal exists, this matrix is its test
+        # a row's run takes seconds: a wait of 10 s is a hang in the making, and says what it waits for
+        env.setdefault("STRATA_WAIT_REPORT_S", "10")
         if r["world"] > 1:
             argv = [self.mpirun, "-np", str(r["world"]), "--oversubscribe", "--bind-to", "none"] + \
                    (["--allow-run-as-root"] if os.geteuid() == 0 else []) + \
                    ["-x", "OMP_NUM_THREADS=%d" % max(1, (os.cpu_count() or 2) // r["world"])] + \
-                   [x for k in sorted(r["env"]) + ["STRATA_CUDA_UNVERIFIED"] for x in ("-x", k)] + argv
+                   [x for k in sorted(r["env"]) + ["STRATA_CUDA_UNVERIFIED", "STRATA_WAIT_REPORT_S"] for x in ("-x", k)] + argv
         log = os.path.join(self.work, f"{tag}.log")
         limit, debugger_s = r["limit_s"], 60
         if self.a.deadline:

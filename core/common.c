@@ -230,6 +230,59 @@ double strata_now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
+/* ---- long waits ---- */
+
+/* milliseconds before the first report; -2: not read from the environment yet, 0: off */
+static int64_t wait_report_ms = -2;
+
+static int64_t wait_report_get(void) {
+    int64_t ms = __atomic_load_n(&wait_report_ms, __ATOMIC_RELAXED);
+    if (ms != -2) return ms;
+    const char *env = getenv("STRATA_WAIT_REPORT_S");
+    char *end = NULL;
+    double s = env && *env ? strtod(env, &end) : 300.0;
+    if (env && *env && (*end || !(s >= 0))) {
+        STRATA_WARN("device", "STRATA_WAIT_REPORT_S='%s' is not a number of seconds: using 300", env);
+        s = 300.0;
+    }
+    int64_t want = (int64_t)(s * 1e3), expected = -2;
+    __atomic_compare_exchange_n(&wait_report_ms, &expected, want, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return __atomic_load_n(&wait_report_ms, __ATOMIC_RELAXED);
+}
+
+int strata_wait_reports_on(void) { return wait_report_get() > 0; }
+
+void strata_set_wait_report_s(double seconds) {
+    __atomic_store_n(&wait_report_ms, seconds > 0 ? (int64_t)(seconds * 1e3) : 0, __ATOMIC_RELAXED);
+}
+
+void strata_long_wait_begin(strata_long_wait *w) {
+    int64_t ms = wait_report_get();
+    w->start_ms = strata_now_ms();
+    w->next_s = ms > 0 ? ms * 1e-3 : -1.0;
+}
+
+double strata_long_wait_check(strata_long_wait *w) {
+    if (w->next_s <= 0) return 0;
+    double waited = (strata_now_ms() - w->start_ms) * 1e-3;
+    if (waited < w->next_s) return 0;
+    while (w->next_s <= waited) w->next_s *= 2;
+    return waited;
+}
+
+struct timespec strata_wait_tick(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    return ts;
+}
+
+const char *strata_thread_name(char *buf, size_t n) {
+    if (n == 0) return buf;
+    if (pthread_getname_np(pthread_self(), buf, n) != 0) snprintf(buf, n, "?");
+    return buf;
+}
+
 size_t strata_round_up(size_t x, size_t multiple) {
     return multiple ? (x + multiple - 1) / multiple * multiple : x;
 }

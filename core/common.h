@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #include <string.h>
 
 /* C11 spells it _Noreturn; the CUDA sources include this header as C++. */
@@ -97,6 +98,22 @@ int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, siz
 int strata_check_file_bounded(const char *path, size_t max_bytes);
 
 double strata_now_ms(void); /* monotonic clock */
+
+/* A wait that might never end says so. Every blocking wait of the device backends (an event
+ * or stream sync, a stream waiting for another's record) wakes at least every second
+ * (strata_wait_tick) and calls strata_long_wait_check: after STRATA_WAIT_REPORT_S seconds
+ * (default 300; 0: never) and again at each doubling it returns the seconds waited, and the
+ * waiter names what it waits for and where every stream stands (a warning; the wait goes
+ * on, since a long wait may be a slow disk, not a hang). */
+typedef struct strata_long_wait {
+    double start_ms, next_s;
+} strata_long_wait;
+int strata_wait_reports_on(void);
+void strata_set_wait_report_s(double seconds); /* tests; <= 0 turns reports off */
+void strata_long_wait_begin(strata_long_wait *w);
+double strata_long_wait_check(strata_long_wait *w); /* > 0: seconds waited, report now */
+struct timespec strata_wait_tick(void);             /* CLOCK_REALTIME, a second from now */
+const char *strata_thread_name(char *buf, size_t n); /* "st:<stream>" for stream workers */
 size_t strata_round_up(size_t x, size_t multiple);
 size_t strata_min_size(size_t a, size_t b);
 

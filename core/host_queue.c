@@ -86,6 +86,23 @@ int strata_host_queue_push(strata_host_queue *q, void *task, void (*stamp)(void 
 void strata_host_queue_sync(strata_host_queue *q) {
     pthread_mutex_lock(&q->mu);
     uint64_t ticket = q->enqueued; /* work pushed after this call is not waited for */
+    if (q->done < ticket && strata_wait_reports_on()) {
+        strata_long_wait w;
+        strata_long_wait_begin(&w);
+        while (q->done < ticket) {
+            struct timespec tick = strata_wait_tick();
+            pthread_cond_timedwait(&q->progress, &q->mu, &tick);
+            double waited = q->done < ticket ? strata_long_wait_check(&w) : 0;
+            if (waited > 0) {
+                char me[32];
+                STRATA_WARN("device", "thread \"%s\" has waited %.0f s for stream \"%s\" to finish its queue: "
+                            "%llu of %llu tasks done, %llu running, %zu queued",
+                            strata_thread_name(me, sizeof me), waited, q->name, (unsigned long long)q->done,
+                            (unsigned long long)ticket, (unsigned long long)(q->enqueued - q->done - q->count),
+                            q->count);
+            }
+        }
+    }
     while (q->done < ticket) pthread_cond_wait(&q->progress, &q->mu);
     pthread_mutex_unlock(&q->mu);
 }

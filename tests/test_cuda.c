@@ -16,6 +16,7 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/kernels.h"
+#include "tests/capture.h"
 #include "tests/check.h"
 #include "tests/gate.h"
 
@@ -795,6 +796,34 @@ static void test_host_waits(strata_device *d) {
     strata_free(d, STRATA_MEM_DEVICE, mid);
 }
 
+/* A device stream's wait on a host record that is not reached for a while says so
+ * (STRATA_WAIT_REPORT_S, core/common.h): the waiting thread, the stream and record it
+ * waits for, and every stream's progress; then the wait ends normally. */
+static void test_long_wait_report(strata_device *d) {
+    strata_stream *h = strata_stream_create(d, "gated", STRATA_STREAM_HOST);
+    strata_event *e = strata_event_create(d);
+    gate g = GATE_INIT;
+    strata_host_task(d, h, gate_wait, &g);
+    strata_event_record(d, e, h);
+    strata_set_wait_report_s(1);
+    capture c;
+    CHECK(capture_begin(&c) == 0, "capture stderr");
+    delayed_gate dg = {&g, 1600};
+    pthread_t opener;
+    pthread_create(&opener, NULL, open_later, &dg);
+    int rc = strata_stream_wait_event(d, d->compute, e);
+    pthread_join(opener, NULL);
+    char *text = capture_end(&c);
+    strata_set_wait_report_s(300);
+    CHECK(rc == 0 && strata_event_query(d, e) == 1, "long wait: the wait ends normally once the gate opens");
+    CHECK(strstr(text, "thread \"test_cuda\" has waited 1 s for stream \"gated\" to reach its record #") != NULL &&
+              strstr(text, "\"gated\" (host) at #") != NULL && strstr(text, "\"compute\" (device) at #") != NULL,
+          "long wait: reported after 1 s with every stream's progress:\n%s", text);
+    free(text);
+    strata_event_destroy(d, e);
+    strata_stream_destroy(d, h);
+}
+
 /* Re-recording an event after a wait was enqueued does not move that wait's target:
  * a DEVICE wait on a HOST record must be released by the first record. */
 static void test_wait_snapshot(strata_device *d, const char *label) {
@@ -886,6 +915,7 @@ int main(void) {
     test_no_alloc_in_step(1);
     strata_cuda_attention_select(-1);
     test_host_waits(G);
+    test_long_wait_report(G);
 
     /* GPU-side waits on host records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below
      * enqueue a device wait before the gate opens, which only GPU-side waits allow; with

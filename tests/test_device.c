@@ -11,6 +11,7 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/host_queue.h"
+#include "tests/capture.h"
 #include "tests/check.h"
 #include "tests/gate.h"
 
@@ -368,6 +369,78 @@ static void test_compute_waits_for_worker(strata_device *d) {
     strata_stream_destroy(d, w);
 }
 
+/* Opens a gate after a delay, from a thread of its own (the test's threads are all waiting). */
+typedef struct late_opener {
+    gate *g;
+    unsigned delay_ms;
+} late_opener;
+
+static void *open_later(void *arg) {
+    late_opener *o = arg;
+    usleep(o->delay_ms * 1000u);
+    gate_open(o->g);
+    return NULL;
+}
+
+/* Runs one stuck-for-a-while scenario with stderr captured: a worker stream waits for an
+ * event recorded behind a gate on another stream, the test's thread syncs that event, and
+ * then syncs a stream whose queue is held by a second gate. Returns what was printed. */
+static char *stuck_for_a_while(strata_device *d, unsigned hold_ms) {
+    capture c;
+    CHECK(capture_begin(&c) == 0, "capture stderr");
+
+    strata_stream *blocker = strata_stream_create(d, "blocker", STRATA_STREAM_HOST);
+    strata_stream *waiter = strata_stream_create(d, "waiter", STRATA_STREAM_HOST);
+    strata_event *e = strata_event_create(d);
+    gate g1, g2;
+    gate_init(&g1);
+    gate_init(&g2);
+    strata_host_task(d, blocker, gate_wait, &g1);
+    strata_event_record(d, e, blocker);
+    strata_stream_wait_event(d, waiter, e); /* its worker thread waits */
+    late_opener o1 = {&g1, hold_ms};
+    pthread_t t;
+    pthread_create(&t, NULL, open_later, &o1);
+    strata_event_sync(d, e); /* this thread waits */
+    pthread_join(t, NULL);
+    strata_stream_sync(d, waiter);
+    strata_host_task(d, blocker, gate_wait, &g2);
+    late_opener o2 = {&g2, hold_ms};
+    pthread_create(&t, NULL, open_later, &o2);
+    strata_stream_sync(d, blocker); /* a queue that does not drain */
+    pthread_join(t, NULL);
+    strata_event_destroy(d, e);
+    strata_stream_destroy(d, waiter);
+    strata_stream_destroy(d, blocker);
+    gate_destroy(&g1);
+    gate_destroy(&g2);
+    return capture_end(&c);
+}
+
+/* A wait that goes on says what it waits for (STRATA_WAIT_REPORT_S): the thread, the
+ * stream whose record it needs, and where every stream's queue stands; the wait itself
+ * goes on and ends normally. Off, nothing is said. */
+static void test_long_wait_reports(strata_device *d) {
+    strata_set_wait_report_s(1);
+    char *text = stuck_for_a_while(d, 1600);
+    CHECK(strstr(text, "thread \"st:waiter\" has waited 1 s for the record of an event on stream \"blocker\" "
+                       "(record 1, reached 0); streams: ") != NULL,
+          "a worker stream's wait reports itself after 1 s:\n%s", text);
+    CHECK(strstr(text, "thread \"test_device\" has waited 1 s for the record of an event on stream \"blocker\"") != NULL,
+          "the test thread's event sync reports itself");
+    CHECK(strstr(text, "\"blocker\" 0 tasks done, 1 running, 1 queued") != NULL && strstr(text, "\"compute\" (runs on its caller)"),
+          "the report lists every stream's queue");
+    CHECK(strstr(text, "thread \"test_device\" has waited 1 s for stream \"blocker\" to finish its queue: 2 of 3 tasks "
+                       "done, 1 running, 0 queued") != NULL,
+          "a stream sync that does not drain reports itself");
+    free(text);
+    strata_set_wait_report_s(0);
+    text = stuck_for_a_while(d, 1200);
+    CHECK(strstr(text, "has waited") == NULL, "with reports off nothing is said: '%s'", text);
+    free(text);
+    strata_set_wait_report_s(300);
+}
+
 static void test_stream_sync_and_destroy(strata_device *d) {
     strata_stream *s = strata_stream_create(d, "sync", STRATA_STREAM_HOST);
     int count = 0;
@@ -511,6 +584,7 @@ int main(void) {
     test_event_query_and_unrecorded(d);
     test_compute_waits_for_worker(d);
     test_stream_sync_and_destroy(d);
+    test_long_wait_reports(d);
     test_event_elapsed(d);
     test_stress(d);
     strata_device_close(d);

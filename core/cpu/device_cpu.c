@@ -79,6 +79,7 @@ struct strata_event {
     uint64_t recorded;  /* generations handed out by event_record */
     uint64_t completed; /* newest generation whose marker was reached */
     double completed_ms; /* when it was reached (strata_now_ms), for event_elapsed_ms */
+    char recorded_on[64]; /* the stream of the newest record, for a long wait's report */
     int refs;           /* the owner plus each queued task naming this event */
 };
 
@@ -110,8 +111,49 @@ static void event_complete(strata_event *e, uint64_t generation) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A wait that has gone on for long (core/common.h, strata_long_wait): what this thread
+ * waits for, and where every stream's queue stands. */
+static void report_long_wait(strata_device *d, const char *what, double waited) {
+    cpu_device *cd = d->impl;
+    char me[32], streams[1024];
+    size_t n = 0;
+    streams[0] = 0;
+    pthread_mutex_lock(&cd->streams_mu);
+    for (strata_stream *s = cd->streams; s && n < sizeof streams - 1; s = s->next_in_device) {
+        if (s->is_inline) {
+            n += snprintf(streams + n, sizeof streams - n, "%s\"%s\" (runs on its caller)", n ? ", " : "", s->name);
+            continue;
+        }
+        pthread_mutex_lock(&s->q.mu);
+        unsigned long long done = s->q.done, queued = s->q.count, running = s->q.enqueued - s->q.done - s->q.count;
+        pthread_mutex_unlock(&s->q.mu);
+        n += snprintf(streams + n, sizeof streams - n, "%s\"%s\" %llu tasks done, %llu running, %llu queued",
+                      n ? ", " : "", s->name, done, running, queued);
+    }
+    pthread_mutex_unlock(&cd->streams_mu);
+    STRATA_WARN("device", "thread \"%s\" has waited %.0f s for %s; streams: %s", strata_thread_name(me, sizeof me),
+                waited, what, streams);
+}
+
 static void event_wait_generation(strata_event *e, uint64_t target) {
     pthread_mutex_lock(&e->mu);
+    if (e->completed < target && strata_wait_reports_on()) {
+        strata_long_wait w;
+        strata_long_wait_begin(&w);
+        while (e->completed < target) {
+            struct timespec tick = strata_wait_tick();
+            pthread_cond_timedwait(&e->cv, &e->mu, &tick);
+            double waited = e->completed < target ? strata_long_wait_check(&w) : 0;
+            if (waited > 0) {
+                char what[160];
+                snprintf(what, sizeof what, "the record of an event on stream \"%s\" (record %llu, reached %llu)",
+                         e->recorded_on, (unsigned long long)target, (unsigned long long)e->completed);
+                pthread_mutex_unlock(&e->mu); /* the report takes the streams' locks */
+                report_long_wait(e->d, what, waited);
+                pthread_mutex_lock(&e->mu);
+            }
+        }
+    }
     while (e->completed < target) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
 }
@@ -289,6 +331,7 @@ static int cpu_event_record(strata_event *e, strata_stream *s) {
     pthread_mutex_lock(&e->mu);
     uint64_t g = ++e->recorded;
     e->refs++;
+    snprintf(e->recorded_on, sizeof e->recorded_on, "%s", s->name);
     pthread_mutex_unlock(&e->mu);
     cpu_task t = {.type = TASK_RECORD, .event = e, .generation = g};
     if (stream_submit(s, &t)) {
@@ -320,8 +363,8 @@ static int cpu_event_sync(strata_event *e) {
     if (!e) return strata_fail("event sync: event is NULL");
     pthread_mutex_lock(&e->mu);
     uint64_t target = e->recorded;
-    while (e->completed < target) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
+    event_wait_generation(e, target);
     return 0;
 }
 

@@ -200,8 +200,43 @@ static void slot_publish(cuda_device *cd, int slot, uint32_t ticket) {
     pthread_mutex_unlock(&cd->host_mu);
 }
 
+/* A wait that has gone on for long (core/common.h, strata_long_wait): which stream's
+ * record this thread waits for, and where every stream stands (its slot against the
+ * tickets it has handed out). Reads the slots racily: a report, not a decision. */
+static void report_long_wait(cuda_device *cd, int slot, uint32_t ticket, double waited) {
+    char me[32], streams[1024], target[80] = "?";
+    size_t n = 0;
+    streams[0] = 0;
+    pthread_mutex_lock(&cd->mu);
+    for (strata_stream *s = cd->streams; s; s = s->next_in_device) {
+        if (s->slot == slot) snprintf(target, sizeof target, "%s", s->name);
+        if (n < sizeof streams - 1)
+            n += snprintf(streams + n, sizeof streams - n, "%s\"%s\" (%s) at #%u of #%u", n ? ", " : "", s->name,
+                          s->kind == STRATA_STREAM_DEVICE ? "device" : "host", slot_load(cd, s->slot),
+                          __atomic_load_n(&cd->issued[s->slot], __ATOMIC_RELAXED));
+    }
+    pthread_mutex_unlock(&cd->mu);
+    STRATA_WARN("device", "cuda:%d: thread \"%s\" has waited %.0f s for stream \"%s\" to reach its record #%u "
+                "(it is at #%u); streams: %s", cd->ordinal, strata_thread_name(me, sizeof me), waited, target, ticket,
+                slot_load(cd, slot), streams);
+}
+
 static void wait_host_slot(cuda_device *cd, int slot, uint32_t ticket) {
     pthread_mutex_lock(&cd->host_mu);
+    if (!ticket_reached(slot_load(cd, slot), ticket) && strata_wait_reports_on()) {
+        strata_long_wait w;
+        strata_long_wait_begin(&w);
+        while (!ticket_reached(slot_load(cd, slot), ticket)) {
+            struct timespec tick = strata_wait_tick();
+            pthread_cond_timedwait(&cd->host_cv, &cd->host_mu, &tick);
+            double waited = ticket_reached(slot_load(cd, slot), ticket) ? 0 : strata_long_wait_check(&w);
+            if (waited > 0) {
+                pthread_mutex_unlock(&cd->host_mu);
+                report_long_wait(cd, slot, ticket, waited);
+                pthread_mutex_lock(&cd->host_mu);
+            }
+        }
+    }
     while (!ticket_reached(slot_load(cd, slot), ticket)) pthread_cond_wait(&cd->host_cv, &cd->host_mu);
     pthread_mutex_unlock(&cd->host_mu);
 }
@@ -210,14 +245,19 @@ static void wait_host_slot(cuda_device *cd, int slot, uint32_t ticket) {
  * then sleep in growing steps up to 100 us so a long wait costs little CPU. */
 static void wait_device_slot(cuda_device *cd, int slot, uint32_t ticket) {
     long sleep_ns = 2000;
+    strata_long_wait w;
+    int reports = 0;
     for (int spin = 0; !ticket_reached(slot_load(cd, slot), ticket); spin++) {
         if (spin < 200) {
             sched_yield();
             continue;
         }
+        if (spin == 200 && (reports = strata_wait_reports_on())) strata_long_wait_begin(&w);
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
         if (sleep_ns < 100000) sleep_ns *= 2;
+        double waited = reports && spin % 1024 == 0 ? strata_long_wait_check(&w) : 0;
+        if (waited > 0) report_long_wait(cd, slot, ticket, waited);
     }
 }
 
