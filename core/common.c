@@ -230,6 +230,7 @@ double strata_now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
+
 /* ---- long waits ---- */
 
 /* milliseconds before the first report; -2: not read from the environment yet, 0: off */

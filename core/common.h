@@ -10,8 +10,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
 #include <string.h>
+#include <time.h>
 
 /* C11 spells it _Noreturn; the CUDA sources include this header as C++. */
 #if defined(__cplusplus) && !defined(_Noreturn)

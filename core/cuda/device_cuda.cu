@@ -247,7 +247,7 @@ static void wait_device_slot(cuda_device *cd, int slot, uint32_t ticket) {
     long sleep_ns = 2000;
     strata_long_wait w;
     int reports = 0;
-    for (int spin = 0; !ticket_reached(slot_load(cd, slot), ticket); spin++) {
+    for (unsigned long spin = 0; !ticket_reached(slot_load(cd, slot), ticket); spin++) {
         if (spin < 200) {
             sched_yield();
             continue;
