@@ -310,6 +310,8 @@ trap 'exit 143' TERM INT
   echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo '?'); $(date -u '+%Y-%m-%d %H:%M UTC'); parts: $PARTS"
   echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || echo 'none (nvidia-smi failed)')"
   echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 2^20}' /proc/meminfo)"
+  # where NVMe offload files go (/tmp): a tmpfs there would be host memory, not disk
+  echo "disk: $(df -PT /tmp 2> /dev/null | awk 'NR == 2 {printf "/tmp on %s (%s), %.0f GiB free", $1, $2, $5 / 2^20}')"
   echo
 } > "$SUMMARY"
 cat "$SUMMARY"
