@@ -278,6 +278,25 @@ struct timespec strata_wait_tick(void) {
     return ts;
 }
 
+void strata_cond_wait_reporting(pthread_cond_t *cv, pthread_mutex_t *mu, int (*reached)(void *arg),
+                                void (*report)(void *arg, double waited_s), void *arg) {
+    if (!reached(arg) && strata_wait_reports_on()) {
+        strata_long_wait w;
+        strata_long_wait_begin(&w);
+        while (!reached(arg)) {
+            struct timespec tick = strata_wait_tick();
+            pthread_cond_timedwait(cv, mu, &tick);
+            double waited = reached(arg) ? 0 : strata_long_wait_check(&w);
+            if (waited > 0) {
+                pthread_mutex_unlock(mu);
+                report(arg, waited);
+                pthread_mutex_lock(mu);
+            }
+        }
+    }
+    while (!reached(arg)) pthread_cond_wait(cv, mu);
+}
+
 const char *strata_thread_name(char *buf, size_t n) {
     if (n == 0) return buf;
     if (pthread_getname_np(pthread_self(), buf, n) != 0) snprintf(buf, n, "?");

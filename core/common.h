@@ -8,6 +8,7 @@
 #ifndef STRATA_COMMON_H
 #define STRATA_COMMON_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -114,6 +115,10 @@ void strata_long_wait_begin(strata_long_wait *w);
 double strata_long_wait_check(strata_long_wait *w); /* > 0: seconds waited, report now */
 struct timespec strata_wait_tick(void);             /* CLOCK_REALTIME, a second from now */
 const char *strata_thread_name(char *buf, size_t n); /* "st:<stream>" for stream workers */
+/* pthread_cond_wait on cv (mu held) until reached(arg); with reports on, report(arg, seconds)
+ * is called whenever one is due, with mu released (it may take other locks). */
+void strata_cond_wait_reporting(pthread_cond_t *cv, pthread_mutex_t *mu, int (*reached)(void *arg),
+                                void (*report)(void *arg, double waited_s), void *arg);
 size_t strata_round_up(size_t x, size_t multiple);
 size_t strata_min_size(size_t a, size_t b);
 

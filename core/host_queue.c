@@ -83,27 +83,32 @@ int strata_host_queue_push(strata_host_queue *q, void *task, void (*stamp)(void 
     return 0;
 }
 
+typedef struct queue_wait {
+    strata_host_queue *q;
+    uint64_t ticket;
+} queue_wait;
+
+static int queue_reached(void *arg) {
+    queue_wait *w = arg;
+    return w->q->done >= w->ticket;
+}
+
+static void queue_report(void *arg, double waited) {
+    queue_wait *w = arg;
+    strata_host_queue *q = w->q;
+    char me[32];
+    pthread_mutex_lock(&q->mu);
+    unsigned long long done = q->done, running = q->enqueued - q->done - q->count, queued = q->count;
+    pthread_mutex_unlock(&q->mu);
+    STRATA_WARN("device", "thread \"%s\" has waited %.0f s for stream \"%s\" to finish its queue: %llu of %llu tasks "
+                "done, %llu running, %llu queued", strata_thread_name(me, sizeof me), waited, q->name, done,
+                (unsigned long long)w->ticket, running, queued);
+}
+
 void strata_host_queue_sync(strata_host_queue *q) {
     pthread_mutex_lock(&q->mu);
-    uint64_t ticket = q->enqueued; /* work pushed after this call is not waited for */
-    if (q->done < ticket && strata_wait_reports_on()) {
-        strata_long_wait w;
-        strata_long_wait_begin(&w);
-        while (q->done < ticket) {
-            struct timespec tick = strata_wait_tick();
-            pthread_cond_timedwait(&q->progress, &q->mu, &tick);
-            double waited = q->done < ticket ? strata_long_wait_check(&w) : 0;
-            if (waited > 0) {
-                char me[32];
-                STRATA_WARN("device", "thread \"%s\" has waited %.0f s for stream \"%s\" to finish its queue: "
-                            "%llu of %llu tasks done, %llu running, %zu queued",
-                            strata_thread_name(me, sizeof me), waited, q->name, (unsigned long long)q->done,
-                            (unsigned long long)ticket, (unsigned long long)(q->enqueued - q->done - q->count),
-                            q->count);
-            }
-        }
-    }
-    while (q->done < ticket) pthread_cond_wait(&q->progress, &q->mu);
+    queue_wait w = {q, q->enqueued}; /* work pushed after this call is not waited for */
+    strata_cond_wait_reporting(&q->progress, &q->mu, queue_reached, queue_report, &w);
     pthread_mutex_unlock(&q->mu);
 }
 

@@ -5,6 +5,7 @@
 #define STRATA_TESTS_GATE_H
 
 #include <pthread.h>
+#include <unistd.h>
 
 typedef struct gate {
     pthread_mutex_t mu;
@@ -34,5 +35,28 @@ static inline void gate_open(gate *g) {
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
+
+/* Opens a gate after ms milliseconds from a thread of its own, for tests whose own
+ * threads are all waiting on what the gate holds; gate_timer_join waits for it. */
+typedef struct gate_timer {
+    gate *g;
+    unsigned ms;
+    pthread_t thread;
+} gate_timer;
+
+static inline void *gate_timer_run(void *arg) {
+    gate_timer *t = arg;
+    usleep(t->ms * 1000u);
+    gate_open(t->g);
+    return NULL;
+}
+
+static inline void gate_open_after(gate_timer *t, gate *g, unsigned ms) {
+    t->g = g;
+    t->ms = ms;
+    pthread_create(&t->thread, NULL, gate_timer_run, t);
+}
+
+static inline void gate_timer_join(gate_timer *t) { pthread_join(t->thread, NULL); }
 
 #endif

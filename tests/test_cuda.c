@@ -750,16 +750,6 @@ static void test_cross_kind_events(strata_device *d, const char *label) {
  * thread waits for the record, then enqueues what follows. A gate opened 100 ms later by
  * another thread holds the HOST stream; the wait returns only once the fill ran, and the
  * device work after it sees the filled data. */
-typedef struct delayed_gate {
-    gate *g;
-    int ms;
-} delayed_gate;
-static void *open_later(void *arg) {
-    delayed_gate *dg = arg;
-    usleep((useconds_t)dg->ms * 1000);
-    gate_open(dg->g);
-    return NULL;
-}
 static void test_host_waits(strata_device *d) {
     size_t n = (size_t)8 << 20;
     unsigned char *src = strata_alloc(d, STRATA_MEM_PINNED, n), *dst = strata_alloc(d, STRATA_MEM_PINNED, n);
@@ -773,9 +763,8 @@ static void test_host_waits(strata_device *d) {
     strata_host_task(d, h, gate_wait, &g);
     strata_host_task(d, h, fill_fn, &fa);
     strata_event_record(d, e, h);
-    delayed_gate dg = {&g, 100};
-    pthread_t opener;
-    pthread_create(&opener, NULL, open_later, &dg);
+    gate_timer opener;
+    gate_open_after(&opener, &g, 100);
     double t0 = strata_now_ms();
     int rc = strata_stream_wait_event(d, d->compute, e);
     double waited = strata_now_ms() - t0;
@@ -788,7 +777,7 @@ static void test_host_waits(strata_device *d) {
     t0 = strata_now_ms();
     rc = strata_stream_wait_event(d, d->compute, e);
     CHECK(rc == 0 && strata_now_ms() - t0 < 5, "host waits: a reached host record costs no wait");
-    pthread_join(opener, NULL);
+    gate_timer_join(&opener);
     strata_event_destroy(d, e);
     strata_stream_destroy(d, h);
     strata_free(d, STRATA_MEM_PINNED, src);
@@ -808,11 +797,10 @@ static void test_long_wait_report(strata_device *d) {
     strata_set_wait_report_s(1);
     capture c;
     CHECK(capture_begin(&c) == 0, "capture stderr");
-    delayed_gate dg = {&g, 1600};
-    pthread_t opener;
-    pthread_create(&opener, NULL, open_later, &dg);
+    gate_timer opener;
+    gate_open_after(&opener, &g, 1600);
     int rc = strata_stream_wait_event(d, d->compute, e);
-    pthread_join(opener, NULL);
+    gate_timer_join(&opener);
     char *text = capture_end(&c);
     strata_set_wait_report_s(300);
     CHECK(rc == 0 && strata_event_query(d, e) == 1, "long wait: the wait ends normally once the gate opens");

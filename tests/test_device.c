@@ -369,19 +369,6 @@ static void test_compute_waits_for_worker(strata_device *d) {
     strata_stream_destroy(d, w);
 }
 
-/* Opens a gate after a delay, from a thread of its own (the test's threads are all waiting). */
-typedef struct late_opener {
-    gate *g;
-    unsigned delay_ms;
-} late_opener;
-
-static void *open_later(void *arg) {
-    late_opener *o = arg;
-    usleep(o->delay_ms * 1000u);
-    gate_open(o->g);
-    return NULL;
-}
-
 /* Runs one stuck-for-a-while scenario with stderr captured: a worker stream waits for an
  * event recorded behind a gate on another stream, the test's thread syncs that event, and
  * then syncs a stream whose queue is held by a second gate. Returns what was printed. */
@@ -398,17 +385,15 @@ static char *stuck_for_a_while(strata_device *d, unsigned hold_ms) {
     strata_host_task(d, blocker, gate_wait, &g1);
     strata_event_record(d, e, blocker);
     strata_stream_wait_event(d, waiter, e); /* its worker thread waits */
-    late_opener o1 = {&g1, hold_ms};
-    pthread_t t;
-    pthread_create(&t, NULL, open_later, &o1);
+    gate_timer t;
+    gate_open_after(&t, &g1, hold_ms);
     strata_event_sync(d, e); /* this thread waits */
-    pthread_join(t, NULL);
+    gate_timer_join(&t);
     strata_stream_sync(d, waiter);
     strata_host_task(d, blocker, gate_wait, &g2);
-    late_opener o2 = {&g2, hold_ms};
-    pthread_create(&t, NULL, open_later, &o2);
+    gate_open_after(&t, &g2, hold_ms);
     strata_stream_sync(d, blocker); /* a queue that does not drain */
-    pthread_join(t, NULL);
+    gate_timer_join(&t);
     strata_event_destroy(d, e);
     strata_stream_destroy(d, waiter);
     strata_stream_destroy(d, blocker);

@@ -135,26 +135,30 @@ static void report_long_wait(strata_device *d, const char *what, double waited) 
                 waited, what, streams);
 }
 
+typedef struct event_wait {
+    strata_event *e;
+    uint64_t target;
+} event_wait;
+
+static int event_reached(void *arg) {
+    event_wait *w = arg;
+    return w->e->completed >= w->target;
+}
+
+static void event_report(void *arg, double waited) {
+    event_wait *w = arg;
+    char what[160];
+    pthread_mutex_lock(&w->e->mu);
+    snprintf(what, sizeof what, "the record of an event on stream \"%s\" (record %llu, reached %llu)",
+             w->e->recorded_on, (unsigned long long)w->target, (unsigned long long)w->e->completed);
+    pthread_mutex_unlock(&w->e->mu);
+    report_long_wait(w->e->d, what, waited);
+}
+
 static void event_wait_generation(strata_event *e, uint64_t target) {
     pthread_mutex_lock(&e->mu);
-    if (e->completed < target && strata_wait_reports_on()) {
-        strata_long_wait w;
-        strata_long_wait_begin(&w);
-        while (e->completed < target) {
-            struct timespec tick = strata_wait_tick();
-            pthread_cond_timedwait(&e->cv, &e->mu, &tick);
-            double waited = e->completed < target ? strata_long_wait_check(&w) : 0;
-            if (waited > 0) {
-                char what[160];
-                snprintf(what, sizeof what, "the record of an event on stream \"%s\" (record %llu, reached %llu)",
-                         e->recorded_on, (unsigned long long)target, (unsigned long long)e->completed);
-                pthread_mutex_unlock(&e->mu); /* the report takes the streams' locks */
-                report_long_wait(e->d, what, waited);
-                pthread_mutex_lock(&e->mu);
-            }
-        }
-    }
-    while (e->completed < target) pthread_cond_wait(&e->cv, &e->mu);
+    event_wait w = {e, target};
+    strata_cond_wait_reporting(&e->cv, &e->mu, event_reached, event_report, &w);
     pthread_mutex_unlock(&e->mu);
 }
 

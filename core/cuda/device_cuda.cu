@@ -221,23 +221,26 @@ static void report_long_wait(cuda_device *cd, int slot, uint32_t ticket, double 
                 slot_load(cd, slot), streams);
 }
 
+typedef struct slot_wait {
+    cuda_device *cd;
+    int slot;
+    uint32_t ticket;
+} slot_wait;
+
+static int slot_reached(void *arg) {
+    slot_wait *w = (slot_wait *)arg;
+    return ticket_reached(slot_load(w->cd, w->slot), w->ticket);
+}
+
+static void slot_report(void *arg, double waited) {
+    slot_wait *w = (slot_wait *)arg;
+    report_long_wait(w->cd, w->slot, w->ticket, waited);
+}
+
 static void wait_host_slot(cuda_device *cd, int slot, uint32_t ticket) {
     pthread_mutex_lock(&cd->host_mu);
-    if (!ticket_reached(slot_load(cd, slot), ticket) && strata_wait_reports_on()) {
-        strata_long_wait w;
-        strata_long_wait_begin(&w);
-        while (!ticket_reached(slot_load(cd, slot), ticket)) {
-            struct timespec tick = strata_wait_tick();
-            pthread_cond_timedwait(&cd->host_cv, &cd->host_mu, &tick);
-            double waited = ticket_reached(slot_load(cd, slot), ticket) ? 0 : strata_long_wait_check(&w);
-            if (waited > 0) {
-                pthread_mutex_unlock(&cd->host_mu);
-                report_long_wait(cd, slot, ticket, waited);
-                pthread_mutex_lock(&cd->host_mu);
-            }
-        }
-    }
-    while (!ticket_reached(slot_load(cd, slot), ticket)) pthread_cond_wait(&cd->host_cv, &cd->host_mu);
+    slot_wait w = {cd, slot, ticket};
+    strata_cond_wait_reporting(&cd->host_cv, &cd->host_mu, slot_reached, slot_report, &w);
     pthread_mutex_unlock(&cd->host_mu);
 }
 
