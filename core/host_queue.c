@@ -83,6 +83,14 @@ int strata_host_queue_push(strata_host_queue *q, void *task, void (*stamp)(void 
     return 0;
 }
 
+void strata_host_queue_progress(strata_host_queue *q, uint64_t *done, uint64_t *running, uint64_t *queued) {
+    pthread_mutex_lock(&q->mu);
+    *done = q->done;
+    *queued = q->count;
+    *running = q->enqueued - q->done - q->count; /* popped, not yet done */
+    pthread_mutex_unlock(&q->mu);
+}
+
 typedef struct queue_wait {
     strata_host_queue *q;
     uint64_t ticket;
@@ -97,12 +105,12 @@ static void queue_report(void *arg, double waited) {
     queue_wait *w = arg;
     strata_host_queue *q = w->q;
     char me[32];
-    pthread_mutex_lock(&q->mu);
-    unsigned long long done = q->done, running = q->enqueued - q->done - q->count, queued = q->count;
-    pthread_mutex_unlock(&q->mu);
+    uint64_t done, running, queued;
+    strata_host_queue_progress(q, &done, &running, &queued);
     STRATA_WARN("device", "thread \"%s\" has waited %.0f s for stream \"%s\" to finish its queue: %llu of %llu tasks "
-                "done, %llu running, %llu queued", strata_thread_name(me, sizeof me), waited, q->name, done,
-                (unsigned long long)w->ticket, running, queued);
+                "done, %llu running, %llu queued", strata_thread_name(me, sizeof me), waited, q->name,
+                (unsigned long long)done, (unsigned long long)w->ticket, (unsigned long long)running,
+                (unsigned long long)queued);
 }
 
 void strata_host_queue_sync(strata_host_queue *q) {

@@ -36,6 +36,8 @@ int strata_host_queue_start(strata_host_queue *q, const char *name, size_t task_
  * queue's lock just before it is copied in, so whatever it numbers enters the FIFO in
  * number order (a CUDA event record takes its ticket so). -1 + error after stop. */
 int strata_host_queue_push(strata_host_queue *q, void *task, void (*stamp)(void *owner, void *task));
+/* Where the queue stands: tasks done, the one running (0 or 1), and those waiting. */
+void strata_host_queue_progress(strata_host_queue *q, uint64_t *done, uint64_t *running, uint64_t *queued);
 /* Waits until every task pushed before this call has run. */
 void strata_host_queue_sync(strata_host_queue *q);
 /* Lets the worker drain the queue, joins it and frees the ring. */

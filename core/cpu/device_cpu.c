@@ -124,11 +124,11 @@ static void report_long_wait(strata_device *d, const char *what, double waited) 
             n += snprintf(streams + n, sizeof streams - n, "%s\"%s\" (runs on its caller)", n ? ", " : "", s->name);
             continue;
         }
-        pthread_mutex_lock(&s->q.mu);
-        unsigned long long done = s->q.done, queued = s->q.count, running = s->q.enqueued - s->q.done - s->q.count;
-        pthread_mutex_unlock(&s->q.mu);
+        uint64_t done, running, queued;
+        strata_host_queue_progress(&s->q, &done, &running, &queued);
         n += snprintf(streams + n, sizeof streams - n, "%s\"%s\" %llu tasks done, %llu running, %llu queued",
-                      n ? ", " : "", s->name, done, running, queued);
+                      n ? ", " : "", s->name, (unsigned long long)done, (unsigned long long)running,
+                      (unsigned long long)queued);
     }
     pthread_mutex_unlock(&cd->streams_mu);
     STRATA_WARN("device", "thread \"%s\" has waited %.0f s for %s; streams: %s", strata_thread_name(me, sizeof me),
