@@ -19,6 +19,9 @@
 #define _Noreturn [[noreturn]]
 #endif
 
+/* The longest path a config key or a file Strata writes may name. */
+#define STRATA_PATH_MAX 1024
+
 /* Process exit codes shared by every subcommand. */
 enum {
     STRATA_EXIT_OK = 0,
@@ -89,14 +92,6 @@ void *strata_xmalloc(size_t bytes);
 void *strata_xcalloc(size_t n, size_t bytes);
 void *strata_xrealloc(void *p, size_t bytes);
 char *strata_xstrdup(const char *s);
-
-/* Reads a whole file the user named (a config, a tokenizer, a JSON file) into memory,
- * refusing anything that is not a regular file (a directory, /dev/zero, a FIFO) or holds
- * more than max_bytes, so a wrong path can never eat memory. *out is NUL-terminated and
- * freed by the caller. 0, or -1 with the error naming the file and the limit. */
-int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, size_t *len);
-/* The same check without reading: 0 if path is a regular file of at most max_bytes. */
-int strata_check_file_bounded(const char *path, size_t max_bytes);
 
 double strata_now_ms(void); /* monotonic clock */
 

@@ -21,7 +21,7 @@ enum { LNF_W, LNF_B };
 
 static void add_tensor(strata_model *m, int u, const char *name, int ndim, int64_t d0, int64_t d1) {
     strata_unit *unit = &m->units[u];
-    strata_ckpt_tensor *t = &m->tensors[m->n_tensors];
+    strata_param_tensor *t = &m->tensors[m->n_tensors];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->unit = u;
     t->offset = unit->numel;
@@ -34,11 +34,6 @@ static void add_tensor(strata_model *m, int u, const char *name, int ndim, int64
     unit->n_tensors++;
     unit->numel += t->numel;
     m->n_tensors++;
-}
-
-strata_model_shape strata_model_shape_from_config(const strata_config *c) {
-    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
-                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
 }
 
 void strata_model_init(strata_model *m, const strata_model_shape *shape) {
@@ -56,7 +51,7 @@ void strata_model_init(strata_model *m, const strata_model_shape *shape) {
     m->units[0] = (strata_unit){.kind = STRATA_UNIT_EMBED, .layer = -1};
     add_tensor(m, 0, "transformer.wte.weight", 2, shape->padded_vocab_size, C); /* rows >= V: padding */
     add_tensor(m, 0, "transformer.wpe.weight", 2, shape->max_seq_len, C);
-    char name[STRATA_CKPT_NAME_MAX];
+    char name[STRATA_TENSOR_NAME_MAX];
     for (int l = 0; l < L; l++) {
         int u = 1 + l;
         m->units[u] = (strata_unit){.kind = STRATA_UNIT_BLOCK, .layer = l};
@@ -106,8 +101,8 @@ double strata_model_flops_per_token(const strata_model *m, int T) {
     return 6.0 * n_matmul + 12.0 * L * C * T;
 }
 
-strata_ckpt_layout strata_model_layout(const strata_model *m, const size_t *unit_padded) {
-    return (strata_ckpt_layout){.n_units = m->n_units, .unit_numel = m->unit_numel, .unit_padded = unit_padded,
+strata_param_layout strata_model_layout(const strata_model *m, const size_t *unit_padded) {
+    return (strata_param_layout){.n_units = m->n_units, .unit_numel = m->unit_numel, .unit_padded = unit_padded,
                                 .n_tensors = m->n_tensors, .tensors = m->tensors};
 }
 
@@ -198,7 +193,7 @@ void strata_model_init_params(const strata_model *m, int u, uint64_t seed, size_
     float proj_std = std / sqrtf(2.0f * m->shape.n_layer);
     for (int i = 0; i < unit->n_tensors; i++) {
         int ti = unit->first_tensor + i;
-        const strata_ckpt_tensor *t = &m->tensors[ti];
+        const strata_param_tensor *t = &m->tensors[ti];
         size_t a = t->offset > lo ? t->offset : lo;
         size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= b) continue;

@@ -21,9 +21,33 @@
 #include <stdint.h>
 
 #include "core/arena.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
 #include "core/device.h"
+
+#define STRATA_TENSOR_NAME_MAX 128
+#define STRATA_TENSOR_MAX_DIMS 4
+
+/* One parameter tensor of the model: its Hugging Face name, the unit whose flat buffer
+ * holds it and where. Checkpoints, exports and pretrained readers all address tensors
+ * through this table. */
+typedef struct strata_param_tensor {
+    char name[STRATA_TENSOR_NAME_MAX]; /* "transformer.h.3.attn.c_attn.weight" */
+    int unit;
+    size_t offset; /* elements from the start of the unit's flat buffer */
+    size_t numel;
+    int ndim;
+    int64_t shape[STRATA_TENSOR_MAX_DIMS];
+} strata_param_tensor;
+
+/* The model's parameter layout, which a checkpoint records and checks: units of flat
+ * buffers, tensors inside them. The tensors of a unit tile [0, unit_numel) in offset
+ * order without gaps. */
+typedef struct strata_param_layout {
+    int n_units;
+    const size_t *unit_numel;  /* real elements */
+    const size_t *unit_padded; /* padded elements (a multiple of every world size used) */
+    int n_tensors;
+    const strata_param_tensor *tensors;
+} strata_param_layout;
 
 typedef struct strata_model_shape {
     int n_layer, n_head, n_embd;
@@ -67,7 +91,7 @@ typedef struct strata_model {
     strata_unit *units;
     size_t *unit_numel;          /* units[u].numel, as an array for the checkpoint layout */
     int n_tensors;
-    strata_ckpt_tensor *tensors; /* names, shapes, unit offsets */
+    strata_param_tensor *tensors; /* names, shapes, unit offsets */
     unsigned char *decay;        /* per tensor: 1 for 2-D weights (weight decay applies) */
 
     void **params;   /* per unit, set by the engine before running it */
@@ -95,8 +119,6 @@ typedef struct strata_model {
     struct strata_prof *prof;
 } strata_model;
 
-/* The model a config describes (model.* keys, padded vocabulary resolved). */
-strata_model_shape strata_model_shape_from_config(const strata_config *c);
 /* Builds the unit and tensor tables (no memory for parameters). */
 void strata_model_init(strata_model *m, const strata_model_shape *shape);
 void strata_model_free(strata_model *m);
@@ -105,7 +127,7 @@ size_t strata_model_num_params(const strata_model *m); /* real parameters (V row
  * N the parameters that multiply: blocks and the tied head; embeddings are lookups). */
 double strata_model_flops_per_token(const strata_model *m, int T);
 /* The layout checkpoints use; unit_padded supplied by the engine. */
-strata_ckpt_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
+strata_param_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
 
 /* Reserves activation memory for micro-batch B x T in the arena, with activations in
  * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed). */

@@ -5,28 +5,29 @@
 
 #include "core/common.h"
 
-double strata_lr_at(const strata_config *c, int64_t step) {
-    double lr = c->optim.lr, min_lr = c->optim.min_lr;
-    int64_t warmup = c->optim.warmup_steps, total = c->train.steps;
+double strata_lr_at(const strata_optim_settings *o, int64_t total_steps, int64_t step) {
+    double lr = o->lr, min_lr = o->min_lr;
+    int64_t warmup = o->warmup_steps, total = total_steps;
     if (step < warmup) return lr * (double)(step + 1) / (double)warmup;
-    if (c->optim.schedule == STRATA_SCHEDULE_CONSTANT || total <= warmup) return lr;
+    if (o->schedule == STRATA_SCHEDULE_CONSTANT || total <= warmup) return lr;
     double progress = (double)(step - warmup) / (double)(total - warmup);
     if (progress > 1.0) progress = 1.0;
-    double coeff = c->optim.schedule == STRATA_SCHEDULE_COSINE ? 0.5 * (1.0 + cos(M_PI * progress))
+    double coeff = o->schedule == STRATA_SCHEDULE_COSINE ? 0.5 * (1.0 + cos(M_PI * progress))
                                                                 : 1.0 - progress;
     return min_lr + coeff * (lr - min_lr);
 }
 
-strata_adamw_args strata_adamw_args_at(const strata_config *c, int64_t step, float grad_scale) {
+strata_adamw_args strata_adamw_args_at(const strata_optim_settings *o, int64_t total_steps, int64_t step,
+                                       float grad_scale) {
     double t = (double)(step + 1);
     return (strata_adamw_args){
-        .lr = (float)strata_lr_at(c, step),
-        .beta1 = (float)c->optim.beta1,
-        .beta2 = (float)c->optim.beta2,
-        .eps = (float)c->optim.eps,
-        .weight_decay = (float)c->optim.weight_decay,
-        .bc1 = (float)(1.0 - pow(c->optim.beta1, t)),
-        .bc2 = (float)(1.0 - pow(c->optim.beta2, t)),
+        .lr = (float)strata_lr_at(o, total_steps, step),
+        .beta1 = (float)o->beta1,
+        .beta2 = (float)o->beta2,
+        .eps = (float)o->eps,
+        .weight_decay = (float)o->weight_decay,
+        .bc1 = (float)(1.0 - pow(o->beta1, t)),
+        .bc2 = (float)(1.0 - pow(o->beta2, t)),
         .grad_scale = grad_scale,
     };
 }
@@ -40,7 +41,7 @@ int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
         size_t end = hi;
         int decay = 0;
         for (int i = 0; i < unit->n_tensors; i++) {
-            const strata_ckpt_tensor *t = &m->tensors[unit->first_tensor + i];
+            const strata_param_tensor *t = &m->tensors[unit->first_tensor + i];
             if (pos >= t->offset && pos < t->offset + t->numel) {
                 end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
                 decay = m->decay[unit->first_tensor + i];

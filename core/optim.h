@@ -7,16 +7,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
 #include "core/kernels.h"
 #include "core/model.h"
 
-/* Learning rate for optimizer step `step` (0-based): linear warmup from lr/warmup to lr
- * over warmup_steps, then cosine (or linear) decay to min_lr at train.steps, or constant. */
-double strata_lr_at(const strata_config *c, int64_t step);
+typedef enum { STRATA_SCHEDULE_COSINE = 0, STRATA_SCHEDULE_LINEAR, STRATA_SCHEDULE_CONSTANT } strata_schedule;
+
+/* AdamW and its learning-rate schedule (a config's `optim` section). */
+typedef struct strata_optim_settings {
+    double lr, min_lr;
+    int warmup_steps;
+    strata_schedule schedule;
+    double beta1, beta2, eps, weight_decay, grad_clip;
+} strata_optim_settings;
+
+/* Learning rate for optimizer step `step` (0-based) of total_steps: linear warmup from
+ * lr/warmup to lr over warmup_steps, then cosine (or linear) decay to min_lr at
+ * total_steps, or constant. */
+double strata_lr_at(const strata_optim_settings *o, int64_t total_steps, int64_t step);
 
 /* AdamW arguments for step `step` (0-based; bias corrections use t = step + 1). */
-strata_adamw_args strata_adamw_args_at(const strata_config *c, int64_t step, float grad_scale);
+strata_adamw_args strata_adamw_args_at(const strata_optim_settings *o, int64_t total_steps, int64_t step,
+                                       float grad_scale);
 
 /* The most pieces a unit's optimizer range splits into: a range crosses every tensor of its
  * unit at most once (a GPT-2 block has 12). */

@@ -6,10 +6,10 @@
 
 #include "core/arena.h"
 #include "core/common.h"
-#include "core/data.h"
 #include "core/model.h"
-#include "launcher/build.h"
+#include "io/data.h"
 #include "shard/engine.h"
+#include "launcher/build.h"
 
 #define AUTO_DEFAULT_TRIALS 3
 #define AUTO_TRIAL_STEPS 4 /* the first warms up (first touch, offload pipeline); the median of the rest counts */

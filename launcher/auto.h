@@ -9,10 +9,10 @@
 
 #include <stdio.h>
 
-#include "core/config.h"
 #include "core/device.h"
-#include "launcher/plan.h"
+#include "io/config.h"
 #include "shard/comm.h"
+#include "launcher/plan.h"
 
 #define STRATA_AUTO_MAX_TRIALS 8
 

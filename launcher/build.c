@@ -12,7 +12,7 @@ const char *strata_backend_name(const strata_config *cfg) {
 
 strata_engine *strata_build(const strata_config *cfg, strata_device *dev, strata_comm *comm, int rank, int world,
                             strata_model *m, strata_arena *arena) {
-    strata_model_shape shape = strata_model_shape_from_config(cfg);
+    strata_model_shape shape = strata_config_model_shape(cfg);
     strata_model_init(m, &shape);
     strata_arena_init(arena, dev);
     return strata_engine_create(cfg, m, arena, dev, comm, strata_offload_tier(cfg, dev, rank), rank, world);

@@ -4,9 +4,9 @@
 #define STRATA_BUILD_H
 
 #include "core/arena.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
 #include "core/model.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 

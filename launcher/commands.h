@@ -3,8 +3,8 @@
 #ifndef STRATA_COMMANDS_H
 #define STRATA_COMMANDS_H
 
-#include "core/checkpoint.h"
-#include "core/config.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
 
 /* Shared command-line parsing: CONFIG (or none for the built-in default) and
  * --set section.key=value overrides. Returns 0, or prints the error and returns 2. */

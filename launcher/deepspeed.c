@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "core/config.h"
-#include "core/json.h"
+#include "io/config.h"
+#include "io/json.h"
 
 #define MAX_KEYS 64
 #define MAX_NOTES 128

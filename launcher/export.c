@@ -24,69 +24,26 @@
 #include <unistd.h>
 
 #include "core/arena.h"
-#include "core/bpe.h"
-#include "core/checkpoint.h"
 #include "core/common.h"
-#include "core/config.h"
-#include "core/data.h"
 #include "core/kernels.h"
 #include "core/model.h"
-#include "launcher/build.h"
-#include "launcher/tokenizer.h"
+#include "io/bpe.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "io/data.h"
+#include "io/files.h"
+#include "io/json.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
+#include "launcher/build.h"
+#include "launcher/tokenizer.h"
 
 #define WTE_NAME "transformer.wte.weight"
-
-/* ---- a growing string for the JSON header ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (b->n + n + 1 > cap) cap *= 2;
-        b->p = strata_xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    STRATA_ASSERT(n >= 0 && (size_t)n < sizeof tmp); /* only short numeric pieces go through here */
-    sb_putn(b, tmp, (size_t)n);
-}
-
-/* A JSON string literal: quotes, backslashes and control bytes escaped; other bytes
- * (UTF-8 included) pass through. */
-static void sb_json_string(sbuf *b, const char *s) {
-    sb_putn(b, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"') sb_putn(b, "\\\"", 2);
-        else if (*c == '\\') sb_putn(b, "\\\\", 2);
-        else if (*c == '\n') sb_putn(b, "\\n", 2);
-        else if (*c == '\t') sb_putn(b, "\\t", 2);
-        else if (*c < 0x20) sb_printf(b, "\\u%04x", *c);
-        else sb_putn(b, (const char *)c, 1);
-    }
-    sb_putn(b, "\"", 1);
-}
 
 /* ---- safetensors writer ---- */
 
 typedef struct st_tensor {
-    char name[STRATA_CKPT_NAME_MAX + 8]; /* "grad." + a model tensor name */
+    char name[STRATA_TENSOR_NAME_MAX + 8]; /* "grad." + a model tensor name */
     const char *dtype;                    /* "F32" or "I32" */
     int ndim;
     int64_t shape[3];
@@ -99,7 +56,7 @@ typedef struct st_writer {
     int n, cap;
     int next;   /* the tensor whose bytes come next */
     int fd;
-    sbuf meta;  /* "key": "value" pairs, comma separated, already JSON */
+    strata_sbuf meta;  /* "key": "value" pairs, comma separated, already JSON */
 } st_writer;
 
 static void st_init(st_writer *w, const char *path) {
@@ -120,10 +77,10 @@ static void st_free(st_writer *w) {
 }
 
 static void st_meta(st_writer *w, const char *key, const char *value) {
-    if (w->meta.n) sb_putn(&w->meta, ",", 1);
-    sb_json_string(&w->meta, key);
-    sb_putn(&w->meta, ":", 1);
-    sb_json_string(&w->meta, value ? value : "");
+    if (w->meta.len) strata_sbuf_putn(&w->meta, ",", 1);
+    strata_json_string(&w->meta, key, strlen(key));
+    strata_sbuf_putn(&w->meta, ":", 1);
+    strata_json_string(&w->meta, value ? value : "", strlen(value ? value : ""));
 }
 
 static void st_meta_int(st_writer *w, const char *key, long long value) {
@@ -153,44 +110,33 @@ static void st_add(st_writer *w, const char *name, const char *dtype, int ndim, 
     t->bytes = numel * 4;
 }
 
-static int write_all(int fd, const void *data, size_t bytes, const char *path) {
-    const char *p = data;
-    while (bytes) {
-        ssize_t k = write(fd, p, bytes > (1u << 30) ? (1u << 30) : bytes);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return strata_fail("%s: write failed: %s", path, strerror(errno));
-        p += k;
-        bytes -= (size_t)k;
-    }
-    return 0;
-}
 
 /* Writes the header to a temporary file next to the target; tensors follow with st_write. */
 static int st_begin(st_writer *w) {
-    sbuf h = {0};
-    sb_putn(&h, "{\"__metadata__\":{", 17);
-    if (w->meta.n) sb_putn(&h, w->meta.p, w->meta.n);
-    sb_putn(&h, "}", 1);
+    strata_sbuf h = {0};
+    strata_sbuf_putn(&h, "{\"__metadata__\":{", 17);
+    if (w->meta.len) strata_sbuf_putn(&h, w->meta.p, w->meta.len);
+    strata_sbuf_putn(&h, "}", 1);
     size_t off = 0;
     for (int i = 0; i < w->n; i++) {
         const st_tensor *t = &w->t[i];
-        sb_putn(&h, ",", 1);
-        sb_json_string(&h, t->name);
-        sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", t->dtype);
-        for (int d = 0; d < t->ndim; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-        sb_printf(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + t->bytes);
+        strata_sbuf_putn(&h, ",", 1);
+        strata_json_string(&h, t->name, strlen(t->name));
+        strata_sbuf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", t->dtype);
+        for (int d = 0; d < t->ndim; d++) strata_sbuf_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+        strata_sbuf_printf(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + t->bytes);
         off += t->bytes;
     }
-    sb_putn(&h, "}", 1);
-    while (h.n % 8) sb_putn(&h, " ", 1); /* 8 + N stays a multiple of 8: aligned data */
+    strata_sbuf_putn(&h, "}", 1);
+    while (h.len % 8) strata_sbuf_putn(&h, " ", 1); /* 8 + N stays a multiple of 8: aligned data */
     unsigned char len[8];
-    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
 
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", w->path, (int)getpid());
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int rc = 0;
     if (w->fd < 0) rc = strata_fail("%s: cannot create: %s", w->tmp, strerror(errno));
-    else rc = write_all(w->fd, len, 8, w->tmp) || write_all(w->fd, h.p, h.n, w->tmp) ? -1 : 0;
+    else rc = strata_write_all(w->fd, len, 8, w->tmp) || strata_write_all(w->fd, h.p, h.len, w->tmp) ? -1 : 0;
     free(h.p);
     return rc;
 }
@@ -199,7 +145,7 @@ static int st_begin(st_writer *w) {
 static int st_write(st_writer *w, int i, const void *data) {
     STRATA_ASSERT(i == w->next && i < w->n);
     w->next++;
-    return write_all(w->fd, data, w->t[i].bytes, w->tmp);
+    return strata_write_all(w->fd, data, w->t[i].bytes, w->tmp);
 }
 
 /* fsync, rename over the target, fsync the directory: a reader sees the old file or the
@@ -249,11 +195,11 @@ static void common_meta(st_writer *w, const strata_opened_ckpt *o) {
 }
 
 /* Rows a tensor has in the exported file: wte loses its padding rows. */
-static int64_t export_rows(const strata_ckpt_tensor *t, int vocab_size) {
+static int64_t export_rows(const strata_param_tensor *t, int vocab_size) {
     return strcmp(t->name, WTE_NAME) == 0 ? vocab_size : t->shape[0];
 }
 
-static void add_model_tensor(st_writer *w, const char *prefix, const strata_ckpt_tensor *t, int vocab_size) {
+static void add_model_tensor(st_writer *w, const char *prefix, const strata_param_tensor *t, int vocab_size) {
     char name[sizeof w->t[0].name];
     snprintf(name, sizeof name, "%s%s", prefix, t->name);
     st_add(w, name, "F32", t->ndim, export_rows(t, vocab_size), t->ndim > 1 ? t->shape[1] : 0, 0);
@@ -285,19 +231,6 @@ static int parse_size(const char *s, uint64_t *out) {
     return -1;
 }
 
-/* Writes data to path atomically (temporary name, fsync, rename). */
-static int write_file_atomic(const char *path, const char *data, size_t len) {
-    char tmp[STRATA_PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return strata_fail("%s: cannot create: %s", tmp, strerror(errno));
-    int rc = write_all(fd, data, len, tmp);
-    if (!rc && fsync(fd) != 0) rc = strata_fail("%s: fsync failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !rc) rc = strata_fail("%s: close failed: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path) != 0) rc = strata_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (rc) unlink(tmp);
-    return rc;
-}
 
 /* Writes the model's tensors [t0, t1) as one safetensors file. */
 static int write_weights(const strata_opened_ckpt *o, const strata_model *m, const char *path, int t0, int t1,
@@ -308,7 +241,7 @@ static int write_weights(const strata_opened_ckpt *o, const strata_model *m, con
     for (int i = t0; i < t1; i++) add_model_tensor(&w, "", &m->tensors[i], m->shape.vocab_size);
     int rc = st_begin(&w);
     for (int i = t0; i < t1 && !rc; i++) {
-        const strata_ckpt_tensor *t = &m->tensors[i];
+        const strata_param_tensor *t = &m->tensors[i];
         size_t n = w.t[i - t0].bytes / sizeof(float); /* wte: only the real vocabulary's rows */
         rc = strata_ckpt_read_range(o->ck, t->unit, STRATA_CKPT_PARAM, t->offset, t->offset + n, buf) ||
              st_write(&w, i - t0, buf);
@@ -318,58 +251,42 @@ static int write_weights(const strata_opened_ckpt *o, const strata_model *m, con
     return rc ? -1 : 0;
 }
 
-static int mkdir_p(const char *dir) {
-    char buf[STRATA_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
-    size_t n = strlen(buf);
-    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(buf, 0755);
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return strata_fail("%s: cannot create the directory: %s", buf, strerror(errno));
-    struct stat sb;
-    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode)) return strata_fail("%s: exists and is not a directory", buf);
-    return 0;
-}
 
 /* The token ids a GPT-2 config names: <|endoftext|> when the run's tokenizer has it. */
-static void sb_token_id(sbuf *b, int id) {
-    if (id >= 0) sb_printf(b, "%d", id);
-    else sb_putn(b, "null", 4);
+static void sb_token_id(strata_sbuf *b, int id) {
+    if (id >= 0) strata_sbuf_printf(b, "%d", id);
+    else strata_sbuf_putn(b, "null", 4);
 }
 
 static int write_configs(const char *dir, const strata_config *c, int eot) {
     char path[STRATA_PATH_MAX + 64];
     char std[64];
     snprintf(std, sizeof std, "%.9g", c->model.init_std);
-    sbuf b = {0};
+    strata_sbuf b = {0};
     /* what transformers' GPT2Config needs; no dropout, since Strata trains without it */
-    sb_printf(&b, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n");
-    sb_printf(&b, "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", c->model.vocab_size,
+    strata_sbuf_printf(&b, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n");
+    strata_sbuf_printf(&b, "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", c->model.vocab_size,
               c->model.seq_len, c->model.seq_len);
-    sb_printf(&b, "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n", c->model.n_embd,
+    strata_sbuf_printf(&b, "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n", c->model.n_embd,
               c->model.n_layer, c->model.n_head);
-    sb_printf(&b, "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n");
-    sb_printf(&b, "  \"initializer_range\": %s,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n", std);
-    sb_printf(&b, "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": true,\n  \"use_cache\": true,\n");
-    sb_printf(&b, "  \"torch_dtype\": \"float32\",\n  \"bos_token_id\": ");
+    strata_sbuf_printf(&b, "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n");
+    strata_sbuf_printf(&b, "  \"initializer_range\": %s,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n", std);
+    strata_sbuf_printf(&b, "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": true,\n  \"use_cache\": true,\n");
+    strata_sbuf_printf(&b, "  \"torch_dtype\": \"float32\",\n  \"bos_token_id\": ");
     sb_token_id(&b, eot);
-    sb_printf(&b, ",\n  \"eos_token_id\": ");
+    strata_sbuf_printf(&b, ",\n  \"eos_token_id\": ");
     sb_token_id(&b, eot);
-    sb_printf(&b, "\n}\n");
+    strata_sbuf_printf(&b, "\n}\n");
     snprintf(path, sizeof path, "%s/config.json", dir);
-    int rc = write_file_atomic(path, b.p, b.n);
-    b.n = 0;
-    sb_printf(&b, "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": ");
+    int rc = strata_write_file_atomic(path, b.p, b.len);
+    b.len = 0;
+    strata_sbuf_printf(&b, "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": ");
     sb_token_id(&b, eot);
-    sb_printf(&b, ",\n  \"eos_token_id\": ");
+    strata_sbuf_printf(&b, ",\n  \"eos_token_id\": ");
     sb_token_id(&b, eot);
-    sb_printf(&b, "\n}\n");
+    strata_sbuf_printf(&b, "\n}\n");
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if (!rc) rc = write_file_atomic(path, b.p, b.n);
+    if (!rc) rc = strata_write_file_atomic(path, b.p, b.len);
     free(b.p);
     return rc;
 }
@@ -380,19 +297,19 @@ static int write_tokenizer(const char *dir, const strata_bpe *tk, int eot, int m
     char path[STRATA_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (strata_bpe_save(tk, path) || strata_bpe_save_vocab_merges(tk, dir)) return -1;
-    sbuf b = {0};
-    sb_printf(&b, "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": %d,\n", max_len);
-    sb_printf(&b, "  \"add_prefix_space\": %s,\n  \"add_bos_token\": false,\n", strata_bpe_add_prefix_space(tk) ? "true" : "false");
+    strata_sbuf b = {0};
+    strata_sbuf_printf(&b, "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": %d,\n", max_len);
+    strata_sbuf_printf(&b, "  \"add_prefix_space\": %s,\n  \"add_bos_token\": false,\n", strata_bpe_add_prefix_space(tk) ? "true" : "false");
     static const char *const roles[] = {"bos_token", "eos_token", "unk_token"};
     for (int i = 0; i < 3; i++) {
-        sb_printf(&b, "  \"%s\": ", roles[i]);
-        if (eot >= 0) sb_json_string(&b, "<|endoftext|>");
-        else sb_putn(&b, "null", 4);
-        sb_putn(&b, ",\n", 2);
+        strata_sbuf_printf(&b, "  \"%s\": ", roles[i]);
+        if (eot >= 0) strata_json_string(&b, "<|endoftext|>", strlen("<|endoftext|>"));
+        else strata_sbuf_putn(&b, "null", 4);
+        strata_sbuf_putn(&b, ",\n", 2);
     }
-    sb_printf(&b, "  \"pad_token\": null\n}\n");
+    strata_sbuf_printf(&b, "  \"pad_token\": null\n}\n");
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    int rc = write_file_atomic(path, b.p, b.n);
+    int rc = strata_write_file_atomic(path, b.p, b.len);
     free(b.p);
     return rc;
 }
@@ -419,14 +336,14 @@ static void remove_stale_weights(const char *dir, int n_shards) {
 
 static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const char *dir, uint64_t max_shard,
                       float *buf, int *n_files) {
-    if (mkdir_p(dir)) return -1;
+    if (strata_mkdir_p(dir)) return -1;
     /* shards in tensor order: a new file when the next tensor would pass max_shard (a
      * tensor larger than that gets a file of its own, as transformers does) */
     int *first = strata_xcalloc((size_t)m->n_tensors + 1, sizeof *first);
     int n = 0;
     uint64_t in_shard = 0, total = 0;
     for (int i = 0; i < m->n_tensors; i++) {
-        const strata_ckpt_tensor *t = &m->tensors[i];
+        const strata_param_tensor *t = &m->tensors[i];
         uint64_t bytes = (uint64_t)export_rows(t, m->shape.vocab_size) * (t->ndim > 1 ? (uint64_t)t->shape[1] : 1) * 4;
         if (n == 0 || (in_shard + bytes > max_shard && in_shard > 0)) {
             first[n++] = i;
@@ -438,8 +355,8 @@ static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const 
     first[n] = m->n_tensors;
     int rc = 0;
     char path[STRATA_PATH_MAX + 64];
-    sbuf idx = {0};
-    if (n > 1) sb_printf(&idx, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {", (unsigned long long)total);
+    strata_sbuf idx = {0};
+    if (n > 1) strata_sbuf_printf(&idx, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {", (unsigned long long)total);
     for (int s = 0; s < n && !rc; s++) {
         char name[64];
         if (n == 1) snprintf(name, sizeof name, "model.safetensors");
@@ -447,16 +364,16 @@ static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const 
         snprintf(path, sizeof path, "%s/%s", dir, name);
         rc = write_weights(o, m, path, first[s], first[s + 1], buf);
         for (int i = first[s]; n > 1 && i < first[s + 1]; i++) {
-            sb_putn(&idx, i ? ",\n    " : "\n    ", i ? 6 : 5);
-            sb_json_string(&idx, m->tensors[i].name);
-            sb_putn(&idx, ": ", 2);
-            sb_json_string(&idx, name);
+            strata_sbuf_putn(&idx, i ? ",\n    " : "\n    ", i ? 6 : 5);
+            strata_json_string(&idx, m->tensors[i].name, strlen(m->tensors[i].name));
+            strata_sbuf_putn(&idx, ": ", 2);
+            strata_json_string(&idx, name, strlen(name));
         }
     }
     if (!rc && n > 1) {
-        sb_printf(&idx, "\n  }\n}\n");
+        strata_sbuf_printf(&idx, "\n  }\n}\n");
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-        rc = write_file_atomic(path, idx.p, idx.n);
+        rc = strata_write_file_atomic(path, idx.p, idx.len);
     }
     free(idx.p);
     free(first);
@@ -501,10 +418,10 @@ int strata_cmd_export(int argc, char **argv) {
     strata_opened_ckpt o;
     int rc = strata_open_checkpoint("export", what, NULL, 0, &o);
     if (rc) return rc;
-    strata_model_shape shape = strata_model_shape_from_config(&o.cfg);
+    strata_model_shape shape = strata_config_model_shape(&o.cfg);
     strata_model m;
     strata_model_init(&m, &shape);
-    strata_ckpt_layout layout = strata_model_layout(&m, NULL);
+    strata_param_layout layout = strata_model_layout(&m, NULL);
     float *buf = NULL;
     size_t max_numel = 0;
     int n_files = 1;
@@ -671,7 +588,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
         st_write(&w, 3, targets))
         goto done;
     for (int i = 0; i < m->n_tensors; i++) {
-        const strata_ckpt_tensor *t = &m->tensors[i];
+        const strata_param_tensor *t = &m->tensors[i];
         if (st_write(&w, 4 + i, grads_host[t->unit] + t->offset)) goto done;
     }
     if (st_commit(&w)) goto done;

@@ -4,18 +4,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/bpe.h"
 #include "core/common.h"
-#include "core/config.h"
-#include "core/data.h"
+#include "core/device.h"
+#include "io/bpe.h"
+#include "io/config.h"
+#include "io/data.h"
+#include "io/files.h"
+#include "shard/comm.h"
+#include "offload/bench_io.h"
 #include "launcher/commands.h"
 #include "launcher/deepspeed.h"
 #include "launcher/export.h"
 #include "launcher/help.h"
 #include "launcher/plot.h"
-#include "offload/bench_io.h"
-#include "core/device.h"
-#include "shard/comm.h"
 
 static const char *usage_text =
     "usage: strata COMMAND [ARGS]     (strata COMMAND --help: its options; strata --version)\n"
@@ -60,7 +61,10 @@ static int cmd_config(int argc, char **argv) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
-    strata_config_write(&c, stdout, 1);
+    if (strata_config_write(&c, stdout, 1)) {
+        fprintf(stderr, "%s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
     return STRATA_EXIT_OK;
 }
 

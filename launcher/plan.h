@@ -11,8 +11,8 @@
 #include <stdio.h>
 
 #include "core/arena.h"
-#include "core/config.h"
 #include "core/device.h"
+#include "io/config.h"
 
 enum { STRATA_TIER_DEVICE = 0, STRATA_TIER_PINNED, STRATA_TIER_HOST, STRATA_TIER_NVME, STRATA_TIERS };
 

@@ -6,6 +6,7 @@
 #include "launcher/plot.h"
 
 #include "core/common.h"
+#include "io/files.h"
 
 #include <errno.h>
 #include <math.h>

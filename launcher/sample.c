@@ -7,13 +7,13 @@
 #include <string.h>
 
 #include "core/arena.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "shard/comm.h"
+#include "shard/engine.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/tokenizer.h"
-#include "shard/comm.h"
-#include "shard/engine.h"
 
 static float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

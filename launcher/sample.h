@@ -5,10 +5,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/bpe.h"
 #include "core/common.h"
-#include "core/data.h"
 #include "core/model.h"
+#include "io/bpe.h"
+#include "io/data.h"
 
 /* The most tokens one `strata sample` generates. */
 #define STRATA_SAMPLE_MAX_TOKENS 1048576

@@ -11,13 +11,9 @@
 #include <sys/stat.h>
 
 #include "core/common.h"
+#include "io/files.h"
 
 #define RUN_TOKENIZER "tokenizer.json"
-
-static int is_file(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
 
 int strata_run_tokenizer_open(const strata_config *cfg, strata_bpe **out) {
     *out = NULL;
@@ -34,7 +30,7 @@ int strata_run_tokenizer_open(const strata_config *cfg, strata_bpe **out) {
         else snprintf(dir, sizeof dir, ".");
         if (strpbrk(dir, "*?[")) return 0; /* a glob over directories: no one place to look */
         snprintf(path, sizeof path, "%s/%s", dir, RUN_TOKENIZER);
-        if (!is_file(path)) return 0;
+        if (!strata_is_file(path)) return 0;
         what = "the tokenizer.json beside data.train";
     }
     strata_bpe *tk = strata_bpe_load(path);
@@ -49,21 +45,8 @@ int strata_run_tokenizer_open(const strata_config *cfg, strata_bpe **out) {
     return 0;
 }
 
-static int mkdir_p(const char *dir) {
-    char buf[STRATA_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(buf, 0755);
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return strata_fail("run.dir '%s': %s", dir, strerror(errno));
-    return 0;
-}
-
 int strata_run_tokenizer_record(const strata_config *cfg, const strata_bpe *tk) {
-    if (mkdir_p(cfg->run.dir)) return -1;
+    if (strata_mkdir_p(cfg->run.dir)) return strata_fail_wrap("run.dir");
     char path[STRATA_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", cfg->run.dir, RUN_TOKENIZER);
     return strata_bpe_save(tk, path);
@@ -77,7 +60,7 @@ strata_bpe *strata_ckpt_tokenizer(const char *ckpt_dir, int *failed) {
     snprintf(path, sizeof path, "%s", dirname(dirname(real)));
     size_t n = strlen(path);
     snprintf(path + n, sizeof path - n, "/%s", RUN_TOKENIZER);
-    if (!is_file(path)) return NULL;
+    if (!strata_is_file(path)) return NULL;
     strata_bpe *tk = strata_bpe_load(path);
     if (!tk) *failed = 1;
     return tk;

@@ -11,8 +11,8 @@
 
 #include <stddef.h>
 
-#include "core/bpe.h"
-#include "core/config.h"
+#include "io/bpe.h"
+#include "io/config.h"
 
 /* The data's tokenizer (NULL, without error, when there is none). Fails, for exit 2, when
  * data.tokenizer cannot be read or the tokenizer has more tokens than model.vocab_size. */

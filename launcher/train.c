@@ -16,22 +16,23 @@
 #include <unistd.h>
 
 #include "core/arena.h"
-#include "core/checkpoint.h"
 #include "core/common.h"
-#include "core/config.h"
-#include "core/data.h"
 #include "core/model.h"
-#include "core/pretrained.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "io/data.h"
+#include "io/files.h"
+#include "io/pretrained.h"
+#include "shard/comm.h"
+#include "shard/engine.h"
+#include "offload/bench_io.h"
+#include "offload/nvme.h"
 #include "launcher/auto.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
 #include "launcher/tokenizer.h"
-#include "offload/bench_io.h"
-#include "offload/nvme.h"
-#include "shard/comm.h"
-#include "shard/engine.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -186,7 +187,7 @@ int strata_cmd_plan(int argc, char **argv) {
     strata_plan p;
     strata_plan_compute(&p, &cfg, cli.world);
     strata_plan_check(&p, &cfg, NULL);
-    strata_model_shape shape = strata_model_shape_from_config(&cfg);
+    strata_model_shape shape = strata_config_model_shape(&cfg);
     strata_model m;
     strata_model_init(&m, &shape);
     printf("model: %d layers, %d heads, %d channels, vocab %d, %zu parameters; batch %d x %d x %d accumulation\n",
@@ -294,7 +295,7 @@ typedef struct trainer {
     double tokens_per_step; /* all ranks together */
     strata_rng rng;         /* sampling's, saved in checkpoints */
     FILE *metrics;
-    char config_yaml[65536];
+    char *config_yaml; /* the effective config as the checkpoints record it */
     char auto_change[800];  /* what memory.auto chose, "" if nothing */
     strata_auto autosel;    /* memory.auto's candidates, trials and the basis of its choice */
     size_t planned_device;  /* device bytes the plan predicted (the arena) */
@@ -326,12 +327,14 @@ static _Noreturn void fatal(const trainer *t, const char *what) {
     exit(STRATA_EXIT_ERROR);
 }
 
-static void config_to_yaml(const strata_config *c, char *buf, size_t n) {
-    FILE *f = fmemopen(buf, n, "w");
-    if (!f) { buf[0] = 0; return; }
-    strata_config_write(c, f, 0);
-    fclose(f);
-    buf[n - 1] = 0;
+/* Keeps the effective config's YAML for the checkpoints: -1 + error naming a string key
+ * YAML cannot hold, which the run must refuse at its start rather than at its first save. */
+static int record_config(trainer *t) {
+    char *yaml = strata_config_yaml(&t->cfg, 0);
+    if (!yaml) return -1;
+    free(t->config_yaml);
+    t->config_yaml = yaml;
+    return 0;
 }
 
 /* Device memory in use as nvidia-smi counts it on CUDA (total - free: every process on the
@@ -515,18 +518,6 @@ static void check_checkpoint_space(const trainer *t) {
 
 /* ---- the phases of `strata train`, in the order strata_cmd_train runs them ---- */
 
-/* mkdir -p; 0 or -1 + error naming the directory. */
-static int make_dirs(const char *dir) {
-    char path[STRATA_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1; *p; p++)
-        if (*p == '/') { *p = 0; mkdir(path, 0755); *p = '/'; }
-    if (mkdir(path, 0755) && errno != EEXIST) return strata_fail("run.dir '%s': %s", dir, strerror(errno));
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return strata_fail("run.dir '%s' is not a directory", dir);
-    return 0;
-}
-
 /* Rank 0 takes run.dir for this run: flock(2) on run.dir/lock, held until the process
  * ends (the kernel lets go of it however the process ends, so a crashed or killed run
  * never leaves it stuck), with this process's pid and host written in it for whoever
@@ -534,7 +525,10 @@ static int make_dirs(const char *dir) {
 static int lock_run_dir(trainer *t) {
     const char *dir = t->cfg.run.dir;
     char path[STRATA_PATH_MAX + 32];
-    if (make_dirs(dir)) return STRATA_EXIT_ERROR;
+    if (strata_mkdir_p(dir)) {
+        strata_fail_wrap("run.dir '%s'", dir);
+        return STRATA_EXIT_ERROR;
+    }
     snprintf(path, sizeof path, "%s/lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
@@ -695,7 +689,7 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
             STRATA_INFO("plan", "memory.auto: %s; chose %s (cheapest that fits, about +%.0f%% step time)", plan->why,
                         line, cost * 100);
     }
-    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+    if (record_config(t)) fatal(t, "recording the config memory.auto chose");
     t->engine = strata_build(cfg, t->dev, t->comm, t->rank, t->world, &t->m, &t->arena);
     plan_this_run(t, plan);
     return 0;
@@ -727,7 +721,7 @@ static void resolve_auto_ratios(trainer *t) {
         STRATA_INFO("plan", "offload.nvme_ratio: auto is %g: %s", cfg->offload.nvme_ratio,
                     cfg->offload.nvme_ratio < 1 ? "the offloaded state host memory cannot hold is on NVMe, the rest pinned"
                                                 : "all of the offloaded state is on NVMe (host memory has no room for any)");
-    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml); /* the run's record names the ratios */
+    if (record_config(t)) fatal(t, "recording the config with its resolved ratios"); /* the run's record names them */
 }
 
 /* The model, its memory plan and the engine: the plan is checked (and fitted) before
@@ -1246,6 +1240,7 @@ static void close_trainer(trainer *t) {
     if (t->comm) strata_comm_close(t->comm);
     if (t->dev) strata_device_close(t->dev);
     strata_bpe_free(t->tokenizer);
+    free(t->config_yaml);
     free(t);
 }
 
@@ -1270,7 +1265,11 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         close_trainer(t);
         return STRATA_EXIT_USAGE;
     }
-    config_to_yaml(cfg, t->config_yaml, sizeof t->config_yaml);
+    if (record_config(t)) {
+        if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
+        close_trainer(t);
+        return STRATA_EXIT_USAGE;
+    }
     if ((t->kernel_profile = kernel_profile_choice()) < 0) {
         if (rank == 0) fprintf(stderr, "%s\n", strata_error());
         close_trainer(t);

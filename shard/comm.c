@@ -238,18 +238,6 @@ struct comm_ops {
     int (*enqueue)(strata_comm *c, const coll_task *req);
 };
 
-const char *strata_coll_name(strata_coll_kind k) {
-    switch (k) {
-    case STRATA_COLL_ALLREDUCE: return "all-reduce";
-    case STRATA_COLL_REDUCE_SCATTER: return "reduce-scatter";
-    case STRATA_COLL_ALLGATHER: return "all-gather";
-    case STRATA_COLL_BROADCAST: return "broadcast";
-    case STRATA_COLL_BARRIER: return "barrier";
-    case STRATA_COLL_KINDS: break;
-    }
-    return "unknown collective";
-}
-
 /* The full buffer size S of the header's accounting. */
 static uint64_t task_full_bytes(const coll_task *t) {
     uint64_t per = (uint64_t)t->count * elem_size(t->elem);

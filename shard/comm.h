@@ -30,18 +30,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
 #include "core/device.h"
-
-typedef enum strata_coll_kind {
-    STRATA_COLL_ALLREDUCE = 0,
-    STRATA_COLL_REDUCE_SCATTER,
-    STRATA_COLL_ALLGATHER,
-    STRATA_COLL_BROADCAST,
-    STRATA_COLL_BARRIER,
-    STRATA_COLL_KINDS,
-} strata_coll_kind;
-const char *strata_coll_name(strata_coll_kind k);
+#include "io/config.h"
+#include "shard/collective.h"
 
 typedef struct strata_comm_stats {
     uint64_t calls[STRATA_COLL_KINDS];

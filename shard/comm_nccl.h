@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/device.h"
-#include "shard/comm.h"
+#include "shard/collective.h"
 
 #define STRATA_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
 

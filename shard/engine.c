@@ -1082,7 +1082,7 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     if (strata_allreduce_host_f64(e->comm, sums, 2)) return -1;
     r->grad_norm = sqrt(sums[0]);
     r->loss = sums[1] / e->world;
-    r->lr = strata_lr_at(e->cfg, step);
+    r->lr = strata_lr_at(&e->cfg->optim, e->cfg->train.steps, step);
     r->offload_wait_ms = e->off.wait_ms;
     r->gather_h2d_bytes = e->gather_h2d_bytes; /* every gather of the step is issued by now */
     if (!isfinite(r->grad_norm) || !isfinite(r->loss)) {
@@ -1091,7 +1091,7 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     }
     float clip = (float)e->cfg->optim.grad_clip;
     float scale = clip > 0 && r->grad_norm > clip ? (float)(clip / (r->grad_norm + 1e-6)) : 1.0f;
-    strata_adamw_args args = strata_adamw_args_at(e->cfg, step, scale);
+    strata_adamw_args args = strata_adamw_args_at(&e->cfg->optim, e->cfg->train.steps, step, scale);
     if (e->off.tier ? update_by_tier(e, &args, r) : update_on_device(e, &args)) return -1;
     r->offload_wait_ms = e->off.wait_ms;
     r->comm_wait_ms = e->comm_wait_ms;
@@ -1215,11 +1215,11 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     char tmp[STRATA_PATH_MAX];
     int64_t step = meta->step;
     double failed = 0;
-    if (strata_ckpt_tmp_dir(tmp, sizeof tmp, run_dir, step) || strata_ckpt_make_dir(tmp)) failed = 1;
+    if (strata_ckpt_tmp_dir(tmp, sizeof tmp, run_dir, step)) failed = 1;
     if (!failed && finish_updates(e)) failed = 1;
     const float *(*ptrs)[STRATA_CKPT_KINDS] = strata_xcalloc(e->U, sizeof *ptrs);
     float *host = NULL;
-    strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
+    strata_param_layout layout = strata_model_layout(e->m, e->padded);
     if (!failed) {
         host = copy_standard_shards(e, ptrs);
         if (!host) failed = 1;
@@ -1248,7 +1248,7 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
 }
 
 int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
-    strata_ckpt_layout layout = strata_model_layout(e->m, e->padded);
+    strata_param_layout layout = strata_model_layout(e->m, e->padded);
     if (strata_ckpt_check_layout(ck, &layout)) return -1;
     if (tier_open(e) || finish_updates(e)) return -1;
     float *host = strata_xmalloc(e->max_opt_n * sizeof(float));

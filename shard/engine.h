@@ -21,11 +21,12 @@
 #include <stdint.h>
 
 #include "core/arena.h"
-#include "core/config.h"
-#include "core/data.h"
 #include "core/model.h"
 #include "core/profile.h"
 #include "core/update_tier.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "io/data.h"
 #include "shard/comm.h"
 
 typedef struct strata_engine strata_engine;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "io/files.h"
 
 typedef struct capture {
     char path[64];

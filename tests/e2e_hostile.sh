@@ -43,7 +43,7 @@ run "$S" train tiny.yaml --set model.init_from=hf; expect 2 "has no config.json"
 
 # --- data.train naming a directory, a device or a FIFO: a config error, said so
 run "$S" train tiny.yaml --set data.train=data; expect 2 "data: is a directory, not a token shard file" "data.train a directory"
-run "$S" train tiny.yaml --set data.train=/dev/zero; expect 2 "/dev/zero: is a device, not a token shard file" "data.train a device"
+run "$S" train tiny.yaml --set data.train=/dev/zero; expect 2 "/dev/zero: is a character device, not a token shard file" "data.train a device"
 mkfifo shard.fifo
 run "$S" train tiny.yaml --set data.val=shard.fifo; expect 2 "shard.fifo: is a FIFO, not a token shard file" "data.val a FIFO"
 

@@ -4,8 +4,8 @@
  * UTF-8, decoding, the byte-level identity, writing and reading back (tokenizer.json and
  * vocab.json + merges.txt), and the refusals. tests/e2e_hf_python.sh checks real
  * tokenizers against Hugging Face `tokenizers`. */
-#include "core/bpe.h"
 #include "core/common.h"
+#include "io/bpe.h"
 #include "tests/check.h"
 
 #include <stdio.h>

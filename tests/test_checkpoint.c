@@ -2,7 +2,8 @@
  * at others; metadata and config text round trip; retention, `latest` and its fallback;
  * corruption, truncation, bad manifests and write failures give errors naming the file
  * and tensor; a writer killed at random moments never breaks the previous checkpoint. */
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
+#include "io/files.h"
 
 #include "core/common.h"
 #include "tests/check.h"
@@ -42,13 +43,13 @@
 typedef struct model {
     int n_units, n_tensors;
     size_t numel[MAX_U], padded[MAX_U];
-    strata_ckpt_tensor t[MAX_T];
+    strata_param_tensor t[MAX_T];
     float *data[MAX_U][STRATA_CKPT_KINDS]; /* padded elements; padding holds junk on purpose */
-    strata_ckpt_layout L;
+    strata_param_layout L;
 } model;
 
 static void add_tensor(model *m, const char *name, int unit, int ndim, const int64_t *shape) {
-    strata_ckpt_tensor *t = &m->t[m->n_tensors++];
+    strata_param_tensor *t = &m->t[m->n_tensors++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->unit = unit;
@@ -81,7 +82,7 @@ static void fill(model *m, uint64_t seed) {
 
 static void finish(model *m, size_t pad_multiple) {
     for (int u = 0; u < m->n_units; u++) m->padded[u] = strata_round_up(m->numel[u], pad_multiple);
-    m->L = (strata_ckpt_layout){m->n_units, m->numel, m->padded, m->n_tensors, m->t};
+    m->L = (strata_param_layout){m->n_units, m->numel, m->padded, m->n_tensors, m->t};
 }
 
 /* Units: 2 tensors (37, 101), 3 tensors (5x13, 101, 1), 1 tensor (7), padded to 60 so
@@ -182,7 +183,7 @@ static int oracle_segments(const model *m, int rank, int world, segloc *out) {
         if (a >= b) continue;
         for (int k = 0; k < STRATA_CKPT_KINDS; k++)
             for (int t = 0; t < m->n_tensors; t++) {
-                const strata_ckpt_tensor *T = &m->t[t];
+                const strata_param_tensor *T = &m->t[t];
                 if (T->unit != u) continue;
                 size_t lo = T->offset > a ? T->offset : a, hi = T->offset + T->numel < b ? T->offset + T->numel : b;
                 if (lo >= hi) continue;
@@ -316,7 +317,7 @@ static void test_round_trip(const char *root) {
           "meta: step, world, stage, seed, rng_state (0x%016llx) round trip", (unsigned long long)meta->rng_state);
     CHECK(!memcmp(&meta->tokens_seen, &want.tokens_seen, 8) && !memcmp(&meta->last_loss, &want.last_loss, 8),
           "meta: tokens_seen and last_loss (0.1+0.2) round trip bitwise");
-    const strata_ckpt_layout *L = strata_ckpt_get_layout(ck);
+    const strata_param_layout *L = strata_ckpt_get_layout(ck);
     CHECK(L->n_units == 3 && L->n_tensors == 6 && L->unit_padded[1] == 180 && L->tensors[2].ndim == 2 &&
               L->tensors[2].shape[0] == 5 && L->tensors[2].shape[1] == 13 && L->tensors[3].offset == 65,
           "get_layout: units, padding, shapes and offsets as saved");
@@ -420,7 +421,7 @@ static void test_retention_and_resolve(const char *root) {
     char empty[4096], msg[8300];
     snprintf(empty, sizeof empty, "%s/empty", root);
     snprintf(p, sizeof p, "%s/ckpt", empty);
-    strata_ckpt_make_dir(p);
+    CHECK(strata_mkdir_p(p) == 0, "mkdir -p %s: %s", p, strata_error());
     snprintf(msg, sizeof msg, "no checkpoint in %s/ckpt", empty);
     CHECK_ERR(strata_ckpt_resolve("latest", empty, dir, sizeof dir) != 0, msg,
               "an empty ckpt/ gives \"no checkpoint in RUN/ckpt\"");

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "core/config.h"
 #include "core/device.h"
+#include "io/config.h"
 #include "shard/comm.h"
 #include "shard/comm_nccl.h"
 #include "tests/check.h"

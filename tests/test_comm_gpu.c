@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "core/config.h"
 #include "core/device.h"
+#include "io/config.h"
 #include "shard/comm.h"
 #include "tests/check.h"
 

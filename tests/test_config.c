@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "core/config.h"
+#include "io/config.h"
 #include "tests/check.h"
 
 
@@ -392,11 +392,9 @@ static void test_overrides(void) {
 }
 
 static void round_trip(const strata_config *c, int with_comments, const char *what) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    strata_config_write(c, f, with_comments);
-    fclose(f);
+    char *text = strata_config_yaml(c, with_comments);
+    CHECK(text != NULL, "%s: the config writes as YAML: %s", what, text ? "" : strata_error());
+    if (!text) return;
     strata_config back;
     memset(&back, 0, sizeof back);
     int rc = strata_config_load_string(&back, c->path, text, NULL, 0);
@@ -418,12 +416,33 @@ static void test_round_trip(void) {
                           "train.grad_reduce_dtype=fp32", "offload.optimizer=cpu", "data.shuffle=false",
                           "run.dir=runs/with: colon # hash", "model.padded_vocab_size=384",
                           /* YAML's other line breaks, NEL, LS and PS (found by tests/fuzz/fuzz_config) */
-                          "data.tokenizer=nel\xc2\x85 ls\xe2\x80\xa8 ps\xe2\x80\xa9 end"};
+                          "data.tokenizer=nel\xc2\x85 ls\xe2\x80\xa8 ps\xe2\x80\xa9 end",
+                          /* what libyaml refuses or drops raw: a C1 control, a BOM, DEL; and
+                           * what it keeps: other non-ASCII text */
+                          "offload.nvme_path=c1\xc2\x80 bom\xef\xbb\xbf del\x7f \xc3\xa9t\xc3\xa9 \xf0\x9f\x99\x82"};
     int rc = strata_config_load_string(&c, "rt.yaml", HEAD TRAIN, sets, (int)(sizeof sets / sizeof sets[0]));
     CHECK(rc == 0, "round-trip source: %s", strata_error());
     round_trip(&c, 1, "with comments");
     round_trip(&c, 0, "without comments");
     printf("ok   write -> parse round trip is exact\n");
+}
+
+/* A config is YAML text and every checkpoint records it: a string YAML cannot hold (a
+ * --set value that is not UTF-8) is refused when it is given, naming the key, instead
+ * of failing the first checkpoint after the training it was meant to keep. */
+static void test_not_utf8_refused(void) {
+    strata_config c;
+    int rc = strata_config_load_string(&c, "u.yaml", HEAD TRAIN, NULL, 0);
+    CHECK(rc == 0, "source: %s", strata_error());
+    strata_config before = c;
+    rc = strata_config_set(&c, "run.dir=runs/x\xff");
+    CHECK(rc != 0 && strstr(strata_error(), "key 'run.dir': byte 6 is not valid UTF-8"),
+          "a --set value that is not UTF-8 is refused naming key and byte: %s", strata_error());
+    CHECK(!memcmp(&before, &c, sizeof c), "the refused value left the config as it was");
+    const char *sets[] = {"data.val=\xc3("}; /* a sequence cut short */
+    rc = strata_config_load_string(&c, "u.yaml", HEAD TRAIN, sets, 1);
+    CHECK(rc != 0 && strstr(strata_error(), "key 'data.val': byte 0 is not valid UTF-8"),
+          "a cut-short sequence is refused too: %s", strata_error());
 }
 
 static void test_builtin_matches_file(void) {
@@ -519,6 +538,7 @@ int main(void) {
     test_minimal_and_derived();
     test_overrides();
     test_round_trip();
+    test_not_utf8_refused();
     test_builtin_matches_file();
     test_shipped_configs();
     test_names();

@@ -1,7 +1,7 @@
 /* tests/test_data.c: token shards, the batch reader, the batch index formula, byte-level
  * text preparation and the llm.c tokenizer file, each against hand-computed results. */
 #include "core/common.h"
-#include "core/data.h"
+#include "io/data.h"
 #include "tests/check.h"
 
 #include <stdio.h>

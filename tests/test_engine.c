@@ -18,12 +18,12 @@
 
 #include "core/arena.h"
 #include "core/common.h"
-#include "core/config.h"
-#include "core/data.h"
 #include "core/model.h"
-#include "offload/pipeline.h"
+#include "io/config.h"
+#include "io/data.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
+#include "offload/pipeline.h"
 #include "tests/check.h"
 
 static int rank, world;
@@ -70,7 +70,7 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
         printf("config: %s\n", strata_error());
         exit(1);
     }
-    strata_model_shape shape = strata_model_shape_from_config(&r->cfg);
+    strata_model_shape shape = strata_config_model_shape(&r->cfg);
     strata_model_init(&r->m, &shape);
     strata_arena_init(&r->arena, dev);
     r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, c, strata_offload_tier(&r->cfg, dev, r_rank), r_rank,
@@ -130,7 +130,7 @@ static double weight_diff(run *r, run *ref) {
         int C = r->m.shape.n_embd;
         size_t kb_lo = 0, kb_hi = 0;
         if (r->m.units[u].kind == STRATA_UNIT_BLOCK) {
-            const strata_ckpt_tensor *t = &r->m.tensors[r->m.units[u].first_tensor + 3];
+            const strata_param_tensor *t = &r->m.tensors[r->m.units[u].first_tensor + 3];
             kb_lo = t->offset + C;
             kb_hi = t->offset + 2 * C;
         }

@@ -3,7 +3,7 @@
  * of valid documents, each parsed from a heap copy of exactly its length so that
  * AddressSanitizer catches any read past the end. */
 #include "core/common.h"
-#include "core/json.h"
+#include "io/json.h"
 #include "tests/check.h"
 
 #include <stdio.h>

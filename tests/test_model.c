@@ -98,7 +98,7 @@ int main(void) {
     strata_model *m = &r.m;
     double worst = 0;
     for (int ti = 0; ti < m->n_tensors; ti++) {
-        const strata_ckpt_tensor *t = &m->tensors[ti];
+        const strata_param_tensor *t = &m->tensors[ti];
         int picks = t->numel < 6 ? (int)t->numel : 6;
         for (int p = 0; p < picks; p++) {
             size_t e = t->offset + strata_hash64(ti * 100 + p) % t->numel;

@@ -7,9 +7,10 @@
  * pytorch_model.bin, config.json keys Strata does not compute). Then the config loader:
  * shape keys taken from config.json, and a YAML shape that disagrees refused naming both. */
 #include "core/common.h"
-#include "core/config.h"
 #include "core/model.h"
-#include "core/pretrained.h"
+#include "io/config.h"
+#include "io/hf_config.h"
+#include "io/pretrained.h"
 #include "tests/check.h"
 
 #include <stdio.h>
@@ -79,7 +80,7 @@ static void write_st(const char *path, entry *es, int n, const char *meta) {
 static int model_entries(entry *es, int prefix, const char *dtype) {
     int n = 0;
     for (int k = 0; k < model.n_tensors; k++) {
-        const strata_ckpt_tensor *t = &model.tensors[k];
+        const strata_param_tensor *t = &model.tensors[k];
         entry *e = &es[n++];
         snprintf(e->name, sizeof e->name, "%s", prefix ? t->name : t->name + strlen("transformer."));
         e->dtype = dtype;
@@ -141,7 +142,7 @@ static int check_units(strata_pretrained *pt, int bf16) {
             float want = 0.0f;
             for (int i = 0; i < model.units[u].n_tensors; i++) {
                 int k = model.units[u].first_tensor + i;
-                const strata_ckpt_tensor *t = &model.tensors[k];
+                const strata_param_tensor *t = &model.tensors[k];
                 if (e >= t->offset && e < t->offset + t->numel) {
                     size_t j = e - t->offset;
                     want = k == 0 && j >= (size_t)V * C ? 0.0f : val(k, j); /* wte's padding rows are 0 */

@@ -19,12 +19,12 @@
 
 #include "core/arena.h"
 #include "core/common.h"
-#include "core/config.h"
-#include "core/data.h"
 #include "core/kernels.h"
 #include "core/model.h"
 #include "core/optim.h"
 #include "core/profile.h"
+#include "io/config.h"
+#include "io/data.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 #include "tests/check.h"
@@ -70,7 +70,7 @@ static void run_open(run *r, int stage, int accum, int ckpt_every, int profile) 
         printf("config: %s\n", strata_error());
         exit(1);
     }
-    strata_model_shape shape = strata_model_shape_from_config(&r->cfg);
+    strata_model_shape shape = strata_config_model_shape(&r->cfg);
     strata_model_init(&r->m, &shape);
     strata_arena_init(&r->arena, dev);
     r->e = strata_engine_create(&r->cfg, &r->m, &r->arena, dev, single, NULL, 0, 1);

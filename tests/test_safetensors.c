@@ -3,7 +3,7 @@
  * headers parsed from exact-length heap copies, for AddressSanitizer), and range reads with
  * F32, F16, BF16 and F64 converted to fp32 exactly. */
 #include "core/common.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "tests/check.h"
 
 #include <math.h>

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/bpe.h"
+#include "io/bpe.h"
 #include "launcher/sample.h"
 #include "tests/check.h"
 

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/checkpoint.h"
 #include "core/common.h"
+#include "io/checkpoint.h"
 #include "fuzz.h"
 
 enum { MAX_RANKS = 2, MAX_PADDING_READ = 1024 };
@@ -57,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     strata_ckpt *ck = strata_ckpt_open(dir);
     if (!ck) return 0;
-    const strata_ckpt_layout *L = strata_ckpt_get_layout(ck);
+    const strata_param_layout *L = strata_ckpt_get_layout(ck);
     if (strata_ckpt_check_layout(ck, L)) fuzz_violation("a checkpoint's layout differs from itself: %s", strata_error());
     (void)strata_ckpt_get_meta(ck)->config_yaml;
     int ok = 1;

@@ -11,17 +11,15 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "core/config.h"
+#include "io/config.h"
 #include "fuzz.h"
 
 enum { MAX_SETS = 8 };
 
 static char *config_text(const strata_config *c, size_t *len) {
-    char *text = NULL;
-    FILE *f = open_memstream(&text, len);
-    if (!f) abort();
-    strata_config_write(c, f, 0);
-    fclose(f);
+    char *text = strata_config_yaml(c, 0);
+    if (!text) fuzz_violation("a loaded config does not write as YAML: %s", strata_error());
+    *len = strlen(text);
     return text;
 }
 

@@ -11,10 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/bpe.h"
 #include "core/common.h"
-#include "core/json.h"
-#include "core/pretrained.h"
+#include "io/bpe.h"
+#include "io/hf_config.h"
+#include "io/json.h"
+#include "io/pretrained.h"
 #include "fuzz.h"
 
 static void check_string_round_trip(const char *s, size_t len) {

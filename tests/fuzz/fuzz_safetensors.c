@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "fuzz.h"
 
 static void check_header(const strata_safetensors *st, uint64_t file_bytes) {

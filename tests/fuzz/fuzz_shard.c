@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/data.h"
+#include "io/data.h"
 #include "fuzz.h"
 
 enum { MAX_SEQUENCES = 4096 };

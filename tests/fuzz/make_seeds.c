@@ -15,10 +15,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/bpe.h"
-#include "core/checkpoint.h"
 #include "core/common.h"
-#include "core/data.h"
+#include "io/bpe.h"
+#include "io/checkpoint.h"
+#include "io/data.h"
 
 static const char *out_root;
 
@@ -115,13 +115,13 @@ static float nonzero_bytes_value(int i) {
 
 static void checkpoint_seed(int world, const char *name) {
     /* unit 0: wte-like (3, 2) and a bias (5); unit 1: one (7) tensor; padded to 4 */
-    static const strata_ckpt_tensor tensors[] = {
+    static const strata_param_tensor tensors[] = {
         {.name = "transformer.wte.weight", .unit = 0, .offset = 0, .numel = 6, .ndim = 2, .shape = {3, 2}},
         {.name = "transformer.h.0.ln_1.bias", .unit = 0, .offset = 6, .numel = 5, .ndim = 1, .shape = {5}},
         {.name = "transformer.ln_f.weight", .unit = 1, .offset = 0, .numel = 7, .ndim = 1, .shape = {7}},
     };
     static const size_t numel[] = {11, 7}, padded[] = {12, 8};
-    strata_ckpt_layout L = {2, numel, padded, 3, tensors};
+    strata_param_layout L = {2, numel, padded, 3, tensors};
     float data[2][STRATA_CKPT_KINDS][12];
     for (int u = 0; u < 2; u++)
         for (int k = 0; k < STRATA_CKPT_KINDS; k++)

@@ -1,7 +1,7 @@
-/* core/bpe.c: GPT-2 byte-level BPE (core/bpe.h): loading tokenizer.json or vocab.json +
+/* io/bpe.c: GPT-2 byte-level BPE (core/bpe.h): loading tokenizer.json or vocab.json +
  * merges.txt, encoding through PCRE2's Unicode classes and merges by rank, decoding, and
  * writing the tokenizer back in Hugging Face's formats. */
-#include "core/bpe.h"
+#include "io/bpe.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "core/json.h"
+#include "io/files.h"
+#include "io/json.h"
+#include "io/text.h"
 
 /* the largest published tokenizer.json files (vocabularies of 250k tokens) are tens of MiB */
 #define MAX_TOKENIZER_BYTES ((size_t)128 << 20)
@@ -76,16 +78,6 @@ static void byte_chars(uint32_t cp[256]) {
         int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         cp[b] = printable ? (uint32_t)b : (uint32_t)(256 + n++);
     }
-}
-
-static size_t utf8_put(char *out, uint32_t cp) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    out[0] = (char)(0xC0 | cp >> 6); /* every byte's character is below U+0800 */
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
 }
 
 /* ---- hash tables ---- */
@@ -190,7 +182,7 @@ static int set_vocab(strata_bpe *t, const char *const *strs, const size_t *lens,
     byte_chars(cp);
     for (int b = 0; b < 256; b++) {
         char c[4];
-        t->byte_id[b] = vocab_find(t, c, utf8_put(c, cp[b]));
+        t->byte_id[b] = vocab_find(t, c, strata_utf8_encode(c, cp[b]));
     }
     return 0;
 }
@@ -547,11 +539,6 @@ static strata_bpe *load_vocab_merges(const char *vocab_path, const char *merges_
     return t;
 }
 
-static int exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 strata_bpe *strata_bpe_load(const char *path) {
     struct stat sb;
     if (stat(path, &sb) != 0) {
@@ -559,12 +546,12 @@ strata_bpe *strata_bpe_load(const char *path) {
         return NULL;
     }
     if (!S_ISDIR(sb.st_mode)) return load_json(path);
-    char a[1100], b[1100];
-    snprintf(a, sizeof a, "%s/tokenizer.json", path);
-    if (exists(a)) return load_json(a);
-    snprintf(a, sizeof a, "%s/vocab.json", path);
-    snprintf(b, sizeof b, "%s/merges.txt", path);
-    if (exists(a) && exists(b)) return load_vocab_merges(a, b, path);
+    char a[STRATA_PATH_MAX + 32], b[STRATA_PATH_MAX + 32];
+    if (strata_path_join(a, sizeof a, path, "tokenizer.json")) return NULL;
+    if (strata_is_file(a)) return load_json(a);
+    if (strata_path_join(a, sizeof a, path, "vocab.json") || strata_path_join(b, sizeof b, path, "merges.txt"))
+        return NULL;
+    if (strata_is_file(a) && strata_is_file(b)) return load_vocab_merges(a, b, path);
     strata_fail("tokenizer %s: the directory has neither tokenizer.json nor vocab.json + merges.txt", path);
     return NULL;
 }
@@ -580,7 +567,7 @@ strata_bpe *strata_bpe_bytes(void) {
     size_t lens[256];
     int ids[256];
     for (int b = 0; b < 256; b++) {
-        lens[b] = utf8_put(chars[b], cp[b]);
+        lens[b] = strata_utf8_encode(chars[b], cp[b]);
         strs[b] = chars[b];
         ids[b] = b;
     }
@@ -609,8 +596,6 @@ const unsigned char *strata_bpe_token_bytes(const strata_bpe *t, int id, size_t 
 
 /* ---- decoding ---- */
 
-static size_t utf8_invalid_at(const unsigned char *s, size_t n);
-
 char *strata_bpe_decode(const strata_bpe *t, const int32_t *ids, size_t n, size_t *len) {
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
@@ -632,7 +617,7 @@ char *strata_bpe_decode_bytes(const unsigned char *raw, size_t total, size_t *le
     char *out = strata_xmalloc(3 * total + 1);
     size_t o = 0, pos = 0;
     while (pos < total) {
-        size_t bad = pos + utf8_invalid_at(raw + pos, total - pos);
+        size_t bad = pos + strata_utf8_invalid_at(raw + pos, total - pos);
         memcpy(out + o, raw + pos, bad - pos);
         o += bad - pos;
         if (bad == total) break;
@@ -726,7 +711,7 @@ static int encode_piece(encoder *e, const unsigned char *s, size_t n) {
         size_t k = 0;
         uint32_t cp[256];
         byte_chars(cp);
-        for (size_t i = 0; i < n; i++) k += utf8_put(mapped + k, cp[s[i]]);
+        for (size_t i = 0; i < n; i++) k += strata_utf8_encode(mapped + k, cp[s[i]]);
         int id = vocab_find(t, mapped, k);
         free(mapped);
         if (id >= 0) return emit(e, id);
@@ -817,31 +802,6 @@ static int encode_segment(encoder *e, pcre2_match_data *md, const char *s, size_
     return rc;
 }
 
-/* Offset of the first byte that is not valid UTF-8, or n. */
-static size_t utf8_invalid_at(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k;
-        uint32_t cp, min;
-        if ((c & 0xE0) == 0xC0) k = 2, cp = c & 0x1F, min = 0x80;
-        else if ((c & 0xF0) == 0xE0) k = 3, cp = c & 0x0F, min = 0x800;
-        else if ((c & 0xF8) == 0xF0) k = 4, cp = c & 0x07, min = 0x10000;
-        else return i;
-        if (i + k > n) return i;
-        for (size_t j = 1; j < k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return i;
-            cp = cp << 6 | (s[i + j] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-        i += k;
-    }
-    return n;
-}
 
 /* The leftmost added token at or after pos (the longest there), or NULL. */
 static const added_token *next_added(const strata_bpe *t, const char *s, size_t n, size_t pos, size_t *at) {
@@ -863,7 +823,7 @@ static const added_token *next_added(const strata_bpe *t, const char *s, size_t 
 }
 
 int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink, void *ctx) {
-    size_t bad = t->is_bytes ? len : utf8_invalid_at((const unsigned char *)text, len);
+    size_t bad = t->is_bytes ? len : strata_utf8_invalid_at(text, len);
     if (bad < len)
         return strata_fail("%s: byte %zu is not valid UTF-8 (the BPE tokenizer reads UTF-8 text)", name, bad);
     if (t->is_bytes) { /* ids are the bytes themselves */

@@ -1,4 +1,4 @@
-/* core/checkpoint.h: checkpoints that survive kills and load on any world size.
+/* io/checkpoint.h: checkpoints that survive kills and load on any world size.
  *
  * On disk, a run directory holds
  *   ckpt/step_00000120/manifest.yaml   first line: manifest_crc32c, the CRC-32C of the rest;
@@ -28,29 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STRATA_CKPT_NAME_MAX 128
-#define STRATA_CKPT_MAX_DIMS 4
+#include "core/model.h"
 
 enum { STRATA_CKPT_PARAM = 0, STRATA_CKPT_M = 1, STRATA_CKPT_V = 2, STRATA_CKPT_KINDS = 3 };
-
-typedef struct strata_ckpt_tensor {
-    char name[STRATA_CKPT_NAME_MAX]; /* "transformer.h.3.attn.c_attn.weight" */
-    int unit;
-    size_t offset; /* elements from the start of the unit's flat buffer */
-    size_t numel;
-    int ndim;
-    int64_t shape[STRATA_CKPT_MAX_DIMS];
-} strata_ckpt_tensor;
-
-/* The model's parameter layout: units of flat buffers, tensors inside them. The tensors
- * of a unit tile [0, unit_numel) in offset order without gaps. */
-typedef struct strata_ckpt_layout {
-    int n_units;
-    const size_t *unit_numel;  /* real elements */
-    const size_t *unit_padded; /* padded elements (a multiple of every world size used) */
-    int n_tensors;
-    const strata_ckpt_tensor *tensors;
-} strata_ckpt_layout;
 
 /* What the trainer needs to continue exactly where it stopped. */
 typedef struct strata_ckpt_meta {
@@ -65,22 +45,20 @@ typedef struct strata_ckpt_meta {
 
 /* ---- writing (every rank calls write_rank; rank 0 then calls commit) ---- */
 
-/* "<run_dir>/ckpt/step_%08lld.tmp": creates it (mkdir -p; rank 0 only makes it, others
- * may race: EEXIST is fine). */
+/* "<run_dir>/ckpt/step_%08lld.tmp": creates it (mkdir -p; every rank may: EEXIST is fine). */
 int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t step);
-int strata_ckpt_make_dir(const char *dir);
 
 /* Writes rankNNNNN.bin and rankNNNNN.yaml for `rank` of `world` into tmp_dir and fsyncs
  * both. shards[u][kind] points at that rank's standard shard of unit u for that kind
  * (S = unit_padded[u] / world elements; only the first min(S, numel - r*S) are written). */
-int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int rank, int world,
+int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
                            const float *const (*shards)[STRATA_CKPT_KINDS]);
 
 /* Rank 0, after every rank's write_rank finished: writes manifest.yaml, fsyncs, renames
  * tmp_dir to its final name, fsyncs ckpt/, updates `latest`, then deletes all but the
  * newest `keep` complete checkpoints (0 keeps all) and any stale *.tmp directories.
  * final_dir (may be NULL) receives the final path. */
-int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
+int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_param_layout *L,
                        const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len);
 
 /* At the start of a run (rank 0, holding the run directory, before any save): removes
@@ -111,9 +89,9 @@ strata_ckpt *strata_ckpt_open_checked(const char *dir, int *bad_manifest);
 void strata_ckpt_close(strata_ckpt *ck);
 const strata_ckpt_meta *strata_ckpt_get_meta(const strata_ckpt *ck);
 /* The saved layout (for checking against the model: same tensors, names, shapes). */
-const strata_ckpt_layout *strata_ckpt_get_layout(const strata_ckpt *ck);
+const strata_param_layout *strata_ckpt_get_layout(const strata_ckpt *ck);
 /* Fails naming the first tensor whose name, shape or offset differs from L. */
-int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_ckpt_layout *L);
+int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_param_layout *L);
 
 /* Reads elements [lo, hi) of unit `unit`, kind `kind`, into dst (hi - lo floats), from
  * whichever rank files hold them; every segment touched is checksummed first, and a

@@ -1,12 +1,14 @@
-/* core/json.c: the strict JSON reader of core/json.h (recursive descent, bounded depth,
+/* io/json.c: the strict JSON reader of core/json.h (recursive descent, bounded depth,
  * every read checked against the input's length), and a string writer. */
-#include "core/json.h"
+#include "io/json.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
+#include "io/files.h"
+#include "io/text.h"
 
 /* ---- the pool: chunks freed together ---- */
 
@@ -92,48 +94,6 @@ static int expected(const parser *p, const char *what) {
     return fail_at(p, p->pos, msg);
 }
 
-/* Length of the valid UTF-8 sequence starting at s[0] (at most n bytes available), or 0. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    size_t k;
-    uint32_t min, cp;
-    if ((c & 0xE0) == 0xC0) k = 2, min = 0x80, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) k = 3, min = 0x800, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) k = 4, min = 0x10000, cp = c & 0x07;
-    else return 0;
-    if (k > n) return 0;
-    for (size_t i = 1; i < k; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return k;
-}
-
-static size_t put_utf8(char *out, uint32_t cp) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | cp >> 12);
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | cp >> 18);
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 static int hex4(const parser *p, size_t at, uint32_t *out) {
     if (at + 4 > p->len) return fail_at(p, at, "a \\u escape needs four hexadecimal digits");
     uint32_t v = 0;
@@ -187,7 +147,7 @@ static int parse_string(parser *p, const char **out, size_t *out_len) {
                     p->pos += 6;
                     cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                 }
-                n += put_utf8(dst + n, cp); /* at most as long as the escape it replaces */
+                n += strata_utf8_encode(dst + n, cp); /* at most as long as the escape it replaces */
                 break;
             }
             default: return fail_at(p, at, "invalid escape in a string (JSON allows \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
@@ -196,7 +156,7 @@ static int parse_string(parser *p, const char **out, size_t *out_len) {
         } else if (c < 0x20) {
             return fail_at(p, p->pos, "raw control character in a string (write it as an escape)");
         } else {
-            size_t k = utf8_seq(p->s + p->pos, end - p->pos);
+            size_t k = strata_utf8_decode(p->s + p->pos, end - p->pos, NULL);
             if (!k) return fail_at(p, p->pos, "invalid UTF-8 in a string");
             memcpy(dst + n, p->s + p->pos, k);
             n += k;
@@ -502,17 +462,24 @@ const char *strata_json_kind(const strata_json *v) {
     return "?";
 }
 
-void strata_json_write_string(FILE *f, const char *s, size_t n) {
-    fputc('"', f);
+void strata_json_string(strata_sbuf *b, const char *s, size_t n) {
+    strata_sbuf_putn(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"') fputs("\\\"", f);
-        else if (c == '\\') fputs("\\\\", f);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        if (c == '"') strata_sbuf_putn(b, "\\\"", 2);
+        else if (c == '\\') strata_sbuf_putn(b, "\\\\", 2);
+        else if (c == '\n') strata_sbuf_putn(b, "\\n", 2);
+        else if (c == '\r') strata_sbuf_putn(b, "\\r", 2);
+        else if (c == '\t') strata_sbuf_putn(b, "\\t", 2);
+        else if (c < 0x20 || c == 0x7f) strata_sbuf_printf(b, "\\u%04x", c);
+        else strata_sbuf_putn(b, (const char *)&s[i], 1);
     }
-    fputc('"', f);
+    strata_sbuf_putn(b, "\"", 1);
+}
+
+void strata_json_write_string(FILE *f, const char *s, size_t n) {
+    strata_sbuf b = {0};
+    strata_json_string(&b, s, n);
+    fwrite(b.p, 1, b.len, f);
+    strata_sbuf_free(&b);
 }

@@ -1,6 +1,6 @@
-/* core/safetensors.c: the safetensors header parser (bounds-checked, over core/json.c)
+/* io/safetensors.c: the safetensors header parser (bounds-checked, over core/json.c)
  * and range reads with conversion to fp32. Format and rules: core/safetensors.h. */
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +12,8 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "core/json.h"
+#include "io/files.h"
+#include "io/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "core/safetensors.c assumes a little-endian host (safetensors data is little-endian)"
@@ -224,17 +225,9 @@ int strata_safetensors_parse(strata_safetensors *st, const void *bytes, size_t l
     return 0;
 }
 
-static int pread_all(int fd, void *buf, size_t bytes, uint64_t offset, const char *path, const char *tensor) {
-    char *p = buf;
-    while (bytes) {
-        ssize_t k = pread(fd, p, bytes > (1u << 30) ? (1u << 30) : bytes, (off_t)offset);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return strata_fail("%s: tensor \"%s\": read failed: %s", path, tensor, strerror(errno));
-        if (k == 0) return strata_fail("%s: tensor \"%s\": the file ends early (truncated while open?)", path, tensor);
-        p += k;
-        offset += (uint64_t)k;
-        bytes -= (size_t)k;
-    }
+/* The bytes of `what` (a tensor's name, or the header) at offset. */
+static int read_at(int fd, void *buf, size_t bytes, uint64_t offset, const char *path, const char *what) {
+    if (strata_pread_all(fd, buf, bytes, offset, path)) return strata_fail_wrap("tensor \"%s\"", what);
     return 0;
 }
 
@@ -255,7 +248,7 @@ int strata_safetensors_open(strata_safetensors *st, const char *path) {
         return strata_fail("%s: %llu bytes, shorter than the 8-byte header length of a safetensors file", path,
                            (unsigned long long)size);
     }
-    if (pread_all(fd, len8, 8, 0, path, "(header length)")) {
+    if (read_at(fd, len8, 8, 0, path, "(header length)")) {
         close(fd);
         return -1;
     }
@@ -265,7 +258,7 @@ int strata_safetensors_open(strata_safetensors *st, const char *path) {
     uint64_t want = 8 + (n < STRATA_ST_MAX_HEADER ? n : 0);
     if (want > size) want = size;
     unsigned char *buf = strata_xmalloc((size_t)want);
-    int rc = pread_all(fd, buf, (size_t)want, 0, path, "(header)");
+    int rc = read_at(fd, buf, (size_t)want, 0, path, "(header)");
     if (!rc) rc = strata_safetensors_parse(st, buf, (size_t)want, size, path);
     free(buf);
     if (rc) {
@@ -322,7 +315,7 @@ int strata_safetensors_read_f32(const strata_safetensors *st, const strata_st_te
     if (st->fd < 0) return strata_fail("%s: not opened from a file", st->path);
     size_t es = dtypes[t->dtype].bytes;
     uint64_t at = st->data_offset + t->begin + lo * es;
-    if (t->dtype == STRATA_ST_F32) return pread_all(st->fd, dst, (size_t)(hi - lo) * 4, at, st->path, t->name);
+    if (t->dtype == STRATA_ST_F32) return read_at(st->fd, dst, (size_t)(hi - lo) * 4, at, st->path, t->name);
     if (t->dtype != STRATA_ST_F16 && t->dtype != STRATA_ST_BF16 && t->dtype != STRATA_ST_F64)
         return strata_fail("%s: tensor \"%s\" has dtype %s; Strata reads weights stored as F32, F16, BF16 or F64",
                            st->path, t->name, dtypes[t->dtype].name);
@@ -331,7 +324,7 @@ int strata_safetensors_read_f32(const strata_safetensors *st, const strata_st_te
     int rc = 0;
     for (uint64_t i = lo; i < hi && !rc; i += CHUNK) {
         size_t n = (size_t)(hi - i < CHUNK ? hi - i : CHUNK);
-        rc = pread_all(st->fd, buf, n * es, at + (i - lo) * es, st->path, t->name);
+        rc = read_at(st->fd, buf, n * es, at + (i - lo) * es, st->path, t->name);
         float *out = dst + (i - lo);
         for (size_t k = 0; k < n && !rc; k++) {
             if (t->dtype == STRATA_ST_F64) {

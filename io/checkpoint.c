@@ -1,18 +1,19 @@
-/* core/checkpoint.c: checkpoint directories, written crash-safely and read back at any
- * world size (core/checkpoint.h describes the layout on disk).
+/* io/checkpoint.c: checkpoint directories, written crash-safely and read back at any
+ * world size (io/checkpoint.h describes the layout on disk).
  *
  * YAML files are emitted with printf into a memory buffer and written in one go; they are
  * parsed back with libyaml's document API. Tensor data is raw fp32, one file per rank,
  * cut into segments at tensor boundaries; every segment carries a CRC-32C that is checked
  * the first time a reader touches it. */
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include "core/common.h"
+#include "io/files.h"
+#include "io/text.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,7 +26,7 @@
 
 /* The data files are raw little-endian fp32, written and read by memcpy. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "core/checkpoint.c assumes a little-endian host"
+#error "io/checkpoint.c assumes a little-endian host"
 #endif
 
 #define CKPT_FORMAT "strata-checkpoint-1"
@@ -35,8 +36,6 @@
 /* Per-rank state is allocated for the manifest's world before any rank file is opened:
  * bound it, so a hostile manifest cannot ask for gigabytes. */
 #define CKPT_MAX_WORLD (1 << 20)
-/* Linux moves at most ~2 GiB per read/write call; stay well under it. */
-#define CKPT_IO_CHUNK ((size_t)1 << 30)
 
 static const char *const kind_name[STRATA_CKPT_KINDS] = {"param", "m", "v"};
 
@@ -50,235 +49,6 @@ static int fmt_path(char *out, size_t len, const char *fmt, ...) {
     va_end(ap);
     if (n < 0 || (size_t)n >= len)
         return strata_fail("path too long (at most %zu bytes): %.160s...", len - 1, out);
-    return 0;
-}
-
-static int is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int write_all(int fd, const void *buf, size_t bytes, const char *path) {
-    const char *p = buf;
-    while (bytes > 0) {
-        size_t n = bytes < CKPT_IO_CHUNK ? bytes : CKPT_IO_CHUNK;
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return strata_fail("%s: write failed: %s", path, strerror(errno));
-        }
-        if (w == 0) return strata_fail("%s: write made no progress (disk full?)", path);
-        p += w;
-        bytes -= (size_t)w;
-    }
-    return 0;
-}
-
-static int pread_all(int fd, void *buf, size_t bytes, uint64_t offset, const char *path) {
-    char *p = buf;
-    while (bytes > 0) {
-        size_t n = bytes < CKPT_IO_CHUNK ? bytes : CKPT_IO_CHUNK;
-        ssize_t r = pread(fd, p, n, (off_t)offset);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return strata_fail("%s: read of %zu bytes at offset %llu failed: %s", path, n,
-                               (unsigned long long)offset, strerror(errno));
-        }
-        if (r == 0)
-            return strata_fail("%s: unexpected end of file at byte %llu (the file shrank after "
-                               "the checkpoint was opened)",
-                               path, (unsigned long long)offset);
-        p += r;
-        offset += (uint64_t)r;
-        bytes -= (size_t)r;
-    }
-    return 0;
-}
-
-/* A directory's fsync makes the names in it durable (new files, renames, deletions). */
-static int fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return strata_fail("%s: cannot open directory to fsync it: %s", dir, strerror(errno));
-    /* Some file systems refuse fsync on directories (EINVAL); there is nothing more to do. */
-    if (fsync(fd) != 0 && errno != EINVAL) {
-        int e = errno;
-        close(fd);
-        return strata_fail("%s: fsync of directory failed: %s", dir, strerror(e));
-    }
-    close(fd);
-    return 0;
-}
-
-/* Creates (truncating) path, writes bytes, fsyncs and closes; every step checked. */
-static int write_file_synced(const char *path, const void *data, size_t bytes) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return strata_fail("%s: cannot create: %s", path, strerror(errno));
-    if (write_all(fd, data, bytes, path) != 0) {
-        close(fd);
-        return -1;
-    }
-    if (fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        return strata_fail("%s: fsync failed: %s", path, strerror(e));
-    }
-    if (close(fd) != 0) return strata_fail("%s: close failed: %s", path, strerror(errno));
-    return 0;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)ftw;
-    int rc = flag == FTW_DP ? rmdir(path) : unlink(path);
-    return rc != 0 && errno != ENOENT ? -1 : 0;
-}
-
-static int rm_tree(const char *path) {
-    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
-        return strata_fail("%s: cannot delete: %s", path, strerror(errno));
-    return 0;
-}
-
-/* ---- a growing text buffer for the YAML files ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void sb_reserve(sbuf *b, size_t more) {
-    if (b->len + more + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + more + 1) cap *= 2;
-    b->p = strata_xrealloc(b->p, cap);
-    b->cap = cap;
-}
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    sb_reserve(b, n);
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    STRATA_ASSERT(n >= 0);
-    sb_reserve(b, (size_t)n);
-    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap2);
-    va_end(ap2);
-    b->len += (size_t)n;
-}
-
-/* ---- YAML strings ---- */
-
-/* Decodes one UTF-8 code point from s (n bytes left); returns its length, 0 if invalid. */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    uint32_t v, min;
-    if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07, min = 0x10000;
-    else return 0;
-    if (len > n) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        v = v << 6 | (s[i] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-    *cp = v;
-    return len;
-}
-
-/* YAML text is Unicode, so a string must be valid UTF-8 to round-trip. Sets *literal_ok
- * when a literal block scalar reproduces it byte for byte: only tab, newline and printable
- * characters (YAML would turn CR and the Unicode line separators into newlines, and
- * libyaml refuses other control characters). Returns the offset of the first invalid
- * byte, or n when all is valid. */
-static size_t text_scan(const char *s, size_t n, int *literal_ok) {
-    const unsigned char *u = (const unsigned char *)s;
-    *literal_ok = 1;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t len = utf8_decode(u + i, n - i, &cp);
-        if (len == 0) {
-            *literal_ok = 0;
-            return i;
-        }
-        int printable = cp == '\t' || cp == '\n' || (cp >= 0x20 && cp <= 0x7E) ||
-                        (cp >= 0xA0 && cp <= 0xFFFD && cp != 0x2028 && cp != 0x2029 && cp != 0xFEFF) ||
-                        cp >= 0x10000;
-        if (!printable) *literal_ok = 0;
-        i += len;
-    }
-    return n;
-}
-
-/* A double-quoted scalar, pure ASCII: escapes for quotes, backslash, control characters
- * and every non-ASCII code point (s must be valid UTF-8; see text_scan). */
-static void sb_quoted(sbuf *b, const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    sb_putn(b, "\"", 1);
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t len = utf8_decode(u + i, n - i, &cp);
-        STRATA_ASSERT(len > 0);
-        i += len;
-        if (cp == '"') sb_putn(b, "\\\"", 2);
-        else if (cp == '\\') sb_putn(b, "\\\\", 2);
-        else if (cp == '\n') sb_putn(b, "\\n", 2);
-        else if (cp == '\t') sb_putn(b, "\\t", 2);
-        else if (cp == '\r') sb_putn(b, "\\r", 2);
-        else if (cp < 0x20 || cp == 0x7F) sb_printf(b, "\\x%02X", (unsigned)cp);
-        else if (cp < 0x80) {
-            char c = (char)cp;
-            sb_putn(b, &c, 1);
-        } else if (cp <= 0xFFFF) sb_printf(b, "\\u%04X", (unsigned)cp);
-        else sb_printf(b, "\\U%08X", (unsigned)cp);
-    }
-    sb_putn(b, "\"", 1);
-}
-
-/* `key: <text>` with text reproduced exactly on reading. Readable text goes in a literal
- * block with an explicit indentation indicator (so leading spaces are content) and
- * strip or keep chomping (so the trailing newlines are exactly the text's own). */
-static int sb_text_value(sbuf *b, const char *key, const char *text, const char *what) {
-    size_t n = strlen(text);
-    int literal_ok;
-    size_t bad = text_scan(text, n, &literal_ok);
-    if (bad < n) return strata_fail("%s is not valid UTF-8 (byte %zu), so YAML cannot hold it", what, bad);
-    if (n == 0 || !literal_ok) {
-        sb_printf(b, "%s: ", key);
-        sb_quoted(b, text, n);
-        sb_putn(b, "\n", 1);
-        return 0;
-    }
-    sb_printf(b, "%s: |2%c\n", key, text[n - 1] == '\n' ? '+' : '-');
-    for (size_t pos = 0; pos < n;) {
-        const char *nl = memchr(text + pos, '\n', n - pos);
-        size_t end = nl ? (size_t)(nl - text) : n;
-        if (end > pos) {
-            sb_putn(b, "  ", 2);
-            sb_putn(b, text + pos, end - pos);
-        }
-        sb_putn(b, "\n", 1);
-        pos = end + 1;
-    }
     return 0;
 }
 
@@ -301,7 +71,7 @@ static int name_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static void shape_str(char *buf, size_t len, const strata_ckpt_tensor *t) {
+static void shape_str(char *buf, size_t len, const strata_param_tensor *t) {
     size_t n = (size_t)snprintf(buf, len, "[");
     for (int d = 0; d < t->ndim && n < len; d++)
         n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
@@ -311,7 +81,7 @@ static void shape_str(char *buf, size_t len, const strata_ckpt_tensor *t) {
 /* Checks the invariants checkpoint.h states for a layout and returns tensor indices
  * sorted by (unit, offset), with unit u's tensors at order[first[u] .. first[u+1]).
  * `what` names the layout in messages (the caller frees both arrays). */
-static int layout_index(const strata_ckpt_layout *L, const char *what, int **order_out, int **first_out) {
+static int layout_index(const strata_param_layout *L, const char *what, int **order_out, int **first_out) {
     if (L->n_units < 0 || L->n_tensors < 0 || (L->n_units > 0 && (!L->unit_numel || !L->unit_padded)) ||
         (L->n_tensors > 0 && !L->tensors))
         return strata_fail("%s: malformed layout (%d units, %d tensors)", what, L->n_units, L->n_tensors);
@@ -323,10 +93,9 @@ static int layout_index(const strata_ckpt_layout *L, const char *what, int **ord
     tref *refs = strata_xmalloc(sizeof *refs * (size_t)(L->n_tensors + 1));
     int rc = -1;
     for (int i = 0; i < L->n_tensors; i++) {
-        const strata_ckpt_tensor *t = &L->tensors[i];
-        int literal_ok;
+        const strata_param_tensor *t = &L->tensors[i];
         if (!memchr(t->name, 0, sizeof t->name) || !t->name[0] ||
-            text_scan(t->name, strlen(t->name), &literal_ok) != strlen(t->name)) {
+            strata_utf8_invalid_at(t->name, strlen(t->name)) != strlen(t->name)) {
             strata_fail("%s: tensor %d has an empty, unterminated or non-UTF-8 name", what, i);
             goto out;
         }
@@ -334,8 +103,8 @@ static int layout_index(const strata_ckpt_layout *L, const char *what, int **ord
             strata_fail("%s: tensor %s: unit %d is out of range (%d units)", what, t->name, t->unit, L->n_units);
             goto out;
         }
-        if (t->ndim < 0 || t->ndim > STRATA_CKPT_MAX_DIMS) {
-            strata_fail("%s: tensor %s: %d dimensions (at most %d)", what, t->name, t->ndim, STRATA_CKPT_MAX_DIMS);
+        if (t->ndim < 0 || t->ndim > STRATA_TENSOR_MAX_DIMS) {
+            strata_fail("%s: tensor %s: %d dimensions (at most %d)", what, t->name, t->ndim, STRATA_TENSOR_MAX_DIMS);
             goto out;
         }
         size_t prod = 1;
@@ -375,7 +144,7 @@ static int layout_index(const strata_ckpt_layout *L, const char *what, int **ord
         first[u] = j;
         size_t expect = 0;
         for (; j < L->n_tensors && refs[j].unit == u; j++) {
-            const strata_ckpt_tensor *t = &L->tensors[refs[j].idx];
+            const strata_param_tensor *t = &L->tensors[refs[j].idx];
             if (t->offset != expect) {
                 strata_fail("%s: unit %d: tensor %s starts at element %zu, expected %zu (a unit's tensors "
                             "must tile it without gaps or overlaps)",
@@ -407,32 +176,15 @@ out:
 
 /* ---- writing ---- */
 
-int strata_ckpt_make_dir(const char *dir) {
-    char p[CKPT_PATH_MAX];
-    if (fmt_path(p, sizeof p, "%s", dir) != 0) return -1;
-    size_t n = strlen(p);
-    if (n == 0) return strata_fail("cannot create a directory with an empty name");
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] != '/' && p[i] != 0) continue;
-        char saved = p[i];
-        p[i] = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return strata_fail("%s: cannot create directory: %s", p, strerror(errno));
-        p[i] = saved;
-    }
-    if (!is_dir(dir)) return strata_fail("%s: exists but is not a directory", dir);
-    return 0;
-}
-
 int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t step) {
     if (step < 0) return strata_fail("checkpoint step %lld is negative", (long long)step);
     if (fmt_path(out, outlen, "%s/ckpt/step_%08lld.tmp", run_dir, (long long)step) != 0) return -1;
-    return strata_ckpt_make_dir(out);
+    return strata_mkdir_p(out);
 }
 
 /* The part of unit u's padded buffer that rank r of `world` holds: [*a, *b), clipped to
  * the real elements (empty when the rank's shard is all padding). */
-static void rank_range(const strata_ckpt_layout *L, int u, int rank, int world, size_t *a, size_t *b) {
+static void rank_range(const strata_param_layout *L, int u, int rank, int world, size_t *a, size_t *b) {
     size_t S = L->unit_padded[u] / (size_t)world;
     size_t lo = (size_t)rank * S, hi = lo + S;
     if (hi > L->unit_numel[u]) hi = L->unit_numel[u];
@@ -441,7 +193,7 @@ static void rank_range(const strata_ckpt_layout *L, int u, int rank, int world, 
     *b = hi;
 }
 
-int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int rank, int world,
+int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
                            const float *const (*shards)[STRATA_CKPT_KINDS]) {
     if (world < 1 || rank < 0 || rank >= world)
         return strata_fail("checkpoint %s: rank %d of world %d is out of range", tmp_dir, rank, world);
@@ -449,7 +201,7 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int
     if (layout_index(L, "checkpoint layout", &order, &first) != 0) return -1;
     char bin[CKPT_PATH_MAX], idx[CKPT_PATH_MAX];
     int fd = -1, rc = -1;
-    sbuf ix = {0};
+    strata_sbuf ix = {0};
     if (fmt_path(bin, sizeof bin, "%s/rank%05d.bin", tmp_dir, rank) != 0 ||
         fmt_path(idx, sizeof idx, "%s/rank%05d.yaml", tmp_dir, rank) != 0)
         goto out;
@@ -472,10 +224,10 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int
         }
     }
 
-    sb_printf(&ix, "# Strata checkpoint rank index: the segments of rank%05d.bin (fp32) in file order;\n"
+    strata_sbuf_printf(&ix, "# Strata checkpoint rank index: the segments of rank%05d.bin (fp32) in file order;\n"
                    "# lo/hi are element offsets in the unit's flat buffer.\n", rank);
     /* A rank whose shards are all padding holds nothing: an empty list, not a null. */
-    sb_printf(&ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\nbin_bytes: %llu\nsegments:%s\n", CKPT_FORMAT,
+    strata_sbuf_printf(&ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\nbin_bytes: %llu\nsegments:%s\n", CKPT_FORMAT,
               rank, world, (unsigned long long)total, total ? "" : " []");
     fd = open(bin, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -490,16 +242,16 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int
         for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
             const float *src = shards[u][k];
             /* The rank's part of one (unit, kind) is contiguous: one large write. */
-            if (write_all(fd, src, (b - a) * sizeof(float), bin) != 0) goto out;
+            if (strata_write_all(fd, src, (b - a) * sizeof(float), bin) != 0) goto out;
             for (int j = first[u]; j < first[u + 1]; j++) {
-                const strata_ckpt_tensor *t = &L->tensors[order[j]];
+                const strata_param_tensor *t = &L->tensors[order[j]];
                 size_t lo = t->offset > a ? t->offset : a;
                 size_t hi = t->offset + t->numel < b ? t->offset + t->numel : b;
                 if (lo >= hi) continue;
                 uint32_t crc = strata_crc32c(0, src + (lo - a), (hi - lo) * sizeof(float));
-                sb_printf(&ix, "  - {kind: %s, tensor: ", kind_name[k]);
-                sb_quoted(&ix, t->name, strlen(t->name));
-                sb_printf(&ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", u, lo, hi,
+                strata_sbuf_printf(&ix, "  - {kind: %s, tensor: ", kind_name[k]);
+                if (strata_yaml_quoted(&ix, t->name, strlen(t->name), "a tensor name")) goto out;
+                strata_sbuf_printf(&ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", u, lo, hi,
                           (unsigned long long)(offset + (lo - a) * sizeof(float)), crc);
             }
             offset += (b - a) * sizeof(float);
@@ -515,8 +267,8 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_ckpt_layout *L, int
         strata_fail("%s: close failed: %s", bin, strerror(errno));
         goto out;
     }
-    if (write_file_synced(idx, ix.p, ix.len) != 0) goto out;
-    if (fsync_dir(tmp_dir) != 0) goto out;
+    if (strata_write_file_synced(idx, ix.p, ix.len) != 0) goto out;
+    if (strata_fsync_dir(tmp_dir) != 0) goto out;
     rc = 0;
 out:
     if (fd >= 0) close(fd);
@@ -564,11 +316,11 @@ static int list_steps(const char *ckpt_dir, const char *suffix, step_entry **out
         int64_t step = parse_step_name(e->d_name, suffix);
         if (step < 0 || strlen(e->d_name) >= sizeof v->name) continue;
         char p[CKPT_PATH_MAX], m[CKPT_PATH_MAX];
-        if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, e->d_name) != 0 || !is_dir(p)) continue;
+        if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, e->d_name) != 0 || !strata_is_dir(p)) continue;
         if (fmt_path(m, sizeof m, "%s/manifest.yaml", p) != 0) continue;
         if (n == cap) v = strata_xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 16));
         v[n].step = step;
-        v[n].complete = is_file(m);
+        v[n].complete = strata_is_file(m);
         memcpy(v[n].name, e->d_name, strlen(e->d_name) + 1);
         n++;
     }
@@ -586,9 +338,9 @@ static int retire_dir(const char *ckpt_dir, const char *name) {
     char p[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
     if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, name) != 0) return -1;
     if (fmt_path(old, sizeof old, "%s/%s.old", ckpt_dir, name) != 0) return -1;
-    if (rm_tree(old) != 0) return -1;
+    if (strata_rm_tree(old) != 0) return -1;
     if (rename(p, old) != 0) return strata_fail("%s: cannot rename to %s: %s", p, old, strerror(errno));
-    return rm_tree(old);
+    return strata_rm_tree(old);
 }
 
 /* After a commit: the newest `keep` complete checkpoints stay (and always `current`),
@@ -605,7 +357,7 @@ static void prune(const char *ckpt_dir, const char *current, int keep) {
         }
         for (int i = 0; i < n; i++) {
             char p[CKPT_PATH_MAX];
-            if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0 || rm_tree(p) != 0)
+            if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0 || strata_rm_tree(p) != 0)
                 STRATA_WARN("ckpt", "removing a stale directory: %s", strata_error());
             else STRATA_DEBUG("ckpt", "removed stale %s", p);
         }
@@ -641,7 +393,7 @@ int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_l
     char ckpt_dir[CKPT_PATH_MAX], p[CKPT_PATH_MAX], done[CKPT_PATH_MAX];
     if (removed_len) removed[0] = 0;
     if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0) return -1;
-    if (!is_dir(ckpt_dir)) return 0;
+    if (!strata_is_dir(ckpt_dir)) return 0;
     int n_removed = 0;
     static const char *const leftovers[] = {".tmp", ".old"};
     for (int s = 0; s < 2; s++) {
@@ -652,10 +404,10 @@ int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_l
             if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0) continue;
             if (s == 1) { /* .old: the previous copy of a re-saved step; only once the new one is in place */
                 if (fmt_path(done, sizeof done, "%s/step_%08lld/manifest.yaml", ckpt_dir, (long long)v[i].step) != 0 ||
-                    !is_file(done))
+                    !strata_is_file(done))
                     continue;
             }
-            if (rm_tree(p) != 0) {
+            if (strata_rm_tree(p) != 0) {
                 free(v);
                 return -1;
             }
@@ -664,12 +416,12 @@ int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_l
         }
         free(v);
     }
-    if (fmt_path(p, sizeof p, "%s/latest.tmp", ckpt_dir) == 0 && is_file(p)) {
+    if (fmt_path(p, sizeof p, "%s/latest.tmp", ckpt_dir) == 0 && strata_is_file(p)) {
         if (unlink(p) != 0) return strata_fail("%s: cannot remove: %s", p, strerror(errno));
         append_name(removed, removed_len, "latest.tmp");
         n_removed++;
     }
-    if (n_removed && fsync_dir(ckpt_dir) != 0) return -1;
+    if (n_removed && strata_fsync_dir(ckpt_dir) != 0) return -1;
     return n_removed;
 }
 
@@ -698,29 +450,29 @@ static int clean_tmp_dir(const char *tmp_dir, int world) {
     return rc;
 }
 
-static int build_manifest(sbuf *b, const strata_ckpt_layout *L, const strata_ckpt_meta *meta) {
-    sb_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32), indexed by rankNNNNN.yaml;\n"
+static int build_manifest(strata_sbuf *b, const strata_param_layout *L, const strata_ckpt_meta *meta) {
+    strata_sbuf_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32), indexed by rankNNNNN.yaml;\n"
                  "# each rank file holds its standard shard [r*S, (r+1)*S) of every unit, S = padded/world.\n");
-    sb_printf(b, "format: %s\nstep: %lld\nworld: %d\nstage: %d\nseed: %llu\nrng_state: 0x%016llx\n", CKPT_FORMAT,
+    strata_sbuf_printf(b, "format: %s\nstep: %lld\nworld: %d\nstage: %d\nseed: %llu\nrng_state: 0x%016llx\n", CKPT_FORMAT,
               (long long)meta->step, meta->world, meta->stage, (unsigned long long)meta->seed,
               (unsigned long long)meta->rng_state);
     /* 17 significant digits read back to the same double. */
-    sb_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\nunits:\n", meta->tokens_seen,
+    strata_sbuf_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\nunits:\n", meta->tokens_seen,
               meta->last_loss);
     for (int u = 0; u < L->n_units; u++)
-        sb_printf(b, "  - {numel: %zu, padded: %zu}\n", L->unit_numel[u], L->unit_padded[u]);
-    sb_printf(b, "tensors:\n");
+        strata_sbuf_printf(b, "  - {numel: %zu, padded: %zu}\n", L->unit_numel[u], L->unit_padded[u]);
+    strata_sbuf_printf(b, "tensors:\n");
     for (int i = 0; i < L->n_tensors; i++) {
-        const strata_ckpt_tensor *t = &L->tensors[i];
+        const strata_param_tensor *t = &L->tensors[i];
         size_t n = strlen(t->name);
-        sb_printf(b, "  - {name: ");
-        sb_quoted(b, t->name, n);
-        sb_printf(b, ", unit: %d, offset: %zu, numel: %zu, shape: [", t->unit, t->offset, t->numel);
-        for (int d = 0; d < t->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-        sb_printf(b, "], dtype: float32}\n");
+        strata_sbuf_printf(b, "  - {name: ");
+        if (strata_yaml_quoted(b, t->name, n, "a tensor name")) return -1;
+        strata_sbuf_printf(b, ", unit: %d, offset: %zu, numel: %zu, shape: [", t->unit, t->offset, t->numel);
+        for (int d = 0; d < t->ndim; d++) strata_sbuf_printf(b, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        strata_sbuf_printf(b, "], dtype: float32}\n");
     }
     /* Last, so a literal block's trailing blank lines are plainly its own. */
-    return sb_text_value(b, "config", meta->config_yaml ? meta->config_yaml : "", "checkpoint config text");
+    return strata_yaml_text_value(b, "config", meta->config_yaml ? meta->config_yaml : "", "checkpoint config text");
 }
 
 /* Puts tmp_dir at final_dir. A re-save of the same step swaps the directories atomically
@@ -731,20 +483,20 @@ static int install_dir(const char *ckpt_dir, const char *tmp_dir, const char *fi
     if (errno != ENOTEMPTY && errno != EEXIST)
         return strata_fail("%s: cannot rename to %s: %s", tmp_dir, final_dir, strerror(errno));
     if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
-        if (fsync_dir(ckpt_dir) != 0) return -1;
-        return rm_tree(tmp_dir); /* now holds the replaced checkpoint */
+        if (strata_fsync_dir(ckpt_dir) != 0) return -1;
+        return strata_rm_tree(tmp_dir); /* now holds the replaced checkpoint */
     }
     char old[CKPT_PATH_MAX];
-    if (fmt_path(old, sizeof old, "%s.old", final_dir) != 0 || rm_tree(old) != 0) return -1;
+    if (fmt_path(old, sizeof old, "%s.old", final_dir) != 0 || strata_rm_tree(old) != 0) return -1;
     if (rename(final_dir, old) != 0)
         return strata_fail("%s: cannot move aside to %s: %s", final_dir, old, strerror(errno));
     if (rename(tmp_dir, final_dir) != 0)
         return strata_fail("%s: cannot rename to %s: %s", tmp_dir, final_dir, strerror(errno));
-    if (fsync_dir(ckpt_dir) != 0) return -1;
-    return rm_tree(old);
+    if (strata_fsync_dir(ckpt_dir) != 0) return -1;
+    return strata_rm_tree(old);
 }
 
-int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ckpt_layout *L,
+int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_param_layout *L,
                             const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len) {
     if (!meta || meta->step < 0 || meta->world < 1)
         return strata_fail("checkpoint %s: invalid step %lld / world %d", tmp_dir, meta ? (long long)meta->step : -1LL,
@@ -754,30 +506,29 @@ int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ck
     free(order);
     free(first);
     char ckpt_dir[CKPT_PATH_MAX], final[CKPT_PATH_MAX], name[64], mtmp[CKPT_PATH_MAX], mpath[CKPT_PATH_MAX];
-    char latest[CKPT_PATH_MAX], latest_tmp[CKPT_PATH_MAX];
+    char latest[CKPT_PATH_MAX];
     snprintf(name, sizeof name, "step_%08lld", (long long)meta->step);
     if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
         fmt_path(final, sizeof final, "%s/%s", ckpt_dir, name) != 0 ||
         fmt_path(mtmp, sizeof mtmp, "%s/manifest.yaml.tmp", tmp_dir) != 0 ||
         fmt_path(mpath, sizeof mpath, "%s/manifest.yaml", tmp_dir) != 0 ||
-        fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0 ||
-        fmt_path(latest_tmp, sizeof latest_tmp, "%s/latest.tmp", ckpt_dir) != 0)
+        fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
         return -1;
-    if (!is_dir(tmp_dir)) return strata_fail("%s: no such directory (nothing was written to commit)", tmp_dir);
+    if (!strata_is_dir(tmp_dir)) return strata_fail("%s: no such directory (nothing was written to commit)", tmp_dir);
     if (clean_tmp_dir(tmp_dir, meta->world) != 0) return -1;
 
-    sbuf body = {0}, m = {0};
+    strata_sbuf body = {0}, m = {0};
     int rc = build_manifest(&body, L, meta);
     if (rc == 0) { /* the first line checks every byte after it */
-        sb_printf(&m, "%s0x%08x\n", MANIFEST_CRC_PREFIX, strata_crc32c(0, body.p, body.len));
-        sb_putn(&m, body.p, body.len);
-        rc = write_file_synced(mtmp, m.p, m.len);
+        strata_sbuf_printf(&m, "%s0x%08x\n", MANIFEST_CRC_PREFIX, strata_crc32c(0, body.p, body.len));
+        strata_sbuf_putn(&m, body.p, body.len);
+        rc = strata_write_file_synced(mtmp, m.p, m.len);
     }
     free(body.p);
     free(m.p);
     if (rc != 0) return -1;
     if (rename(mtmp, mpath) != 0) return strata_fail("%s: cannot rename to %s: %s", mtmp, mpath, strerror(errno));
-    if (fsync_dir(tmp_dir) != 0) return -1;
+    if (strata_fsync_dir(tmp_dir) != 0) return -1;
 
     /* Never publish a checkpoint that would not load: every rank's files present, sizes
      * as promised, every element covered once. */
@@ -786,14 +537,11 @@ int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_ck
     strata_ckpt_close(ck);
 
     if (install_dir(ckpt_dir, tmp_dir, final) != 0) return -1;
-    if (fsync_dir(ckpt_dir) != 0) return -1;
+    if (strata_fsync_dir(ckpt_dir) != 0) return -1;
 
     char text[80];
     int n = snprintf(text, sizeof text, "%s\n", name);
-    if (write_file_synced(latest_tmp, text, (size_t)n) != 0) return -1;
-    if (rename(latest_tmp, latest) != 0)
-        return strata_fail("%s: cannot rename to %s: %s", latest_tmp, latest, strerror(errno));
-    if (fsync_dir(ckpt_dir) != 0) return -1;
+    if (strata_write_file_atomic(latest, text, (size_t)n) != 0) return -1; /* via latest.tmp */
 
     prune(ckpt_dir, name, keep);
     if (final_dir && final_len > 0 && fmt_path(final_dir, final_len, "%s", final) != 0) return -1;
@@ -811,7 +559,7 @@ static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
     if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
         fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
         return -1;
-    if (!is_dir(ckpt_dir)) return strata_fail("no checkpoint in %s (no such directory)", ckpt_dir);
+    if (!strata_is_dir(ckpt_dir)) return strata_fail("no checkpoint in %s (no such directory)", ckpt_dir);
     FILE *f = fopen(latest, "r");
     if (f) {
         char name[256] = {0};
@@ -823,7 +571,7 @@ static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
         /* Only a plain directory name inside ckpt/ is trusted. */
         if (n > 0 && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") &&
             fmt_path(dir, sizeof dir, "%s/%s", ckpt_dir, name) == 0 &&
-            fmt_path(man, sizeof man, "%s/manifest.yaml", dir) == 0 && is_file(man))
+            fmt_path(man, sizeof man, "%s/manifest.yaml", dir) == 0 && strata_is_file(man))
             return fmt_path(out, outlen, "%s", dir);
         STRATA_WARN("ckpt", "%s names '%s', which is not a complete checkpoint; using the newest complete one",
                     latest, name);
@@ -850,16 +598,16 @@ int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t
     }
     char p[CKPT_PATH_MAX];
     if (fmt_path(p, sizeof p, "%s/manifest.yaml", what) != 0) return -1;
-    if (is_file(p)) return fmt_path(out, outlen, "%s", what);
+    if (strata_is_file(p)) return fmt_path(out, outlen, "%s", what);
     if (fmt_path(p, sizeof p, "%s/ckpt", what) != 0) return -1;
-    if (is_dir(p)) return resolve_latest(what, out, outlen);
+    if (strata_is_dir(p)) return resolve_latest(what, out, outlen);
     /* A bare step name ("step_00000120") inside the run's ckpt/. */
     if (run_dir && *run_dir && !strchr(what, '/')) {
         char q[CKPT_PATH_MAX];
         if (fmt_path(p, sizeof p, "%s/ckpt/%s", run_dir, what) != 0 ||
             fmt_path(q, sizeof q, "%s/manifest.yaml", p) != 0)
             return -1;
-        if (is_file(q)) return fmt_path(out, outlen, "%s", p);
+        if (strata_is_file(q)) return fmt_path(out, outlen, "%s", p);
     }
     struct stat st;
     if (stat(what, &st) != 0) return strata_fail("checkpoint %s: %s", what, strerror(errno));
@@ -878,20 +626,7 @@ typedef struct ydoc {
 
 static int ydoc_parse(ydoc *d, const char *path, const char *text, size_t len) {
     d->path = path;
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p)) return strata_fail("%s: cannot initialise the YAML parser", path);
-    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
-    int ok = yaml_parser_load(&p, &d->doc);
-    if (!ok) {
-        if (p.error == YAML_READER_ERROR)
-            strata_fail("%s: byte %zu: not YAML text: %s", path, p.problem_offset, p.problem ? p.problem : "read error");
-        else
-            strata_fail("%s: line %zu, column %zu: invalid YAML: %s%s%s", path, p.problem_mark.line + 1,
-                        p.problem_mark.column + 1, p.problem ? p.problem : "parse error", p.context ? " " : "",
-                        p.context ? p.context : "");
-    }
-    yaml_parser_delete(&p);
-    if (!ok) return -1;
+    if (strata_yaml_load(&d->doc, path, text, len, "a checkpoint file")) return -1;
     yaml_node_t *root = yaml_document_get_root_node(&d->doc);
     if (!root || root->type != YAML_MAPPING_NODE) {
         yaml_document_delete(&d->doc);
@@ -1045,9 +780,9 @@ struct strata_ckpt {
     char dir[CKPT_PATH_MAX - 32]; /* room for "/rankNNNNN.yaml" in CKPT_PATH_MAX */
     strata_ckpt_meta meta;
     char *config;
-    strata_ckpt_layout layout;
+    strata_param_layout layout;
     size_t *unit_numel, *unit_padded;
-    strata_ckpt_tensor *tensors;
+    strata_param_tensor *tensors;
     int world;
     int *fds;                 /* rank .bin files, open for pread */
     seg *segs;                /* sorted by (unit, kind, lo) */
@@ -1066,8 +801,8 @@ static void bin_path(const strata_ckpt *ck, int rank, char *out, size_t len) {
 static int parse_manifest(strata_ckpt *ck) {
     char path[CKPT_PATH_MAX];
     if (fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
-    if (!is_file(path)) {
-        if (!is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
+    if (!strata_is_file(path)) {
+        if (!strata_is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
         return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
     }
     char *text;
@@ -1162,7 +897,7 @@ static int parse_manifest(strata_ckpt *ck) {
     ck->tensors = strata_xcalloc((size_t)nt + 1, sizeof *ck->tensors);
     for (int i = 0; i < nt; i++) {
         yaml_node_t *m = yaml_document_get_node(&d.doc, tens->data.sequence.items.start[i]);
-        strata_ckpt_tensor *t = &ck->tensors[i];
+        strata_param_tensor *t = &ck->tensors[i];
         char ctx[64];
         snprintf(ctx, sizeof ctx, "tensors[%d]", i);
         if (m->type != YAML_MAPPING_NODE) {
@@ -1188,9 +923,9 @@ static int parse_manifest(strata_ckpt *ck) {
         yaml_node_t *shape = yget(&d, m, ctx, "shape", YAML_SEQUENCE_NODE);
         if (!shape) goto out;
         int nd = (int)(shape->data.sequence.items.top - shape->data.sequence.items.start);
-        if (nd > STRATA_CKPT_MAX_DIMS) {
+        if (nd > STRATA_TENSOR_MAX_DIMS) {
             strata_fail("%s: line %zu: %s: %d dimensions (at most %d)", path, shape->start_mark.line + 1, ctx, nd,
-                        STRATA_CKPT_MAX_DIMS);
+                        STRATA_TENSOR_MAX_DIMS);
             goto out;
         }
         t->ndim = nd;
@@ -1204,7 +939,7 @@ static int parse_manifest(strata_ckpt *ck) {
             t->shape[k] = (int64_t)v;
         }
     }
-    ck->layout = (strata_ckpt_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
+    ck->layout = (strata_param_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
     int *order, *first;
     if (layout_index(&ck->layout, path, &order, &first) != 0) goto out;
     free(order);
@@ -1284,7 +1019,7 @@ static int parse_rank(strata_ckpt *ck, int rank) {
             yget_u64(&d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
             goto out;
         s.crc = (uint32_t)crc;
-        const strata_ckpt_tensor *t = &ck->tensors[s.tensor];
+        const strata_param_tensor *t = &ck->tensors[s.tensor];
         if (s.unit != t->unit || s.lo >= s.hi || s.lo < t->offset || s.hi > t->offset + t->numel) {
             strata_fail("%s: line %zu: %s: elements [%zu, %zu) of unit %d are not inside tensor %s (unit %d, "
                         "[%zu, %zu))",
@@ -1418,13 +1153,13 @@ void strata_ckpt_close(strata_ckpt *ck) {
 }
 
 const strata_ckpt_meta *strata_ckpt_get_meta(const strata_ckpt *ck) { return &ck->meta; }
-const strata_ckpt_layout *strata_ckpt_get_layout(const strata_ckpt *ck) { return &ck->layout; }
+const strata_param_layout *strata_ckpt_get_layout(const strata_ckpt *ck) { return &ck->layout; }
 
-int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_ckpt_layout *L) {
-    const strata_ckpt_layout *C = &ck->layout;
+int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_param_layout *L) {
+    const strata_param_layout *C = &ck->layout;
     int n = C->n_tensors < L->n_tensors ? C->n_tensors : L->n_tensors;
     for (int i = 0; i < n; i++) {
-        const strata_ckpt_tensor *a = &C->tensors[i], *b = &L->tensors[i];
+        const strata_param_tensor *a = &C->tensors[i], *b = &L->tensors[i];
         if (strcmp(a->name, b->name) != 0)
             return strata_fail("checkpoint %s: tensor %d is %s, but the model's is %s", ck->dir, i, a->name, b->name);
         int same_shape = a->ndim == b->ndim;
@@ -1467,7 +1202,7 @@ static int load_segment(strata_ckpt *ck, size_t i) {
     ck->scratch_seg = -1;
     char bin[CKPT_PATH_MAX];
     bin_path(ck, s->rank, bin, sizeof bin);
-    if (pread_all(ck->fds[s->rank], ck->scratch, n * sizeof(float), s->offset, bin) != 0) return -1;
+    if (strata_pread_all(ck->fds[s->rank], ck->scratch, n * sizeof(float), s->offset, bin) != 0) return -1;
     uint32_t crc = strata_crc32c(0, ck->scratch, n * sizeof(float));
     if (crc != s->crc)
         return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
@@ -1506,13 +1241,13 @@ int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_
             memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
         } else if (s->verified) {
             bin_path(ck, s->rank, bin, sizeof bin);
-            if (pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset + (a - s->lo) * sizeof(float),
+            if (strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset + (a - s->lo) * sizeof(float),
                           bin) != 0)
                 return -1;
         } else if (a == s->lo && z == s->hi) {
             /* Whole segment wanted: read it straight into dst and check it there. */
             bin_path(ck, s->rank, bin, sizeof bin);
-            if (pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset, bin) != 0) return -1;
+            if (strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset, bin) != 0) return -1;
             uint32_t crc = strata_crc32c(0, out, (z - a) * sizeof(float));
             if (crc != s->crc)
                 return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,

@@ -1,6 +1,6 @@
-/* core/config.h: the run configuration, read from YAML by libyaml, strictly.
+/* io/config.h: the run configuration, read from YAML by libyaml, strictly.
  *
- * Every key lives in one schema table (core/config.c): its section, name, type, range,
+ * Every key lives in one schema table (io/config.c): its section, name, type, range,
  * default and help. Parsing, `--set section.key=value` overrides, defaults and
  * `strata config` printing all go through that table, so a key cannot be accepted in one
  * place and rejected in another. A file may start from another with `base: FILE` (a path
@@ -13,9 +13,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define STRATA_PATH_MAX 1024
+#include "core/common.h"
+#include "core/model.h"
+#include "core/optim.h"
 
-typedef enum { STRATA_SCHEDULE_COSINE = 0, STRATA_SCHEDULE_LINEAR, STRATA_SCHEDULE_CONSTANT } strata_schedule;
 typedef enum { STRATA_DTYPE_AUTO = 0, STRATA_DTYPE_FP32, STRATA_DTYPE_BF16 } strata_dtype_choice;
 typedef enum { STRATA_BACKEND_AUTO = 0, STRATA_BACKEND_CPU, STRATA_BACKEND_CUDA } strata_backend_choice;
 typedef enum { STRATA_COMM_AUTO = 0, STRATA_COMM_MPI, STRATA_COMM_NCCL } strata_comm_choice;
@@ -64,12 +65,7 @@ typedef struct strata_config {
         int threads; /* OpenMP threads for CPU kernels; 0 = the runtime's default */
     } train;
 
-    struct {
-        double lr, min_lr;
-        int warmup_steps;
-        strata_schedule schedule;
-        double beta1, beta2, eps, weight_decay, grad_clip;
-    } optim;
+    strata_optim_settings optim;
 
     struct {
         char dir[STRATA_PATH_MAX]; /* run directory: metrics, checkpoints, plots */
@@ -142,9 +138,16 @@ int strata_config_check(const strata_config *c, const char *name);
 /* The built-in default config: configs/quickstart.yaml, byte for byte. */
 const char *strata_config_builtin_yaml(void);
 
-/* Writes the effective config as YAML, every key, defaults filled in, with a
- * comment per key. The output parses back to the same config. */
-void strata_config_write(const strata_config *c, FILE *f, int with_comments);
+/* The effective config as YAML, every key, defaults filled in, optionally with a comment
+ * per key: malloc'd text the caller frees. It parses back to the same config. NULL + error
+ * naming the key when a string value is not UTF-8 (a loaded config never has one; a path
+ * the launcher set from its command line might). */
+char *strata_config_yaml(const strata_config *c, int with_comments);
+/* The same, written to f: 0, or -1 + error. */
+int strata_config_write(const strata_config *c, FILE *f, int with_comments);
+
+/* The model a config describes (model.* keys, padded vocabulary resolved). */
+strata_model_shape strata_config_model_shape(const strata_config *c);
 
 /* Derived values. */
 int strata_config_seq_len(const strata_config *c);     /* train.seq_len or model.seq_len */

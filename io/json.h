@@ -1,4 +1,4 @@
-/* core/json.h: one small, strict JSON reader (RFC 8259) for every JSON file Strata reads:
+/* io/json.h: one small, strict JSON reader (RFC 8259) for every JSON file Strata reads:
  * safetensors headers, Hugging Face config.json, tokenizer.json, vocab.json, sharded-weight
  * indices and DeepSpeed configs.
  *
@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "io/text.h"
 
 #define STRATA_JSON_MAX_DEPTH 64
 
@@ -74,7 +76,9 @@ const char *strata_json_kind(const strata_json *v);
  * still hold the input. */
 void strata_json_line_col(const void *bytes, size_t len, size_t offset, int *line, int *col);
 
-/* Writes s[0, n) as a JSON string literal (quotes, escapes; UTF-8 passes through). */
+/* s[0, n) as a JSON string literal (quotes, backslashes and control bytes escaped; UTF-8
+ * passes through), appended to b or written to f. */
+void strata_json_string(strata_sbuf *b, const char *s, size_t n);
 void strata_json_write_string(FILE *f, const char *s, size_t n);
 
 #endif

@@ -1,4 +1,4 @@
-/* core/config.c: the run configuration: one schema table, a strict YAML reader (libyaml),
+/* io/config.c: the run configuration: one schema table, a strict YAML reader (libyaml),
  * `--set section.key=value` overrides, cross-key rules, and printing.
  *
  * Every key is one row of `schema` below; defaults are YAML text parsed by the same code
@@ -45,7 +45,7 @@
  *   FILE: missing required key 'model.S' (model.init_from PATH does not give K)
  *   FILE: model.init_from 'PATH': ...        (no such path, or its config.json is refused)
  * FILE is "<built-in>" for the compiled-in quickstart config. */
-#include "core/config.h"
+#include "io/config.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -56,7 +56,9 @@
 #include <yaml.h>
 
 #include "core/common.h"
-#include "core/pretrained.h"
+#include "io/files.h"
+#include "io/hf_config.h"
+#include "io/text.h"
 
 /* configs/quickstart.yaml, byte for byte: the build turns the file into this array
  * (CMakeLists.txt), so the built-in default cannot drift from the file. */
@@ -422,6 +424,12 @@ static int set_value(strata_config *c, const key_spec *k, const char *text, cons
         if (len >= STRATA_PATH_MAX)
             return strata_fail("%s: key '%s': longer than %d bytes", where, name, STRATA_PATH_MAX - 1);
         if (len == 0 && (k->flags & F_NONEMPTY)) return strata_fail("%s: key '%s': must not be empty", where, name);
+        /* a config is YAML text, recorded in every checkpoint: a value YAML cannot hold
+         * would fail the first save, after the training it was meant to keep */
+        size_t bad = strata_utf8_invalid_at(text, len);
+        if (bad < len)
+            return strata_fail("%s: key '%s': byte %zu is not valid UTF-8; a config holds UTF-8 text only", where,
+                               name, bad);
         memcpy(field, text, len + 1);
         return 0;
     }
@@ -514,8 +522,6 @@ static const char *node_kind(const yaml_node_t *n) {
     }
 }
 
-static int node_line(const yaml_node_t *n) { return (int)n->start_mark.line + 1; }
-
 /* A plain `key:` with nothing after it, `~` or `null`. */
 static int is_null_scalar(const yaml_node_t *n) {
     if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return 0;
@@ -531,7 +537,7 @@ static int apply_key(strata_config *c, load_state *st, const char *name, int idx
                      const yaml_node_t *value) {
     char full[96], where[STRATA_PATH_MAX + 32];
     full_name(&schema[idx], full, sizeof full);
-    int line = node_line(key);
+    int line = strata_yaml_line(key);
     if (st->key_line[idx] > 0)
         return strata_fail("%s:%d: duplicate key '%s' (first at line %d)", name, line, full, st->key_line[idx]);
     st->key_line[idx] = line;
@@ -543,7 +549,7 @@ static int apply_key(strata_config *c, load_state *st, const char *name, int idx
 
 static int apply_section(strata_config *c, load_state *st, const char *name, int sec, yaml_document_t *doc,
                          const yaml_node_t *key, const yaml_node_t *value) {
-    int line = node_line(key);
+    int line = strata_yaml_line(key);
     if (st->section_line[sec] > 0)
         return strata_fail("%s:%d: duplicate section '%s' (first at line %d)", name, line, sections[sec],
                            st->section_line[sec]);
@@ -556,14 +562,14 @@ static int apply_section(strata_config *c, load_state *st, const char *name, int
         yaml_node_t *k = yaml_document_get_node(doc, p->key);
         yaml_node_t *v = yaml_document_get_node(doc, p->value);
         if (k->type != YAML_SCALAR_NODE)
-            return strata_fail("%s:%d: keys must be scalars, got a %s", name, node_line(k), node_kind(k));
+            return strata_fail("%s:%d: keys must be scalars, got a %s", name, strata_yaml_line(k), node_kind(k));
         const char *kname = (const char *)k->data.scalar.value;
         int idx = find_key(sections[sec], kname);
         if (idx < 0) {
             char full[256], hint[160];
             snprintf(full, sizeof full, "%s.%s", sections[sec], kname);
             suggest_key(full, kname, hint, sizeof hint);
-            return strata_fail("%s:%d: unknown key '%s'%s", name, node_line(k), full, hint);
+            return strata_fail("%s:%d: unknown key '%s'%s", name, strata_yaml_line(k), full, hint);
         }
         if (apply_key(c, st, name, idx, k, v)) return -1;
     }
@@ -574,9 +580,6 @@ static int apply_section(strata_config *c, load_state *st, const char *name, int
  * wrong path, refused before it is read. */
 #define MAX_CONFIG_BYTES ((size_t)1 << 20)
 
-static int read_file(const char *path, char **text, size_t *len_out) {
-    return strata_read_file_bounded(path, MAX_CONFIG_BYTES, text, len_out);
-}
 
 static int parse_yaml(strata_config *c, load_state *st, const char *name, const char *text, size_t len);
 
@@ -584,7 +587,7 @@ static int parse_yaml(strata_config *c, load_state *st, const char *name, const 
  * file's keys override it, so a variant names only what it changes. */
 static int apply_base(strata_config *c, load_state *st, const char *name, const yaml_node_t *key,
                       const yaml_node_t *value) {
-    int line = node_line(key);
+    int line = strata_yaml_line(key);
     if (value->type != YAML_SCALAR_NODE || !scalar_text(value)[0])
         return strata_fail("%s:%d: key 'base': expected the path of a config file to build on", name, line);
     if (st->depth >= MAX_BASE_DEPTH)
@@ -598,7 +601,7 @@ static int apply_base(strata_config *c, load_state *st, const char *name, const 
     if (n < 0 || (size_t)n >= sizeof path) return strata_fail("%s:%d: key 'base': path too long", name, line);
     char *text = NULL;
     size_t len = 0;
-    if (read_file(path, &text, &len)) return strata_fail_wrap("%s:%d: key 'base'", name, line);
+    if (strata_read_file_bounded(path, MAX_CONFIG_BYTES, &text, &len)) return strata_fail_wrap("%s:%d: key 'base'", name, line);
     load_state sub;
     memset(&sub, 0, sizeof sub);
     sub.depth = st->depth + 1;
@@ -614,20 +617,15 @@ static int apply_document(strata_config *c, load_state *st, const char *name, ya
     if (!root) return strata_fail("%s: empty config; expected a mapping of sections (model, data, train, ...)", name);
     if (root->type != YAML_MAPPING_NODE)
         return strata_fail("%s:%d: expected a mapping of sections at the top level, got a %s", name,
-                           node_line(root), node_kind(root));
-    /* a quoted "\0" would end the C string early and cut a key or value short unseen */
-    for (yaml_node_t *n = doc->nodes.start; n < doc->nodes.top; n++)
-        if (n->type == YAML_SCALAR_NODE && strlen((const char *)n->data.scalar.value) != n->data.scalar.length)
-            return strata_fail("%s:%d: '%s...' holds a NUL byte, which no key or value may", name, node_line(n),
-                               (const char *)n->data.scalar.value);
+                           strata_yaml_line(root), node_kind(root));
     /* the base goes first wherever `base:` is written, so this file always overrides it */
     yaml_node_pair_t *base = NULL;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(doc, p->key);
         if (k->type != YAML_SCALAR_NODE || strcmp((const char *)k->data.scalar.value, "base")) continue;
         if (base)
-            return strata_fail("%s:%d: duplicate key 'base' (first at line %d)", name, node_line(k),
-                               node_line(yaml_document_get_node(doc, base->key)));
+            return strata_fail("%s:%d: duplicate key 'base' (first at line %d)", name, strata_yaml_line(k),
+                               strata_yaml_line(yaml_document_get_node(doc, base->key)));
         base = p;
     }
     if (base && apply_base(c, st, name, yaml_document_get_node(doc, base->key), yaml_document_get_node(doc, base->value)))
@@ -636,7 +634,7 @@ static int apply_document(strata_config *c, load_state *st, const char *name, ya
         yaml_node_t *k = yaml_document_get_node(doc, p->key);
         yaml_node_t *v = yaml_document_get_node(doc, p->value);
         if (k->type != YAML_SCALAR_NODE)
-            return strata_fail("%s:%d: keys must be scalars, got a %s", name, node_line(k), node_kind(k));
+            return strata_fail("%s:%d: keys must be scalars, got a %s", name, strata_yaml_line(k), node_kind(k));
         const char *kname = (const char *)k->data.scalar.value;
         if (!strcmp(kname, "base")) continue;
         int idx = find_key("", kname);
@@ -648,48 +646,17 @@ static int apply_document(strata_config *c, load_state *st, const char *name, ya
         } else {
             char hint[160];
             suggest_section(kname, hint, sizeof hint);
-            return strata_fail("%s:%d: unknown section '%s'%s", name, node_line(k), kname, hint);
+            return strata_fail("%s:%d: unknown section '%s'%s", name, strata_yaml_line(k), kname, hint);
         }
     }
     return 0;
 }
 
-static int yaml_problem(const yaml_parser_t *p, const char *name) {
-    const char *problem = p->problem ? p->problem : "unknown error";
-    if (p->error == YAML_READER_ERROR)
-        return strata_fail("%s: invalid YAML: %s at byte %zu", name, problem, p->problem_offset);
-    if (p->error == YAML_MEMORY_ERROR) return strata_fail("%s: invalid YAML: out of memory", name);
-    char context[160] = "";
-    if (p->context) snprintf(context, sizeof context, " (%s)", p->context);
-    return strata_fail("%s:%zu:%zu: invalid YAML: %s%s", name, p->problem_mark.line + 1, p->problem_mark.column + 1,
-                       problem, context);
-}
-
 static int parse_yaml(strata_config *c, load_state *st, const char *name, const char *text, size_t len) {
-    yaml_parser_t parser;
     yaml_document_t doc;
-    if (!yaml_parser_initialize(&parser)) return strata_fail("%s: cannot start the YAML parser", name);
-    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    int rc;
-    if (!yaml_parser_load(&parser, &doc)) {
-        rc = yaml_problem(&parser, name);
-    } else {
-        rc = apply_document(c, st, name, &doc);
-        yaml_document_delete(&doc);
-        /* A second `---` document would be silently ignored; refuse it instead. */
-        if (rc == 0) {
-            if (!yaml_parser_load(&parser, &doc)) {
-                rc = yaml_problem(&parser, name);
-            } else {
-                yaml_node_t *root = yaml_document_get_root_node(&doc);
-                if (root)
-                    rc = strata_fail("%s:%d: a second YAML document starts here; a config is one document", name,
-                                     (int)doc.start_mark.line + 1);
-                yaml_document_delete(&doc);
-            }
-        }
-    }
-    yaml_parser_delete(&parser);
+    if (strata_yaml_load(&doc, name, text, len, "a config")) return -1;
+    int rc = apply_document(c, st, name, &doc);
+    yaml_document_delete(&doc);
     return rc;
 }
 
@@ -821,6 +788,32 @@ int strata_config_check(const strata_config *c, const char *name) {
 
 /* ---- loading ---- */
 
+/* model.n_layer, n_head, n_embd, seq_len, vocab_size from c->model.init_from: keys the
+ * YAML left out (set[i] == 0, in that order) are filled in; a key the YAML set must agree,
+ * or the error names both values and where they came from. `name` is the config file. */
+static int shape_from_init_from(strata_config *c, const int set[5], const char *name) {
+    strata_hf_shape s;
+    if (strata_hf_shape_read(c->model.init_from, &s)) return strata_fail_wrap("%s", name);
+    int *yaml[5] = {&c->model.n_layer, &c->model.n_head, &c->model.n_embd, &c->model.seq_len, &c->model.vocab_size};
+    const int hf[5] = {s.n_layer, s.n_head, s.n_embd, s.n_positions, s.vocab_size};
+    static const char *const keys[5] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
+    static const char *const hf_keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+    for (int i = 0; i < 5; i++) {
+        if (hf[i] <= 0) {
+            if (!set[i])
+                return strata_fail("%s: missing required key 'model.%s' (model.init_from %s does not give %s)", name,
+                                   keys[i], s.source, hf_keys[i]);
+            continue;
+        }
+        if (!set[i]) *yaml[i] = hf[i];
+        else if (*yaml[i] != hf[i])
+            return strata_fail("%s: model.%s is %d, but model.init_from's %s has %s %d (leave model.%s out to take "
+                               "it from there)", name, keys[i], *yaml[i], s.source, hf_keys[i], hf[i], keys[i]);
+    }
+    return 0;
+}
+
+
 static int load_text(strata_config *c, const char *name, const char *path_field, const char *text, size_t len,
                      const char *const *sets, int n_sets) {
     strata_config tmp;
@@ -839,7 +832,7 @@ static int load_text(strata_config *c, const char *name, const char *path_field,
             idx[i] = find_key("model", shape_keys[i]);
             set[i] = st.key_line[idx[i]] != 0 || st.from_base[idx[i]];
         }
-        if (strata_pretrained_apply_shape(&tmp, set, name)) return -1;
+        if (shape_from_init_from(&tmp, set, name)) return -1;
         for (int i = 0; i < 5; i++) st.from_base[idx[i]] = 1;
     }
     for (int i = 0; i < N_KEYS; i++) {
@@ -863,7 +856,7 @@ int strata_config_load(strata_config *c, const char *path, const char *const *se
     if (!path) return load_text(c, BUILTIN_NAME, "", builtin_yaml, sizeof builtin_yaml - 1, sets, n_sets);
     char *buf = NULL;
     size_t len = 0;
-    if (read_file(path, &buf, &len)) return -1;
+    if (strata_read_file_bounded(path, MAX_CONFIG_BYTES, &buf, &len)) return -1;
     int rc = load_text(c, path, path, buf, len, sets, n_sets);
     free(buf);
     return rc;
@@ -871,66 +864,73 @@ int strata_config_load(strata_config *c, const char *path, const char *const *se
 
 /* ---- printing ---- */
 
-/* Strings are always double-quoted so globs, "" and look-alikes of numbers survive. */
-static void quote_string(const char *text, char *out, size_t n) {
-    size_t o = 0;
-    out[o++] = '"';
-    for (const unsigned char *p = (const unsigned char *)text; *p && o + 6 < n; p++) {
-        if (*p == '"' || *p == '\\') o += (size_t)snprintf(out + o, n - o, "\\%c", *p);
-        else if (*p == '\n') o += (size_t)snprintf(out + o, n - o, "\\n");
-        else if (*p == '\t') o += (size_t)snprintf(out + o, n - o, "\\t");
-        else if (*p < 0x20 || *p == 0x7f) o += (size_t)snprintf(out + o, n - o, "\\x%02x", *p);
-        /* YAML reads NEL, LS and PS as line breaks, folding them even inside quotes */
-        else if (p[0] == 0xc2 && p[1] == 0x85) o += (size_t)snprintf(out + o, n - o, "\\N"), p++;
-        else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
-            o += (size_t)snprintf(out + o, n - o, "\\%c", p[2] == 0xa8 ? 'L' : 'P'), p += 2;
-        else out[o++] = (char)*p;
-    }
-    out[o++] = '"';
-    out[o] = 0;
-}
-
 #define COMMENT_COLUMN 34
 
-static void write_key(FILE *f, const strata_config *c, const key_spec *k, int with_comments) {
-    char text[STRATA_PATH_MAX + 64], quoted[4 * STRATA_PATH_MAX + 8], line[4 * STRATA_PATH_MAX + 128];
+/* One key's line. Strings are always double-quoted so globs, "" and look-alikes of
+ * numbers survive. */
+static int write_key(strata_sbuf *b, const strata_config *c, const key_spec *k, int with_comments) {
+    char text[STRATA_PATH_MAX + 64], name[96];
     value_text(c, k, text, sizeof text);
-    if (k->type == K_STRING) quote_string(text, quoted, sizeof quoted);
-    else snprintf(quoted, sizeof quoted, "%s", text);
-    int width = snprintf(line, sizeof line, "%s%s: %s", k->section[0] ? "  " : "", k->key, quoted);
-    fputs(line, f);
+    full_name(k, name, sizeof name);
+    size_t start = b->len;
+    strata_sbuf_printf(b, "%s%s: ", k->section[0] ? "  " : "", k->key);
+    if (k->type != K_STRING) strata_sbuf_puts(b, text);
+    else if (strata_yaml_quoted(b, text, strlen(text), name)) return -1;
     if (with_comments) {
+        int width = (int)(b->len - start);
         int pad = width < COMMENT_COLUMN ? COMMENT_COLUMN - width : 2;
-        fprintf(f, "%*s# %s", pad, "", k->help);
+        strata_sbuf_printf(b, "%*s# %s", pad, "", k->help);
         if (k->type == K_ENUM) {
-            fputs(" (", f);
-            for (int i = 0; k->names[i]; i++) fprintf(f, "%s%s", i ? "|" : "", k->names[i]);
-            fputc(')', f);
+            strata_sbuf_puts(b, " (");
+            for (int i = 0; k->names[i]; i++) strata_sbuf_printf(b, "%s%s", i ? "|" : "", k->names[i]);
+            strata_sbuf_puts(b, ")");
         }
-        if (k->flags & F_REQUIRED) fputs(" [required]", f);
+        if (k->flags & F_REQUIRED) strata_sbuf_puts(b, " [required]");
     }
-    fputc('\n', f);
+    strata_sbuf_puts(b, "\n");
+    return 0;
 }
 
-void strata_config_write(const strata_config *c, FILE *f, int with_comments) {
+char *strata_config_yaml(const strata_config *c, int with_comments) {
+    strata_sbuf b = {0};
+    int rc = 0;
     if (with_comments)
-        fprintf(f, "# Strata config%s%s: every key, defaults filled in.\n", c->path[0] ? " from " : " (built-in)",
-                c->path);
-    for (int i = 0; i < N_KEYS; i++)
-        if (!schema[i].section[0]) write_key(f, c, &schema[i], with_comments);
-    for (int s = 0; s < N_SECTIONS; s++) {
-        fputc('\n', f);
-        if (with_comments) fprintf(f, "%s:%*s# %s\n", sections[s], COMMENT_COLUMN - 1 - (int)strlen(sections[s]), "",
-                                    section_help[s]);
-        else fprintf(f, "%s:\n", sections[s]);
-        for (int i = 0; i < N_KEYS; i++)
-            if (!strcmp(schema[i].section, sections[s])) write_key(f, c, &schema[i], with_comments);
+        strata_sbuf_printf(&b, "# Strata config%s%s: every key, defaults filled in.\n",
+                           c->path[0] ? " from " : " (built-in)", c->path);
+    for (int i = 0; i < N_KEYS && !rc; i++)
+        if (!schema[i].section[0]) rc = write_key(&b, c, &schema[i], with_comments);
+    for (int s = 0; s < N_SECTIONS && !rc; s++) {
+        strata_sbuf_puts(&b, "\n");
+        if (with_comments)
+            strata_sbuf_printf(&b, "%s:%*s# %s\n", sections[s], COMMENT_COLUMN - 1 - (int)strlen(sections[s]), "",
+                               section_help[s]);
+        else strata_sbuf_printf(&b, "%s:\n", sections[s]);
+        for (int i = 0; i < N_KEYS && !rc; i++)
+            if (!strcmp(schema[i].section, sections[s])) rc = write_key(&b, c, &schema[i], with_comments);
     }
+    if (rc) {
+        strata_sbuf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+int strata_config_write(const strata_config *c, FILE *f, int with_comments) {
+    char *text = strata_config_yaml(c, with_comments);
+    if (!text) return -1;
+    fputs(text, f);
+    free(text);
+    return 0;
 }
 
 /* ---- derived values and names ---- */
 
 int strata_config_seq_len(const strata_config *c) { return c->train.seq_len > 0 ? c->train.seq_len : c->model.seq_len; }
+
+strata_model_shape strata_config_model_shape(const strata_config *c) {
+    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
+                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
+}
 
 int strata_config_padded_vocab(const strata_config *c) {
     if (c->model.padded_vocab_size > 0) return c->model.padded_vocab_size;

@@ -1,4 +1,4 @@
-/* core/pretrained.h: Hugging Face GPT-2 weights as a source of initial parameters
+/* io/pretrained.h: Hugging Face GPT-2 weights as a source of initial parameters
  * (`model.init_from`).
  *
  * What `model.init_from` may name:
@@ -21,28 +21,7 @@
 
 #include <stddef.h>
 
-#include "core/config.h"
 #include "core/model.h"
-
-/* The model shape a Hugging Face GPT-2 config.json (or a lone .safetensors file) gives. */
-typedef struct strata_hf_shape {
-    int n_layer, n_head, n_embd, n_positions, vocab_size; /* 0: unknown */
-    char source[STRATA_PATH_MAX + 32]; /* what the values came from, for messages */
-} strata_hf_shape;
-
-/* Reads a GPT-2 config.json, refusing (naming the key) what Strata's model does not
- * compute: another model_type, activation_function other than the tanh GELU,
- * layer_norm_epsilon other than 1e-5, untied embeddings, cross-attention, n_inner other
- * than 4 * n_embd, scale_attn_weights off, scale_attn_by_inverse_layer_idx. */
-int strata_hf_config_read(const char *path, strata_hf_shape *shape);
-
-/* The shape that init_from (a directory or a .safetensors file) implies. */
-int strata_pretrained_shape(const char *init_from, strata_hf_shape *shape);
-
-/* model.n_layer, n_head, n_embd, seq_len, vocab_size from c->model.init_from: keys the
- * YAML left out (set[i] == 0, in that order) are filled in; a key the YAML set must agree,
- * or the error names both values and where they came from. `name` is the config file. */
-int strata_pretrained_apply_shape(strata_config *c, const int set[5], const char *name);
 
 typedef struct strata_pretrained strata_pretrained;
 

@@ -1,11 +1,12 @@
-/* core/data.c: llm.c-format token shards (write, mmap, validate), text preparation (bytes,
+/* io/data.c: llm.c-format token shards (write, mmap, validate), text preparation (bytes,
  * or a BPE's ids through core/bpe.c), the chunked batch reader with per-epoch seeded
  * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See core/data.h for
  * the formats. */
-#include "core/data.h"
+#include "io/data.h"
 
-#include "core/bpe.h"
 #include "core/common.h"
+#include "io/bpe.h"
+#include "io/files.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,61 +29,6 @@
 /* Stream id that separates the shuffle's random numbers from every other use of a seed. */
 #define SHUFFLE_STREAM 0x53485546464C45ull /* "SHUFFLE" */
 
-/* ---- small file helpers ---- */
-
-static int write_all(int fd, const void *buf, size_t bytes, const char *path) {
-    const char *p = buf;
-    while (bytes > 0) {
-        ssize_t w = write(fd, p, bytes);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return strata_fail("%s: write failed: %s", path, strerror(errno));
-        }
-        p += w;
-        bytes -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsync the directory holding `path`, so a rename into it survives a crash. */
-static int fsync_parent_dir(const char *path) {
-    char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return strata_fail("%s: cannot open directory to sync it: %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int err = errno;
-    close(fd);
-    /* Some file systems refuse fsync on directories; the data itself is already synced. */
-    if (rc != 0 && err != EINVAL && err != EROFS)
-        return strata_fail("%s: directory fsync failed: %s", dir, strerror(err));
-    return 0;
-}
-
-static int mkdir_p(const char *path) {
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return strata_fail("%s: directory path too long", path);
-    size_t n = strlen(buf);
-    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return strata_fail("%s: cannot create directory: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return strata_fail("%s: cannot create directory: %s", buf, strerror(errno));
-    struct stat st;
-    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
-        return strata_fail("%s: exists but is not a directory", buf);
-    return 0;
-}
-
 /* ---- shards ---- */
 
 int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens) {
@@ -100,8 +46,8 @@ int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens
 
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return strata_fail("%s: cannot create: %s", tmp, strerror(errno));
-    if (write_all(fd, header, sizeof header, tmp) != 0 ||
-        write_all(fd, tokens, n_tokens * sizeof(uint16_t), tmp) != 0) {
+    if (strata_write_all(fd, header, sizeof header, tmp) != 0 ||
+        strata_write_all(fd, tokens, n_tokens * sizeof(uint16_t), tmp) != 0) {
         close(fd);
         unlink(tmp);
         return -1;
@@ -121,7 +67,9 @@ int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens
         unlink(tmp);
         return strata_fail("%s: cannot rename %s into place: %s", path, tmp, strerror(err));
     }
-    return fsync_parent_dir(path);
+    char dir[PATH_MAX];
+    strata_path_dir(dir, sizeof dir, path);
+    return strata_fsync_dir(dir); /* the rename survives a crash */
 }
 
 int strata_shard_open(strata_shard *sh, const char *path) {
@@ -140,8 +88,7 @@ int strata_shard_open(strata_shard *sh, const char *path) {
         close(fd);
         strata_fail("%s: is %s, not a token shard file (data.train and data.val name shard files, e.g. "
                     "\"data/train_*.bin\")",
-                    path, S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file");
+                    path, strata_file_kind(st.st_mode));
         return STRATA_DATA_NOT_SHARDS;
     }
     size_t bytes = (size_t)st.st_size;
@@ -298,7 +245,7 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
     if (tk && strata_bpe_vocab_size(tk) > 65536)
         return strata_fail("prepare: tokenizer %s has %d tokens, but shards hold uint16 tokens (at most 65536)",
                            strata_bpe_source(tk), strata_bpe_vocab_size(tk));
-    if (mkdir_p(out_dir) != 0) return -1;
+    if (strata_mkdir_p(out_dir) != 0) return -1;
 
     shard_stream train = {.out_dir = out_dir, .prefix = "train", .max_tokens = max_shard_tokens};
     shard_stream val = {.out_dir = out_dir, .prefix = "val", .max_tokens = max_shard_tokens};
