@@ -1,5 +1,6 @@
 /* core/cuda/kernels_common.cuh: what the CUDA kernel files share (kernels_cuda.cu, the
- * table and most kernels; attention.cu): the bf16 type and its conversions, the launch
+ * table and most kernels; attention.cu, attention_simt.cu and attention_tc.cu, attention's
+ * dispatcher and its two implementations): the bf16 type and its conversions, the launch
  * check, and attention's two entry points for the table. For .cu files only. */
 #ifndef STRATA_KERNELS_COMMON_CUH
 #define STRATA_KERNELS_COMMON_CUH

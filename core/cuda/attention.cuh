@@ -1,0 +1,33 @@
+/* core/cuda/attention.cuh: what the attention dispatcher (core/cuda/attention.cu) and its
+ * two implementations (core/cuda/attention_simt.cu on the CUDA cores,
+ * core/cuda/attention_tc.cu on the tensor cores) share: each implementation's forward and
+ * backward, and the tensor-core kernels' row tile, which the dispatcher's eligibility test
+ * needs. For .cu files only. */
+#ifndef STRATA_ATTENTION_CUH
+#define STRATA_ATTENTION_CUH
+
+#include <cuda_runtime.h>
+
+/* A tensor-core block is TC_WARPS warps of 16 rows each (attention_tc.cu); the dispatcher
+ * sends a call there only while its ceil(T / TC_ROWS) row tiles fit in grid.y. */
+#define TC_WARPS 4
+#define TC_ROWS (16 * TC_WARPS)    /* rows a block owns: 64 */
+
+/* The arguments of core/kernels.h's attention_forward and attention_backward, with the
+ * stream's cudaStream_t: qkv and dqkv (B,T,3C), out and dout (B,T,C) bf16, lse (B,NH,T)
+ * fp32, head size C / NH. The dispatcher has already returned for B or T <= 0. */
+
+/* CUDA cores: head sizes 16, 32, 64, 80, 96 and 128; any other is fatal. */
+void strata_cuda_attention_simt_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
+                                        int C, int NH);
+void strata_cuda_attention_simt_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
+                                         const void *out, const float *lse, int B, int T, int C, int NH);
+
+/* tensor cores: head size 64 or 128 (C = hs NH exactly), 16-byte aligned tensors and at most
+ * 65535 row tiles, which the dispatcher has checked */
+void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T, int C,
+                                      int NH);
+void strata_cuda_attention_tc_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
+                                       const void *out, const float *lse, int B, int T, int C, int NH);
+
+#endif
