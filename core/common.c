@@ -42,6 +42,19 @@ int strata_fail_wrap(const char *fmt, ...) {
     return -1;
 }
 
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+int strata_fail_call(const char *file, int line, const char *call) {
+    return strata_fail_wrap("%s:%d: %s", base_name(file), line, call);
+}
+
+void strata_ignored_call(const char *file, int line, const char *call) {
+    strata_log(STRATA_LOG_WARN, "ignored", "%s:%d: %s: %s (going on)", base_name(file), line, call, strata_error());
+}
+
 const char *strata_error(void) { return error_buf[0] ? error_buf : "unknown error"; }
 void strata_clear_error(void) { error_buf[0] = 0; }
 

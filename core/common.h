@@ -40,6 +40,38 @@ int strata_fail_wrap(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 const char *strata_error(void);
 void strata_clear_error(void);
 
+/* ---- the error contract ----
+ * Every call that can fail (a nonzero status, with strata_error() set) either propagates
+ * its status or ignores it on purpose, by one of these names (NCCL's checks.h is the
+ * model); no such call stands as a bare statement:
+ *   STRATA_TRY(call)                  on failure, returns -1 from the enclosing function
+ *   STRATA_TRY_GOTO(call, rc, label)  on failure, sets rc = -1 and jumps to label (cleanup)
+ *   STRATA_IGNORE(call)               on failure, logs a warning and goes on: only where
+ *                                     going on is right (a best-effort report; cleanup on a
+ *                                     path that is already failing)
+ * A failure's message names the call and where it was made, over the callee's own:
+ * "engine.c:1063: strata_memcpy_async(d, d->compute, ...): memcpy of 8 bytes on stream
+ * \"compute\": ...". */
+#define STRATA_TRY(call)                                                              \
+    do {                                                                              \
+        if ((call) != 0) return strata_fail_call(__FILE__, __LINE__, #call);          \
+    } while (0)
+#define STRATA_TRY_GOTO(call, rc, label)                                              \
+    do {                                                                              \
+        if ((call) != 0) {                                                            \
+            (rc) = strata_fail_call(__FILE__, __LINE__, #call);                       \
+            goto label;                                                               \
+        }                                                                             \
+    } while (0)
+#define STRATA_IGNORE(call)                                                           \
+    do {                                                                              \
+        if ((call) != 0) strata_ignored_call(__FILE__, __LINE__, #call);              \
+    } while (0)
+/* What the macros call: wraps the error as "<file>:<line>: <call>: <error>" and returns -1;
+ * or logs that as a warning. */
+int strata_fail_call(const char *file, int line, const char *call);
+void strata_ignored_call(const char *file, int line, const char *call);
+
 /* The process-wide device fault record. A kernel wrapper has no status to return (the
  * kernel table's functions are void), so a device failure it can survive, an allocation
  * that ran out of memory, is recorded here and the wrapper carries on: the kernel did not
