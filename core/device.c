@@ -81,6 +81,21 @@ void *strata_alloc_aligned(strata_device *d, strata_mem_kind k, size_t bytes, si
     return (void *)(((uintptr_t)*raw + align - 1) & ~(uintptr_t)(align - 1));
 }
 
+/* The armed fault's reason; one fault at a time per process is all a test needs. */
+static char copy_fault_why[256];
+
+void strata_device_arm_copy_fault(strata_device *d, const char *why) {
+    snprintf(copy_fault_why, sizeof copy_fault_why, "%s", why);
+    __atomic_store_n(&d->copy_fault_armed, 1, __ATOMIC_RELEASE);
+}
+
+int strata_device_copy_fault(strata_device *d, strata_stream *s, void *dst, const void *src, size_t n) {
+    /* one copy takes the fault; a copy racing it on another thread goes through */
+    if (!__atomic_exchange_n(&d->copy_fault_armed, 0, __ATOMIC_ACQ_REL)) return d->ops->memcpy_async(s, dst, src, n);
+    return strata_fail("memcpy of %zu bytes on stream \"%s\": injected failure (%s)", n, d->ops->stream_name(s),
+                       copy_fault_why);
+}
+
 /* Allocations are rare (start-up, plan changes) but may come from several threads (the
  * offload workers), so one lock for the counters of every device is plenty. */
 static pthread_mutex_t mem_count_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -91,6 +91,8 @@ typedef struct strata_device_ops {
     int (*mem_info)(strata_device *d, size_t *free_bytes, size_t *total_bytes);
     /* The host waits until all streams are idle (start-up and shutdown only). */
     int (*sync_all)(strata_device *d);
+    /* The name the stream was made with, for messages. */
+    const char *(*stream_name)(const strata_stream *s);
 } strata_device_ops;
 
 /* What callers may assume of a backend; they test these, never its name. */
@@ -113,6 +115,7 @@ struct strata_device {
     int ordinal; /* GPU index, 0 on the CPU */
     char description[128];
     strata_mem_counters mem[STRATA_MEM_KINDS];
+    int copy_fault_armed; /* strata_device_arm_copy_fault; read and cleared atomically */
     void *impl;
 };
 
@@ -128,7 +131,13 @@ static inline void strata_free(strata_device *d, strata_mem_kind k, void *p) { d
 static inline strata_stream *strata_stream_create(strata_device *d, const char *name, strata_stream_kind k) { return d->ops->stream_create(d, name, k); }
 static inline void strata_stream_destroy(strata_device *d, strata_stream *s) { if (s) d->ops->stream_destroy(s); }
 static inline int strata_stream_sync(strata_device *d, strata_stream *s) { return d->ops->stream_sync(s); }
-static inline int strata_memcpy_async(strata_device *d, strata_stream *s, void *dst, const void *src, size_t n) { return d->ops->memcpy_async(s, dst, src, n); }
+/* A copy fails as a real one would, on whichever backend, once a test has armed the fault
+ * (strata_device_arm_copy_fault below); one relaxed atomic load otherwise. */
+int strata_device_copy_fault(strata_device *d, strata_stream *s, void *dst, const void *src, size_t n);
+static inline int strata_memcpy_async(strata_device *d, strata_stream *s, void *dst, const void *src, size_t n) {
+    if (__atomic_load_n(&d->copy_fault_armed, __ATOMIC_RELAXED)) return strata_device_copy_fault(d, s, dst, src, n);
+    return d->ops->memcpy_async(s, dst, src, n);
+}
 static inline int strata_memset_async(strata_device *d, strata_stream *s, void *dst, int v, size_t n) { return d->ops->memset_async(s, dst, v, n); }
 static inline int strata_host_task(strata_device *d, strata_stream *s, void (*fn)(void *), void *arg) { return d->ops->host_task(s, fn, arg); }
 static inline strata_event *strata_event_create(strata_device *d) { return d->ops->event_create(d); }
@@ -145,6 +154,11 @@ static inline int strata_event_elapsed_ms(strata_device *d, strata_event *a, str
  * memory), else a block one `align` larger, rounded up. *raw gets the pointer to hand
  * strata_free. NULL + error on failure. */
 void *strata_alloc_aligned(strata_device *d, strata_mem_kind k, size_t bytes, size_t align, void **raw);
+
+/* A fault test's switch (STRATA_FAULT_COPY_STEP, read once by shard/engine.c): the next
+ * memcpy_async on d, from whatever thread, fails with "memcpy of N bytes on stream S:
+ * injected failure (why)" and copies nothing, as a failed cudaMemcpyAsync would. */
+void strata_device_arm_copy_fault(strata_device *d, const char *why);
 
 /* Backend constructors (registered in core/device.c). */
 strata_device *strata_device_cpu_open(void);

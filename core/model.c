@@ -247,8 +247,8 @@ int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t
                                targets[i], i / (size_t)T, i % (size_t)T, V);
     }
     size_t bytes = n * sizeof(int32_t);
-    strata_memcpy_async(m->dev, m->dev->compute, m->inputs, inputs, bytes);
-    if (targets) strata_memcpy_async(m->dev, m->dev->compute, m->targets, targets, bytes);
+    STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->inputs, inputs, bytes));
+    if (targets) STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->targets, targets, bytes));
     return 0;
 }
 
@@ -319,7 +319,7 @@ static void block_backward(strata_model *m, int u) {
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), m->dbtc, m->resid[l], P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
 }
 
-void strata_model_backward_unit(strata_model *m, int u) {
+int strata_model_backward_unit(strata_model *m, int u) {
     const strata_kernels *k = m->dev->k;
     strata_stream *s = m->dev->compute;
     size_t es = strata_dtype_size(m->dev->compute_dtype);
@@ -329,7 +329,7 @@ void strata_model_backward_unit(strata_model *m, int u) {
     case STRATA_UNIT_HEAD:
         /* tied head: dwte (Vp,C) += dlogits^T lnf; dlnf = dlogits wte */
         TIMED(CLASSIFIER, k->matmul_backward(s, m->dbtc, G(0, WTE), NULL, m->logits, m->lnf, P(0, WTE), BT, C, Vp, 1));
-        strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * C * es);
+        STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * C * es));
         TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), m->dbtc, m->resid[L], P(u, LNF_W), m->lnf_mean, m->lnf_rstd, BT, C));
         break;
     case STRATA_UNIT_BLOCK:
@@ -339,6 +339,7 @@ void strata_model_backward_unit(strata_model *m, int u) {
         TIMED(EMBEDDING, k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, B, T, C));
         break;
     }
+    return 0;
 }
 
 int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T) {

@@ -150,8 +150,9 @@ int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t
  * dloss (the weight of one token in the step's mean loss). */
 void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, float loss_scale);
 /* Backward of one unit, in reverse order (head first). Accumulates into m->grads[u]
- * (and m->grads[0] for the head's tied weight). */
-void strata_model_backward_unit(strata_model *m, int u);
+ * (and m->grads[0] for the head's tied weight). 0, or -1 when a device call failed (a
+ * kernel's own failure is a recorded device fault, core/common.h). */
+int strata_model_backward_unit(strata_model *m, int u);
 
 /* Inference for sampling, all units resident: forward over host tokens (B,T) with B, T
  * at most the planned ones; logits (B,T,Vp) are left in m->logits. */

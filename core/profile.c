@@ -98,13 +98,13 @@ void strata_prof_step_begin(strata_prof *p) {
     p->next ^= 1;
     p->phase = STRATA_PROF_FORWARD;
     b->used = b->untimed = 0;
-    strata_event_record(p->dev, b->start, p->dev->compute);
+    STRATA_IGNORE(strata_event_record(p->dev, b->start, p->dev->compute)); /* timing only */
 }
 
 void strata_prof_step_end(strata_prof *p, int ok) {
     if (p->cur < 0) return;
     strata_prof_bank *b = &p->bank[p->cur];
-    strata_event_record(p->dev, b->end, p->dev->compute);
+    STRATA_IGNORE(strata_event_record(p->dev, b->end, p->dev->compute)); /* timing only */
     b->pending = ok;
     p->cur = -1;
 }
@@ -137,12 +137,12 @@ int strata_prof_begin_(strata_prof *p, strata_prof_group g) {
     int i = b->used++;
     b->phase[i] = (uint8_t)p->phase;
     b->group[i] = (uint8_t)g;
-    strata_event_record(p->dev, b->ev[2 * i], p->dev->compute);
+    STRATA_IGNORE(strata_event_record(p->dev, b->ev[2 * i], p->dev->compute)); /* timing only */
     return i;
 }
 
 void strata_prof_end_(strata_prof *p, int call) {
-    strata_event_record(p->dev, p->bank[p->cur].ev[2 * call + 1], p->dev->compute);
+    STRATA_IGNORE(strata_event_record(p->dev, p->bank[p->cur].ev[2 * call + 1], p->dev->compute)); /* timing only */
 }
 
 int strata_prof_report_get(const strata_prof *p, strata_prof_report *r) {

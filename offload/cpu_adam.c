@@ -241,5 +241,5 @@ int strata_cpu_adamw_ex(strata_cpu_isa isa, int n_threads, float *master, void *
 void strata_cpu_adamw(float *master, void *param_out, strata_dtype out_dtype, const float *grad,
                       float *m, float *v, size_t n, const strata_adamw_args *a) {
     /* AUTO is always supported, so this cannot fail */
-    (void)strata_cpu_adamw_ex(STRATA_ISA_AUTO, 0, master, param_out, out_dtype, grad, m, v, n, a);
+    STRATA_IGNORE(strata_cpu_adamw_ex(STRATA_ISA_AUTO, 0, master, param_out, out_dtype, grad, m, v, n, a));
 }

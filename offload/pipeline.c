@@ -440,13 +440,15 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
 
 static int offload_sync(strata_update_tier *t) {
     offload_tier *o = offload_of(t);
-    if (o->param_in) strata_stream_sync(o->dev, o->param_in);
-    strata_stream_sync(o->dev, o->in);
-    strata_stream_sync(o->dev, o->stream);
-    strata_stream_sync(o->dev, o->out);
+    /* every stream is drained even when one fails: nothing may still run on return */
+    int sync_failed = 0;
+    strata_stream *streams[4] = {o->param_in, o->in, o->stream, o->out};
+    for (int i = 0; i < 4; i++)
+        if (streams[i] && strata_stream_sync(o->dev, streams[i])) sync_failed = 1;
     pthread_mutex_lock(&o->mu);
-    int failed = o->error[0] != 0;
-    if (failed) strata_fail("%s", o->error);
+    int failed = o->error[0] != 0 || sync_failed;
+    if (o->error[0]) strata_fail("%s", o->error);
+    else if (sync_failed) strata_fail_wrap("offload: waiting for the tier's streams");
     o->error[0] = 0;
     pthread_mutex_unlock(&o->mu);
     return failed ? -1 : 0;

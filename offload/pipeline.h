@@ -20,9 +20,9 @@
 #ifndef STRATA_PIPELINE_H
 #define STRATA_PIPELINE_H
 
-#include "core/config.h"
 #include "core/device.h"
 #include "core/update_tier.h"
+#include "io/config.h"
 
 /* The tier cfg->offload.optimizer names, for the engine of this rank (dev may be NULL for
  * a plan only); NULL when it is none: the engine then updates on the device. The engine

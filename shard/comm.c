@@ -823,7 +823,7 @@ strata_comm *strata_comm_open_local(strata_device *d) {
 
 void strata_comm_close(strata_comm *c) {
     if (!c) return;
-    strata_stream_sync(c->d, c->stream); /* queued tasks still point at c */
+    STRATA_IGNORE(strata_stream_sync(c->d, c->stream)); /* queued tasks still point at c; closing goes on */
     comm_destroy(c);
 }
 

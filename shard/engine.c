@@ -159,6 +159,7 @@ typedef struct compute_clock {
 typedef struct fault_switches {
     long long nan_step; /* STRATA_FAULT_NAN_STEP: this rank's loss is NaN */
     long long oom_step; /* STRATA_FAULT_OOM_STEP: a device out-of-memory is recorded */
+    long long copy_step; /* STRATA_FAULT_COPY_STEP: the step's first device copy fails */
 } fault_switches;
 
 struct strata_engine {
@@ -266,9 +267,11 @@ static void set_up(strata_engine *e) {
     }
     for (int u = 0; u < e->U; u++)
         if (opt_n(e, u) > e->max_opt_n) e->max_opt_n = opt_n(e, u);
-    const char *nan = getenv("STRATA_FAULT_NAN_STEP"), *oom = getenv("STRATA_FAULT_OOM_STEP");
+    const char *nan = getenv("STRATA_FAULT_NAN_STEP"), *oom = getenv("STRATA_FAULT_OOM_STEP"),
+               *copy = getenv("STRATA_FAULT_COPY_STEP");
     e->fault.nan_step = nan ? atoll(nan) : 0;
     e->fault.oom_step = oom ? atoll(oom) : 0;
+    e->fault.copy_step = copy ? atoll(copy) : 0;
 }
 
 /* Phase 2: each unit's parameters, gradients and optimizer state where the stage keeps
@@ -483,7 +486,7 @@ static void destroy_events(strata_engine *e) {
 void strata_engine_destroy(strata_engine *e) {
     if (!e) return;
     if (e->dev) {
-        e->dev->ops->sync_all(e->dev);
+        STRATA_IGNORE(e->dev->ops->sync_all(e->dev)); /* tearing down goes on */
         destroy_events(e);
     }
     strata_prof_destroy(e->prof);
@@ -529,12 +532,12 @@ static int stall_begin(strata_engine *e) {
         c->untimed++;
         return -1;
     }
-    strata_event_record(e->dev, c->gap[2 * c->used], e->dev->compute);
+    STRATA_IGNORE(strata_event_record(e->dev, c->gap[2 * c->used], e->dev->compute)); /* timing only */
     return c->used++;
 }
 
 static void stall_end(strata_engine *e, int i) {
-    if (i >= 0) strata_event_record(e->dev, e->clock.gap[2 * i + 1], e->dev->compute);
+    if (i >= 0) STRATA_IGNORE(strata_event_record(e->dev, e->clock.gap[2 * i + 1], e->dev->compute)); /* timing only */
 }
 
 static void clock_start(strata_engine *e) {
@@ -542,12 +545,12 @@ static void clock_start(strata_engine *e) {
     if (!c->n_pairs) return;
     c->on = 1;
     c->used = c->untimed = 0;
-    strata_event_record(e->dev, c->start, e->dev->compute);
+    STRATA_IGNORE(strata_event_record(e->dev, c->start, e->dev->compute)); /* timing only */
 }
 
 static void clock_stop(strata_engine *e) {
     if (!e->clock.on) return;
-    strata_event_record(e->dev, e->clock.end, e->dev->compute);
+    STRATA_IGNORE(strata_event_record(e->dev, e->clock.end, e->dev->compute)); /* timing only */
     e->clock.on = 0;
 }
 
@@ -568,34 +571,37 @@ static double clock_busy_ms(strata_engine *e, int *untimed) {
 /* Compute waiting for the collective stream: timed, so a step's metrics show how long
  * compute sat idle on communication. */
 
-static void compute_wait(strata_engine *e, strata_event *ev) {
+static int compute_wait(strata_engine *e, strata_event *ev) {
     int stall = stall_begin(e), call = strata_prof_begin(e->m->prof, STRATA_PROF_COMM_WAIT);
     double t0 = strata_now_ms();
-    strata_stream_wait_event(e->dev, e->dev->compute, ev);
+    int rc = strata_stream_wait_event(e->dev, e->dev->compute, ev);
     e->comm_wait_ms += strata_now_ms() - t0;
     strata_prof_end(e->m->prof, call);
     stall_end(e, stall);
+    if (rc) return strata_fail_wrap("compute waiting for the collective stream");
+    return 0;
 }
-static void comm_sync(strata_engine *e) {
+static int comm_sync(strata_engine *e) {
     int call = strata_prof_begin(e->m->prof, STRATA_PROF_COMM_WAIT);
     double t0 = strata_now_ms();
-    strata_stream_sync(e->dev, comm_stream(e));
-    if (e->land.stream) strata_stream_sync(e->dev, e->land.stream);
+    int rc = strata_stream_sync(e->dev, comm_stream(e));
+    if (!rc && e->land.stream) rc = strata_stream_sync(e->dev, e->land.stream);
     e->comm_wait_ms += strata_now_ms() - t0;
     strata_prof_end(e->m->prof, call);
+    if (rc) return strata_fail_wrap("waiting for the collective stream");
+    return 0;
 }
 
 /* Makes the collective stream wait for everything enqueued on compute so far. */
-static void comm_after_compute(strata_engine *e) {
-    strata_event_record(e->dev, e->ev_compute, e->dev->compute);
-    strata_stream_wait_event(e->dev, comm_stream(e), e->ev_compute);
+static int comm_after_compute(strata_engine *e) {
+    STRATA_TRY(strata_event_record(e->dev, e->ev_compute, e->dev->compute));
+    STRATA_TRY(strata_stream_wait_event(e->dev, comm_stream(e), e->ev_compute));
+    return 0;
 }
 
 /* Without overlap, each collective completes before compute goes on (the baseline the
  * overlap benchmark compares against). */
-static void maybe_serialize(strata_engine *e) {
-    if (!e->overlap) comm_sync(e);
-}
+static int maybe_serialize(strata_engine *e) { return e->overlap ? 0 : comm_sync(e); }
 
 /* Where this rank's optimizer range of unit u puts its parameters (compute dtype). */
 static void *param_dest(strata_engine *e, int u) {
@@ -621,16 +627,16 @@ static void accumulate_run(void *arg) {
 static int land_reduced(strata_engine *e, float *dst, const void *src, strata_dtype src_dtype, size_t n, int overwrite,
                         accumulate_task *task, strata_event *done) {
     if (e->land.stream) {
-        strata_event_record(e->dev, e->land.ev_reduced, comm_stream(e));
-        strata_stream_wait_event(e->dev, e->land.stream, e->land.ev_reduced);
+        STRATA_TRY(strata_event_record(e->dev, e->land.ev_reduced, comm_stream(e)));
+        STRATA_TRY(strata_stream_wait_event(e->dev, e->land.stream, e->land.ev_reduced));
         if (overwrite) e->dev->k->convert(e->land.stream, dst, STRATA_F32, src, src_dtype, n);
         else e->dev->k->accumulate_f32(e->land.stream, dst, src, src_dtype, n);
-        strata_event_record(e->dev, done, e->land.stream);
+        STRATA_TRY(strata_event_record(e->dev, done, e->land.stream));
         return 0;
     }
     *task = (accumulate_task){dst, src, src_dtype, n, overwrite};
-    if (strata_host_task(e->dev, comm_stream(e), accumulate_run, task)) return -1;
-    strata_event_record(e->dev, done, comm_stream(e));
+    STRATA_TRY(strata_host_task(e->dev, comm_stream(e), accumulate_run, task));
+    STRATA_TRY(strata_event_record(e->dev, done, comm_stream(e)));
     return 0;
 }
 
@@ -645,17 +651,16 @@ static int reduce_unit_bf16(strata_engine *e, int u, const float *full, int all,
     int k = red->next;
     red->next ^= 1;
     size_t P = e->padded[u], S = e->shard[u];
-    compute_wait(e, red->ev_free[k]);
+    if (compute_wait(e, red->ev_free[k])) return -1;
     d->k->convert(d->compute, red->buf[k], STRATA_BF16, full, STRATA_F32, P);
-    if (full_free) strata_event_record(d, full_free, d->compute);
-    comm_after_compute(e);
+    if (full_free) STRATA_TRY(strata_event_record(d, full_free, d->compute));
+    if (comm_after_compute(e)) return -1;
     const uint16_t *mine = (const uint16_t *)red->buf[k] + (all ? 0 : (size_t)e->rank * S);
     int rc = all ? strata_allreduce_bf16(e->comm, red->buf[k], P)
                  : strata_reduce_scatter_bf16(e->comm, (void *)mine, red->buf[k], S);
     if (rc || land_reduced(e, dst, mine, STRATA_BF16, all ? P : S, overwrite, &red->task[k], red->ev_free[k]))
         return -1;
-    maybe_serialize(e);
-    return 0;
+    return maybe_serialize(e);
 }
 
 /* REDUCE_SCATTER_EACH: reduce-scatters unit u's full gradient in bucket `full` in place
@@ -664,12 +669,11 @@ static int reduce_unit_bf16(strata_engine *e, int u, const float *full, int all,
 static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_task *task, int first_micro,
                             strata_event *done) {
     if (e->red.on) return reduce_unit_bf16(e, u, full, 0, e->grad_acc[u], first_micro, done);
-    comm_after_compute(e);
+    if (comm_after_compute(e)) return -1;
     float *mine = full + (size_t)e->rank * e->shard[u];
     if (strata_reduce_scatter(e->comm, mine, full, e->shard[u])) return -1;
     if (land_reduced(e, e->grad_acc[u], mine, STRATA_F32, e->shard[u], first_micro, task, done)) return -1;
-    maybe_serialize(e);
-    return 0;
+    return maybe_serialize(e);
 }
 
 /* Unit u's gradient leaves the rank after its backward of micro-step `micro`, as the
@@ -680,18 +684,14 @@ static int after_backward(strata_engine *e, int u, int micro) {
     case REDUCE_ALL_AT_LAST:
         if (!last) return 0;
         if (e->red.on) return reduce_unit_bf16(e, u, e->grads_full[u], 1, e->grads_full[u], 1, NULL);
-        comm_after_compute(e);
-        if (strata_allreduce(e->comm, e->grads_full[u], e->padded[u])) return -1;
-        maybe_serialize(e);
-        return 0;
+        if (comm_after_compute(e) || strata_allreduce(e->comm, e->grads_full[u], e->padded[u])) return -1;
+        return maybe_serialize(e);
     case REDUCE_SCATTER_AT_LAST: {
         if (!last) return 0;
         float *mine = e->grads_full[u] + (size_t)e->rank * e->shard[u];
         if (e->red.on) return reduce_unit_bf16(e, u, e->grads_full[u], 0, mine, 1, NULL);
-        comm_after_compute(e);
-        if (strata_reduce_scatter(e->comm, mine, e->grads_full[u], e->shard[u])) return -1;
-        maybe_serialize(e);
-        return 0;
+        if (comm_after_compute(e) || strata_reduce_scatter(e->comm, mine, e->grads_full[u], e->shard[u])) return -1;
+        return maybe_serialize(e);
     }
     case REDUCE_SCATTER_EACH:
         break;
@@ -711,9 +711,10 @@ static int tier_open(strata_engine *e) { return e->off.tier ? e->off.tier->ops->
 static int gather_updated(strata_engine *e, int u) {
     if (!e->off.gather_pending || !e->off.gather_pending[u]) return 0;
     e->off.gather_pending[u] = 0;
-    strata_stream_wait_event(e->dev, comm_stream(e), e->off.ev_update[u]);
+    STRATA_TRY(strata_stream_wait_event(e->dev, comm_stream(e), e->off.ev_update[u]));
     if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
-    return strata_event_record(e->dev, e->off.ev_params_ready[u], comm_stream(e));
+    STRATA_TRY(strata_event_record(e->dev, e->off.ev_params_ready[u], comm_stream(e)));
+    return 0;
 }
 
 /* The tier's update of the last step runs behind the next step's forward (each unit's
@@ -726,17 +727,19 @@ static int finish_updates(strata_engine *e) {
     int rc = 0;
     for (int u = 0; u < e->U && !rc; u++) rc = gather_updated(e, u);
     if (e->off.tier->ops->sync(e->off.tier)) rc = -1;
-    comm_sync(e);
+    if (comm_sync(e)) rc = -1;
     e->off.wait_ms += strata_now_ms() - t0;
     return rc;
 }
 
 /* Compute waiting for unit u's update (and its all-gather), timed apart from waits on
  * collectives. */
-static void wait_params_ready(strata_engine *e, int u) {
+static int wait_params_ready(strata_engine *e, int u) {
     double t0 = strata_now_ms();
-    strata_stream_wait_event(e->dev, e->dev->compute, e->off.ev_params_ready[u]);
+    int rc = strata_stream_wait_event(e->dev, e->dev->compute, e->off.ev_params_ready[u]);
     e->off.wait_ms += strata_now_ms() - t0;
+    if (rc) return strata_fail_wrap("compute waiting for unit %d's updated parameters", u);
+    return 0;
 }
 
 /* ---- parameters ---- */
@@ -759,15 +762,15 @@ static int publish_params(strata_engine *e) {
                 rc = tier->ops->write_params(tier, u, conv);
                 continue;
             }
-            strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es);
-            strata_stream_sync(e->dev, e->dev->compute); /* conv is reused next unit */
+            STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es), rc, out);
+            STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, out); /* conv is reused next unit */
         }
-        if (e->z.gather_updates) {
-            comm_after_compute(e);
-            if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) rc = -1;
-        }
+        if (e->z.gather_updates &&
+            (comm_after_compute(e) || strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)))
+            rc = -1;
     }
-    strata_stream_sync(e->dev, comm_stream(e));
+    if (!rc) STRATA_TRY_GOTO(strata_stream_sync(e->dev, comm_stream(e)), rc, out);
+out:
     free(host);
     free(conv);
     return rc;
@@ -795,11 +798,12 @@ int strata_engine_init_from(strata_engine *e, strata_param_source source, void *
             if (!rc) rc = tier->ops->write_state(tier, u, STRATA_STATE_V, host);
             continue;
         }
-        strata_memcpy_async(e->dev, e->dev->compute, e->master[u], host, n * 4);
-        strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4);
-        strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4);
-        strata_stream_sync(e->dev, e->dev->compute); /* host buffer is reused next unit */
+        STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, e->master[u], host, n * 4), rc, agree);
+        STRATA_TRY_GOTO(strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4), rc, agree);
+        STRATA_TRY_GOTO(strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4), rc, agree);
+        STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, agree); /* host is reused next unit */
     }
+agree:
     free(host);
     /* a source may fail on one rank only (its shard's file): every rank stops together */
     double failed = rc != 0;
@@ -821,22 +825,23 @@ static int gather_shard(strata_engine *e, int u, void *dst, strata_event *dst_fr
                         strata_event *fetched, strata_event *gathered) {
     strata_device *d = e->dev;
     strata_update_tier *tier = e->off.tier;
-    strata_stream_wait_event(d, comm_stream(e), dst_free);
+    STRATA_TRY(strata_stream_wait_event(d, comm_stream(e), dst_free));
     const void *shard = e->params_shard[u];
     if (e->ring.from_nvme) {
         strata_stream *ps = tier->ops->param_stream(tier);
-        strata_stream_wait_event(d, ps, e->off.ev_update[u]);
-        strata_stream_wait_event(d, ps, gathered);
+        STRATA_TRY(strata_stream_wait_event(d, ps, e->off.ev_update[u]));
+        STRATA_TRY(strata_stream_wait_event(d, ps, gathered));
         if (tier->ops->fetch_params(tier, u, pin, tag)) return -1;
-        strata_event_record(d, fetched, ps);
-        strata_stream_wait_event(d, comm_stream(e), fetched);
+        STRATA_TRY(strata_event_record(d, fetched, ps));
+        STRATA_TRY(strata_stream_wait_event(d, comm_stream(e), fetched));
         shard = pin;
     } else if (tier) {
-        strata_stream_wait_event(d, comm_stream(e), e->off.ev_update[u]);
+        STRATA_TRY(strata_stream_wait_event(d, comm_stream(e), e->off.ev_update[u]));
     }
     if (strata_allgather(e->comm, dst, shard, e->shard[u] * e->es)) return -1;
     if (e->cfg->offload.params != STRATA_OFFLOAD_NONE) e->gather_h2d_bytes += e->shard[u] * e->es; /* from host memory */
-    return strata_event_record(d, gathered, comm_stream(e));
+    STRATA_TRY(strata_event_record(d, gathered, comm_stream(e)));
+    return 0;
 }
 
 /* Enqueues the micro-step's gathers up to gather number `upto`. */
@@ -859,7 +864,7 @@ static int gather_embed(strata_engine *e) {
     if (gather_shard(e, 0, r->embed, r->ev_embed_free, r->pin_embed, r->n_slots, r->ev_embed_fetched,
                      r->ev_embed_gathered))
         return -1;
-    compute_wait(e, r->ev_embed_gathered);
+    if (compute_wait(e, r->ev_embed_gathered)) return -1;
     e->m->params[0] = r->embed;
     return 0;
 }
@@ -873,7 +878,7 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
             double t0 = strata_now_ms();
             int rc = gather_updated(e, op->unit);
             e->off.wait_ms += strata_now_ms() - t0;
-            if (!rc) wait_params_ready(e, op->unit);
+            if (!rc) rc = wait_params_ready(e, op->unit);
             stall_end(e, stall);
             if (rc) return -1;
         }
@@ -882,11 +887,11 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
     }
     gather_ring *r = &e->ring;
     if (prev && prev->gather >= 0 && prev->gather != op->gather) /* release the previous slot */
-        strata_event_record(e->dev, r->ev_free[prev->gather % r->n_slots], e->dev->compute);
+        STRATA_TRY(strata_event_record(e->dev, r->ev_free[prev->gather % r->n_slots], e->dev->compute));
     if (op->gather < 0) return 0;
     if (issue_gathers(e, op->gather + e->cfg->zero.prefetch_units)) return -1;
     int s = op->gather % r->n_slots;
-    compute_wait(e, r->ev_gathered[s]);
+    if (compute_wait(e, r->ev_gathered[s])) return -1;
     e->m->params[op->unit] = r->slot[s];
     return 0;
 }
@@ -908,27 +913,29 @@ static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) 
 
 /* Gradient destination for unit u's backward in this micro-step (grads_sharded hands out
  * a zeroed bucket once the collective stream is done with its previous contents). */
-static void grads_for(strata_engine *e, int u) {
+static int grads_for(strata_engine *e, int u) {
     strata_model *m = e->m;
     if (!e->z.grads_sharded) {
         m->grads[u] = e->grads_full[u];
-        return;
+        return 0;
     }
-    if (u == 0) return; /* the embedding's bucket was set up at the micro-step's start */
+    if (u == 0) return 0; /* the embedding's bucket was set up at the micro-step's start */
     int k = e->bk.next;
-    compute_wait(e, e->bk.ev_slot_free[k]);
-    strata_memset_async(e->dev, e->dev->compute, e->bk.slot[k], 0, e->padded[u] * 4);
+    if (compute_wait(e, e->bk.ev_slot_free[k])) return -1;
+    STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->bk.slot[k], 0, e->padded[u] * 4));
     m->grads[u] = e->bk.slot[k];
+    return 0;
 }
 
 /* Full gradients are zeroed just before each unit's first backward of the step rather
  * than at the step's start: the previous step's update by the tier may still be reading
  * them. The head's backward is the first to add to the (tied) embedding's gradient. */
-static void zero_grads_before_backward(strata_engine *e, int u) {
+static int zero_grads_before_backward(strata_engine *e, int u) {
     int head = e->U - 1;
-    if (u == 0) return;
-    strata_memset_async(e->dev, e->dev->compute, e->grads_full[u], 0, e->padded[u] * 4);
-    if (u == head) strata_memset_async(e->dev, e->dev->compute, e->grads_full[0], 0, e->padded[0] * 4);
+    if (u == 0) return 0;
+    STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->grads_full[u], 0, e->padded[u] * 4));
+    if (u == head) STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->grads_full[0], 0, e->padded[0] * 4));
+    return 0;
 }
 
 static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int micro, float dloss,
@@ -939,8 +946,8 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
     if (!e->z.grads_sharded) { /* the head's backward adds to the embedding's gradient: set it up front */
         for (int u = 0; u < e->U; u++) m->grads[u] = e->grads_full[u];
     } else {
-        compute_wait(e, e->bk.ev_embed_free);
-        strata_memset_async(d, d->compute, e->bk.embed, 0, e->padded[0] * 4);
+        if (compute_wait(e, e->bk.ev_embed_free)) return -1;
+        STRATA_TRY(strata_memset_async(d, d->compute, e->bk.embed, 0, e->padded[0] * 4));
         m->grads[0] = e->bk.embed;
     }
     if (e->z.params_sharded && gather_embed(e)) return -1;
@@ -953,15 +960,15 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
         if (!op->backward) {
             strata_model_forward_unit(m, op->unit, 1, dloss, loss_scale);
         } else {
-            if (!e->z.grads_sharded && micro == 0) zero_grads_before_backward(e, op->unit);
-            grads_for(e, op->unit);
-            strata_model_backward_unit(m, op->unit);
+            if (!e->z.grads_sharded && micro == 0 && zero_grads_before_backward(e, op->unit)) return -1;
+            if (grads_for(e, op->unit)) return -1;
+            if (strata_model_backward_unit(m, op->unit)) return -1;
             if (after_backward(e, op->unit, micro)) return -1;
         }
         prev = op;
     }
     r->backward_end_ms = strata_now_ms();
-    if (e->z.params_sharded) strata_event_record(d, e->ring.ev_embed_free, d->compute);
+    if (e->z.params_sharded) STRATA_TRY(strata_event_record(d, e->ring.ev_embed_free, d->compute));
     return 0;
 }
 
@@ -1002,12 +1009,12 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
     e->off.seen = now;
     e->off.have_seen = 1;
     memset(&e->off.not_steps, 0, sizeof e->off.not_steps);
-    strata_event_record(e->dev, e->ev_compute, e->dev->compute);
+    STRATA_TRY(strata_event_record(e->dev, e->ev_compute, e->dev->compute));
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     for (int u = 0; u < e->U; u++) {
         if (!in_tier(e, u)) { /* the device holds this unit's state: its update runs on compute */
             adamw_unit(e, u, args);
-            strata_event_record(e->dev, e->off.ev_update[u], e->dev->compute);
+            STRATA_TRY(strata_event_record(e->dev, e->off.ev_update[u], e->dev->compute));
         } else {
             int n_seg = strata_adamw_segments(e->m, u, opt_lo(e, u), opt_n(e, u), seg);
             if (tier->ops->update(tier, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, args, e->ev_compute,
@@ -1024,13 +1031,11 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
 static int update_on_device(strata_engine *e, const strata_adamw_args *args) {
     for (int u = 0; u < e->U; u++) {
         adamw_unit(e, u, args);
-        if (e->z.gather_updates) {
-            comm_after_compute(e);
-            if (strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)) return -1;
-        }
+        if (e->z.gather_updates &&
+            (comm_after_compute(e) || strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)))
+            return -1;
     }
-    comm_sync(e);
-    return 0;
+    return comm_sync(e);
 }
 
 /* A device fault recorded in the micro-steps (out of memory: a kernel or copy that did not
@@ -1038,12 +1043,13 @@ static int update_on_device(strata_engine *e, const strata_adamw_args *args) {
  * agreement finds it not finite on every rank and every rank skips the update, as for a
  * NaN: the state stays the last completed step's, and the caller, finding the fault
  * (strata_fault_take), may checkpoint it. STRATA_FAULT_OOM_STEP injects such a fault. */
-static void poison_on_fault(strata_engine *e, int64_t step) {
+static int poison_on_fault(strata_engine *e, int64_t step) {
     if (e->fault.oom_step == step + 1)
         strata_fault_record(1, "cudaMalloc of %zu bytes (unit 0's gradient) failed: out of memory "
                                "(injected by STRATA_FAULT_OOM_STEP=%lld)", e->padded[0] * 4, e->fault.oom_step);
     if (strata_fault_peek(NULL, 0)) /* all bits set: a NaN */
-        strata_memset_async(e->dev, e->dev->compute, e->m->loss_sum, 0xff, sizeof(float));
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->m->loss_sum, 0xff, sizeof(float)));
+    return 0;
 }
 
 static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
@@ -1057,24 +1063,28 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     float dloss = 1.0f / (float)(BT * (size_t)e->world * (size_t)e->A);
     float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
     clock_start(e);
-    strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
+    if (e->fault.copy_step == step + 1) {
+        char why[64];
+        snprintf(why, sizeof why, "STRATA_FAULT_COPY_STEP=%lld", e->fault.copy_step);
+        strata_device_arm_copy_fault(d, why);
+    }
+    STRATA_TRY(strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float)));
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
     strata_prof_set_phase(m->prof, STRATA_PROF_UPDATE);
-    comm_sync(e);
-    poison_on_fault(e, step);
+    if (comm_sync(e) || poison_on_fault(e, step)) return -1;
 
     /* global gradient norm: each rank sums squares over the elements it owns */
     double sums[2] = {0.0, 0.0};
-    strata_memset_async(d, d->compute, e->norm_sum, 0, sizeof(double));
+    STRATA_TRY(strata_memset_async(d, d->compute, e->norm_sum, 0, sizeof(double)));
     for (int u = 0; u < e->U; u++) {
         const float *g = e->z.grads_sharded ? e->grad_acc[u] : e->grads_full[u] + (size_t)e->rank * e->shard[u];
         d->k->sumsq(d->compute, e->norm_sum, g, e->shard[u]);
     }
-    strata_memcpy_async(d, d->compute, &sums[0], e->norm_sum, sizeof(double));
-    strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
+    STRATA_TRY(strata_memcpy_async(d, d->compute, &sums[0], e->norm_sum, sizeof(double)));
+    STRATA_TRY(strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float)));
     clock_stop(e);
-    strata_stream_sync(d, d->compute);
+    STRATA_TRY(strata_stream_sync(d, d->compute));
     r->compute_ms = clock_busy_ms(e, &r->compute_untimed);
     if (m->prof && strata_prof_collect(m->prof)) STRATA_WARN("prof", "%s", strata_error()); /* the last step's */
     sums[1] = *e->loss_sum_host;
@@ -1102,13 +1112,18 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
 /* A profiled step (STRATA_PROFILE=kernels) is the same step with the model's and the
  * engine's timed calls recorded into the profiler's bank for it. */
 int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
-    if (!e->prof) return step_once(e, L, step, r);
-    strata_prof_step_begin(e->prof);
-    e->m->prof = e->prof;
-    int rc = step_once(e, L, step, r);
-    e->m->prof = NULL;
-    strata_prof_step_end(e->prof, rc == 0);
-    return rc;
+    int rc;
+    if (!e->prof) {
+        rc = step_once(e, L, step, r);
+    } else {
+        strata_prof_step_begin(e->prof);
+        e->m->prof = e->prof;
+        rc = step_once(e, L, step, r);
+        e->m->prof = NULL;
+        strata_prof_step_end(e->prof, rc == 0);
+    }
+    if (rc) return strata_fail_wrap("step %lld", (long long)step + 1);
+    return 0;
 }
 
 int strata_engine_profile_kernels(strata_engine *e) {
@@ -1138,7 +1153,7 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
     strata_model *m = e->m;
     gather_ring *r = &e->ring;
     size_t BT = (size_t)e->B * e->T;
-    strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float));
+    STRATA_TRY(strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float)));
     for (int b = 0; b < n_batches; b++) {
         uint64_t first = ((uint64_t)b * e->world + e->rank) * e->B;
         if (load_micro_batch(e, L, first)) return -1;
@@ -1151,21 +1166,21 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
         }
         if (e->z.params_sharded) {
             /* release the last slot and the embedding; skip the gathers the backward would use */
-            strata_event_record(d, r->ev_free[prev->gather % r->n_slots], d->compute);
-            strata_event_record(d, r->ev_embed_free, d->compute);
-            strata_stream_sync(d, comm_stream(e));
-            for (int k = 0; k < r->n_slots; k++) strata_event_record(d, r->ev_free[k], d->compute);
+            STRATA_TRY(strata_event_record(d, r->ev_free[prev->gather % r->n_slots], d->compute));
+            STRATA_TRY(strata_event_record(d, r->ev_embed_free, d->compute));
+            STRATA_TRY(strata_stream_sync(d, comm_stream(e)));
+            for (int k = 0; k < r->n_slots; k++) STRATA_TRY(strata_event_record(d, r->ev_free[k], d->compute));
         }
     }
-    strata_stream_sync(d, comm_stream(e));
+    STRATA_TRY(strata_stream_sync(d, comm_stream(e)));
     if (e->off.tier) { /* eval's parameter reads are no step's work: kept out of the next step's split */
         if (e->off.tier->ops->sync(e->off.tier)) return -1;
         e->off.tier->ops->stats(e->off.tier, &after);
         strata_tier_stats_add(&after, &before, -1);
         strata_tier_stats_add(&e->off.not_steps, &after, 1);
     }
-    strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float));
-    strata_stream_sync(d, d->compute);
+    STRATA_TRY(strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float)));
+    STRATA_TRY(strata_stream_sync(d, d->compute));
     double sum = *e->loss_sum_host;
     if (strata_allreduce_host_f64(e->comm, &sum, 1)) return -1;
     *loss = sum / e->world;
@@ -1182,6 +1197,7 @@ static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA
     float *host = strata_xmalloc(total * sizeof(float));
     float *p = host;
     float *tmp = tier ? strata_xmalloc(e->max_opt_n * sizeof(float)) : NULL;
+    int rc = 0;
     for (int u = 0; u < e->U; u++) {
         /* the standard shard's place in this rank's optimizer range */
         size_t lo = e->z.opt_sharded ? 0 : (size_t)e->rank * e->shard[u], S = e->shard[u];
@@ -1200,13 +1216,18 @@ static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA
         }
         float *src[3] = {e->master[u] + lo, e->mom1[u] + lo, e->mom2[u] + lo};
         for (int k = 0; k < 3; k++) {
-            strata_memcpy_async(e->dev, e->dev->compute, p, src[k], S * 4);
+            STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, p, src[k], S * 4), rc, out);
             ptrs[u][k] = p;
             p += S;
         }
     }
-    strata_stream_sync(e->dev, e->dev->compute);
+    STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, out);
+out:
     free(tmp);
+    if (rc) {
+        free(host);
+        return NULL;
+    }
     return host;
 }
 
@@ -1263,10 +1284,11 @@ int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
                 rc = e->off.tier->ops->write_state(e->off.tier, u, k, host);
                 continue;
             }
-            strata_memcpy_async(e->dev, e->dev->compute, dst[k], host, n * 4);
-            strata_stream_sync(e->dev, e->dev->compute);
+            STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, dst[k], host, n * 4), rc, agree);
+            STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, agree); /* host is reused next */
         }
     }
+agree:
     free(host);
     /* every rank must agree it loaded before anyone trains */
     double failed = rc != 0;

@@ -81,7 +81,7 @@ static double train_step(rig *r) {
     strata_model_set_batch(m, r->inputs, r->targets);
     *m->loss_sum = 0;
     for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 1, 1.0f / (B * T), 1.0f / (B * T));
-    for (int u = m->n_units - 1; u >= 0; u--) strata_model_backward_unit(m, u);
+    for (int u = m->n_units - 1; u >= 0; u--) CHECK(strata_model_backward_unit(m, u) == 0, "backward of unit %d", u);
     return *m->loss_sum;
 }
 

@@ -449,7 +449,7 @@ static int cpu_sync_all(strata_device *d) {
 
 static void cpu_destroy(strata_device *d) {
     cpu_device *cd = d->impl;
-    cpu_sync_all(d);
+    STRATA_IGNORE(cpu_sync_all(d)); /* closing goes on: the streams are torn down below */
     for (;;) {
         pthread_mutex_lock(&cd->streams_mu);
         strata_stream *s = cd->streams;
@@ -468,6 +468,8 @@ static void cpu_destroy(strata_device *d) {
     free(cd);
     free(d);
 }
+
+static const char *cpu_stream_name(const strata_stream *s) { return s->name; }
 
 static const strata_device_ops cpu_ops = {
     .name = "cpu",
@@ -490,6 +492,7 @@ static const strata_device_ops cpu_ops = {
     .event_elapsed_ms = cpu_event_elapsed_ms,
     .mem_info = cpu_mem_info,
     .sync_all = cpu_sync_all,
+    .stream_name = cpu_stream_name,
 };
 
 strata_device *strata_device_cpu_open(void) {

@@ -864,6 +864,8 @@ static void cuda_destroy(strata_device *d) {
     free(d);
 }
 
+static const char *cuda_stream_name(const strata_stream *s) { return s->name; }
+
 static const strata_device_ops cuda_ops = {
     "cuda",
     cuda_destroy,
@@ -885,6 +887,7 @@ static const strata_device_ops cuda_ops = {
     cuda_event_elapsed_ms,
     cuda_mem_info,
     cuda_sync_all,
+    cuda_stream_name,
 };
 
 /* cuStreamWaitValue32/WriteValue32 through the runtime's driver entry points, so the
