@@ -1,5 +1,4 @@
-/* shard/comm.c: MPI start-up, the choice of backend, and the "single" and "mpi"
- * collective backends (the "nccl" one's NCCL half is shard/comm_nccl.cu).
+/* shard/comm.c: the choice of backend, and the "single" and "mpi" collective backends (the "nccl" one's NCCL half is shard/comm_nccl.cu).
  *
  * A collective call validates its buffers, counts itself, and enqueues on the comm
  * stream; it returns before any data moves. On the mpi backend the stream's worker
@@ -31,129 +30,18 @@
 #include "core/common.h"
 #include "shard/comm_nccl.h"
 
-/* ---- process-wide MPI state ---- */
-
-static int mpi_is_active = 0;
-static MPI_Op bf16_sum_op = MPI_OP_NULL; /* made with the first mpi comm (below) */
-static int mpi_thread_level = MPI_THREAD_SINGLE;
-/* Below MPI_THREAD_MULTIPLE, two comm streams must not call MPI at the same time. */
-static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void mpi_enter(void) {
-    if (mpi_thread_level < MPI_THREAD_MULTIPLE) pthread_mutex_lock(&mpi_lock);
-}
-static void mpi_leave(void) {
-    if (mpi_thread_level < MPI_THREAD_MULTIPLE) pthread_mutex_unlock(&mpi_lock);
-}
+/* MPI has no bf16 sum: made with the first mpi comm (below); MPI_Finalize releases it. */
+static MPI_Op bf16_sum_op = MPI_OP_NULL;
 
 /* One MPI call on a collective's behalf (t): under the thread-level lock, and a failure
  * aborts the job naming the call and the collective (check_mpi, below). */
 #define COMM_MPI(t, fn, ...)                                                               \
     do {                                                                                   \
-        mpi_enter();                                                                       \
+        strata_mpi_enter();                                                                \
         int comm_mpi_rc_ = fn(__VA_ARGS__);                                                \
-        mpi_leave();                                                                       \
+        strata_mpi_leave();                                                                \
         check_mpi((t), comm_mpi_rc_, #fn);                                                 \
     } while (0)
-
-static const char *thread_level_name(int level) {
-    switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    }
-    return "an unknown MPI thread level";
-}
-
-static int launched_by_mpirun(void) {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
-}
-
-int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_rank) {
-    *rank = 0;
-    *world = 1;
-    *local_rank = 0;
-    if (!launched_by_mpirun()) return 0;
-
-    int initialized = 0, provided = MPI_THREAD_SINGLE;
-    MPI_Initialized(&initialized);
-    if (initialized) {
-        MPI_Query_thread(&provided);
-    } else if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-        return strata_fail("MPI_Init_thread failed; check the mpirun command line and that "
-                           "strata was built against the same MPI as that mpirun");
-    }
-    if (provided < MPI_THREAD_SERIALIZED) {
-        if (!initialized) MPI_Finalize();
-        return strata_fail("this MPI provides only %s; strata drives collectives from a worker "
-                           "thread and needs at least MPI_THREAD_SERIALIZED (use an MPI built "
-                           "with thread support)", thread_level_name(provided));
-    }
-    mpi_thread_level = provided;
-    mpi_is_active = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, rank);
-    MPI_Comm_size(MPI_COMM_WORLD, world);
-
-    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    char *end = NULL;
-    long v = lr ? strtol(lr, &end, 10) : -1;
-    if (lr && end != lr && *end == 0 && v >= 0 && v < INT_MAX) {
-        *local_rank = (int)v;
-    } else {
-        /* Not Open MPI: the ranks sharing this node's memory are this node's ranks. */
-        MPI_Comm node;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, local_rank);
-        MPI_Comm_free(&node);
-    }
-    return 0;
-}
-
-void strata_mpi_finalize(void) {
-    if (!mpi_is_active) return;
-    mpi_is_active = 0;
-    if (bf16_sum_op != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op);
-    MPI_Finalize();
-}
-
-int strata_mpi_active(void) { return mpi_is_active; }
-
-_Noreturn void strata_mpi_abort(int code) {
-    fflush(stdout);
-    fflush(stderr);
-    if (mpi_is_active) MPI_Abort(MPI_COMM_WORLD, code);
-    exit(code);
-}
-
-static int startup_mpi_check(int rc, const char *call) {
-    if (rc == MPI_SUCCESS) return 0;
-    char msg[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    return strata_fail("%s at start-up failed: %s", call, msg);
-}
-
-int strata_mpi_bcast(void *buf, size_t bytes, int root) {
-    if (!mpi_is_active) return 0;
-    if (bytes > INT_MAX) return strata_fail("MPI_Bcast at start-up: %zu bytes is too many", bytes);
-    mpi_enter();
-    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
-    mpi_leave();
-    return startup_mpi_check(rc, "MPI_Bcast");
-}
-
-int strata_mpi_allgather(const void *in, void *out, size_t bytes_per_rank) {
-    if (!mpi_is_active) {
-        memmove(out, in, bytes_per_rank);
-        return 0;
-    }
-    if (bytes_per_rank > INT_MAX) return strata_fail("MPI_Allgather at start-up: %zu bytes is too many", bytes_per_rank);
-    mpi_enter();
-    int rc = MPI_Allgather(in, (int)bytes_per_rank, MPI_BYTE, out, (int)bytes_per_rank, MPI_BYTE, MPI_COMM_WORLD);
-    mpi_leave();
-    return startup_mpi_check(rc, "MPI_Allgather");
-}
 
 /* ---- the comm object ---- */
 
@@ -285,8 +173,8 @@ static void task_put(strata_comm *c, coll_task *t) {
 static _Noreturn void coll_abort(const coll_task *t, const char *why) {
     strata_log(STRATA_LOG_ERROR, "comm", "%s of %llu bytes %s: aborting the job",
                strata_coll_name(t->kind), (unsigned long long)task_full_bytes(t), why);
-    mpi_enter();
-    if (mpi_is_active) MPI_Abort(MPI_COMM_WORLD, 1);
+    strata_mpi_enter();
+    if (strata_mpi_active()) MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1);
 }
 
@@ -592,9 +480,9 @@ static int nccl_setup(strata_comm *c) {
     unsigned char id[1 + STRATA_NCCL_ID_BYTES] = {0};
     if (c->rank == 0) id[0] = strata_nccl_unique_id(id + 1) == 0;
     if (c->mpi != MPI_COMM_NULL) {
-        mpi_enter();
+        strata_mpi_enter();
         int rc = MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, c->mpi);
-        mpi_leave();
+        strata_mpi_leave();
         if (rc != MPI_SUCCESS) return strata_fail("comm.backend nccl: broadcasting the NCCL unique id failed");
     }
     if (!id[0]) {
@@ -618,9 +506,9 @@ static int shared_gpu(strata_device *d, int *a, int *b, char *which, size_t n) {
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     char *all = strata_xcalloc((size_t)world, KEY);
-    mpi_enter();
+    strata_mpi_enter();
     int rc = MPI_Allgather(key, KEY, MPI_CHAR, all, KEY, MPI_CHAR, MPI_COMM_WORLD);
-    mpi_leave();
+    strata_mpi_leave();
     int found = 0;
     for (int i = 0; i < world && !found && rc == MPI_SUCCESS; i++)
         for (int j = i + 1; j < world && !found; j++)
@@ -651,9 +539,9 @@ static int env_size(const char *name, long long lo, long long hi, size_t *out) {
 static void comm_destroy(strata_comm *c) {
     strata_nccl_close(c->nccl);
     if (c->mpi != MPI_COMM_NULL) {
-        mpi_enter();
+        strata_mpi_enter();
         MPI_Comm_free(&c->mpi);
-        mpi_leave();
+        strata_mpi_leave();
     }
     if (c->stage_stream) strata_stream_destroy(c->d, c->stage_stream);
     if (c->stage) strata_free(c->d, STRATA_MEM_PINNED, c->stage);
@@ -670,13 +558,13 @@ static void comm_destroy(strata_comm *c) {
 }
 
 static int setup_mpi(strata_comm *c) {
-    mpi_enter();
+    strata_mpi_enter();
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
     if (rc == MPI_SUCCESS && bf16_sum_op == MPI_OP_NULL) rc = MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) MPI_Comm_rank(c->mpi, &c->rank);
     if (rc == MPI_SUCCESS) MPI_Comm_size(c->mpi, &c->world);
-    mpi_leave();
+    strata_mpi_leave();
     if (rc != MPI_SUCCESS) {
         char msg[MPI_MAX_ERROR_STRING] = "";
         int len = 0;
@@ -737,7 +625,7 @@ static strata_comm *comm_open(strata_device *d, strata_stream *stream, double ti
     if (!(timeout_s > 0))
         rc = strata_fail("comm.timeout_s is %g: it must be a positive number of seconds", timeout_s);
     if (!rc) rc = env_size("STRATA_COMM_CHUNK_ELEMS", 1, 1LL << 30, &c->chunk_elems);
-    if (!rc && mpi_is_active && ops->uses_mpi) rc = setup_mpi(c);
+    if (!rc && strata_mpi_active() && ops->uses_mpi) rc = setup_mpi(c);
     if (!rc && ops->setup) rc = ops->setup(c);
     if (rc) {
         comm_destroy(c);
@@ -749,7 +637,7 @@ static strata_comm *comm_open(strata_device *d, strata_stream *stream, double ti
 }
 
 strata_comm *strata_comm_open(strata_device *d, strata_stream *stream, double timeout_s) {
-    return comm_open(d, stream, timeout_s, mpi_is_active ? &mpi_ops : &single_ops, 0);
+    return comm_open(d, stream, timeout_s, strata_mpi_active() ? &mpi_ops : &single_ops, 0);
 }
 strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream) {
     return comm_open(d, stream, 60.0, &single_ops, 0);
@@ -757,7 +645,7 @@ strata_comm *strata_comm_open_single(strata_device *d, strata_stream *stream) {
 
 /* The config's comm.backend, resolved for this device and launch (see comm.h). */
 static int choose_backend(strata_device *d, const strata_config *cfg, const comm_ops **out) {
-    *out = mpi_is_active ? &mpi_ops : &single_ops;
+    *out = strata_mpi_active() ? &mpi_ops : &single_ops;
     int a = 0, b = 0;
     char gpu[192];
     if (cfg->comm.backend == STRATA_COMM_NCCL) {
@@ -768,14 +656,14 @@ static int choose_backend(strata_device *d, const strata_config *cfg, const comm
             return strata_fail("comm.backend is nccl but this strata was built without NCCL (CMake found no "
                                "libnccl: configure with -DNCCL_LIB=<path to libnccl.so> -DNCCL_INCLUDE_DIR=<dir "
                                "of nccl.h>); or use comm.backend: mpi (or auto)");
-        if (mpi_is_active && shared_gpu(d, &a, &b, gpu, sizeof gpu))
+        if (strata_mpi_active() && shared_gpu(d, &a, &b, gpu, sizeof gpu))
             return strata_fail("comm.backend is nccl but ranks %d and %d share the GPU %s, which NCCL refuses "
                                "('Duplicate GPU detected'); use comm.backend: mpi (or auto), or one rank per GPU",
                                a, b, gpu);
         *out = &nccl_ops;
         return 0;
     }
-    if (!mpi_is_active || cfg->comm.backend != STRATA_COMM_AUTO || !d->caps.gpu) return 0;
+    if (!strata_mpi_active() || cfg->comm.backend != STRATA_COMM_AUTO || !d->caps.gpu) return 0;
     if (!strata_nccl_available()) {
         if (strata_log_rank() == 0)
             STRATA_WARN("comm", "comm.backend auto: built without NCCL; using mpi with device buffers staged "

@@ -33,6 +33,7 @@
 #include "core/device.h"
 #include "io/config.h"
 #include "shard/collective.h"
+#include "shard/mpi.h"
 
 typedef struct strata_comm_stats {
     uint64_t calls[STRATA_COLL_KINDS];
@@ -46,23 +47,6 @@ typedef struct strata_comm_span {
 } strata_comm_span;
 
 typedef struct strata_comm strata_comm;
-
-/* MPI start-up: call first thing in main. Initialises MPI (with MPI_THREAD_MULTIPLE, at
- * least MPI_THREAD_SERIALIZED required) only when launched by mpirun (OMPI_COMM_WORLD_SIZE
- * or PMI_SIZE in the environment), so plain `strata` runs as world size 1 without MPI.
- * Sets *rank, *world, *local_rank. */
-int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_rank);
-void strata_mpi_finalize(void);
-int strata_mpi_active(void);
-/* Ends every rank of the job at once (MPI_Abort when MPI is active, else exit). */
-_Noreturn void strata_mpi_abort(int code);
-/* Start-up agreement before any comm is open (strata train decides on rank 0 whether the
- * run may start at all, and every rank must hear the answer before it does collective
- * work): a blocking MPI_Bcast / MPI_Allgather of bytes on MPI_COMM_WORLD from the calling
- * thread. Without MPI, bcast does nothing and allgather copies in to out. 0, or -1 +
- * error naming the call. */
-int strata_mpi_bcast(void *buf, size_t bytes, int root);
-int strata_mpi_allgather(const void *in, void *out, size_t bytes_per_rank);
 
 /* Opens the backend the config asks for (see the top of this file) on a stream of the
  * right kind that the comm makes, owns and destroys at close. NULL + error naming

@@ -22,6 +22,7 @@
 
 extern "C" {
 #include "shard/comm_nccl.h"
+#include "shard/mpi.h"
 }
 
 #define WATCH_SLOTS 256
