@@ -6,16 +6,6 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 
-/* Shared command-line parsing: CONFIG (or none for the built-in default) and
- * --set section.key=value overrides. Returns 0, or prints the error and returns 2. */
-typedef struct strata_cli {
-    const char *config_path; /* NULL: built-in default */
-    const char *sets[64];
-    int n_sets;
-    const char *resume;      /* --resume latest|DIR */
-    int world;               /* --world N (strata plan) */
-} strata_cli;
-
 /* A checkpoint opened for a subcommand (sample, export, dump-grads), with the config it was
  * saved with. */
 typedef struct strata_opened_ckpt {

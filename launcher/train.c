@@ -1,4 +1,5 @@
-/* launcher/train.c: `strata train` and `strata plan`. */
+/* launcher/train.c: `strata train`, the training run, as its phases in the order
+ * strata_cmd_train runs them. */
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -29,6 +30,7 @@
 #include "offload/nvme.h"
 #include "launcher/auto.h"
 #include "launcher/build.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
@@ -122,90 +124,6 @@ static void fill_rank_id(rank_id *id) {
     if (gethostname(id->host, sizeof id->host - 1) != 0) snprintf(id->host, sizeof id->host, "?");
     ssize_t n = readlink("/proc/self/ns/pid", id->pid_ns, sizeof id->pid_ns - 1);
     id->pid_ns[n > 0 ? n : 0] = 0;
-}
-
-static int parse_cli(int argc, char **argv, strata_cli *cli, const char *cmd, int allow_resume, int allow_world) {
-    memset(cli, 0, sizeof *cli);
-    cli->world = 1;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--set") || !strcmp(a, "-s")) {
-            if (i + 1 >= argc) { fprintf(stderr, "strata %s: --set needs section.key=value\n", cmd); return STRATA_EXIT_USAGE; }
-            if (cli->n_sets == 64) { fprintf(stderr, "strata %s: at most 64 --set overrides\n", cmd); return STRATA_EXIT_USAGE; }
-            cli->sets[cli->n_sets++] = argv[++i];
-        } else if (!strncmp(a, "--set=", 6)) {
-            if (cli->n_sets == 64) { fprintf(stderr, "strata %s: at most 64 --set overrides\n", cmd); return STRATA_EXIT_USAGE; }
-            cli->sets[cli->n_sets++] = a + 6;
-        } else if (allow_resume && !strcmp(a, "--resume")) {
-            if (i + 1 >= argc) { fprintf(stderr, "strata %s: --resume needs 'latest' or a checkpoint directory\n", cmd); return STRATA_EXIT_USAGE; }
-            cli->resume = argv[++i];
-        } else if (allow_world && (!strcmp(a, "--gpu-gb") || !strcmp(a, "--host-gb") || !strcmp(a, "--nvme-gb"))) {
-            /* shorthands for the memory.* keys, checked like any --set */
-            static char buf[3][64];
-            int k = a[2] == 'g' ? 0 : a[2] == 'h' ? 1 : 2;
-            if (i + 1 >= argc || cli->n_sets == 64) { fprintf(stderr, "strata %s: %s needs a number of GiB\n", cmd, a); return STRATA_EXIT_USAGE; }
-            snprintf(buf[k], sizeof buf[k], "memory.%s_gb=%s", k == 0 ? "gpu" : k == 1 ? "host" : "nvme", argv[++i]);
-            cli->sets[cli->n_sets++] = buf[k];
-        } else if (allow_world && !strcmp(a, "--world")) {
-            char *end = NULL;
-            if (i + 1 >= argc || (cli->world = (int)strtol(argv[i + 1], &end, 10), *end) || cli->world < 1) {
-                fprintf(stderr, "strata %s: --world expects a positive integer\n", cmd);
-                return STRATA_EXIT_USAGE;
-            }
-            i++;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "strata %s: unknown option '%s'\n", cmd, a);
-            return STRATA_EXIT_USAGE;
-        } else if (!cli->config_path) {
-            cli->config_path = a;
-        } else {
-            fprintf(stderr, "strata %s: unexpected argument '%s' (one CONFIG file)\n", cmd, a);
-            return STRATA_EXIT_USAGE;
-        }
-    }
-    return 0;
-}
-
-
-int strata_cmd_plan(int argc, char **argv) {
-    strata_cli cli;
-    int rc = parse_cli(argc, argv, &cli, "plan", 0, 1);
-    if (rc) return rc;
-    strata_config cfg;
-    if (strata_config_load(&cfg, cli.config_path, cli.sets, cli.n_sets)) {
-        fprintf(stderr, "%s\n", strata_error());
-        return STRATA_EXIT_USAGE;
-    }
-    if (strata_plan_check_paths(&cfg)) {
-        fprintf(stderr, "%s\n", strata_error());
-        return STRATA_EXIT_USAGE;
-    }
-    int opt_auto = cfg.offload.optimizer_ratio == STRATA_AUTO, nvme_auto = cfg.offload.nvme_ratio == STRATA_AUTO;
-    strata_plan_resolve_auto(&cfg, cli.world, NULL);
-    if (opt_auto) printf("offload.optimizer_ratio: auto is %g\n", cfg.offload.optimizer_ratio);
-    if (nvme_auto) printf("offload.nvme_ratio: auto is %g\n", cfg.offload.nvme_ratio);
-    strata_plan p;
-    strata_plan_compute(&p, &cfg, cli.world);
-    strata_plan_check(&p, &cfg, NULL);
-    strata_model_shape shape = strata_config_model_shape(&cfg);
-    strata_model m;
-    strata_model_init(&m, &shape);
-    printf("model: %d layers, %d heads, %d channels, vocab %d, %zu parameters; batch %d x %d x %d accumulation\n",
-           shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, strata_model_num_params(&m),
-           cfg.train.micro_batch, strata_config_seq_len(&cfg), cfg.train.grad_accum);
-    strata_model_free(&m);
-    strata_plan_print(&p, stdout);
-    char hint[400];
-    if (p.fits && strata_plan_auto_hint(&cfg, cli.world, NULL, hint, sizeof hint)) printf("  %s\n", hint);
-    if (!p.fits) {
-        char sets[8][96], line[800];
-        double cost;
-        int n = strata_plan_suggest(&cfg, cli.world, NULL, sets, 8, line, sizeof line, &cost);
-        if (n > 0) printf("  cheapest change that fits (about +%.0f%% step time): %s\n", cost * 100, line);
-        else printf("  no change within reach fits: more ranks, or offload, are needed\n");
-        return STRATA_EXIT_NOFIT;
-    }
-    return STRATA_EXIT_OK;
 }
 
 /* ---- metrics ---- */
@@ -1249,7 +1167,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     t->lock_fd = -1;
     t->rank = rank;
     t->world = world;
-    int rc = parse_cli(argc, argv, &t->cli, "train", 1, 0);
+    int rc = strata_cli_parse(argc, argv, &t->cli, "train", 1, 0);
     if (rc) {
         free(t);
         return rc;
