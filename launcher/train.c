@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdio_ext.h>
 #include <stdlib.h>
@@ -34,97 +33,8 @@
 #include "launcher/commands.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
+#include "launcher/signals.h"
 #include "launcher/tokenizer.h"
-
-static volatile sig_atomic_t stop_requested;
-
-/* ---- a rank that vanishes ----
- *
- * When one rank dies (SIGKILL, a crash), Open MPI's mpirun sends the others SIGCONT, then
- * SIGTERM about a second later, then SIGKILL, and exits with the dead rank's status (128 +
- * its signal: 137 for SIGKILL); nothing a survivor does changes that status. What a
- * survivor can do is say who is gone and what it was doing: at start every rank learns
- * every rank's pid and host (the host name and pid namespace), and on those signals a
- * survivor looks for a rank of its own host whose pid no longer exists. If it finds one
- * it writes its message and exits 1 at once (async-signal-safe calls only); otherwise
- * SIGTERM and SIGINT are a request to stop, as without mpirun. */
-typedef struct rank_id {
-    int64_t pid;
-    char host[64];   /* gethostname() */
-    char pid_ns[48]; /* /proc/self/ns/pid: ranks on one host in different namespaces cannot see each other's pids */
-} rank_id;
-
-static rank_id *peers;          /* every rank's, world of them (NULL at world 1) */
-static int peers_n, peers_me;
-static volatile sig_atomic_t doing; /* what this rank is in, an index into doing_what */
-static const char *const doing_what[] = {"starting up", "a training step", "validation", "agreeing on the step's end",
-                                         "saving a checkpoint", "the final optimizer update"};
-enum { DOING_START, DOING_STEP, DOING_EVAL, DOING_AGREE, DOING_SAVE, DOING_FINISH };
-static volatile int64_t doing_step;   /* 1-based step in progress */
-static volatile int64_t saved_step = -1; /* the last checkpoint this run wrote or resumed from */
-
-/* async-signal-safe text building, for the message written from the signal handler */
-static void sig_puts(char *buf, size_t *o, size_t cap, const char *s) {
-    while (*s && *o + 1 < cap) buf[(*o)++] = *s++;
-    buf[*o] = 0;
-}
-static void sig_putn(char *buf, size_t *o, size_t cap, int64_t v) {
-    char d[24];
-    int n = 0;
-    uint64_t u = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
-    do d[n++] = (char)('0' + u % 10); while ((u /= 10) && n < 23);
-    if (v < 0) d[n++] = '-';
-    while (n > 0 && *o + 1 < cap) buf[(*o)++] = d[--n];
-    buf[*o] = 0;
-}
-
-static void on_signal(int sig) {
-    int saved_errno = errno;
-    for (int r = 0; peers && r < peers_n; r++) {
-        const rank_id *p = &peers[r], *me = &peers[peers_me];
-        if (r == peers_me || strcmp(p->host, me->host) || strcmp(p->pid_ns, me->pid_ns)) continue;
-        if (kill((pid_t)p->pid, 0) == 0 || errno != ESRCH) continue;
-        static char msg[1024];
-        size_t o = 0, cap = sizeof msg;
-        sig_puts(msg, &o, cap, "[rank ");
-        sig_putn(msg, &o, cap, peers_me);
-        sig_puts(msg, &o, cap, "] error: [train] rank ");
-        sig_putn(msg, &o, cap, r);
-        sig_puts(msg, &o, cap, " (pid ");
-        sig_putn(msg, &o, cap, p->pid);
-        sig_puts(msg, &o, cap, " on ");
-        sig_puts(msg, &o, cap, p->host);
-        sig_puts(msg, &o, cap, ") is gone: killed, or crashed (a rank that failed by itself wrote its reason "
-                               "above). This rank was in ");
-        sig_puts(msg, &o, cap, doing_what[doing]);
-        if (doing != DOING_START) {
-            sig_puts(msg, &o, cap, " (step ");
-            sig_putn(msg, &o, cap, doing_step);
-            sig_puts(msg, &o, cap, ")");
-        }
-        sig_puts(msg, &o, cap, " and exits 1; mpirun ends the job with the lost rank's own status (137 after SIGKILL). ");
-        if (saved_step >= 0) {
-            sig_puts(msg, &o, cap, "The last checkpoint, step ");
-            sig_putn(msg, &o, cap, saved_step);
-            sig_puts(msg, &o, cap, ", is intact: resume with --resume latest.\n");
-        } else {
-            sig_puts(msg, &o, cap, "No checkpoint was written yet.\n");
-        }
-        ssize_t w = write(STDERR_FILENO, msg, o);
-        (void)w;
-        _exit(STRATA_EXIT_ERROR);
-    }
-    if (sig != SIGCONT) stop_requested = sig;
-    errno = saved_errno;
-}
-
-static void fill_rank_id(rank_id *id) {
-    memset(id, 0, sizeof *id);
-    id->pid = (int64_t)getpid();
-    if (gethostname(id->host, sizeof id->host - 1) != 0) snprintf(id->host, sizeof id->host, "?");
-    ssize_t n = readlink("/proc/self/ns/pid", id->pid_ns, sizeof id->pid_ns - 1);
-    id->pid_ns[n > 0 ? n : 0] = 0;
-}
 
 /* ---- metrics ---- */
 
@@ -487,7 +397,7 @@ static int lock_run_dir(trainer *t) {
 /* Before anything else is opened: rank 0 takes run.dir (lock_run_dir) and removes what
  * killed saves left in ckpt/, then tells every rank whether the run may start, so a
  * refusal reaches each of them before any collective; and every rank learns every
- * rank's pid and host (for on_signal). Returns an exit code (0: go on). */
+ * rank's pid and host (launcher/signals.h). Returns an exit code (0: go on). */
 static int claim_run_dir(trainer *t) {
     int32_t rc = 0;
     char why[2048] = "";
@@ -508,14 +418,7 @@ static int claim_run_dir(trainer *t) {
         if (t->rank == 0) strata_log(STRATA_LOG_ERROR, "train", "%s", why);
         return rc;
     }
-    if (t->world > 1) {
-        rank_id me;
-        fill_rank_id(&me);
-        peers = strata_xcalloc((size_t)t->world, sizeof *peers);
-        if (strata_mpi_allgather(&me, peers, sizeof me)) fatal(t, "exchanging the ranks' pids");
-        peers_n = t->world;
-        peers_me = t->rank;
-    }
+    if (strata_signals_exchange_peers(t->rank, t->world)) fatal(t, "exchanging the ranks' pids");
     return 0;
 }
 
@@ -1021,9 +924,9 @@ static int nonfinite_step(trainer *t, int64_t step, const strata_step_result *r,
  * the run ends with exit 1. Every rank comes here together. */
 static int metrics_stop(trainer *t, int64_t done, double loss, int64_t last_saved) {
     char dir[STRATA_PATH_MAX] = "";
-    doing = DOING_SAVE;
+    strata_signals_doing(STRATA_DOING_SAVE);
     int saved = save_checkpoint(t, done, loss, dir, sizeof dir) == 0;
-    if (saved) saved_step = done;
+    if (saved) strata_signals_saved(done);
     if (t->rank != 0) return STRATA_EXIT_ERROR;
     if (saved)
         STRATA_ERROR("train", "stopped after step %lld because metrics.jsonl could not be written; step %lld is "
@@ -1043,11 +946,11 @@ static int train_loop(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int64_t steps = cfg->train.steps, last_saved = t->cli.resume ? t->start : -1;
     double loss = NAN, run_t0 = strata_now_ms();
-    saved_step = last_saved;
+    strata_signals_saved(last_saved);
     for (int64_t step = t->start; step < steps; step++) {
         step_figures f = {.done = step + 1, .val_loss = NAN};
-        doing_step = step + 1;
-        doing = DOING_STEP;
+        strata_signals_step(step + 1);
+        strata_signals_doing(STRATA_DOING_STEP);
         double t0 = strata_now_ms();
         strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
         if (strata_engine_step(t->engine, &t->train, step, &f.r)) fatal(t, "training step");
@@ -1060,7 +963,7 @@ static int train_loop(trainer *t) {
         loss = f.r.loss;
         t->tokens_seen += t->tokens_per_step;
         f.eval_now = t->have_val && ((cfg->train.eval_every > 0 && f.done % cfg->train.eval_every == 0) || f.done == steps);
-        doing = DOING_EVAL;
+        strata_signals_doing(STRATA_DOING_EVAL);
         if (f.eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &f.val_loss)) fatal(t, "validation");
         /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics */
         double agree[2] = {0, 0};
@@ -1072,18 +975,18 @@ static int train_loop(trainer *t) {
             }
         }
         /* every rank must agree to stop, or some would wait in a collective for the others */
-        doing = DOING_AGREE;
-        agree[0] = stop_requested ? 1.0 : 0.0;
+        strata_signals_doing(STRATA_DOING_AGREE);
+        agree[0] = strata_signals_stop_requested() ? 1.0 : 0.0;
         if (t->world > 1 && strata_allreduce_host_f64(t->comm, agree, 2)) fatal(t, "agreeing on a stop");
         if (agree[1] > 0) return metrics_stop(t, f.done, loss, last_saved);
         double stop = agree[0];
         int periodic = cfg->run.checkpoint_every > 0 && f.done % cfg->run.checkpoint_every == 0;
         if (periodic || (f.done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
             char dir[STRATA_PATH_MAX];
-            doing = DOING_SAVE;
+            strata_signals_doing(STRATA_DOING_SAVE);
             if (save_checkpoint(t, f.done, loss, dir, sizeof dir)) fatal(t, "saving a checkpoint");
             last_saved = f.done;
-            saved_step = f.done;
+            strata_signals_saved(f.done);
         }
         if (stop > 0) {
             if (t->rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)f.done);
@@ -1091,7 +994,7 @@ static int train_loop(trainer *t) {
         }
     }
     /* the last step's offloaded update runs behind it; its errors must not go unseen */
-    doing = DOING_FINISH;
+    strata_signals_doing(STRATA_DOING_FINISH);
     if (strata_engine_sync(t->engine)) fatal(t, "finishing the last optimizer update");
     /* the file is complete only once it is closed without error */
     if (t->metrics) {
@@ -1205,11 +1108,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         close_trainer(t);
         return rc;
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    if (world > 1) sigaction(SIGCONT, &sa, NULL); /* mpirun's first word when a rank has died */
+    strata_signals_install(world);
 
     if ((rc = reclaim_nvme(t)) || (rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
         close_trainer(t);
@@ -1235,7 +1134,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK) report_offload_split(t);
     if (exit_code == STRATA_EXIT_OK) report_kernel_profile(t);
-    if (exit_code == STRATA_EXIT_OK && !stop_requested && rank == 0 && cfg->train.sample_tokens > 0 &&
+    if (exit_code == STRATA_EXIT_OK && !strata_signals_stop_requested() && rank == 0 && cfg->train.sample_tokens > 0 &&
         strata_engine_params_resident(t->engine) == 0)
         final_sample(t);
     if (rank == 0) report_memory(t);

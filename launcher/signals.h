@@ -1,0 +1,37 @@
+/* launcher/signals.h: what a training run does on a signal. SIGINT and SIGTERM ask it to
+ * stop (the loop checkpoints and ends once every rank agrees); under mpirun, the signals
+ * mpirun sends the survivors when a rank has vanished make a survivor name the lost rank
+ * and what it was itself doing, then exit 1 at once (launcher/signals.c says why).
+ *
+ * The training loop tells this module where it is (strata_signals_doing, _step, _saved),
+ * so the message written from the handler can say it; nothing else is shared with the
+ * handler. */
+#ifndef STRATA_SIGNALS_H
+#define STRATA_SIGNALS_H
+
+#include <stdint.h>
+
+/* What this rank is in, as the vanished-rank message names it. */
+typedef enum strata_doing {
+    STRATA_DOING_START,  /* starting up (the message names no step) */
+    STRATA_DOING_STEP,   /* a training step */
+    STRATA_DOING_EVAL,   /* validation */
+    STRATA_DOING_AGREE,  /* agreeing on the step's end */
+    STRATA_DOING_SAVE,   /* saving a checkpoint */
+    STRATA_DOING_FINISH, /* the final optimizer update */
+} strata_doing;
+
+/* Every rank learns every rank's pid, host and pid namespace (a collective over all ranks;
+ * at world 1 nothing to do). 0, or -1 with the error set. */
+int strata_signals_exchange_peers(int rank, int world);
+/* Handles SIGINT and SIGTERM, and at world > 1 SIGCONT (mpirun's first word when a rank
+ * has died). */
+void strata_signals_install(int world);
+/* The signal that asked this rank to stop (SIGINT or SIGTERM), 0 if none came. */
+int strata_signals_stop_requested(void);
+
+void strata_signals_doing(strata_doing what);
+void strata_signals_step(int64_t step);  /* the step in progress, 1-based */
+void strata_signals_saved(int64_t step); /* the last checkpoint written or resumed from (-1: none) */
+
+#endif
