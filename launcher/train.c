@@ -7,12 +7,9 @@
 #include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <stdint.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/arena.h"
@@ -32,6 +29,7 @@
 #include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/plan.h"
+#include "launcher/run_dir.h"
 #include "launcher/sample.h"
 #include "launcher/signals.h"
 #include "launcher/tokenizer.h"
@@ -346,73 +344,15 @@ static void check_checkpoint_space(const trainer *t) {
 
 /* ---- the phases of `strata train`, in the order strata_cmd_train runs them ---- */
 
-/* Rank 0 takes run.dir for this run: flock(2) on run.dir/lock, held until the process
- * ends (the kernel lets go of it however the process ends, so a crashed or killed run
- * never leaves it stuck), with this process's pid and host written in it for whoever
- * is refused. Returns an exit code: 2 when another run holds it. */
-static int lock_run_dir(trainer *t) {
-    const char *dir = t->cfg.run.dir;
-    char path[STRATA_PATH_MAX + 32];
-    if (strata_mkdir_p(dir)) {
-        strata_fail_wrap("run.dir '%s'", dir);
-        return STRATA_EXIT_ERROR;
-    }
-    snprintf(path, sizeof path, "%s/lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        strata_fail("%s: cannot open the run's lock file: %s", path, strerror(errno));
-        return STRATA_EXIT_ERROR;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        char who[256] = "";
-        ssize_t n = pread(fd, who, sizeof who - 1, 0);
-        who[n > 0 ? n : 0] = 0;
-        who[strcspn(who, "\n")] = 0;
-        close(fd);
-        if (e != EWOULDBLOCK) {
-            strata_fail("%s: cannot lock: %s", path, strerror(e));
-            return STRATA_EXIT_ERROR;
-        }
-        strata_fail("run.dir '%s' is in use by another `strata train` (%s; it holds %s). Two runs in one directory "
-                    "would mix their checkpoints and metrics: wait for that run to end, stop it, or set run.dir "
-                    "to another directory", dir, who[0] ? who : "it has not written its pid yet", path);
-        return STRATA_EXIT_USAGE;
-    }
-    char host[64] = "?", when[32] = "?", text[256];
-    gethostname(host, sizeof host - 1);
-    time_t now = time(NULL);
-    struct tm tm;
-    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-    int len = snprintf(text, sizeof text, "pid %ld on %s, started %s\n", (long)getpid(), host, when);
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
-        strata_fail("%s: cannot write: %s", path, strerror(errno));
-        close(fd);
-        return STRATA_EXIT_ERROR;
-    }
-    t->lock_fd = fd;
-    return 0;
-}
-
-/* Before anything else is opened: rank 0 takes run.dir (lock_run_dir) and removes what
- * killed saves left in ckpt/, then tells every rank whether the run may start, so a
- * refusal reaches each of them before any collective; and every rank learns every
- * rank's pid and host (launcher/signals.h). Returns an exit code (0: go on). */
+/* Before anything else is opened: rank 0 takes run.dir (launcher/run_dir.h), then tells
+ * every rank whether the run may start, so a refusal reaches each of them before any
+ * collective; and every rank learns every rank's pid and host (launcher/signals.h).
+ * Returns an exit code (0: go on). */
 static int claim_run_dir(trainer *t) {
     int32_t rc = 0;
     char why[2048] = "";
-    if (t->rank == 0) {
-        rc = lock_run_dir(t);
-        if (rc == 0) {
-            char removed[1024];
-            int n = strata_ckpt_clean_stale(t->cfg.run.dir, removed, sizeof removed);
-            if (n < 0) rc = STRATA_EXIT_ERROR;
-            else if (n > 0)
-                STRATA_INFO("ckpt", "removed %d unfinished checkpoint%s that a run killed while saving left in %s/ckpt: %s",
-                            n, n == 1 ? "" : "s", t->cfg.run.dir, removed);
-        }
-        if (rc) snprintf(why, sizeof why, "%s", strata_error());
-    }
+    if (t->rank == 0 && (rc = strata_run_dir_take(t->cfg.run.dir, &t->lock_fd)))
+        snprintf(why, sizeof why, "%s", strata_error());
     if (strata_mpi_bcast(&rc, sizeof rc, 0)) fatal(t, "agreeing on the run directory");
     if (rc) {
         if (t->rank == 0) strata_log(STRATA_LOG_ERROR, "train", "%s", why);

@@ -1,0 +1,73 @@
+/* launcher/run_dir.c: taking run.dir for one training run (launcher/run_dir.h). */
+#include "launcher/run_dir.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "io/checkpoint.h"
+#include "io/files.h"
+
+/* Takes run.dir for this run: flock(2) on run.dir/lock, held until the process
+ * ends (the kernel lets go of it however the process ends, so a crashed or killed run
+ * never leaves it stuck), with this process's pid and host written in it for whoever
+ * is refused. Returns an exit code: 2 when another run holds it. */
+static int lock_run_dir(const char *dir, int *lock_fd) {
+    char path[STRATA_PATH_MAX + 32];
+    if (strata_mkdir_p(dir)) {
+        strata_fail_wrap("run.dir '%s'", dir);
+        return STRATA_EXIT_ERROR;
+    }
+    snprintf(path, sizeof path, "%s/lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+        strata_fail("%s: cannot open the run's lock file: %s", path, strerror(errno));
+        return STRATA_EXIT_ERROR;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char who[256] = "";
+        ssize_t n = pread(fd, who, sizeof who - 1, 0);
+        who[n > 0 ? n : 0] = 0;
+        who[strcspn(who, "\n")] = 0;
+        close(fd);
+        if (e != EWOULDBLOCK) {
+            strata_fail("%s: cannot lock: %s", path, strerror(e));
+            return STRATA_EXIT_ERROR;
+        }
+        strata_fail("run.dir '%s' is in use by another `strata train` (%s; it holds %s). Two runs in one directory "
+                    "would mix their checkpoints and metrics: wait for that run to end, stop it, or set run.dir "
+                    "to another directory", dir, who[0] ? who : "it has not written its pid yet", path);
+        return STRATA_EXIT_USAGE;
+    }
+    char host[64] = "?", when[32] = "?", text[256];
+    gethostname(host, sizeof host - 1);
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    int len = snprintf(text, sizeof text, "pid %ld on %s, started %s\n", (long)getpid(), host, when);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
+        strata_fail("%s: cannot write: %s", path, strerror(errno));
+        close(fd);
+        return STRATA_EXIT_ERROR;
+    }
+    *lock_fd = fd;
+    return 0;
+}
+
+int strata_run_dir_take(const char *dir, int *lock_fd) {
+    int rc = lock_run_dir(dir, lock_fd);
+    if (rc) return rc;
+    char removed[1024];
+    int n = strata_ckpt_clean_stale(dir, removed, sizeof removed);
+    if (n < 0) return STRATA_EXIT_ERROR;
+    if (n > 0)
+        STRATA_INFO("ckpt", "removed %d unfinished checkpoint%s that a run killed while saving left in %s/ckpt: %s",
+                    n, n == 1 ? "" : "s", dir, removed);
+    return 0;
+}

@@ -1,0 +1,15 @@
+/* launcher/run_dir.h: run.dir belongs to one `strata train` at a time. Rank 0 takes it
+ * before anything else is opened: a lock held for the run's life (released by the kernel
+ * however the process ends) that names its holder to whoever is refused, and the
+ * unfinished checkpoints of a run killed while saving removed. */
+#ifndef STRATA_RUN_DIR_H
+#define STRATA_RUN_DIR_H
+
+/* Creates run.dir `dir` if missing, locks it (flock on dir/lock, with this process's pid,
+ * host and start time written in it) and removes what killed saves left in dir/ckpt.
+ * Returns an exit code with the error set: 0, the lock's descriptor in *lock_fd (closing
+ * it lets go of run.dir); 2 when another run holds the lock (the message names it); 1 on
+ * a failure. */
+int strata_run_dir_take(const char *dir, int *lock_fd);
+
+#endif
