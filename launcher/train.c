@@ -22,12 +22,12 @@
 #include "io/pretrained.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
-#include "offload/bench_io.h"
 #include "offload/nvme.h"
 #include "launcher/auto.h"
 #include "launcher/build.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
+#include "launcher/offload_report.h"
 #include "launcher/plan.h"
 #include "launcher/run_dir.h"
 #include "launcher/sample.h"
@@ -135,13 +135,7 @@ typedef struct trainer {
     char nvme_live[1024];   /* swap files of running processes in offload.nvme_path, for the plan's message */
     char metrics_path[STRATA_PATH_MAX + 32];
     long metrics_good_bytes; /* metrics.jsonl's length after its last complete line */
-    /* the offload split (report_offload_split): the floor's bandwidths, measured at the
-     * start, and the sums over the steps that have a split */
-    strata_floor_bandwidth floor_bw;
-    int split_steps;
-    double split_ms[5]; /* step, compute busy, waits on the tier, on collectives, on data */
-    double split_gather_bytes; /* stage-3 gathers' shard bytes read from host memory */
-    strata_tier_stats split_tier;
+    strata_offload_split split; /* the offload split and its floor (launcher/offload_report.h) */
     int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
 } trainer;
 
@@ -609,31 +603,6 @@ static void open_run_dir(trainer *t) {
     if (t->tokenizer && strata_run_tokenizer_record(cfg, t->tokenizer)) fatal(t, "recording the tokenizer");
 }
 
-/* ---- the offload split and its floor ---- */
-
-/* The bandwidths the floor divides by, measured once on the committed arena's memory
- * before anything is in it (so nothing is allocated outside the plan), 64 MiB at most
- * (well under a second): pinned <-> device copies, a host streaming pass, and the disk
- * when offload uses NVMe. Every rank measures at once (after a barrier), so ranks that
- * share a bus, memory or disk see their share. STRATA_OFFLOAD_FLOOR=off skips it (a
- * debugger, or a disk too slow to spare the 64 MiB); the split is still printed. */
-static void measure_floor(trainer *t) {
-    const strata_config *cfg = &t->cfg;
-    const char *env = getenv("STRATA_OFFLOAD_FLOOR");
-    if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE || (env && !strcmp(env, "off"))) return;
-    size_t bytes = (size_t)64 << 20;
-    for (int k = STRATA_MEM_DEVICE; k <= STRATA_MEM_PINNED; k++)
-        if (t->arena.total[k] < bytes) bytes = t->arena.total[k];
-    int nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME || cfg->offload.params == STRATA_OFFLOAD_NVME;
-    int32_t me = 0, *all = strata_xcalloc((size_t)t->world, sizeof *all);
-    if (strata_mpi_allgather(&me, all, sizeof me)) fatal(t, "agreeing to measure the offload floor");
-    free(all);
-    if (strata_measure_floor_bandwidth(t->dev, t->arena.base[STRATA_MEM_PINNED], t->arena.base[STRATA_MEM_DEVICE], bytes,
-                                       nvme ? cfg->offload.nvme_path : NULL, t->rank, (size_t)cfg->offload.block_kb * 1024,
-                                       cfg->offload.queue_depth, &t->floor_bw))
-        STRATA_WARN("offload", "the floor will not be reported: %s", strata_error());
-}
-
 /* ---- the kernel profile (STRATA_PROFILE=kernels, core/profile.h) ---- */
 
 /* STRATA_PROFILE, read once at the start: 1 kernels, 0 unset, empty or off, -1 anything
@@ -656,100 +625,6 @@ static void report_kernel_profile(trainer *t) {
     }
     strata_prof_print(&r, t->world > 1 ? "[rank 0] [prof] " : "[prof] ", stdout);
     fflush(stdout);
-}
-
-/* One step's split into the run's sums (steps whose tier figures are whole). */
-static void split_add(trainer *t, const strata_step_result *r, double ms) {
-    if (!r->have_split) return;
-    double x[5] = {ms, r->compute_ms, r->offload_wait_ms, r->comm_wait_ms, r->data_ms};
-    for (int i = 0; i < 5; i++) t->split_ms[i] += x[i];
-    strata_tier_stats_add(&t->split_tier, &r->tier, 1);
-    t->split_gather_bytes += (double)r->gather_h2d_bytes;
-    t->split_steps++;
-}
-
-/* What each rank sends rank 0: per-step means, then the floor's terms (ms). */
-enum { SPLIT_STEP, SPLIT_COMPUTE, SPLIT_WAIT_TIER, SPLIT_WAIT_COMM, SPLIT_WAIT_DATA, SPLIT_D2H, SPLIT_ADAMW,
-       SPLIT_STATE_WAIT, SPLIT_STATE_WRITE, SPLIT_H2D, SPLIT_PARAM_WRITE, SPLIT_PARAM_READ, SPLIT_D2H_B, SPLIT_H2D_B,
-       SPLIT_ADAMW_N, SPLIT_ADAMW_B, SPLIT_READ_B, SPLIT_WRITE_B, SPLIT_GATHER_B, FLOOR_COMPUTE, FLOOR_PCIE, FLOOR_HOST, FLOOR_DISK,
-       SPLIT_N };
-
-static double gbps_ms(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e6) : 0; }
-
-/* At the end of an offload run, every rank: the step's split (means over the steps that
- * have one, the largest over ranks, as the slowest rank sets the step), the floor (the
- * largest of compute, PCIe bytes over the pinned bandwidth (each direction on its own:
- * the link is full duplex), the AdamW's bytes over host memory bandwidth and disk bytes
- * over the disk's read and write bandwidth), and the step as a multiple of it. */
-static void report_offload_split(trainer *t) {
-    if (t->cfg.offload.optimizer == STRATA_OFFLOAD_NONE) return;
-    double v[SPLIT_N] = {0}, n = t->split_steps > 0 ? t->split_steps : 1;
-    const strata_tier_stats *s = &t->split_tier;
-    const strata_floor_bandwidth *bw = &t->floor_bw;
-    for (int i = 0; i < 5; i++) v[i] = t->split_ms[i] / n;
-    double sec[] = {s->d2h_s, s->adamw_s, s->state_wait_s, s->state_write_s, s->h2d_s, s->param_write_s, s->param_read_s};
-    for (int i = 0; i < 7; i++) v[SPLIT_D2H + i] = sec[i] * 1e3 / n;
-    double cnt[] = {(double)s->d2h_bytes, (double)s->h2d_bytes, (double)s->adamw_elements, (double)s->adamw_bytes,
-                    (double)s->disk_read_bytes, (double)s->disk_write_bytes};
-    for (int i = 0; i < 6; i++) v[SPLIT_D2H_B + i] = cnt[i] / n;
-    v[SPLIT_GATHER_B] = t->split_gather_bytes / n;
-    v[FLOOR_COMPUTE] = v[SPLIT_COMPUTE];
-    v[FLOOR_PCIE] = fmax(gbps_ms(v[SPLIT_D2H_B], bw->d2h), gbps_ms(v[SPLIT_H2D_B] + v[SPLIT_GATHER_B], bw->h2d));
-    v[FLOOR_HOST] = gbps_ms(v[SPLIT_ADAMW_B], bw->host);
-    v[FLOOR_DISK] = gbps_ms(v[SPLIT_READ_B], bw->disk_read) + gbps_ms(v[SPLIT_WRITE_B], bw->disk_write);
-    double *all = strata_xcalloc((size_t)t->world * SPLIT_N, sizeof *all);
-    int32_t steps = t->split_steps, min_steps = steps, *all_steps = strata_xcalloc((size_t)t->world, sizeof *all_steps);
-    if (strata_mpi_allgather(v, all, sizeof v) || strata_mpi_allgather(&steps, all_steps, sizeof steps))
-        fatal(t, "gathering the offload split");
-    for (int r = 0; r < t->world; r++) {
-        for (int i = 0; i < SPLIT_N; i++) v[i] = fmax(v[i], all[r * SPLIT_N + i]);
-        if (all_steps[r] < min_steps) min_steps = all_steps[r];
-    }
-    free(all);
-    free(all_steps);
-    if (t->rank != 0) return;
-    if (min_steps <= 0) {
-        STRATA_INFO("offload", "split: no step with a whole split (the first step's update runs behind the second)");
-        return;
-    }
-    char b[6][32];
-    STRATA_INFO("offload", "split per step (mean of %d steps, the largest over %d rank%s):", min_steps, t->world,
-                t->world > 1 ? "s" : "");
-    STRATA_INFO("offload", "  compute busy %.2f ms | waits: on the tier %.2f ms, collectives %.2f ms, data %.2f ms",
-                v[SPLIT_COMPUTE], v[SPLIT_WAIT_TIER], v[SPLIT_WAIT_COMM], v[SPLIT_WAIT_DATA]);
-    char gathers[80] = "";
-    if (v[SPLIT_GATHER_B] > 0)
-        snprintf(gathers, sizeof gathers, " (+ %s of stage-3 gathers from host memory)",
-                 strata_fmt_bytes(b[5], 32, v[SPLIT_GATHER_B]));
-    STRATA_INFO("offload", "  D2H gradients %.2f ms, %s | H2D parameters %.2f ms, %s%s",
-                v[SPLIT_D2H], strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]), v[SPLIT_H2D],
-                strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]), gathers);
-    char kept[96] = "";
-    if (t->cfg.offload.optimizer_ratio < 1)
-        snprintf(kept, sizeof kept, "; the device updates the rest (offload.optimizer_ratio %g)",
-                 t->cfg.offload.optimizer_ratio);
-    STRATA_INFO("offload", "  CPU AdamW %.2f ms, %.0f parameters, %s of host memory traffic%s",
-                v[SPLIT_ADAMW], v[SPLIT_ADAMW_N], strata_fmt_bytes(b[2], 32, v[SPLIT_ADAMW_B]), kept);
-    STRATA_INFO("offload", "  disk read %s (AdamW waiting for state %.2f ms, parameter reads %.2f ms) | write %s "
-                "(state %.2f ms, parameters %.2f ms)", strata_fmt_bytes(b[3], 32, v[SPLIT_READ_B]), v[SPLIT_STATE_WAIT],
-                v[SPLIT_PARAM_READ], strata_fmt_bytes(b[4], 32, v[SPLIT_WRITE_B]), v[SPLIT_STATE_WRITE],
-                v[SPLIT_PARAM_WRITE]);
-    if (bw->copy_bytes == 0) {
-        STRATA_INFO("offload", "floor: not measured (STRATA_OFFLOAD_FLOOR=off, or the measurement failed)");
-        return;
-    }
-    static const char *term_name[4] = {"compute", "PCIe", "host memory (AdamW)", "disk"};
-    int worst = 0;
-    for (int i = 1; i < 4; i++)
-        if (v[FLOOR_COMPUTE + i] > v[FLOOR_COMPUTE + worst]) worst = i;
-    double floor_ms = v[FLOOR_COMPUTE + worst];
-    STRATA_INFO("offload", "  bandwidths (rank 0): pinned H2D %.2f GB/s, D2H %.2f GB/s, host memory %.2f GB/s%s",
-                bw->h2d, bw->d2h, bw->host, bw->disk_bytes ? "" : ", disk not used");
-    if (bw->disk_bytes)
-        STRATA_INFO("offload", "  disk (rank 0): read %.2f GB/s, write %.2f GB/s", bw->disk_read, bw->disk_write);
-    STRATA_INFO("offload", "floor %.2f ms, set by %s (compute %.2f, PCIe %.2f, host memory %.2f, disk %.2f ms)",
-                floor_ms, term_name[worst], v[FLOOR_COMPUTE], v[FLOOR_PCIE], v[FLOOR_HOST], v[FLOOR_DISK]);
-    STRATA_INFO("offload", "step %.2f ms = %.2fx the floor", v[SPLIT_STEP], floor_ms > 0 ? v[SPLIT_STEP] / floor_ms : 0);
 }
 
 /* What one step measured, for the progress line and metrics.jsonl. */
@@ -895,7 +770,7 @@ static int train_loop(trainer *t) {
         strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
         if (strata_engine_step(t->engine, &t->train, step, &f.r)) fatal(t, "training step");
         f.ms = strata_now_ms() - t0;
-        split_add(t, &f.r, f.ms);
+        strata_offload_split_add(&t->split, &f.r, f.ms);
         strata_comm_stats cs1 = strata_comm_get_stats(t->comm);
         for (int k = 0; k < STRATA_COLL_KINDS; k++) f.comm_bytes += cs1.bytes[k] - cs0.bytes[k];
         if (f.r.nonfinite) return nonfinite_step(t, step, &f.r, loss, last_saved);
@@ -1054,7 +929,9 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         close_trainer(t);
         return rc;
     }
-    measure_floor(t); /* on the arena's memory, before the state is put in it */
+    /* on the arena's memory, before the state is put in it */
+    if (strata_offload_measure_floor(&t->split, cfg, t->dev, &t->arena, rank, world))
+        fatal(t, "agreeing to measure the offload floor");
     if (t->kernel_profile && strata_engine_profile_kernels(t->engine)) fatal(t, "starting the kernel profile");
     t->tokens_per_step = (double)cfg->train.micro_batch * strata_config_seq_len(cfg) * cfg->train.grad_accum * world;
     if ((rc = open_data(t))) {
@@ -1072,7 +949,8 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     open_run_dir(t);
 
     int exit_code = train_loop(t);
-    if (exit_code == STRATA_EXIT_OK) report_offload_split(t);
+    if (exit_code == STRATA_EXIT_OK && strata_offload_split_report(&t->split, cfg, rank, world))
+        fatal(t, "gathering the offload split");
     if (exit_code == STRATA_EXIT_OK) report_kernel_profile(t);
     if (exit_code == STRATA_EXIT_OK && !strata_signals_stop_requested() && rank == 0 && cfg->train.sample_tokens > 0 &&
         strata_engine_params_resident(t->engine) == 0)
