@@ -18,30 +18,6 @@
 #include "launcher/help.h"
 #include "launcher/plot.h"
 
-static const char *usage_text =
-    "usage: strata COMMAND [ARGS]     (strata COMMAND --help: its options; strata --version)\n"
-    "\n"
-    "  train [CONFIG] [--set section.key=value]... [--resume latest|DIR]\n"
-    "        train a model (no CONFIG: the built-in quickstart); under mpirun, on every rank\n"
-    "  prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n"
-    "        turn text files into token shards (llm.c's format): bytes, or a Hugging Face BPE's ids\n"
-    "  config [CONFIG] [--set ...]     print the effective config, every key, with defaults\n"
-    "  config --from-deepspeed ds_config.json   the equivalent Strata YAML\n"
-    "  plan [CONFIG] [--world N] [--set ...]\n"
-    "        print the memory plan per rank without training\n"
-    "  sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-    "        generate text from a checkpoint\n"
-    "  plot RUNDIR [--out FILE]        draw loss and learning rate as an SVG\n"
-    "  bench io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N]\n"
-    "        pinned/pageable host<->device and O_DIRECT io_uring bandwidth: the offload floors\n"
-    "  export CKPT|RUNDIR --out DIR|FILE.safetensors\n"
-    "        a Hugging Face model directory (from_pretrained loads it), or the weights alone\n"
-    "  dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]\n"
-    "        loss, logits and every gradient of one batch, for checks against PyTorch\n"
-    "\n"
-    "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit,\n"
-    "4 the device ran out of memory mid-run (an emergency checkpoint was written).\n";
-
 static int cmd_config(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--from-deepspeed")) return strata_cmd_config_deepspeed(argc, argv);
@@ -194,9 +170,64 @@ static int cmd_plot(int argc, char **argv) {
     return STRATA_EXIT_OK;
 }
 
+/* `strata train`: under mpirun every rank runs it, so MPI starts first. */
+static int cmd_train(int argc, char **argv) {
+    int rank = 0, world = 1, local_rank = 0;
+    if (strata_mpi_init(&argc, &argv, &rank, &world, &local_rank)) {
+        fprintf(stderr, "strata: %s\n", strata_error());
+        return STRATA_EXIT_ERROR;
+    }
+    strata_log_init(rank, world);
+    int rc = strata_cmd_train(argc, argv, rank, world, local_rank);
+    /* a rank that fails alone must not leave the others waiting in MPI_Finalize; an
+     * out-of-memory stop is agreed by every rank, which all return together */
+    if (rc != STRATA_EXIT_OK && rc != STRATA_EXIT_OOM && world > 1) strata_mpi_abort(rc);
+    strata_mpi_finalize();
+    return rc;
+}
+
+/* The subcommands: what dispatches them and what the usage lists, in its order. */
+static const struct command {
+    const char *name;
+    int (*run)(int argc, char **argv); /* the arguments after the command's name */
+    const char *args;                  /* its synopsis, after the name */
+    const char *help;                  /* one line: what it does */
+} commands[] = {
+    {"train", cmd_train, "[CONFIG] [--set section.key=value]... [--resume latest|DIR]",
+     "train a model (no CONFIG: the built-in quickstart); under mpirun, on every rank"},
+    {"prepare", cmd_prepare, "--text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]",
+     "turn text files into token shards (llm.c's format): bytes, or a Hugging Face BPE's ids"},
+    {"config", cmd_config, "[CONFIG] [--set ...] | --from-deepspeed ds_config.json",
+     "print the effective config, every key, with defaults (or the Strata YAML of a DeepSpeed config)"},
+    {"plan", strata_cmd_plan, "[CONFIG] [--world N] [--set ...]", "print the memory plan per rank without training"},
+    {"sample", strata_cmd_sample, "CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]",
+     "generate text from a checkpoint"},
+    {"plot", cmd_plot, "RUNDIR [--out FILE]", "draw loss and learning rate as an SVG"},
+    {"bench", cmd_bench, "io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N]",
+     "pinned/pageable host<->device and O_DIRECT io_uring bandwidth: the offload floors"},
+    {"export", strata_cmd_export, "CKPT|RUNDIR --out DIR|FILE.safetensors",
+     "a Hugging Face model directory (from_pretrained loads it), or the weights alone"},
+    {"dump-grads", strata_cmd_dump_grads, "CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]",
+     "loss, logits and every gradient of one batch, for checks against PyTorch"},
+};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+/* The top-level usage: every command of the table, its synopsis, and its help on the same
+ * line when the synopsis is short, else on the next. */
+static void usage(FILE *f) {
+    fputs("usage: strata COMMAND [ARGS]     (strata COMMAND --help: its options; strata --version)\n\n", f);
+    for (int i = 0; i < N_COMMANDS; i++) {
+        int len = fprintf(f, "  %s %s", commands[i].name, commands[i].args);
+        if (len <= 32) fprintf(f, "%*s%s\n", 34 - len, "", commands[i].help);
+        else fprintf(f, "\n        %s\n", commands[i].help);
+    }
+    fputs("\nExit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit,\n"
+          "4 the device ran out of memory mid-run (an emergency checkpoint was written).\n", f);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-        fputs(usage_text, argc < 2 ? stderr : stdout);
+        usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? STRATA_EXIT_USAGE : STRATA_EXIT_OK;
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return strata_cmd_version();
@@ -204,29 +235,13 @@ int main(int argc, char **argv) {
     int sub_argc = argc - 2;
     char **sub_argv = argv + 2;
     if (strata_help_asked(sub_argc, sub_argv) && strata_cmd_help(cmd) == 0) return STRATA_EXIT_OK;
-    if (!strcmp(cmd, "train")) {
-        int rank = 0, world = 1, local_rank = 0;
-        if (strata_mpi_init(&argc, &argv, &rank, &world, &local_rank)) {
-            fprintf(stderr, "strata: %s\n", strata_error());
-            return STRATA_EXIT_ERROR;
-        }
-        strata_log_init(rank, world);
-        int rc = strata_cmd_train(sub_argc, sub_argv, rank, world, local_rank);
-        /* a rank that fails alone must not leave the others waiting in MPI_Finalize; an
-         * out-of-memory stop is agreed by every rank, which all return together */
-        if (rc != STRATA_EXIT_OK && rc != STRATA_EXIT_OOM && world > 1) strata_mpi_abort(rc);
-        strata_mpi_finalize();
-        return rc;
+    for (int i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(cmd, commands[i].name)) continue;
+        strata_log_init(0, 1); /* train sets its rank's once MPI has started */
+        return commands[i].run(sub_argc, sub_argv);
     }
     strata_log_init(0, 1);
-    if (!strcmp(cmd, "prepare")) return cmd_prepare(sub_argc, sub_argv);
-    if (!strcmp(cmd, "config")) return cmd_config(sub_argc, sub_argv);
-    if (!strcmp(cmd, "plan")) return strata_cmd_plan(sub_argc, sub_argv);
-    if (!strcmp(cmd, "sample")) return strata_cmd_sample(sub_argc, sub_argv);
-    if (!strcmp(cmd, "plot")) return cmd_plot(sub_argc, sub_argv);
-    if (!strcmp(cmd, "bench")) return cmd_bench(sub_argc, sub_argv);
-    if (!strcmp(cmd, "export")) return strata_cmd_export(sub_argc, sub_argv);
-    if (!strcmp(cmd, "dump-grads")) return strata_cmd_dump_grads(sub_argc, sub_argv);
-    fprintf(stderr, "strata: unknown command '%s'\n\n%s", cmd, usage_text);
+    fprintf(stderr, "strata: unknown command '%s'\n\n", cmd);
+    usage(stderr);
     return STRATA_EXIT_USAGE;
 }
