@@ -1,5 +1,5 @@
-/* launcher/export.h: `strata export` and `strata dump-grads`, the two doors between a
- * Strata checkpoint and the Python ecosystem.
+/* launcher/export.h: `strata export`, one of the two doors between a Strata checkpoint and
+ * the Python ecosystem (the other is `strata dump-grads`, launcher/dump_grads.h).
  *
  *   strata export CKPT|RUNDIR --out DIR [--max-shard-size SIZE]
  *       a directory `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained`
@@ -14,19 +14,12 @@
  *   Weights are the fp32 master weights under Hugging Face GPT-2 names (the LM head is
  *   tied to transformer.wte.weight, so lm_head.weight is not written), wte cut to the
  *   real vocab_size rows.
- *   strata dump-grads CKPT|RUNDIR --data GLOB --out FILE.safetensors [--batch B] [--seq T]
- *       one forward and backward on the CPU backend over the first B sequences of GLOB
- *       (read as the trainer reads them, from sequence 0, unshuffled): "loss" (1), "logits"
- *       (B,T,V), "inputs" and "targets" (B,T) int32, and "grad.<name>" for every parameter.
- *       tests/torch_reference.py compares all of it with PyTorch.
- *
- * Both files carry "__metadata__" {"format": "pt", "strata.step", "strata.n_layer", ...,
- * "strata.config": the checkpoint's YAML}. Every file is written atomically (temporary
- * name, fsync, rename). */
+ * Every file carries "__metadata__" {"format": "pt", "strata.step", "strata.n_layer", ...,
+ * "strata.config": the checkpoint's YAML} and is written atomically (temporary name,
+ * fsync, rename). */
 #ifndef STRATA_EXPORT_H
 #define STRATA_EXPORT_H
 
 int strata_cmd_export(int argc, char **argv);
-int strata_cmd_dump_grads(int argc, char **argv);
 
 #endif

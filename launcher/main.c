@@ -14,6 +14,7 @@
 #include "offload/bench_io.h"
 #include "launcher/commands.h"
 #include "launcher/deepspeed.h"
+#include "launcher/dump_grads.h"
 #include "launcher/export.h"
 #include "launcher/help.h"
 #include "launcher/plot.h"
