@@ -1,4 +1,5 @@
-/* launcher/sample.c: sampling, and `strata sample CKPT`. */
+/* launcher/sample.c: sampling (strata_generate, the text it writes as it goes) and
+ * `strata sample CKPT`. */
 #include "launcher/sample.h"
 
 #include <errno.h>
@@ -89,13 +90,16 @@ int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_
             next = '\n' < V ? '\n' : 0;
         } else {
             if ((rc = strata_model_forward_logits(m, window + start, 1, t))) break;
-            strata_memcpy_async(m->dev, m->dev->compute, row, (char *)m->logits + (size_t)(t - 1) * Vp * es, (size_t)Vp * es);
-            strata_stream_sync(m->dev, m->dev->compute);
+            STRATA_TRY_GOTO(strata_memcpy_async(m->dev, m->dev->compute, row,
+                                                (char *)m->logits + (size_t)(t - 1) * Vp * es, (size_t)Vp * es),
+                            rc, done);
+            STRATA_TRY_GOTO(strata_stream_sync(m->dev, m->dev->compute), rc, done);
             next = draw(row, es, c, V, temperature, top_k, rng);
         }
         window[n++] = next;
         if (sink && sink(ctx, next)) rc = strata_fail("writing the generated text failed");
     }
+done:
     free(window);
     free(row);
     free(c);
@@ -168,35 +172,6 @@ void strata_text_out_finish(strata_text_out *o) {
     o->cap = 0;
 }
 
-int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
-                           strata_opened_ckpt *o) {
-    memset(o, 0, sizeof *o);
-    if (strata_ckpt_resolve(what, ".", o->dir, sizeof o->dir)) {
-        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        return STRATA_EXIT_USAGE;
-    }
-    int bad_manifest = 0;
-    o->ck = strata_ckpt_open_checked(o->dir, &bad_manifest);
-    if (!o->ck) {
-        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        return bad_manifest ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
-    }
-    char name[STRATA_PATH_MAX + 32];
-    snprintf(name, sizeof name, "%s/manifest.yaml", o->dir);
-    /* the weights are the checkpoint's: the run's model.init_from need not exist any more */
-    const char *all[64 + 1];
-    int n_all = 0;
-    for (int i = 0; i < n_sets && i < 64; i++) all[n_all++] = sets[i];
-    all[n_all++] = "model.init_from=";
-    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, all, n_all)) {
-        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
-        strata_ckpt_close(o->ck);
-        o->ck = NULL;
-        return STRATA_EXIT_ERROR;
-    }
-    return STRATA_EXIT_OK;
-}
-
 /* The BPE encoder's sink for a prompt: ids into a growing array. */
 typedef struct ids_buf {
     int32_t *ids;
@@ -214,23 +189,50 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
     return 0;
 }
 
+
+/* ---- strata sample ---- */
+
 static int usage(void) {
     fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T]\n"
                     "                     [--top-k K] [--seed S] [--tokenizer FILE]\n");
     return STRATA_EXIT_USAGE;
 }
 
-int strata_cmd_sample(int argc, char **argv) {
-    const char *what = NULL, *prompt = "", *tok_path = NULL;
-    int n_tokens = 200, top_k = 0;
-    double temperature = 1.0;
-    uint64_t seed = 1337;
+/* The command line. */
+typedef struct sample_args {
+    const char *what, *prompt, *tok_path;
+    int n_tokens, top_k;
+    double temperature;
+    uint64_t seed;
+} sample_args;
+
+/* What one sample holds: the tokenizer (llm.c's, or a BPE, or neither) and the prompt's
+ * ids. */
+typedef struct sample_run {
+    strata_tokenizer tk; /* llm.c's .bin, when have_tk: decoding only */
+    int have_tk;
+    strata_bpe *bpe;
+    int32_t *prompt_ids;
+    size_t n_prompt;
+    int eot; /* <|endoftext|> when the generation starts from it (an empty prompt), else -1 */
+} sample_run;
+
+static void sample_run_free(sample_run *s) {
+    free(s->prompt_ids);
+    if (s->have_tk) strata_tokenizer_free(&s->tk);
+    strata_bpe_free(s->bpe);
+}
+
+/* The command line into a (defaults: 200 tokens, temperature 1, all tokens, seed 1337).
+ * Returns an exit code (0: go on), the usage error printed. */
+static int parse_args(int argc, char **argv, sample_args *sa) {
+    *sa = (sample_args){.prompt = "", .n_tokens = 200, .top_k = 0, .temperature = 1.0, .seed = 1337};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-        if (!strcmp(a, "--prompt") && v) prompt = argv[++i];
-        else if (!strcmp(a, "--tokenizer") && v) tok_path = argv[++i];
+        if (!strcmp(a, "--prompt") && v) sa->prompt = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && v) sa->tok_path = argv[++i];
         else if (!strcmp(a, "--tokens") && v) {
             errno = 0;
             long long want = strtoll(argv[++i], &end, 10);
@@ -240,113 +242,117 @@ int strata_cmd_sample(int argc, char **argv) {
                         STRATA_SAMPLE_MAX_TOKENS);
                 return STRATA_EXIT_USAGE;
             }
-            n_tokens = (int)want;
+            sa->n_tokens = (int)want;
         } else if (!strcmp(a, "--top-k") && v) {
-            top_k = (int)strtol(argv[++i], &end, 10);
-            if (*end || top_k < 0) { fprintf(stderr, "strata sample: --top-k expects an integer >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            sa->top_k = (int)strtol(argv[++i], &end, 10);
+            if (*end || sa->top_k < 0) { fprintf(stderr, "strata sample: --top-k expects an integer >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
         } else if (!strcmp(a, "--temperature") && v) {
-            temperature = strtod(argv[++i], &end);
-            if (*end || !(temperature >= 0)) { fprintf(stderr, "strata sample: --temperature expects a number >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            sa->temperature = strtod(argv[++i], &end);
+            if (*end || !(sa->temperature >= 0)) { fprintf(stderr, "strata sample: --temperature expects a number >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
         } else if (!strcmp(a, "--seed") && v) {
-            seed = strtoull(argv[++i], &end, 10);
+            sa->seed = strtoull(argv[++i], &end, 10);
             if (*end) { fprintf(stderr, "strata sample: --seed expects an integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
-        } else if (a[0] != '-' && !what) what = a;
+        } else if (a[0] != '-' && !sa->what) sa->what = a;
         else { fprintf(stderr, "strata sample: unexpected argument '%s'\n", a); return usage(); }
     }
-    if (!what) return usage();
+    return sa->what ? 0 : usage();
+}
 
-    /* the checkpoint's own model, on one rank and replicated: any saved world and stage load */
-    const char *sets[] = {"zero.stage=0", "train.micro_batch=1", "train.grad_accum=1"};
-    strata_opened_ckpt o;
-    int orc = strata_open_checkpoint("sample", what, sets, 3, &o);
-    if (orc) return orc;
-    strata_ckpt *ck = o.ck;
-    strata_config cfg = o.cfg;
-    int rc = STRATA_EXIT_ERROR;
-    /* --tokenizer: llm.c's .bin (decoding only) or a Hugging Face BPE; default: the run's */
-    strata_tokenizer tk = {0};
-    int have_tk = 0, failed = 0;
-    strata_bpe *bpe = NULL;
+/* --tokenizer: llm.c's .bin (decoding only) or a Hugging Face BPE; default: the one the
+ * run recorded beside the checkpoint (none is no error). Returns an exit code. */
+static int open_tokenizer(sample_run *s, const char *tok_path, const char *ckpt_dir) {
+    int failed = 0;
     if (tok_path && strlen(tok_path) > 4 && !strcmp(tok_path + strlen(tok_path) - 4, ".bin")) {
-        if (strata_tokenizer_load(&tk, tok_path)) failed = 1;
-        have_tk = !failed;
+        if (strata_tokenizer_load(&s->tk, tok_path)) failed = 1;
+        s->have_tk = !failed;
     } else if (tok_path) {
-        failed = !(bpe = strata_bpe_load(tok_path));
+        failed = !(s->bpe = strata_bpe_load(tok_path));
     } else {
-        bpe = strata_ckpt_tokenizer(o.dir, &failed);
+        s->bpe = strata_ckpt_tokenizer(ckpt_dir, &failed);
     }
     if (failed) {
         fprintf(stderr, "strata sample: tokenizer: %s\n", strata_error());
-        strata_ckpt_close(ck);
         return STRATA_EXIT_USAGE;
     }
-    /* the prompt as token ids: the BPE's, or bytes for a byte-level model */
-    size_t n_prompt = 0;
-    int32_t *prompt_ids = NULL;
-    if (bpe) {
+    return 0;
+}
+
+/* The prompt as token ids: the BPE's, or bytes for a byte-level model (a larger
+ * vocabulary needs its tokenizer). Returns an exit code. */
+static int encode_prompt(sample_run *s, const char *prompt, int vocab_size) {
+    if (s->bpe) {
         ids_buf b = {0};
-        if (strata_bpe_encode(bpe, prompt, strlen(prompt), "--prompt", collect_ids, &b)) {
+        int rc = strata_bpe_encode(s->bpe, prompt, strlen(prompt), "--prompt", collect_ids, &b);
+        s->prompt_ids = b.ids;
+        s->n_prompt = b.n;
+        if (rc) {
             fprintf(stderr, "strata sample: %s\n", strata_error());
-            free(b.ids);
-            strata_bpe_free(bpe);
-            strata_ckpt_close(ck);
             return STRATA_EXIT_USAGE;
         }
-        prompt_ids = b.ids;
-        n_prompt = b.n;
     } else if (prompt[0]) {
-        n_prompt = strlen(prompt);
-        prompt_ids = strata_xmalloc(n_prompt * sizeof(int32_t));
-        for (size_t i = 0; i < n_prompt; i++) prompt_ids[i] = (unsigned char)prompt[i];
-        if (cfg.model.vocab_size > 256) {
+        s->n_prompt = strlen(prompt);
+        s->prompt_ids = strata_xmalloc(s->n_prompt * sizeof(int32_t));
+        for (size_t i = 0; i < s->n_prompt; i++) s->prompt_ids[i] = (unsigned char)prompt[i];
+        if (vocab_size > 256) {
             fprintf(stderr, "strata sample: --prompt needs the model's tokenizer: this checkpoint has vocab_size %d and "
                             "its run recorded none (pass --tokenizer tokenizer.json or a model directory)\n",
-                    cfg.model.vocab_size);
-            free(prompt_ids);
-            strata_ckpt_close(ck);
-            if (have_tk) strata_tokenizer_free(&tk);
+                    vocab_size);
             return STRATA_EXIT_USAGE;
         }
     }
-    for (size_t i = 0; i < n_prompt; i++) {
-        if (prompt_ids[i] >= cfg.model.vocab_size) {
-            size_t len = 0;
-            const unsigned char *text = bpe ? strata_bpe_token_bytes(bpe, prompt_ids[i], &len) : NULL;
-            if (bpe)
-                fprintf(stderr, "strata sample: --prompt: token %d (\"%.*s\") at position %zu is outside the model's "
-                                "vocabulary of %d (is this the tokenizer the model was trained with?)\n",
-                        prompt_ids[i], (int)len, text ? (const char *)text : "", i, cfg.model.vocab_size);
-            else
-                fprintf(stderr, "strata sample: --prompt: byte 0x%02x at byte %zu is outside the model's vocabulary of "
-                                "%d (a byte-level model takes bytes below it; pass --tokenizer for another)\n",
-                        (unsigned)prompt_ids[i], i, cfg.model.vocab_size);
-            free(prompt_ids);
-            strata_bpe_free(bpe);
-            strata_ckpt_close(ck);
-            if (have_tk) strata_tokenizer_free(&tk);
-            return STRATA_EXIT_USAGE;
-        }
+    return 0;
+}
+
+/* Every prompt id must be inside the model's vocabulary; the message names the first
+ * that is not, and where. Returns an exit code. */
+static int check_prompt(const sample_run *s, int vocab_size) {
+    for (size_t i = 0; i < s->n_prompt; i++) {
+        if (s->prompt_ids[i] < vocab_size) continue;
+        size_t len = 0;
+        const unsigned char *text = s->bpe ? strata_bpe_token_bytes(s->bpe, s->prompt_ids[i], &len) : NULL;
+        if (s->bpe)
+            fprintf(stderr, "strata sample: --prompt: token %d (\"%.*s\") at position %zu is outside the model's "
+                            "vocabulary of %d (is this the tokenizer the model was trained with?)\n",
+                    s->prompt_ids[i], (int)len, text ? (const char *)text : "", i, vocab_size);
+        else
+            fprintf(stderr, "strata sample: --prompt: byte 0x%02x at byte %zu is outside the model's vocabulary of "
+                            "%d (a byte-level model takes bytes below it; pass --tokenizer for another)\n",
+                    (unsigned)s->prompt_ids[i], i, vocab_size);
+        return STRATA_EXIT_USAGE;
     }
-    /* an empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|>,
-     * which is not part of the text */
-    int eot = bpe ? strata_bpe_special_id(bpe, "<|endoftext|>") : -1;
-    if (n_prompt == 0 && eot >= 0 && eot < cfg.model.vocab_size) {
-        prompt_ids = strata_xrealloc(prompt_ids, sizeof *prompt_ids);
-        prompt_ids[n_prompt++] = eot;
+    return 0;
+}
+
+/* An empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|>, which
+ * is not part of the text. */
+static void start_token(sample_run *s, int vocab_size) {
+    s->eot = s->bpe ? strata_bpe_special_id(s->bpe, "<|endoftext|>") : -1;
+    if (s->n_prompt == 0 && s->eot >= 0 && s->eot < vocab_size) {
+        s->prompt_ids = strata_xrealloc(s->prompt_ids, sizeof *s->prompt_ids);
+        s->prompt_ids[s->n_prompt++] = s->eot;
     } else {
-        eot = -1;
+        s->eot = -1;
     }
+}
+
+/* The model, then the prompt and each token as it is drawn, on stdout: nothing waits for
+ * the end. Returns an exit code, the error printed. */
+static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck) {
     strata_loaded l;
-    int loaded = strata_load_model(&l, &cfg, ck) == 0;
+    int loaded = strata_load_model(&l, cfg, ck) == 0;
     strata_rng rng;
-    strata_rng_seed(&rng, seed);
-    /* the prompt, then each token as it is drawn: nothing waits for the end */
+    strata_rng_seed(&rng, sa->seed);
     strata_text_out out;
-    strata_text_out_init(&out, stdout, cfg.model.vocab_size, have_tk ? &tk : NULL, bpe);
-    if (loaded)
-        for (size_t i = eot >= 0 ? 1 : 0; i < n_prompt; i++) strata_text_out_put(&out, prompt_ids[i]);
-    if (!loaded || strata_generate(&l.m, prompt_ids, (int)n_prompt, n_tokens, (float)temperature, top_k, &rng,
-                                   strata_text_out_put, &out)) {
+    strata_text_out_init(&out, stdout, cfg->model.vocab_size, s->have_tk ? &s->tk : NULL, s->bpe);
+    int echoed = loaded;
+    for (size_t i = s->eot >= 0 ? 1 : 0; echoed && i < s->n_prompt; i++)
+        if (strata_text_out_put(&out, s->prompt_ids[i])) {
+            strata_fail("writing the generated text failed"); /* as strata_generate says it */
+            echoed = 0;
+        }
+    int rc = STRATA_EXIT_ERROR;
+    if (!echoed || strata_generate(&l.m, s->prompt_ids, (int)s->n_prompt, sa->n_tokens, (float)sa->temperature,
+                                   sa->top_k, &rng, strata_text_out_put, &out)) {
         strata_text_out_finish(&out);
         fprintf(stderr, "strata sample: %s\n", strata_error());
     } else {
@@ -354,10 +360,26 @@ int strata_cmd_sample(int argc, char **argv) {
         fputc('\n', stdout);
         rc = STRATA_EXIT_OK;
     }
-    free(prompt_ids);
     if (loaded) strata_loaded_free(&l);
-    strata_ckpt_close(ck);
-    if (have_tk) strata_tokenizer_free(&tk);
-    strata_bpe_free(bpe);
+    return rc;
+}
+
+int strata_cmd_sample(int argc, char **argv) {
+    sample_args sa;
+    int rc = parse_args(argc, argv, &sa);
+    if (rc) return rc;
+    /* the checkpoint's own model, on one rank and replicated: any saved world and stage load */
+    const char *sets[] = {"zero.stage=0", "train.micro_batch=1", "train.grad_accum=1"};
+    strata_opened_ckpt o;
+    if ((rc = strata_open_checkpoint("sample", sa.what, sets, 3, &o))) return rc;
+    int V = o.cfg.model.vocab_size;
+    sample_run s = {.eot = -1};
+    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir)) && !(rc = encode_prompt(&s, sa.prompt, V)) &&
+        !(rc = check_prompt(&s, V))) {
+        start_token(&s, V);
+        rc = generate(&s, &sa, &o.cfg, o.ck);
+    }
+    sample_run_free(&s);
+    strata_ckpt_close(o.ck);
     return rc;
 }
