@@ -262,23 +262,41 @@ static void polyline(FILE *f, const axis *ax, const axis *ay, const double *xs, 
     fprintf(f, "\"/>\n");
 }
 
-static void write_svg(FILE *f, const char *run_dir, const metrics_row *rows, int n) {
-    double *tx = strata_xmalloc(sizeof(double) * n), *ty = strata_xmalloc(sizeof(double) * n);
-    double *vx = strata_xmalloc(sizeof(double) * n), *vy = strata_xmalloc(sizeof(double) * n);
-    double *lx = strata_xmalloc(sizeof(double) * n), *ly = strata_xmalloc(sizeof(double) * n);
-    int nt = series(rows, n, offsetof(metrics_row, loss), tx, ty);
-    int nv = series(rows, n, offsetof(metrics_row, val_loss), vx, vy);
-    int nl = series(rows, n, offsetof(metrics_row, lr), lx, ly);
+/* What the drawing needs: the three series (step, value) with a finite value, the step
+ * range, and the axes: steps, loss (left), learning rate (right). */
+typedef struct plot_data {
+    double *tx, *ty, *vx, *vy, *lx, *ly; /* train loss, val loss, lr */
+    int nt, nv, nl;
+    double smin, smax;
+    axis ax, ay, al;
+} plot_data;
 
-    double smin = INFINITY, smax = -INFINITY, ymin = INFINITY, ymax = -INFINITY, lmax = 0;
-    for (int i = 0; i < n; i++) smin = fmin(smin, rows[i].step), smax = fmax(smax, rows[i].step);
-    for (int i = 0; i < nt; i++) ymin = fmin(ymin, ty[i]), ymax = fmax(ymax, ty[i]);
-    for (int i = 0; i < nv; i++) ymin = fmin(ymin, vy[i]), ymax = fmax(ymax, vy[i]);
-    for (int i = 0; i < nl; i++) lmax = fmax(lmax, ly[i]);
-    axis ax = nice_axis(smin, smax, 8);
-    axis ay = nice_axis(ymin, ymax, 6);
-    axis al = nice_axis(0, lmax > 0 ? lmax : 1, 6);
+/* The series of rows and the axes that hold them. */
+static void plot_data_init(plot_data *d, const metrics_row *rows, int n) {
+    d->tx = strata_xmalloc(sizeof(double) * n), d->ty = strata_xmalloc(sizeof(double) * n);
+    d->vx = strata_xmalloc(sizeof(double) * n), d->vy = strata_xmalloc(sizeof(double) * n);
+    d->lx = strata_xmalloc(sizeof(double) * n), d->ly = strata_xmalloc(sizeof(double) * n);
+    d->nt = series(rows, n, offsetof(metrics_row, loss), d->tx, d->ty);
+    d->nv = series(rows, n, offsetof(metrics_row, val_loss), d->vx, d->vy);
+    d->nl = series(rows, n, offsetof(metrics_row, lr), d->lx, d->ly);
 
+    double ymin = INFINITY, ymax = -INFINITY, lmax = 0;
+    d->smin = INFINITY, d->smax = -INFINITY;
+    for (int i = 0; i < n; i++) d->smin = fmin(d->smin, rows[i].step), d->smax = fmax(d->smax, rows[i].step);
+    for (int i = 0; i < d->nt; i++) ymin = fmin(ymin, d->ty[i]), ymax = fmax(ymax, d->ty[i]);
+    for (int i = 0; i < d->nv; i++) ymin = fmin(ymin, d->vy[i]), ymax = fmax(ymax, d->vy[i]);
+    for (int i = 0; i < d->nl; i++) lmax = fmax(lmax, d->ly[i]);
+    d->ax = nice_axis(d->smin, d->smax, 8);
+    d->ay = nice_axis(ymin, ymax, 6);
+    d->al = nice_axis(0, lmax > 0 ? lmax : 1, 6);
+}
+
+static void plot_data_free(plot_data *d) {
+    free(d->tx), free(d->ty), free(d->vx), free(d->vy), free(d->lx), free(d->ly);
+}
+
+/* The SVG's opening, the title, and a subtitle with what a reader checks first. */
+static void svg_title(FILE *f, const char *run_dir, const plot_data *d) {
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
             SVG_W, SVG_H, SVG_W, SVG_H);
@@ -287,46 +305,53 @@ static void write_svg(FILE *f, const char *run_dir, const metrics_row *rows, int
     xml_escaped(f, run_dir);
     fprintf(f, "</text>\n");
 
-    /* Subtitle: what a reader checks first. */
     fprintf(f, "<text x=\"%d\" y=\"50\" text-anchor=\"middle\" fill=\"#555\">steps %.0f to %.0f",
-            SVG_W / 2, smin, smax);
-    if (nt) fprintf(f, ", last train loss %.4f", ty[nt - 1]);
-    if (nv) {
+            SVG_W / 2, d->smin, d->smax);
+    if (d->nt) fprintf(f, ", last train loss %.4f", d->ty[d->nt - 1]);
+    if (d->nv) {
         int best = 0;
-        for (int i = 1; i < nv; i++)
-            if (vy[i] < vy[best]) best = i;
-        fprintf(f, ", best val loss %.4f at step %.0f", vy[best], vx[best]);
+        for (int i = 1; i < d->nv; i++)
+            if (d->vy[i] < d->vy[best]) best = i;
+        fprintf(f, ", best val loss %.4f at step %.0f", d->vy[best], d->vx[best]);
     }
     fprintf(f, "</text>\n");
+}
 
-    /* Grid and tick labels: x below, loss on the left, lr on the right. */
+/* The grid at the ticks and the plot's frame. */
+static void svg_grid(FILE *f, const plot_data *d) {
+    const axis *ax = &d->ax, *ay = &d->ay;
     fprintf(f, "<g class=\"axes\" stroke=\"#ddd\">\n");
-    for (int k = 0; ay.lo + k * ay.tick <= ay.hi + ay.tick * 1e-6; k++) {
-        double y = map_y(&ay, ay.lo + k * ay.tick);
+    for (int k = 0; ay->lo + k * ay->tick <= ay->hi + ay->tick * 1e-6; k++) {
+        double y = map_y(ay, ay->lo + k * ay->tick);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>\n", PLOT_L, y, PLOT_R, y);
     }
-    for (int k = 0; ax.lo + k * ax.tick <= ax.hi + ax.tick * 1e-6; k++) {
-        double x = map_x(&ax, ax.lo + k * ax.tick);
+    for (int k = 0; ax->lo + k * ax->tick <= ax->hi + ax->tick * 1e-6; k++) {
+        double x = map_x(ax, ax->lo + k * ax->tick);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\"/>\n", x, PLOT_T, x, PLOT_B);
     }
     fprintf(f, "</g>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n",
             PLOT_L, PLOT_T, PLOT_R - PLOT_L, PLOT_B - PLOT_T);
+}
+
+/* Tick labels (step below, loss on the left, lr on the right) and the axes' titles. */
+static void svg_ticks(FILE *f, const plot_data *d) {
+    const axis *ax = &d->ax, *ay = &d->ay, *al = &d->al;
     fprintf(f, "<g class=\"ticks\">\n");
-    for (int k = 0; ax.lo + k * ax.tick <= ax.hi + ax.tick * 1e-6; k++) {
-        double v = ax.lo + k * ax.tick;
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.6g</text>\n", map_x(&ax, v),
+    for (int k = 0; ax->lo + k * ax->tick <= ax->hi + ax->tick * 1e-6; k++) {
+        double v = ax->lo + k * ax->tick;
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.6g</text>\n", map_x(ax, v),
                 PLOT_B + 18, v);
     }
-    for (int k = 0; ay.lo + k * ay.tick <= ay.hi + ay.tick * 1e-6; k++) {
-        double v = ay.lo + k * ay.tick;
+    for (int k = 0; ay->lo + k * ay->tick <= ay->hi + ay->tick * 1e-6; k++) {
+        double v = ay->lo + k * ay->tick;
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>\n", PLOT_L - 6,
-                map_y(&ay, v) + 4, v);
+                map_y(ay, v) + 4, v);
     }
-    if (nl) {
-        for (int k = 0; al.lo + k * al.tick <= al.hi + al.tick * 1e-6; k++) {
-            double v = al.lo + k * al.tick;
+    if (d->nl) {
+        for (int k = 0; al->lo + k * al->tick <= al->hi + al->tick * 1e-6; k++) {
+            double v = al->lo + k * al->tick;
             fprintf(f, "<text x=\"%d\" y=\"%.1f\" fill=\"#2a9d8f\">%.3g</text>\n", PLOT_R + 6,
-                    map_y(&al, v) + 4, v);
+                    map_y(al, v) + 4, v);
         }
     }
     fprintf(f, "</g>\n");
@@ -334,20 +359,26 @@ static void write_svg(FILE *f, const char *run_dir, const metrics_row *rows, int
             PLOT_B + 42);
     fprintf(f, "<text transform=\"translate(24 %d) rotate(-90)\" text-anchor=\"middle\">loss</text>\n",
             (PLOT_T + PLOT_B) / 2);
-    if (nl)
+    if (d->nl)
         fprintf(f, "<text transform=\"translate(%d %d) rotate(90)\" text-anchor=\"middle\" "
                    "fill=\"#2a9d8f\">learning rate</text>\n",
                 SVG_W - 20, (PLOT_T + PLOT_B) / 2);
+}
 
-    /* Curves: lr first so the losses draw over it. */
-    polyline(f, &ax, &al, lx, ly, nl, "lr", "stroke=\"#2a9d8f\" stroke-width=\"1\" stroke-dasharray=\"4 3\"");
-    polyline(f, &ax, &ay, tx, ty, nt, "train", "stroke=\"#1d4ed8\" stroke-width=\"1.5\"");
-    polyline(f, &ax, &ay, vx, vy, nv, "val", "stroke=\"#dc2626\" stroke-width=\"1.5\"");
-    for (int i = 0; i < nv; i++)
+/* The curves: lr first so the losses draw over it; a marker at each val point. */
+static void svg_curves(FILE *f, const plot_data *d) {
+    polyline(f, &d->ax, &d->al, d->lx, d->ly, d->nl, "lr", "stroke=\"#2a9d8f\" stroke-width=\"1\" stroke-dasharray=\"4 3\"");
+    polyline(f, &d->ax, &d->ay, d->tx, d->ty, d->nt, "train", "stroke=\"#1d4ed8\" stroke-width=\"1.5\"");
+    polyline(f, &d->ax, &d->ay, d->vx, d->vy, d->nv, "val", "stroke=\"#dc2626\" stroke-width=\"1.5\"");
+    for (int i = 0; i < d->nv; i++)
         fprintf(f, "<circle class=\"val\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#dc2626\"/>\n",
-                map_x(&ax, vx[i]), map_y(&ay, vy[i]));
+                map_x(&d->ax, d->vx[i]), map_y(&d->ay, d->vy[i]));
+}
 
-    /* Legend, top right inside the plot (no circles here, so markers count val points). */
+/* The legend, top right inside the plot (no circles here, so markers count val points),
+ * one row per series drawn; then the SVG's end. */
+static void svg_legend(FILE *f, const plot_data *d) {
+    int nt = d->nt, nv = d->nv, nl = d->nl;
     int lx0 = PLOT_R - 170, ly0 = PLOT_T + 12, row = 0;
     fprintf(f, "<g class=\"legend\">\n<rect x=\"%d\" y=\"%d\" width=\"160\" height=\"%d\" fill=\"white\" "
                "stroke=\"#bbb\"/>\n",
@@ -373,7 +404,18 @@ static void write_svg(FILE *f, const char *run_dir, const metrics_row *rows, int
         row++;
     }
     fprintf(f, "</g>\n</svg>\n");
-    free(tx), free(ty), free(vx), free(vy), free(lx), free(ly);
+}
+
+/* The whole SVG of rows: title, grid, ticks, curves, legend. */
+static void write_svg(FILE *f, const char *run_dir, const metrics_row *rows, int n) {
+    plot_data d;
+    plot_data_init(&d, rows, n);
+    svg_title(f, run_dir, &d);
+    svg_grid(f, &d);
+    svg_ticks(f, &d);
+    svg_curves(f, &d);
+    svg_legend(f, &d);
+    plot_data_free(&d);
 }
 
 int strata_plot_run(const char *run_dir, const char *svg_path) {
