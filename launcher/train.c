@@ -338,6 +338,36 @@ static void check_checkpoint_space(const trainer *t) {
 
 /* ---- the phases of `strata train`, in the order strata_cmd_train runs them ---- */
 
+/* STRATA_PROFILE, read once at the start: 1 kernels, 0 unset, empty or off, -1 anything
+ * else (a usage error, with the message set). */
+static int kernel_profile_choice(void) {
+    const char *v = getenv("STRATA_PROFILE");
+    if (!v || !*v || !strcmp(v, "off")) return 0;
+    if (!strcmp(v, "kernels")) return 1;
+    return strata_fail("STRATA_PROFILE=%s: not a profile this build knows (kernels, or off)", v);
+}
+
+/* The config and what it names, checked before anything is opened: its tokenizer, its
+ * YAML for the checkpoints, STRATA_PROFILE, and offload.nvme_path (missing, or not a
+ * directory). A refusal is a usage error (exit 2), said by rank 0, before run.dir is
+ * touched. Returns an exit code (0: go on). */
+static int load_config(trainer *t) {
+    strata_config *cfg = &t->cfg;
+    const char *where = NULL; /* names the config in the message, for what it leads to */
+    if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) goto refuse;
+    where = cfg->path[0] ? cfg->path : "<built-in>";
+    if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
+    where = NULL;
+    if ((t->kernel_profile = kernel_profile_choice()) < 0) goto refuse;
+    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+    if (strata_plan_check_paths(cfg)) goto refuse;
+    return 0;
+refuse:
+    if (t->rank == 0 && where) fprintf(stderr, "%s: %s\n", where, strata_error());
+    else if (t->rank == 0) fprintf(stderr, "%s\n", strata_error());
+    return STRATA_EXIT_USAGE;
+}
+
 /* Before anything else is opened: rank 0 takes run.dir (launcher/run_dir.h), then tells
  * every rank whether the run may start, so a refusal reaches each of them before any
  * collective; and every rank learns every rank's pid and host (launcher/signals.h).
@@ -604,15 +634,6 @@ static void open_run_dir(trainer *t) {
 }
 
 /* ---- the kernel profile (STRATA_PROFILE=kernels, core/profile.h) ---- */
-
-/* STRATA_PROFILE, read once at the start: 1 kernels, 0 unset, empty or off, -1 anything
- * else (a usage error, with the message set). */
-static int kernel_profile_choice(void) {
-    const char *v = getenv("STRATA_PROFILE");
-    if (!v || !*v || !strcmp(v, "off")) return 0;
-    if (!strcmp(v, "kernels")) return 1;
-    return strata_fail("STRATA_PROFILE=%s: not a profile this build knows (kernels, or off)", v);
-}
 
 /* At the end of a run, rank 0: this rank's kernel groups per step (the engine read their
  * events a step late; the last step's are read here, after the run's final sync). */
@@ -886,45 +907,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     t->rank = rank;
     t->world = world;
     int rc = strata_cli_parse(argc, argv, &t->cli, "train", 1, 0);
-    if (rc) {
-        free(t);
-        return rc;
-    }
-    strata_config *cfg = &t->cfg;
-    if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) {
-        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
-        close_trainer(t);
-        return STRATA_EXIT_USAGE;
-    }
-    if (strata_run_tokenizer_open(cfg, &t->tokenizer)) {
-        if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
-        close_trainer(t);
-        return STRATA_EXIT_USAGE;
-    }
-    if (record_config(t)) {
-        if (rank == 0) fprintf(stderr, "%s: %s\n", cfg->path[0] ? cfg->path : "<built-in>", strata_error());
-        close_trainer(t);
-        return STRATA_EXIT_USAGE;
-    }
-    if ((t->kernel_profile = kernel_profile_choice()) < 0) {
-        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
-        close_trainer(t);
-        return STRATA_EXIT_USAGE;
-    }
-    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
-
-    /* a config error (nvme_path missing or not a directory) before the run dir is touched */
-    if (strata_plan_check_paths(cfg)) {
-        if (rank == 0) fprintf(stderr, "%s\n", strata_error());
-        close_trainer(t);
-        return STRATA_EXIT_USAGE;
-    }
-    if ((rc = claim_run_dir(t))) {
+    if (rc || (rc = load_config(t)) || (rc = claim_run_dir(t))) {
         close_trainer(t);
         return rc;
     }
     strata_signals_install(world);
-
+    strata_config *cfg = &t->cfg;
     if ((rc = reclaim_nvme(t)) || (rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
         close_trainer(t);
         return rc;
