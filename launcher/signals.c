@@ -9,8 +9,8 @@
  * it writes its message and exits 1 at once (async-signal-safe calls only); otherwise
  * SIGTERM and SIGINT are a request to stop, as without mpirun.
  *
- * The handler reads what this file holds and nothing else; these are the only globals of
- * a run besides the log level. */
+ * What the handler reads is file-static here; the training loop reaches it only through
+ * launcher/signals.h. */
 #include "launcher/signals.h"
 
 #include <errno.h>
