@@ -24,8 +24,12 @@ if command -v mpirun > /dev/null; then
   [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
 fi
 
-# --- --help and --version
+# --- --help and --version: every command the usage lists (launcher/main.c's table) has its own
+cmds=$("$S" --help | sed -n 's/^  \([a-z-]\+\) .*/\1/p')
 for c in train prepare config plan sample plot bench export dump-grads; do
+  grep -qx "$c" <<<"$cmds" || fail "strata --help should list $c: $(echo $cmds)"
+done
+for c in $cmds; do
   [ "$(code "$S" $c --help)" = 0 ] || fail "strata $c --help should exit 0: $(cat out.txt)"
   grep -q "^usage: strata $c" out.txt || fail "strata $c --help should print its usage: $(head -3 out.txt)"
   "$S" $c --help 2> /dev/null | grep -q "usage: strata $c" || fail "strata $c --help prints on stdout"
