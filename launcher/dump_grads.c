@@ -189,7 +189,7 @@ static int forward_backward(dump_batch *b, strata_model *m, const size_t *padded
     STRATA_TRY(strata_memcpy_async(dev, dev->compute, b->logits, b->logits_f32, BT * b->Vp * sizeof(float)));
     STRATA_TRY(strata_memcpy_async(dev, dev->compute, &b->loss, m->loss_sum, sizeof(float)));
     strata_model_forward_unit(m, m->n_units - 1, 1, 1.0f / (float)BT, 0.0f);
-    for (int u = m->n_units - 1; u >= 0; u--) strata_model_backward_unit(m, u);
+    for (int u = m->n_units - 1; u >= 0; u--) STRATA_TRY(strata_model_backward_unit(m, u));
     for (int u = 0; u < m->n_units; u++)
         STRATA_TRY(strata_memcpy_async(dev, dev->compute, b->grads_host[u], b->grads[u], padded[u] * sizeof(float)));
     STRATA_TRY(strata_stream_sync(dev, dev->compute));

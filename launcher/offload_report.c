@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "shard/comm.h"
+#include "shard/mpi.h"
 
 /* The bandwidths the floor divides by, measured once on the committed arena's memory
  * before anything is in it (so nothing is allocated outside the plan), 64 MiB at most

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
-#include "shard/comm.h"
+#include "shard/mpi.h"
 
 typedef struct rank_id {
     int64_t pid;
