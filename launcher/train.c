@@ -789,7 +789,7 @@ static int train_loop(trainer *t) {
         strata_signals_doing(STRATA_DOING_STEP);
         double t0 = strata_now_ms();
         strata_comm_stats cs0 = strata_comm_get_stats(t->comm);
-        if (strata_engine_step(t->engine, &t->train, step, &f.r)) fatal(t, "training step");
+        if (strata_engine_step(t->engine, &t->train, step, &f.r)) fatal(t, "training"); /* the error names the step */
         f.ms = strata_now_ms() - t0;
         strata_offload_split_add(&t->split, &f.r, f.ms);
         strata_comm_stats cs1 = strata_comm_get_stats(t->comm);
