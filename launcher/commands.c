@@ -1,5 +1,6 @@
 /* launcher/commands.c: what the subcommands share (launcher/commands.h): opening the
- * checkpoint sample, export and dump-grads read. */
+ * checkpoint sample, export and dump-grads read, and what export's and dump-grads'
+ * safetensors files carry. */
 #include "launcher/commands.h"
 
 #include <stdio.h>
@@ -34,4 +35,31 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
         return STRATA_EXIT_ERROR;
     }
     return STRATA_EXIT_OK;
+}
+
+#define WTE_NAME "transformer.wte.weight"
+
+void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o) {
+    const strata_config *c = &o->cfg;
+    const strata_ckpt_meta *meta = strata_ckpt_get_meta(o->ck);
+    strata_st_out_meta(w, "format", "pt");
+    strata_st_out_meta(w, "strata.checkpoint", o->dir);
+    strata_st_out_meta_int(w, "strata.step", (long long)meta->step);
+    strata_st_out_meta_int(w, "strata.n_layer", c->model.n_layer);
+    strata_st_out_meta_int(w, "strata.n_head", c->model.n_head);
+    strata_st_out_meta_int(w, "strata.n_embd", c->model.n_embd);
+    strata_st_out_meta_int(w, "strata.n_positions", c->model.seq_len);
+    strata_st_out_meta_int(w, "strata.vocab_size", c->model.vocab_size);
+    strata_st_out_meta_int(w, "strata.padded_vocab_size", strata_config_padded_vocab(c));
+    strata_st_out_meta(w, "strata.config", meta->config_yaml);
+}
+
+int64_t strata_st_out_rows(const strata_param_tensor *t, int vocab_size) {
+    return strcmp(t->name, WTE_NAME) == 0 ? vocab_size : t->shape[0];
+}
+
+void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_param_tensor *t, int vocab_size) {
+    char name[sizeof w->t[0].name];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    strata_st_out_add(w, name, "F32", t->ndim, strata_st_out_rows(t, vocab_size), t->ndim > 1 ? t->shape[1] : 0, 0);
 }

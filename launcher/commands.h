@@ -5,6 +5,7 @@
 
 #include "io/checkpoint.h"
 #include "io/config.h"
+#include "io/safetensors_write.h"
 
 /* A checkpoint opened for a subcommand (sample, export, dump-grads), with the config it was
  * saved with. */
@@ -17,6 +18,15 @@ typedef struct strata_opened_ckpt {
  * error as "strata CMD: ..." and returns an exit code. */
 int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
                            strata_opened_ckpt *o);
+
+/* What export's and dump-grads' files share. */
+/* The metadata transformers' GPT2Config needs, and where it came from: "format": "pt",
+ * "strata.checkpoint", "strata.step", "strata.n_layer", ..., "strata.config" (the YAML). */
+void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o);
+/* Rows a parameter has in an exported file: wte loses its padding rows. */
+int64_t strata_st_out_rows(const strata_param_tensor *t, int vocab_size);
+/* Declares parameter t (F32) as prefix + its Hugging Face name. */
+void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_param_tensor *t, int vocab_size);
 
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank);
 int strata_cmd_plan(int argc, char **argv);

@@ -20,7 +20,6 @@
 #include "shard/engine.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
-#include "launcher/safetensors_out.h"
 
 /* The command line. */
 typedef struct dump_args {

@@ -1,6 +1,6 @@
 /* launcher/export.c: `strata export`, a checkpoint as a Hugging Face model directory or
  * one safetensors file (launcher/export.h); the files are written by
- * launcher/safetensors_out.h. */
+ * io/safetensors_write.h. */
 #include "launcher/export.h"
 
 #include <glob.h>
@@ -19,7 +19,6 @@
 #include "io/json.h"
 #include "io/text.h"
 #include "launcher/commands.h"
-#include "launcher/safetensors_out.h"
 #include "launcher/tokenizer.h"
 
 /* ---- strata export ---- */

@@ -1,15 +1,15 @@
-/* launcher/safetensors_out.h: writing a safetensors file (the reader is io/safetensors.h),
- * as `strata export` and `strata dump-grads` write them: declare the metadata and the
- * tensors, then write the header and each tensor's bytes in order, then commit. The file
- * appears whole or not at all (a temporary name beside it, fsync, rename).
+/* io/safetensors_write.h: writing a safetensors file (io/safetensors.h reads them):
+ * declare the metadata and the tensors, then write the header and each tensor's bytes in
+ * order, then commit. The file appears whole or not at all (a temporary name beside it,
+ * fsync, rename, the folder fsynced). `strata export` and `strata dump-grads` write so.
  *
  * Layout: u64 little-endian N, then N bytes of JSON
  *   {"__metadata__": {"k": "v", ...}, "name": {"dtype": "F32", "shape": [..],
  *    "data_offsets": [begin, end]}, ...}
  * padded with spaces so the data starts 8-byte aligned, then the tensors' bytes back to
  * back in header order (offsets relative to the start of the data). */
-#ifndef STRATA_SAFETENSORS_OUT_H
-#define STRATA_SAFETENSORS_OUT_H
+#ifndef STRATA_SAFETENSORS_WRITE_H
+#define STRATA_SAFETENSORS_WRITE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -17,7 +17,6 @@
 #include "core/common.h"
 #include "core/model.h"
 #include "io/text.h"
-#include "launcher/commands.h"
 
 typedef struct strata_st_out_tensor {
     char name[STRATA_TENSOR_NAME_MAX + 8]; /* "grad." + a model tensor name */
@@ -52,14 +51,5 @@ int strata_st_out_write(strata_st_out *w, int i, const void *data);
 /* fsync, rename over the target, fsync the directory: a reader sees the old file or the
  * whole new one. 0, or -1. */
 int strata_st_out_commit(strata_st_out *w);
-
-/* What export's and dump-grads' files share. */
-/* The metadata transformers' GPT2Config needs, and where it came from: "format": "pt",
- * "strata.checkpoint", "strata.step", "strata.n_layer", ..., "strata.config" (the YAML). */
-void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o);
-/* Rows a parameter has in an exported file: wte loses its padding rows. */
-int64_t strata_st_out_rows(const strata_param_tensor *t, int vocab_size);
-/* Declares parameter t (F32) as prefix + its Hugging Face name. */
-void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_param_tensor *t, int vocab_size);
 
 #endif

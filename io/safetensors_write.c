@@ -1,20 +1,15 @@
-/* launcher/safetensors_out.c: writing safetensors files (launcher/safetensors_out.h). */
-#include "launcher/safetensors_out.h"
+/* io/safetensors_write.c: writing safetensors files (io/safetensors_write.h). */
+#include "io/safetensors_write.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "io/checkpoint.h"
-#include "io/config.h"
 #include "io/files.h"
 #include "io/json.h"
-
-#define WTE_NAME "transformer.wte.weight"
 
 void strata_st_out_init(strata_st_out *w, const char *path) {
     memset(w, 0, sizeof *w);
@@ -25,9 +20,9 @@ void strata_st_out_init(strata_st_out *w, const char *path) {
 void strata_st_out_free(strata_st_out *w) {
     free(w->t);
     free(w->meta.p);
-    if (w->fd >= 0) {
-        close(w->fd);
-        unlink(w->tmp); /* not committed: leave no half-written file behind */
+    if (w->fd >= 0) { /* not committed: leave no half-written file behind */
+        (void)close(w->fd); /* a file about to be removed: nothing to learn from its close */
+        unlink(w->tmp);
     }
     memset(w, 0, sizeof *w);
     w->fd = -1;
@@ -117,37 +112,6 @@ int strata_st_out_commit(strata_st_out *w) {
         return strata_fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(e));
     }
     char dir[STRATA_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", w->path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd); /* best effort: some file systems refuse fsync on a directory */
-        close(dfd);
-    }
-    return 0;
+    strata_path_dir(dir, sizeof dir, w->path);
+    return strata_fsync_dir(dir); /* the rename survives a crash */
 }
-
-void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o) {
-    const strata_config *c = &o->cfg;
-    const strata_ckpt_meta *meta = strata_ckpt_get_meta(o->ck);
-    strata_st_out_meta(w, "format", "pt");
-    strata_st_out_meta(w, "strata.checkpoint", o->dir);
-    strata_st_out_meta_int(w, "strata.step", (long long)meta->step);
-    strata_st_out_meta_int(w, "strata.n_layer", c->model.n_layer);
-    strata_st_out_meta_int(w, "strata.n_head", c->model.n_head);
-    strata_st_out_meta_int(w, "strata.n_embd", c->model.n_embd);
-    strata_st_out_meta_int(w, "strata.n_positions", c->model.seq_len);
-    strata_st_out_meta_int(w, "strata.vocab_size", c->model.vocab_size);
-    strata_st_out_meta_int(w, "strata.padded_vocab_size", strata_config_padded_vocab(c));
-    strata_st_out_meta(w, "strata.config", meta->config_yaml);
-}
-
-int64_t strata_st_out_rows(const strata_param_tensor *t, int vocab_size) {
-    return strcmp(t->name, WTE_NAME) == 0 ? vocab_size : t->shape[0];
-}
-
-void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_param_tensor *t, int vocab_size) {
-    char name[sizeof w->t[0].name];
-    snprintf(name, sizeof name, "%s%s", prefix, t->name);
-    strata_st_out_add(w, name, "F32", t->ndim, strata_st_out_rows(t, vocab_size), t->ndim > 1 ? t->shape[1] : 0, 0);
-}
-
