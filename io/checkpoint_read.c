@@ -1,21 +1,14 @@
-/* io/checkpoint.c: checkpoint directories, written crash-safely and read back at any
- * world size (io/checkpoint.h describes the layout on disk).
- *
- * YAML files are emitted with printf into a memory buffer and written in one go; they are
- * parsed back with libyaml's document API. Tensor data is raw fp32, one file per rank,
- * cut into segments at tensor boundaries; every segment carries a CRC-32C that is checked
- * the first time a reader touches it. */
+/* io/checkpoint_read.c: opening a checkpoint and reading it back at any world size
+ * (io/checkpoint.h describes the directory): which checkpoint a name means, the manifest
+ * and rank indices parsed and validated (libyaml's document API; every key known, every
+ * element covered once, every file the size its index promises), and range reads that
+ * visit whichever rank files hold the range, checking each segment's CRC-32C the first
+ * time it is touched. */
 #include "io/checkpoint.h"
 
-#include "core/common.h"
-#include "io/files.h"
-#include "io/text.h"
-
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,531 +17,14 @@
 #include <unistd.h>
 #include <yaml.h>
 
-/* The data files are raw little-endian fp32, written and read by memcpy. */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "io/checkpoint.c assumes a little-endian host"
-#endif
+#include "core/common.h"
+#include "io/checkpoint_format.h"
+#include "io/files.h"
+#include "io/text.h"
 
-#define CKPT_FORMAT "strata-checkpoint-1"
-/* manifest.yaml's first line: the CRC-32C of every byte after that line */
-#define MANIFEST_CRC_PREFIX "manifest_crc32c: "
-#define CKPT_PATH_MAX 4096
 /* Per-rank state is allocated for the manifest's world before any rank file is opened:
  * bound it, so a hostile manifest cannot ask for gigabytes. */
 #define CKPT_MAX_WORLD (1 << 20)
-
-static const char *const kind_name[STRATA_CKPT_KINDS] = {"param", "m", "v"};
-
-/* ---- paths and small file helpers ---- */
-
-static int fmt_path(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fmt_path(char *out, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out, len, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= len)
-        return strata_fail("path too long (at most %zu bytes): %.160s...", len - 1, out);
-    return 0;
-}
-
-/* ---- layout checks ---- */
-
-typedef struct tref {
-    int unit;
-    size_t offset;
-    int idx;
-} tref;
-
-static int tref_cmp(const void *a, const void *b) {
-    const tref *x = a, *y = b;
-    if (x->unit != y->unit) return x->unit < y->unit ? -1 : 1;
-    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
-    return x->idx < y->idx ? -1 : x->idx > y->idx;
-}
-
-static int name_cmp(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-static void shape_str(char *buf, size_t len, const strata_param_tensor *t) {
-    size_t n = (size_t)snprintf(buf, len, "[");
-    for (int d = 0; d < t->ndim && n < len; d++)
-        n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-    if (n < len) snprintf(buf + n, len - n, "]");
-}
-
-/* Checks the invariants checkpoint.h states for a layout and returns tensor indices
- * sorted by (unit, offset), with unit u's tensors at order[first[u] .. first[u+1]).
- * `what` names the layout in messages (the caller frees both arrays). */
-static int layout_index(const strata_param_layout *L, const char *what, int **order_out, int **first_out) {
-    if (L->n_units < 0 || L->n_tensors < 0 || (L->n_units > 0 && (!L->unit_numel || !L->unit_padded)) ||
-        (L->n_tensors > 0 && !L->tensors))
-        return strata_fail("%s: malformed layout (%d units, %d tensors)", what, L->n_units, L->n_tensors);
-    for (int u = 0; u < L->n_units; u++)
-        if (L->unit_padded[u] < L->unit_numel[u])
-            return strata_fail("%s: unit %d: padded size %zu is smaller than its %zu elements", what, u,
-                               L->unit_padded[u], L->unit_numel[u]);
-    const char **names = strata_xmalloc(sizeof *names * (size_t)(L->n_tensors + 1));
-    tref *refs = strata_xmalloc(sizeof *refs * (size_t)(L->n_tensors + 1));
-    int rc = -1;
-    for (int i = 0; i < L->n_tensors; i++) {
-        const strata_param_tensor *t = &L->tensors[i];
-        if (!memchr(t->name, 0, sizeof t->name) || !t->name[0] ||
-            strata_utf8_invalid_at(t->name, strlen(t->name)) != strlen(t->name)) {
-            strata_fail("%s: tensor %d has an empty, unterminated or non-UTF-8 name", what, i);
-            goto out;
-        }
-        if (t->unit < 0 || t->unit >= L->n_units) {
-            strata_fail("%s: tensor %s: unit %d is out of range (%d units)", what, t->name, t->unit, L->n_units);
-            goto out;
-        }
-        if (t->ndim < 0 || t->ndim > STRATA_TENSOR_MAX_DIMS) {
-            strata_fail("%s: tensor %s: %d dimensions (at most %d)", what, t->name, t->ndim, STRATA_TENSOR_MAX_DIMS);
-            goto out;
-        }
-        size_t prod = 1;
-        for (int d = 0; d < t->ndim; d++) {
-            if (t->shape[d] < 0) {
-                strata_fail("%s: tensor %s: negative dimension %lld", what, t->name, (long long)t->shape[d]);
-                goto out;
-            }
-            /* a product that wraps could match numel: refuse it before it does */
-            if (t->shape[d] && prod > SIZE_MAX / (size_t)t->shape[d]) {
-                strata_fail("%s: tensor %s: its shape's element count overflows", what, t->name);
-                goto out;
-            }
-            prod *= (size_t)t->shape[d];
-        }
-        if (prod != t->numel) {
-            char sh[128];
-            shape_str(sh, sizeof sh, t);
-            strata_fail("%s: tensor %s: shape %s has %zu elements, but numel is %zu", what, t->name, sh, prod,
-                        t->numel);
-            goto out;
-        }
-        names[i] = t->name;
-        refs[i] = (tref){t->unit, t->offset, i};
-    }
-    qsort(names, (size_t)L->n_tensors, sizeof *names, name_cmp);
-    for (int i = 1; i < L->n_tensors; i++)
-        if (!strcmp(names[i - 1], names[i])) {
-            strata_fail("%s: tensor name %s appears twice", what, names[i]);
-            goto out;
-        }
-    qsort(refs, (size_t)L->n_tensors, sizeof *refs, tref_cmp);
-    int *order = strata_xmalloc(sizeof *order * (size_t)(L->n_tensors + 1));
-    int *first = strata_xmalloc(sizeof *first * (size_t)(L->n_units + 1));
-    int j = 0;
-    for (int u = 0; u < L->n_units; u++) {
-        first[u] = j;
-        size_t expect = 0;
-        for (; j < L->n_tensors && refs[j].unit == u; j++) {
-            const strata_param_tensor *t = &L->tensors[refs[j].idx];
-            if (t->offset != expect) {
-                strata_fail("%s: unit %d: tensor %s starts at element %zu, expected %zu (a unit's tensors "
-                            "must tile it without gaps or overlaps)",
-                            what, u, t->name, t->offset, expect);
-                free(order);
-                free(first);
-                goto out;
-            }
-            expect += t->numel;
-            order[j] = refs[j].idx;
-        }
-        if (expect != L->unit_numel[u]) {
-            strata_fail("%s: unit %d: its tensors cover %zu elements, but the unit has %zu", what, u, expect,
-                        L->unit_numel[u]);
-            free(order);
-            free(first);
-            goto out;
-        }
-    }
-    first[L->n_units] = j;
-    *order_out = order;
-    *first_out = first;
-    rc = 0;
-out:
-    free(names);
-    free(refs);
-    return rc;
-}
-
-/* ---- writing ---- */
-
-int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t step) {
-    if (step < 0) return strata_fail("checkpoint step %lld is negative", (long long)step);
-    if (fmt_path(out, outlen, "%s/ckpt/step_%08lld.tmp", run_dir, (long long)step) != 0) return -1;
-    return strata_mkdir_p(out);
-}
-
-/* The part of unit u's padded buffer that rank r of `world` holds: [*a, *b), clipped to
- * the real elements (empty when the rank's shard is all padding). */
-static void rank_range(const strata_param_layout *L, int u, int rank, int world, size_t *a, size_t *b) {
-    size_t S = L->unit_padded[u] / (size_t)world;
-    size_t lo = (size_t)rank * S, hi = lo + S;
-    if (hi > L->unit_numel[u]) hi = L->unit_numel[u];
-    if (lo > hi) lo = hi;
-    *a = lo;
-    *b = hi;
-}
-
-int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
-                           const float *const (*shards)[STRATA_CKPT_KINDS]) {
-    if (world < 1 || rank < 0 || rank >= world)
-        return strata_fail("checkpoint %s: rank %d of world %d is out of range", tmp_dir, rank, world);
-    int *order, *first;
-    if (layout_index(L, "checkpoint layout", &order, &first) != 0) return -1;
-    char bin[CKPT_PATH_MAX], idx[CKPT_PATH_MAX];
-    int fd = -1, rc = -1;
-    strata_sbuf ix = {0};
-    if (fmt_path(bin, sizeof bin, "%s/rank%05d.bin", tmp_dir, rank) != 0 ||
-        fmt_path(idx, sizeof idx, "%s/rank%05d.yaml", tmp_dir, rank) != 0)
-        goto out;
-    uint64_t total = 0;
-    for (int u = 0; u < L->n_units; u++) {
-        if (L->unit_padded[u] % (size_t)world != 0) {
-            strata_fail("checkpoint layout: unit %d: padded size %zu is not a multiple of world size %d", u,
-                        L->unit_padded[u], world);
-            goto out;
-        }
-        size_t a, b;
-        rank_range(L, u, rank, world, &a, &b);
-        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
-            if (b > a && !shards[u][k]) {
-                strata_fail("%s: unit %d (%s): no shard given for this rank's %zu elements", bin, u, kind_name[k],
-                            b - a);
-                goto out;
-            }
-            total += (uint64_t)(b - a) * sizeof(float);
-        }
-    }
-
-    strata_sbuf_printf(&ix, "# Strata checkpoint rank index: the segments of rank%05d.bin (fp32) in file order;\n"
-                   "# lo/hi are element offsets in the unit's flat buffer.\n", rank);
-    /* A rank whose shards are all padding holds nothing: an empty list, not a null. */
-    strata_sbuf_printf(&ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\nbin_bytes: %llu\nsegments:%s\n", CKPT_FORMAT,
-              rank, world, (unsigned long long)total, total ? "" : " []");
-    fd = open(bin, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        strata_fail("%s: cannot create: %s", bin, strerror(errno));
-        goto out;
-    }
-    uint64_t offset = 0;
-    for (int u = 0; u < L->n_units; u++) {
-        size_t a, b;
-        rank_range(L, u, rank, world, &a, &b);
-        if (a == b) continue;
-        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
-            const float *src = shards[u][k];
-            /* The rank's part of one (unit, kind) is contiguous: one large write. */
-            if (strata_write_all(fd, src, (b - a) * sizeof(float), bin) != 0) goto out;
-            for (int j = first[u]; j < first[u + 1]; j++) {
-                const strata_param_tensor *t = &L->tensors[order[j]];
-                size_t lo = t->offset > a ? t->offset : a;
-                size_t hi = t->offset + t->numel < b ? t->offset + t->numel : b;
-                if (lo >= hi) continue;
-                uint32_t crc = strata_crc32c(0, src + (lo - a), (hi - lo) * sizeof(float));
-                strata_sbuf_printf(&ix, "  - {kind: %s, tensor: ", kind_name[k]);
-                if (strata_yaml_quoted(&ix, t->name, strlen(t->name), "a tensor name")) goto out;
-                strata_sbuf_printf(&ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", u, lo, hi,
-                          (unsigned long long)(offset + (lo - a) * sizeof(float)), crc);
-            }
-            offset += (b - a) * sizeof(float);
-        }
-    }
-    if (fsync(fd) != 0) {
-        strata_fail("%s: fsync failed: %s", bin, strerror(errno));
-        goto out;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        strata_fail("%s: close failed: %s", bin, strerror(errno));
-        goto out;
-    }
-    if (strata_write_file_synced(idx, ix.p, ix.len) != 0) goto out;
-    if (strata_fsync_dir(tmp_dir) != 0) goto out;
-    rc = 0;
-out:
-    if (fd >= 0) close(fd);
-    free(ix.p);
-    free(order);
-    free(first);
-    return rc;
-}
-
-/* ---- the step directories of a run ---- */
-
-typedef struct step_entry {
-    int64_t step;
-    int complete; /* has manifest.yaml */
-    char name[64];
-} step_entry;
-
-/* Parses "step_<digits><suffix>" and returns the step, or -1 when name is not that. */
-static int64_t parse_step_name(const char *name, const char *suffix) {
-    if (strncmp(name, "step_", 5) != 0) return -1;
-    const char *p = name + 5;
-    int64_t v = 0;
-    int digits = 0;
-    for (; *p >= '0' && *p <= '9'; p++, digits++) {
-        if (v > (INT64_MAX - 9) / 10) return -1;
-        v = v * 10 + (*p - '0');
-    }
-    if (digits == 0 || strcmp(p, suffix) != 0) return -1;
-    return v;
-}
-
-static int step_desc(const void *a, const void *b) {
-    const step_entry *x = a, *y = b;
-    return x->step > y->step ? -1 : x->step < y->step;
-}
-
-/* The "step_<digits><suffix>" directories in ckpt_dir, newest first. */
-static int list_steps(const char *ckpt_dir, const char *suffix, step_entry **out, int *n_out) {
-    DIR *d = opendir(ckpt_dir);
-    if (!d) return strata_fail("%s: cannot list: %s", ckpt_dir, strerror(errno));
-    step_entry *v = NULL;
-    int n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int64_t step = parse_step_name(e->d_name, suffix);
-        if (step < 0 || strlen(e->d_name) >= sizeof v->name) continue;
-        char p[CKPT_PATH_MAX], m[CKPT_PATH_MAX];
-        if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, e->d_name) != 0 || !strata_is_dir(p)) continue;
-        if (fmt_path(m, sizeof m, "%s/manifest.yaml", p) != 0) continue;
-        if (n == cap) v = strata_xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 16));
-        v[n].step = step;
-        v[n].complete = strata_is_file(m);
-        memcpy(v[n].name, e->d_name, strlen(e->d_name) + 1);
-        n++;
-    }
-    closedir(d);
-    if (n > 1) qsort(v, (size_t)n, sizeof *v, step_desc);
-    *out = v;
-    *n_out = n;
-    return 0;
-}
-
-/* Deletes a whole checkpoint directory: first renamed to step_N.old so a crash half-way
- * never leaves something that looks like a complete checkpoint (the next commit removes
- * leftover .old directories). */
-static int retire_dir(const char *ckpt_dir, const char *name) {
-    char p[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
-    if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, name) != 0) return -1;
-    if (fmt_path(old, sizeof old, "%s/%s.old", ckpt_dir, name) != 0) return -1;
-    if (strata_rm_tree(old) != 0) return -1;
-    if (rename(p, old) != 0) return strata_fail("%s: cannot rename to %s: %s", p, old, strerror(errno));
-    return strata_rm_tree(old);
-}
-
-/* After a commit: the newest `keep` complete checkpoints stay (and always `current`),
- * and every unfinished step_*.tmp or step_*.old directory goes. Failures here are
- * warnings: the new checkpoint is already safe. */
-static void prune(const char *ckpt_dir, const char *current, int keep) {
-    static const char *const leftovers[] = {".tmp", ".old"};
-    for (int s = 0; s < 2; s++) {
-        step_entry *v;
-        int n;
-        if (list_steps(ckpt_dir, leftovers[s], &v, &n) != 0) {
-            STRATA_WARN("ckpt", "%s", strata_error());
-            continue;
-        }
-        for (int i = 0; i < n; i++) {
-            char p[CKPT_PATH_MAX];
-            if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0 || strata_rm_tree(p) != 0)
-                STRATA_WARN("ckpt", "removing a stale directory: %s", strata_error());
-            else STRATA_DEBUG("ckpt", "removed stale %s", p);
-        }
-        free(v);
-    }
-    if (keep <= 0) return;
-    step_entry *v;
-    int n;
-    if (list_steps(ckpt_dir, "", &v, &n) != 0) {
-        STRATA_WARN("ckpt", "%s", strata_error());
-        return;
-    }
-    int kept = 0;
-    for (int i = 0; i < n; i++) {
-        if (!v[i].complete) continue;
-        if (kept < keep || !strcmp(v[i].name, current)) {
-            kept++;
-            continue;
-        }
-        if (retire_dir(ckpt_dir, v[i].name) != 0) STRATA_WARN("ckpt", "retention: %s", strata_error());
-        else STRATA_DEBUG("ckpt", "retention: removed %s/%s", ckpt_dir, v[i].name);
-    }
-    free(v);
-}
-
-static void append_name(char *buf, size_t len, const char *name) {
-    size_t o = strlen(buf);
-    if (o + 1 >= len) return;
-    snprintf(buf + o, len - o, "%s%s", o ? ", " : "", name);
-}
-
-int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_len) {
-    char ckpt_dir[CKPT_PATH_MAX], p[CKPT_PATH_MAX], done[CKPT_PATH_MAX];
-    if (removed_len) removed[0] = 0;
-    if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0) return -1;
-    if (!strata_is_dir(ckpt_dir)) return 0;
-    int n_removed = 0;
-    static const char *const leftovers[] = {".tmp", ".old"};
-    for (int s = 0; s < 2; s++) {
-        step_entry *v;
-        int n;
-        if (list_steps(ckpt_dir, leftovers[s], &v, &n) != 0) return -1;
-        for (int i = 0; i < n; i++) {
-            if (fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0) continue;
-            if (s == 1) { /* .old: the previous copy of a re-saved step; only once the new one is in place */
-                if (fmt_path(done, sizeof done, "%s/step_%08lld/manifest.yaml", ckpt_dir, (long long)v[i].step) != 0 ||
-                    !strata_is_file(done))
-                    continue;
-            }
-            if (strata_rm_tree(p) != 0) {
-                free(v);
-                return -1;
-            }
-            append_name(removed, removed_len, v[i].name);
-            n_removed++;
-        }
-        free(v);
-    }
-    if (fmt_path(p, sizeof p, "%s/latest.tmp", ckpt_dir) == 0 && strata_is_file(p)) {
-        if (unlink(p) != 0) return strata_fail("%s: cannot remove: %s", p, strerror(errno));
-        append_name(removed, removed_len, "latest.tmp");
-        n_removed++;
-    }
-    if (n_removed && strata_fsync_dir(ckpt_dir) != 0) return -1;
-    return n_removed;
-}
-
-/* Leftovers of an earlier, killed attempt at the same step in tmp_dir (rank files of a
- * larger world, a half-written manifest) must not become part of this checkpoint. */
-static int clean_tmp_dir(const char *tmp_dir, int world) {
-    DIR *d = opendir(tmp_dir);
-    if (!d) return strata_fail("%s: cannot list: %s", tmp_dir, strerror(errno));
-    struct dirent *e;
-    int rc = 0;
-    while ((e = readdir(d)) != NULL) {
-        const char *nm = e->d_name;
-        int stale = !strcmp(nm, "manifest.yaml") || !strcmp(nm, "manifest.yaml.tmp");
-        /* rankNNNNN.bin / rankNNNNN.yaml of a rank this world does not have */
-        if (!strncmp(nm, "rank", 4) && strspn(nm + 4, "0123456789") == 5 &&
-            (!strcmp(nm + 9, ".bin") || !strcmp(nm + 9, ".yaml")))
-            stale = atoi(nm + 4) >= world;
-        if (!stale) continue;
-        char p[CKPT_PATH_MAX];
-        if (fmt_path(p, sizeof p, "%s/%s", tmp_dir, nm) != 0 || (unlink(p) != 0 && errno != ENOENT)) {
-            rc = strata_fail("%s: cannot remove a stale file: %s", p, strerror(errno));
-            break;
-        }
-    }
-    closedir(d);
-    return rc;
-}
-
-static int build_manifest(strata_sbuf *b, const strata_param_layout *L, const strata_ckpt_meta *meta) {
-    strata_sbuf_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32), indexed by rankNNNNN.yaml;\n"
-                 "# each rank file holds its standard shard [r*S, (r+1)*S) of every unit, S = padded/world.\n");
-    strata_sbuf_printf(b, "format: %s\nstep: %lld\nworld: %d\nstage: %d\nseed: %llu\nrng_state: 0x%016llx\n", CKPT_FORMAT,
-              (long long)meta->step, meta->world, meta->stage, (unsigned long long)meta->seed,
-              (unsigned long long)meta->rng_state);
-    /* 17 significant digits read back to the same double. */
-    strata_sbuf_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\nunits:\n", meta->tokens_seen,
-              meta->last_loss);
-    for (int u = 0; u < L->n_units; u++)
-        strata_sbuf_printf(b, "  - {numel: %zu, padded: %zu}\n", L->unit_numel[u], L->unit_padded[u]);
-    strata_sbuf_printf(b, "tensors:\n");
-    for (int i = 0; i < L->n_tensors; i++) {
-        const strata_param_tensor *t = &L->tensors[i];
-        size_t n = strlen(t->name);
-        strata_sbuf_printf(b, "  - {name: ");
-        if (strata_yaml_quoted(b, t->name, n, "a tensor name")) return -1;
-        strata_sbuf_printf(b, ", unit: %d, offset: %zu, numel: %zu, shape: [", t->unit, t->offset, t->numel);
-        for (int d = 0; d < t->ndim; d++) strata_sbuf_printf(b, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-        strata_sbuf_printf(b, "], dtype: float32}\n");
-    }
-    /* Last, so a literal block's trailing blank lines are plainly its own. */
-    return strata_yaml_text_value(b, "config", meta->config_yaml ? meta->config_yaml : "", "checkpoint config text");
-}
-
-/* Puts tmp_dir at final_dir. A re-save of the same step swaps the directories atomically
- * (RENAME_EXCHANGE) so the step never disappears; where the file system cannot swap,
- * the old one is moved aside first. */
-static int install_dir(const char *ckpt_dir, const char *tmp_dir, const char *final_dir) {
-    if (rename(tmp_dir, final_dir) == 0) return 0;
-    if (errno != ENOTEMPTY && errno != EEXIST)
-        return strata_fail("%s: cannot rename to %s: %s", tmp_dir, final_dir, strerror(errno));
-    if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
-        if (strata_fsync_dir(ckpt_dir) != 0) return -1;
-        return strata_rm_tree(tmp_dir); /* now holds the replaced checkpoint */
-    }
-    char old[CKPT_PATH_MAX];
-    if (fmt_path(old, sizeof old, "%s.old", final_dir) != 0 || strata_rm_tree(old) != 0) return -1;
-    if (rename(final_dir, old) != 0)
-        return strata_fail("%s: cannot move aside to %s: %s", final_dir, old, strerror(errno));
-    if (rename(tmp_dir, final_dir) != 0)
-        return strata_fail("%s: cannot rename to %s: %s", tmp_dir, final_dir, strerror(errno));
-    if (strata_fsync_dir(ckpt_dir) != 0) return -1;
-    return strata_rm_tree(old);
-}
-
-int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_param_layout *L,
-                            const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len) {
-    if (!meta || meta->step < 0 || meta->world < 1)
-        return strata_fail("checkpoint %s: invalid step %lld / world %d", tmp_dir, meta ? (long long)meta->step : -1LL,
-                           meta ? meta->world : 0);
-    int *order, *first;
-    if (layout_index(L, "checkpoint layout", &order, &first) != 0) return -1;
-    free(order);
-    free(first);
-    char ckpt_dir[CKPT_PATH_MAX], final[CKPT_PATH_MAX], name[64], mtmp[CKPT_PATH_MAX], mpath[CKPT_PATH_MAX];
-    char latest[CKPT_PATH_MAX];
-    snprintf(name, sizeof name, "step_%08lld", (long long)meta->step);
-    if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
-        fmt_path(final, sizeof final, "%s/%s", ckpt_dir, name) != 0 ||
-        fmt_path(mtmp, sizeof mtmp, "%s/manifest.yaml.tmp", tmp_dir) != 0 ||
-        fmt_path(mpath, sizeof mpath, "%s/manifest.yaml", tmp_dir) != 0 ||
-        fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
-        return -1;
-    if (!strata_is_dir(tmp_dir)) return strata_fail("%s: no such directory (nothing was written to commit)", tmp_dir);
-    if (clean_tmp_dir(tmp_dir, meta->world) != 0) return -1;
-
-    strata_sbuf body = {0}, m = {0};
-    int rc = build_manifest(&body, L, meta);
-    if (rc == 0) { /* the first line checks every byte after it */
-        strata_sbuf_printf(&m, "%s0x%08x\n", MANIFEST_CRC_PREFIX, strata_crc32c(0, body.p, body.len));
-        strata_sbuf_putn(&m, body.p, body.len);
-        rc = strata_write_file_synced(mtmp, m.p, m.len);
-    }
-    free(body.p);
-    free(m.p);
-    if (rc != 0) return -1;
-    if (rename(mtmp, mpath) != 0) return strata_fail("%s: cannot rename to %s: %s", mtmp, mpath, strerror(errno));
-    if (strata_fsync_dir(tmp_dir) != 0) return -1;
-
-    /* Never publish a checkpoint that would not load: every rank's files present, sizes
-     * as promised, every element covered once. */
-    strata_ckpt *ck = strata_ckpt_open(tmp_dir);
-    if (!ck) return strata_fail_wrap("refusing to commit %s", tmp_dir);
-    strata_ckpt_close(ck);
-
-    if (install_dir(ckpt_dir, tmp_dir, final) != 0) return -1;
-    if (strata_fsync_dir(ckpt_dir) != 0) return -1;
-
-    char text[80];
-    int n = snprintf(text, sizeof text, "%s\n", name);
-    if (strata_write_file_atomic(latest, text, (size_t)n) != 0) return -1; /* via latest.tmp */
-
-    prune(ckpt_dir, name, keep);
-    if (final_dir && final_len > 0 && fmt_path(final_dir, final_len, "%s", final) != 0) return -1;
-    STRATA_DEBUG("ckpt", "committed %s", final);
-    return 0;
-}
-
 
 /* ---- resolving what to load ---- */
 
@@ -556,8 +32,8 @@ int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_pa
  * something incomplete, the newest complete step directory. */
 static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
     char ckpt_dir[CKPT_PATH_MAX], latest[CKPT_PATH_MAX];
-    if (fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
-        fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
+    if (strata_ckpt_fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
+        strata_ckpt_fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
         return -1;
     if (!strata_is_dir(ckpt_dir)) return strata_fail("no checkpoint in %s (no such directory)", ckpt_dir);
     FILE *f = fopen(latest, "r");
@@ -570,22 +46,22 @@ static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
         char dir[CKPT_PATH_MAX], man[CKPT_PATH_MAX];
         /* Only a plain directory name inside ckpt/ is trusted. */
         if (n > 0 && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") &&
-            fmt_path(dir, sizeof dir, "%s/%s", ckpt_dir, name) == 0 &&
-            fmt_path(man, sizeof man, "%s/manifest.yaml", dir) == 0 && strata_is_file(man))
-            return fmt_path(out, outlen, "%s", dir);
+            strata_ckpt_fmt_path(dir, sizeof dir, "%s/%s", ckpt_dir, name) == 0 &&
+            strata_ckpt_fmt_path(man, sizeof man, "%s/manifest.yaml", dir) == 0 && strata_is_file(man))
+            return strata_ckpt_fmt_path(out, outlen, "%s", dir);
         STRATA_WARN("ckpt", "%s names '%s', which is not a complete checkpoint; using the newest complete one",
                     latest, name);
     } else if (errno != ENOENT) {
         STRATA_WARN("ckpt", "%s: cannot read (%s); using the newest complete checkpoint", latest, strerror(errno));
     }
-    step_entry *v;
+    strata_ckpt_step *v;
     int n;
-    if (list_steps(ckpt_dir, "", &v, &n) != 0) return -1;
+    if (strata_ckpt_list_steps(ckpt_dir, "", &v, &n) != 0) return -1;
     int found = -1;
     for (int i = 0; i < n && found < 0; i++)
         if (v[i].complete) found = i;
     int rc = found < 0 ? strata_fail("no checkpoint in %s", ckpt_dir)
-                       : fmt_path(out, outlen, "%s/%s", ckpt_dir, v[found].name);
+                       : strata_ckpt_fmt_path(out, outlen, "%s/%s", ckpt_dir, v[found].name);
     free(v);
     return rc;
 }
@@ -597,17 +73,17 @@ int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t
         return resolve_latest(run_dir, out, outlen);
     }
     char p[CKPT_PATH_MAX];
-    if (fmt_path(p, sizeof p, "%s/manifest.yaml", what) != 0) return -1;
-    if (strata_is_file(p)) return fmt_path(out, outlen, "%s", what);
-    if (fmt_path(p, sizeof p, "%s/ckpt", what) != 0) return -1;
+    if (strata_ckpt_fmt_path(p, sizeof p, "%s/manifest.yaml", what) != 0) return -1;
+    if (strata_is_file(p)) return strata_ckpt_fmt_path(out, outlen, "%s", what);
+    if (strata_ckpt_fmt_path(p, sizeof p, "%s/ckpt", what) != 0) return -1;
     if (strata_is_dir(p)) return resolve_latest(what, out, outlen);
     /* A bare step name ("step_00000120") inside the run's ckpt/. */
     if (run_dir && *run_dir && !strchr(what, '/')) {
         char q[CKPT_PATH_MAX];
-        if (fmt_path(p, sizeof p, "%s/ckpt/%s", run_dir, what) != 0 ||
-            fmt_path(q, sizeof q, "%s/manifest.yaml", p) != 0)
+        if (strata_ckpt_fmt_path(p, sizeof p, "%s/ckpt/%s", run_dir, what) != 0 ||
+            strata_ckpt_fmt_path(q, sizeof q, "%s/manifest.yaml", p) != 0)
             return -1;
-        if (strata_is_file(q)) return fmt_path(out, outlen, "%s", p);
+        if (strata_is_file(q)) return strata_ckpt_fmt_path(out, outlen, "%s", p);
     }
     struct stat st;
     if (stat(what, &st) != 0) return strata_fail("checkpoint %s: %s", what, strerror(errno));
@@ -800,7 +276,7 @@ static void bin_path(const strata_ckpt *ck, int rank, char *out, size_t len) {
 
 static int parse_manifest(strata_ckpt *ck) {
     char path[CKPT_PATH_MAX];
-    if (fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
     if (!strata_is_file(path)) {
         if (!strata_is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
         return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
@@ -941,7 +417,7 @@ static int parse_manifest(strata_ckpt *ck) {
     }
     ck->layout = (strata_param_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
     int *order, *first;
-    if (layout_index(&ck->layout, path, &order, &first) != 0) goto out;
+    if (strata_ckpt_layout_index(&ck->layout, path, &order, &first) != 0) goto out;
     free(order);
     free(first);
     rc = 0;
@@ -963,8 +439,8 @@ static int find_tensor(const strata_ckpt *ck, const char *name, int hint) {
 
 static int parse_rank(strata_ckpt *ck, int rank) {
     char path[CKPT_PATH_MAX], bin[CKPT_PATH_MAX];
-    if (fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
-        fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
+        strata_ckpt_fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
         return -1;
     ydoc d;
     if (ydoc_load(&d, path) != 0) return -1;
@@ -1002,7 +478,7 @@ static int parse_rank(strata_ckpt *ck, int rank) {
         if (!kn || !tn) goto out;
         seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), hint)};
         for (int k = 0; k < STRATA_CKPT_KINDS; k++)
-            if (!strcmp(yscalar(kn), kind_name[k])) s.kind = k;
+            if (!strcmp(yscalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
         if (s.kind < 0) {
             bad_value(&d, kn, ctx, "kind", "one of param, m, v");
             goto out;
@@ -1062,7 +538,7 @@ static int parse_rank(strata_ckpt *ck, int rank) {
             if (s->offset + (uint64_t)(s->hi - s->lo) * sizeof(float) > size) {
                 strata_fail("%s: truncated: expected %llu bytes, found %llu (tensor %s, %s)", bin,
                             (unsigned long long)bin_bytes, (unsigned long long)size, ck->tensors[s->tensor].name,
-                            kind_name[s->kind]);
+                            strata_ckpt_kind_name[s->kind]);
                 goto out;
             }
         }
@@ -1099,17 +575,17 @@ static int check_coverage(strata_ckpt *ck) {
                 const seg *s = &ck->segs[i];
                 if (s->lo > at)
                     return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir,
-                                       u, kind_name[k], at, s->lo);
+                                       u, strata_ckpt_kind_name[k], at, s->lo);
                 if (s->lo < at)
                     return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in both "
                                        "rank%05d.bin and rank%05d.bin",
-                                       ck->dir, u, kind_name[k], s->lo, at < s->hi ? at : s->hi, ck->segs[i - 1].rank,
+                                       ck->dir, u, strata_ckpt_kind_name[k], s->lo, at < s->hi ? at : s->hi, ck->segs[i - 1].rank,
                                        s->rank);
                 at = s->hi;
             }
             if (at != ck->unit_numel[u])
                 return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir, u,
-                                   kind_name[k], at, ck->unit_numel[u]);
+                                   strata_ckpt_kind_name[k], at, ck->unit_numel[u]);
         }
     ck->uk_first[(size_t)nu * STRATA_CKPT_KINDS] = i;
     return 0;
@@ -1121,7 +597,7 @@ strata_ckpt *strata_ckpt_open_checked(const char *dir, int *bad_manifest) {
     if (bad_manifest) *bad_manifest = 0;
     strata_ckpt *ck = strata_xcalloc(1, sizeof *ck);
     ck->scratch_seg = -1;
-    if (fmt_path(ck->dir, sizeof ck->dir, "%s", dir) != 0) goto fail;
+    if (strata_ckpt_fmt_path(ck->dir, sizeof ck->dir, "%s", dir) != 0) goto fail;
     for (size_t n = strlen(ck->dir); n > 1 && ck->dir[n - 1] == '/';) ck->dir[--n] = 0;
     if (parse_manifest(ck) != 0) goto fail;
     ck->fds = strata_xmalloc(sizeof *ck->fds * (size_t)ck->world);
@@ -1166,8 +642,8 @@ int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_param_layout *L
         for (int d = 0; same_shape && d < a->ndim; d++) same_shape = a->shape[d] == b->shape[d];
         if (!same_shape) {
             char sa[128], sb[128];
-            shape_str(sa, sizeof sa, a);
-            shape_str(sb, sizeof sb, b);
+            strata_ckpt_shape_str(sa, sizeof sa, a);
+            strata_ckpt_shape_str(sb, sizeof sb, b);
             return strata_fail("checkpoint %s: tensor %s has shape %s, but the model's has %s", ck->dir, a->name, sa,
                                sb);
         }
@@ -1206,7 +682,7 @@ static int load_segment(strata_ckpt *ck, size_t i) {
     uint32_t crc = strata_crc32c(0, ck->scratch, n * sizeof(float));
     if (crc != s->crc)
         return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
-                           ck->tensors[s->tensor].name, kind_name[s->kind], s->crc, crc);
+                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
     s->verified = 1;
     ck->scratch_seg = (long)i;
     return 0;
@@ -1251,7 +727,7 @@ int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_
             uint32_t crc = strata_crc32c(0, out, (z - a) * sizeof(float));
             if (crc != s->crc)
                 return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
-                                   ck->tensors[s->tensor].name, kind_name[s->kind], s->crc, crc);
+                                   ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
             s->verified = 1;
         } else {
             if (load_segment(ck, i) != 0) return -1;
