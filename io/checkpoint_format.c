@@ -54,7 +54,8 @@ void strata_ckpt_shape_str(char *buf, size_t len, const strata_param_tensor *t) 
     if (n < len) snprintf(buf + n, len - n, "]");
 }
 
-int strata_ckpt_layout_index(const strata_param_layout *L, const char *what, int **order_out, int **first_out) {
+/* The layout's own fields: counts, arrays present, no unit padded below its size. */
+static int check_units(const strata_param_layout *L, const char *what) {
     if (L->n_units < 0 || L->n_tensors < 0 || (L->n_units > 0 && (!L->unit_numel || !L->unit_padded)) ||
         (L->n_tensors > 0 && !L->tensors))
         return strata_fail("%s: malformed layout (%d units, %d tensors)", what, L->n_units, L->n_tensors);
@@ -62,88 +63,95 @@ int strata_ckpt_layout_index(const strata_param_layout *L, const char *what, int
         if (L->unit_padded[u] < L->unit_numel[u])
             return strata_fail("%s: unit %d: padded size %zu is smaller than its %zu elements", what, u,
                                L->unit_padded[u], L->unit_numel[u]);
-    const char **names = strata_xmalloc(sizeof *names * (size_t)(L->n_tensors + 1));
-    tref *refs = strata_xmalloc(sizeof *refs * (size_t)(L->n_tensors + 1));
-    int rc = -1;
-    for (int i = 0; i < L->n_tensors; i++) {
-        const strata_param_tensor *t = &L->tensors[i];
-        if (!memchr(t->name, 0, sizeof t->name) || !t->name[0] ||
-            strata_utf8_invalid_at(t->name, strlen(t->name)) != strlen(t->name)) {
-            strata_fail("%s: tensor %d has an empty, unterminated or non-UTF-8 name", what, i);
-            goto out;
-        }
-        if (t->unit < 0 || t->unit >= L->n_units) {
-            strata_fail("%s: tensor %s: unit %d is out of range (%d units)", what, t->name, t->unit, L->n_units);
-            goto out;
-        }
-        if (t->ndim < 0 || t->ndim > STRATA_TENSOR_MAX_DIMS) {
-            strata_fail("%s: tensor %s: %d dimensions (at most %d)", what, t->name, t->ndim, STRATA_TENSOR_MAX_DIMS);
-            goto out;
-        }
-        size_t prod = 1;
-        for (int d = 0; d < t->ndim; d++) {
-            if (t->shape[d] < 0) {
-                strata_fail("%s: tensor %s: negative dimension %lld", what, t->name, (long long)t->shape[d]);
-                goto out;
-            }
-            /* a product that wraps could match numel: refuse it before it does */
-            if (t->shape[d] && prod > SIZE_MAX / (size_t)t->shape[d]) {
-                strata_fail("%s: tensor %s: its shape's element count overflows", what, t->name);
-                goto out;
-            }
-            prod *= (size_t)t->shape[d];
-        }
-        if (prod != t->numel) {
-            char sh[128];
-            strata_ckpt_shape_str(sh, sizeof sh, t);
-            strata_fail("%s: tensor %s: shape %s has %zu elements, but numel is %zu", what, t->name, sh, prod,
-                        t->numel);
-            goto out;
-        }
-        names[i] = t->name;
-        refs[i] = (tref){t->unit, t->offset, i};
+    return 0;
+}
+
+/* Tensor i alone: a UTF-8 name, a unit that exists, a shape whose element count is numel. */
+static int check_tensor(const strata_param_layout *L, int i, const char *what) {
+    const strata_param_tensor *t = &L->tensors[i];
+    if (!memchr(t->name, 0, sizeof t->name) || !t->name[0] ||
+        strata_utf8_invalid_at(t->name, strlen(t->name)) != strlen(t->name))
+        return strata_fail("%s: tensor %d has an empty, unterminated or non-UTF-8 name", what, i);
+    if (t->unit < 0 || t->unit >= L->n_units)
+        return strata_fail("%s: tensor %s: unit %d is out of range (%d units)", what, t->name, t->unit, L->n_units);
+    if (t->ndim < 0 || t->ndim > STRATA_TENSOR_MAX_DIMS)
+        return strata_fail("%s: tensor %s: %d dimensions (at most %d)", what, t->name, t->ndim,
+                           STRATA_TENSOR_MAX_DIMS);
+    size_t prod = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0)
+            return strata_fail("%s: tensor %s: negative dimension %lld", what, t->name, (long long)t->shape[d]);
+        /* a product that wraps could match numel: refuse it before it does */
+        if (t->shape[d] && prod > SIZE_MAX / (size_t)t->shape[d])
+            return strata_fail("%s: tensor %s: its shape's element count overflows", what, t->name);
+        prod *= (size_t)t->shape[d];
     }
-    qsort(names, (size_t)L->n_tensors, sizeof *names, name_cmp);
-    for (int i = 1; i < L->n_tensors; i++)
-        if (!strcmp(names[i - 1], names[i])) {
-            strata_fail("%s: tensor name %s appears twice", what, names[i]);
-            goto out;
-        }
-    qsort(refs, (size_t)L->n_tensors, sizeof *refs, tref_cmp);
-    int *order = strata_xmalloc(sizeof *order * (size_t)(L->n_tensors + 1));
-    int *first = strata_xmalloc(sizeof *first * (size_t)(L->n_units + 1));
+    if (prod != t->numel) {
+        char sh[128];
+        strata_ckpt_shape_str(sh, sizeof sh, t);
+        return strata_fail("%s: tensor %s: shape %s has %zu elements, but numel is %zu", what, t->name, sh, prod,
+                           t->numel);
+    }
+    return 0;
+}
+
+/* No name twice among the n tensor names (sorted here). */
+static int check_names_unique(const char **names, int n, const char *what) {
+    qsort(names, (size_t)n, sizeof *names, name_cmp);
+    for (int i = 1; i < n; i++)
+        if (!strcmp(names[i - 1], names[i])) return strata_fail("%s: tensor name %s appears twice", what, names[i]);
+    return 0;
+}
+
+/* Each unit's tensors, refs sorted by (unit, offset), tile it from 0 to its numel; fills
+ * order and first as strata_ckpt_layout_index returns them. */
+static int check_tiling(const strata_param_layout *L, const tref *refs, int *order, int *first, const char *what) {
     int j = 0;
     for (int u = 0; u < L->n_units; u++) {
         first[u] = j;
         size_t expect = 0;
         for (; j < L->n_tensors && refs[j].unit == u; j++) {
             const strata_param_tensor *t = &L->tensors[refs[j].idx];
-            if (t->offset != expect) {
-                strata_fail("%s: unit %d: tensor %s starts at element %zu, expected %zu (a unit's tensors "
-                            "must tile it without gaps or overlaps)",
-                            what, u, t->name, t->offset, expect);
-                free(order);
-                free(first);
-                goto out;
-            }
+            if (t->offset != expect)
+                return strata_fail("%s: unit %d: tensor %s starts at element %zu, expected %zu (a unit's tensors "
+                                   "must tile it without gaps or overlaps)",
+                                   what, u, t->name, t->offset, expect);
             expect += t->numel;
             order[j] = refs[j].idx;
         }
-        if (expect != L->unit_numel[u]) {
-            strata_fail("%s: unit %d: its tensors cover %zu elements, but the unit has %zu", what, u, expect,
-                        L->unit_numel[u]);
-            free(order);
-            free(first);
-            goto out;
-        }
+        if (expect != L->unit_numel[u])
+            return strata_fail("%s: unit %d: its tensors cover %zu elements, but the unit has %zu", what, u, expect,
+                               L->unit_numel[u]);
     }
     first[L->n_units] = j;
+    return 0;
+}
+
+int strata_ckpt_layout_index(const strata_param_layout *L, const char *what, int **order_out, int **first_out) {
+    if (check_units(L, what) != 0) return -1;
+    const char **names = strata_xmalloc(sizeof *names * (size_t)(L->n_tensors + 1));
+    tref *refs = strata_xmalloc(sizeof *refs * (size_t)(L->n_tensors + 1));
+    int *order = NULL, *first = NULL;
+    int rc = -1;
+    for (int i = 0; i < L->n_tensors; i++) {
+        if (check_tensor(L, i, what) != 0) goto out;
+        names[i] = L->tensors[i].name;
+        refs[i] = (tref){L->tensors[i].unit, L->tensors[i].offset, i};
+    }
+    if (check_names_unique(names, L->n_tensors, what) != 0) goto out;
+    qsort(refs, (size_t)L->n_tensors, sizeof *refs, tref_cmp);
+    order = strata_xmalloc(sizeof *order * (size_t)(L->n_tensors + 1));
+    first = strata_xmalloc(sizeof *first * (size_t)(L->n_units + 1));
+    if (check_tiling(L, refs, order, first, what) != 0) goto out;
     *order_out = order;
     *first_out = first;
+    order = first = NULL;
     rc = 0;
 out:
     free(names);
     free(refs);
+    free(order);
+    free(first);
     return rc;
 }
 
