@@ -167,6 +167,13 @@ static yaml_node_t *yget(ydoc *d, yaml_node_t *map, const char *ctx, const char 
 
 static const char *yscalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }
 
+/* A list entry (ctx "units[3]") that must be a mapping. */
+static int ymapping(ydoc *d, yaml_node_t *m, const char *ctx) {
+    if (m->type != YAML_MAPPING_NODE)
+        return strata_fail("%s: line %zu: %s should be a mapping", d->path, m->start_mark.line + 1, ctx);
+    return 0;
+}
+
 static int parse_u64(const char *s, int base, uint64_t *out) {
     *out = 0;
     if (base == 16) {
@@ -240,7 +247,7 @@ static int yexpect(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, 
     return 0;
 }
 
-/* ---- reading: the opened checkpoint ---- */
+/* ---- reading: an opened checkpoint's state ---- */
 
 typedef struct seg {
     int rank, kind, unit, tensor;
@@ -274,147 +281,179 @@ static void bin_path(const strata_ckpt *ck, int rank, char *out, size_t len) {
     snprintf(out, len, "%s/rank%05d.bin", ck->dir, rank);
 }
 
+/* ---- reading: manifest.yaml ---- */
+
+/* manifest.yaml's first line against every byte after it. A checksum line that does not
+ * match, or that is not the first line, is an edit; no checksum line at all is an older
+ * Strata's manifest, loaded with a warning. */
+static int check_manifest_crc(const char *path, const char *text, size_t len) {
+    size_t plen = strlen(MANIFEST_CRC_PREFIX);
+    if (len >= plen && !memcmp(text, MANIFEST_CRC_PREFIX, plen)) {
+        const char *nl = memchr(text, '\n', len);
+        uint64_t want = 0;
+        char hex[32] = {0};
+        size_t hl = nl ? (size_t)(nl - text) - plen : 0;
+        if (nl && hl < sizeof hex) memcpy(hex, text + plen, hl);
+        if (!nl || hl >= sizeof hex || parse_u64(hex, 16, &want) != 0 || want > UINT32_MAX)
+            return strata_fail("%s: line 1: manifest_crc32c is not a 32-bit hex number: the manifest was edited or "
+                               "corrupted; refusing it", path);
+        size_t body = (size_t)(nl + 1 - text);
+        uint32_t got = strata_crc32c(0, text + body, len - body);
+        if (got != (uint32_t)want)
+            return strata_fail("%s: checksum mismatch (manifest_crc32c says 0x%08x, the contents give 0x%08x): the "
+                               "manifest was edited or corrupted; refusing it", path, (unsigned)want, (unsigned)got);
+        return 0;
+    }
+    if (strstr(text, "manifest_crc32c"))
+        return strata_fail("%s: manifest_crc32c is not on the first line: the manifest was edited; refusing it", path);
+    /* written before manifests carried a checksum: loaded, but nothing vouches for it */
+    STRATA_WARN("ckpt", "%s has no checksum (written by an older Strata): loading it unverified; the next "
+                "checkpoint saved will have one", path);
+    return 0;
+}
+
+/* Reads manifest.yaml, checks its checksum line and parses it into d. */
+static int load_manifest(ydoc *d, const char *path) {
+    char *text;
+    size_t len;
+    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
+    int rc = check_manifest_crc(path, text, len);
+    if (rc == 0) rc = ydoc_parse(d, path, text, len);
+    free(text);
+    return rc;
+}
+
+/* The global facts: format, step, world, stage, seed, RNG state, progress, dtype and the
+ * config text. */
+static int parse_meta(strata_ckpt *ck, ydoc *d) {
+    yaml_node_t *root = yroot(d), *n;
+    uint64_t v;
+    if (yexpect(d, root, "", "format", CKPT_FORMAT) != 0) return -1;
+    if (yget_u64(d, root, "", "step", 10, INT64_MAX, &v) != 0) return -1;
+    ck->meta.step = (int64_t)v;
+    if (yget_int(d, root, "", "world", &ck->world) != 0 || yget_int(d, root, "", "stage", &ck->meta.stage) != 0 ||
+        yget_u64(d, root, "", "seed", 10, UINT64_MAX, &ck->meta.seed) != 0 ||
+        yget_u64(d, root, "", "rng_state", 16, UINT64_MAX, &ck->meta.rng_state) != 0 ||
+        yget_double(d, root, "", "tokens_seen", &ck->meta.tokens_seen) != 0 ||
+        yget_double(d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
+        yexpect(d, root, "", "dtype", "float32") != 0)
+        return -1;
+    if (ck->world < 1 || ck->world > CKPT_MAX_WORLD)
+        return strata_fail("%s: world %d must be between 1 and %d", d->path, ck->world, CKPT_MAX_WORLD);
+    ck->meta.world = ck->world;
+    if (!(n = yget(d, root, "", "config", YAML_SCALAR_NODE))) return -1;
+    ck->config = strata_xmalloc(n->data.scalar.length + 1);
+    memcpy(ck->config, n->data.scalar.value, n->data.scalar.length);
+    ck->config[n->data.scalar.length] = 0;
+    ck->meta.config_yaml = ck->config;
+    return 0;
+}
+
+/* An entry of units: or tensors: a mapping of keys this version writes; an unknown key
+ * is an edit, so it marks the manifest itself bad. */
+static int manifest_entry(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *ctx, const char *const *keys) {
+    if (ymapping(d, m, ctx) != 0) return -1;
+    if (ykeys_known(d, m, ctx, keys) != 0) {
+        ck->bad_manifest = 1;
+        return -1;
+    }
+    return 0;
+}
+
+/* units: every unit's numel and padded size; *nu_out gets their count. */
+static int parse_units(strata_ckpt *ck, ydoc *d, int *nu_out) {
+    static const char *const unit_keys[] = {"numel", "padded", NULL};
+    yaml_node_t *units = yget(d, yroot(d), "", "units", YAML_SEQUENCE_NODE);
+    if (!units) return -1;
+    int nu = (int)(units->data.sequence.items.top - units->data.sequence.items.start);
+    ck->unit_numel = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
+    ck->unit_padded = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
+    for (int u = 0; u < nu; u++) {
+        yaml_node_t *m = yaml_document_get_node(&d->doc, units->data.sequence.items.start[u]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "units[%d]", u);
+        if (manifest_entry(ck, d, m, ctx, unit_keys) != 0 ||
+            yget_size(d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
+            yget_size(d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
+            return -1;
+    }
+    *nu_out = nu;
+    return 0;
+}
+
+/* A tensor's shape: a list of at most STRATA_TENSOR_MAX_DIMS non-negative integers. */
+static int parse_shape(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+    yaml_node_t *shape = yget(d, m, ctx, "shape", YAML_SEQUENCE_NODE);
+    if (!shape) return -1;
+    int nd = (int)(shape->data.sequence.items.top - shape->data.sequence.items.start);
+    if (nd > STRATA_TENSOR_MAX_DIMS)
+        return strata_fail("%s: line %zu: %s: %d dimensions (at most %d)", d->path, shape->start_mark.line + 1, ctx,
+                           nd, STRATA_TENSOR_MAX_DIMS);
+    t->ndim = nd;
+    for (int k = 0; k < nd; k++) {
+        yaml_node_t *dn = yaml_document_get_node(&d->doc, shape->data.sequence.items.start[k]);
+        uint64_t v;
+        if (dn->type != YAML_SCALAR_NODE || parse_u64(yscalar(dn), 10, &v) != 0 || v > INT64_MAX)
+            return strata_fail("%s: line %zu: %s: shape entry %d is not a non-negative integer", d->path,
+                               dn->start_mark.line + 1, ctx, k);
+        t->shape[k] = (int64_t)v;
+    }
+    return 0;
+}
+
+/* One entry of tensors (ctx "tensors[3]"): name, unit, offset, numel, dtype, shape. */
+static int parse_tensor(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+    yaml_node_t *n = yget(d, m, ctx, "name", YAML_SCALAR_NODE);
+    if (!n) return -1;
+    if (n->data.scalar.length == 0 || n->data.scalar.length >= sizeof t->name ||
+        strlen(yscalar(n)) != n->data.scalar.length)
+        return strata_fail("%s: line %zu: %s: name '%s' is empty, too long or holds a NUL byte", d->path,
+                           n->start_mark.line + 1, ctx, yscalar(n));
+    memcpy(t->name, yscalar(n), n->data.scalar.length + 1);
+    char named[64]; /* from here on, messages name the tensor */
+    snprintf(named, sizeof named, "tensor %.40s", t->name);
+    if (yget_int(d, m, named, "unit", &t->unit) != 0 || yget_size(d, m, named, "offset", &t->offset) != 0 ||
+        yget_size(d, m, named, "numel", &t->numel) != 0 || yexpect(d, m, named, "dtype", "float32") != 0)
+        return -1;
+    return parse_shape(d, m, named, t);
+}
+
+/* tensors: every tensor's entry; *nt_out gets their count. */
+static int parse_tensors(strata_ckpt *ck, ydoc *d, int *nt_out) {
+    static const char *const tensor_keys[] = {"name", "unit", "offset", "numel", "shape", "dtype", NULL};
+    yaml_node_t *tens = yget(d, yroot(d), "", "tensors", YAML_SEQUENCE_NODE);
+    if (!tens) return -1;
+    int nt = (int)(tens->data.sequence.items.top - tens->data.sequence.items.start);
+    ck->tensors = strata_xcalloc((size_t)nt + 1, sizeof *ck->tensors);
+    for (int i = 0; i < nt; i++) {
+        yaml_node_t *m = yaml_document_get_node(&d->doc, tens->data.sequence.items.start[i]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "tensors[%d]", i);
+        if (manifest_entry(ck, d, m, ctx, tensor_keys) != 0 || parse_tensor(d, m, ctx, &ck->tensors[i]) != 0)
+            return -1;
+    }
+    *nt_out = nt;
+    return 0;
+}
+
+/* manifest.yaml: its checksum and keys, the global facts, units and tensors, and the
+ * layout they make checked as the writer checked it. */
 static int parse_manifest(strata_ckpt *ck) {
+    static const char *const top_keys[] = {"manifest_crc32c", "format", "step", "world", "stage", "seed", "rng_state",
+                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config", NULL};
     char path[CKPT_PATH_MAX];
     if (strata_ckpt_fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
     if (!strata_is_file(path)) {
         if (!strata_is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
         return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
     }
-    char *text;
-    size_t len;
     ck->bad_manifest = 1; /* until the checksum and the keys are found good */
-    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
-    size_t plen = strlen(MANIFEST_CRC_PREFIX);
-    if (len >= plen && !memcmp(text, MANIFEST_CRC_PREFIX, plen)) {
-        char *nl = memchr(text, '\n', len);
-        uint64_t want = 0;
-        char hex[32] = {0};
-        size_t hl = nl ? (size_t)(nl - text) - plen : 0;
-        if (nl && hl < sizeof hex) memcpy(hex, text + plen, hl);
-        if (!nl || hl >= sizeof hex || parse_u64(hex, 16, &want) != 0 || want > UINT32_MAX) {
-            free(text);
-            return strata_fail("%s: line 1: manifest_crc32c is not a 32-bit hex number: the manifest was edited or "
-                               "corrupted; refusing it", path);
-        }
-        size_t body = (size_t)(nl + 1 - text);
-        uint32_t got = strata_crc32c(0, text + body, len - body);
-        if (got != (uint32_t)want) {
-            free(text);
-            return strata_fail("%s: checksum mismatch (manifest_crc32c says 0x%08x, the contents give 0x%08x): the "
-                               "manifest was edited or corrupted; refusing it", path, (unsigned)want, (unsigned)got);
-        }
-    } else if (strstr(text, "manifest_crc32c")) {
-        free(text);
-        return strata_fail("%s: manifest_crc32c is not on the first line: the manifest was edited; refusing it", path);
-    } else {
-        /* written before manifests carried a checksum: loaded, but nothing vouches for it */
-        STRATA_WARN("ckpt", "%s has no checksum (written by an older Strata): loading it unverified; the next "
-                    "checkpoint saved will have one", path);
-    }
     ydoc d;
-    int prc = ydoc_parse(&d, path, text, len);
-    free(text);
-    if (prc != 0) return -1;
-    yaml_node_t *root = yroot(&d), *n;
-    int rc = -1;
-    uint64_t v;
-    static const char *const top_keys[] = {"manifest_crc32c", "format", "step", "world", "stage", "seed", "rng_state",
-                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config", NULL};
-    static const char *const unit_keys[] = {"numel", "padded", NULL};
-    static const char *const tensor_keys[] = {"name", "unit", "offset", "numel", "shape", "dtype", NULL};
-    if (ykeys_known(&d, root, "", top_keys) != 0) goto out;
+    if (load_manifest(&d, path) != 0) return -1;
+    int rc = -1, nu, nt;
+    if (ykeys_known(&d, yroot(&d), "", top_keys) != 0) goto out;
     ck->bad_manifest = 0;
-    if (yexpect(&d, root, "", "format", CKPT_FORMAT) != 0) goto out;
-    if (yget_u64(&d, root, "", "step", 10, INT64_MAX, &v) != 0) goto out;
-    ck->meta.step = (int64_t)v;
-    if (yget_int(&d, root, "", "world", &ck->world) != 0 || yget_int(&d, root, "", "stage", &ck->meta.stage) != 0 ||
-        yget_u64(&d, root, "", "seed", 10, UINT64_MAX, &ck->meta.seed) != 0 ||
-        yget_u64(&d, root, "", "rng_state", 16, UINT64_MAX, &ck->meta.rng_state) != 0 ||
-        yget_double(&d, root, "", "tokens_seen", &ck->meta.tokens_seen) != 0 ||
-        yget_double(&d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
-        yexpect(&d, root, "", "dtype", "float32") != 0)
-        goto out;
-    if (ck->world < 1 || ck->world > CKPT_MAX_WORLD) {
-        strata_fail("%s: world %d must be between 1 and %d", path, ck->world, CKPT_MAX_WORLD);
-        goto out;
-    }
-    ck->meta.world = ck->world;
-    if (!(n = yget(&d, root, "", "config", YAML_SCALAR_NODE))) goto out;
-    ck->config = strata_xmalloc(n->data.scalar.length + 1);
-    memcpy(ck->config, n->data.scalar.value, n->data.scalar.length);
-    ck->config[n->data.scalar.length] = 0;
-    ck->meta.config_yaml = ck->config;
-
-    yaml_node_t *units = yget(&d, root, "", "units", YAML_SEQUENCE_NODE);
-    if (!units) goto out;
-    int nu = (int)(units->data.sequence.items.top - units->data.sequence.items.start);
-    ck->unit_numel = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
-    ck->unit_padded = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
-    for (int u = 0; u < nu; u++) {
-        yaml_node_t *m = yaml_document_get_node(&d.doc, units->data.sequence.items.start[u]);
-        char ctx[64];
-        snprintf(ctx, sizeof ctx, "units[%d]", u);
-        if (m->type != YAML_MAPPING_NODE) {
-            strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
-            goto out;
-        }
-        if (ykeys_known(&d, m, ctx, unit_keys) != 0) {
-            ck->bad_manifest = 1;
-            goto out;
-        }
-        if (yget_size(&d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
-            yget_size(&d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
-            goto out;
-    }
-    yaml_node_t *tens = yget(&d, root, "", "tensors", YAML_SEQUENCE_NODE);
-    if (!tens) goto out;
-    int nt = (int)(tens->data.sequence.items.top - tens->data.sequence.items.start);
-    ck->tensors = strata_xcalloc((size_t)nt + 1, sizeof *ck->tensors);
-    for (int i = 0; i < nt; i++) {
-        yaml_node_t *m = yaml_document_get_node(&d.doc, tens->data.sequence.items.start[i]);
-        strata_param_tensor *t = &ck->tensors[i];
-        char ctx[64];
-        snprintf(ctx, sizeof ctx, "tensors[%d]", i);
-        if (m->type != YAML_MAPPING_NODE) {
-            strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
-            goto out;
-        }
-        if (ykeys_known(&d, m, ctx, tensor_keys) != 0) {
-            ck->bad_manifest = 1;
-            goto out;
-        }
-        if (!(n = yget(&d, m, ctx, "name", YAML_SCALAR_NODE))) goto out;
-        if (n->data.scalar.length == 0 || n->data.scalar.length >= sizeof t->name ||
-            strlen(yscalar(n)) != n->data.scalar.length) {
-            strata_fail("%s: line %zu: %s: name '%s' is empty, too long or holds a NUL byte", path,
-                        n->start_mark.line + 1, ctx, yscalar(n));
-            goto out;
-        }
-        memcpy(t->name, yscalar(n), n->data.scalar.length + 1);
-        snprintf(ctx, sizeof ctx, "tensor %.40s", t->name);
-        if (yget_int(&d, m, ctx, "unit", &t->unit) != 0 || yget_size(&d, m, ctx, "offset", &t->offset) != 0 ||
-            yget_size(&d, m, ctx, "numel", &t->numel) != 0 || yexpect(&d, m, ctx, "dtype", "float32") != 0)
-            goto out;
-        yaml_node_t *shape = yget(&d, m, ctx, "shape", YAML_SEQUENCE_NODE);
-        if (!shape) goto out;
-        int nd = (int)(shape->data.sequence.items.top - shape->data.sequence.items.start);
-        if (nd > STRATA_TENSOR_MAX_DIMS) {
-            strata_fail("%s: line %zu: %s: %d dimensions (at most %d)", path, shape->start_mark.line + 1, ctx, nd,
-                        STRATA_TENSOR_MAX_DIMS);
-            goto out;
-        }
-        t->ndim = nd;
-        for (int k = 0; k < nd; k++) {
-            yaml_node_t *dn = yaml_document_get_node(&d.doc, shape->data.sequence.items.start[k]);
-            if (dn->type != YAML_SCALAR_NODE || parse_u64(yscalar(dn), 10, &v) != 0 || v > INT64_MAX) {
-                strata_fail("%s: line %zu: %s: shape entry %d is not a non-negative integer", path,
-                            dn->start_mark.line + 1, ctx, k);
-                goto out;
-            }
-            t->shape[k] = (int64_t)v;
-        }
-    }
+    if (parse_meta(ck, &d) != 0 || parse_units(ck, &d, &nu) != 0 || parse_tensors(ck, &d, &nt) != 0) goto out;
     ck->layout = (strata_param_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
     int *order, *first;
     if (strata_ckpt_layout_index(&ck->layout, path, &order, &first) != 0) goto out;
@@ -425,6 +464,8 @@ out:
     yaml_document_delete(&d.doc);
     return rc;
 }
+
+/* ---- reading: the rank indices ---- */
 
 /* The tensor called `name`; segments come in layout order, so the one after `hint`
  * is tried first. */
@@ -437,77 +478,73 @@ static int find_tensor(const strata_ckpt *ck, const char *name, int hint) {
     return -1;
 }
 
-static int parse_rank(strata_ckpt *ck, int rank) {
-    char path[CKPT_PATH_MAX], bin[CKPT_PATH_MAX];
-    if (strata_ckpt_fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
-        strata_ckpt_fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
-        return -1;
-    ydoc d;
-    if (ydoc_load(&d, path) != 0) return -1;
-    yaml_node_t *root = yroot(&d);
-    int rc = -1, r, w;
-    uint64_t bin_bytes;
-    size_t first_seg = ck->n_segs;
+/* A rank index's own keys: format, rank (it must be rank `rank` of the manifest's world),
+ * dtype, and bin_bytes, the size its data file must have. */
+static int parse_rank_header(strata_ckpt *ck, ydoc *d, int rank, uint64_t *bin_bytes) {
     static const char *const rank_keys[] = {"format", "rank", "world", "dtype", "bin_bytes", "segments", NULL};
+    yaml_node_t *root = yroot(d);
+    int r, w;
+    if (ykeys_known(d, root, "", rank_keys) != 0) return -1;
+    if (yexpect(d, root, "", "format", CKPT_FORMAT) != 0 || yget_int(d, root, "", "rank", &r) != 0 ||
+        yget_int(d, root, "", "world", &w) != 0 || yexpect(d, root, "", "dtype", "float32") != 0 ||
+        yget_u64(d, root, "", "bin_bytes", 10, INT64_MAX, bin_bytes) != 0)
+        return -1;
+    if (r != rank || w != ck->world)
+        return strata_fail("%s: says rank %d of world %d, but the manifest expects rank %d of world %d", d->path, r,
+                           w, rank, ck->world);
+    return 0;
+}
+
+/* One entry of segments (ctx "segments[3]") into *out: elements [lo, hi) of one kind of
+ * one manifest tensor, at byte `running` of the data file (where the segments before it
+ * end), and its CRC-32C. *hint is the tensor of the segment before. */
+static int parse_segment(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *ctx, int rank, int *hint,
+                         uint64_t running, seg *out) {
     static const char *const seg_keys[] = {"kind", "tensor", "unit", "lo", "hi", "offset", "crc32c", NULL};
-    if (ykeys_known(&d, root, "", rank_keys) != 0) goto out;
-    if (yexpect(&d, root, "", "format", CKPT_FORMAT) != 0 || yget_int(&d, root, "", "rank", &r) != 0 ||
-        yget_int(&d, root, "", "world", &w) != 0 || yexpect(&d, root, "", "dtype", "float32") != 0 ||
-        yget_u64(&d, root, "", "bin_bytes", 10, INT64_MAX, &bin_bytes) != 0)
-        goto out;
-    if (r != rank || w != ck->world) {
-        strata_fail("%s: says rank %d of world %d, but the manifest expects rank %d of world %d", path, r, w, rank,
-                    ck->world);
-        goto out;
-    }
-    yaml_node_t *segs = yget(&d, root, "", "segments", YAML_SEQUENCE_NODE);
-    if (!segs) goto out;
+    if (ymapping(d, m, ctx) != 0 || ykeys_known(d, m, ctx, seg_keys) != 0) return -1;
+    yaml_node_t *kn = yget(d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = yget(d, m, ctx, "tensor", YAML_SCALAR_NODE);
+    if (!kn || !tn) return -1;
+    seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), *hint)};
+    for (int k = 0; k < STRATA_CKPT_KINDS; k++)
+        if (!strcmp(yscalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
+    if (s.kind < 0) return bad_value(d, kn, ctx, "kind", "one of param, m, v");
+    if (s.tensor < 0)
+        return strata_fail("%s: line %zu: %s: tensor %s is not in the manifest", d->path, tn->start_mark.line + 1,
+                           ctx, yscalar(tn));
+    *hint = s.tensor;
+    uint64_t crc;
+    if (yget_int(d, m, ctx, "unit", &s.unit) != 0 || yget_size(d, m, ctx, "lo", &s.lo) != 0 ||
+        yget_size(d, m, ctx, "hi", &s.hi) != 0 || yget_u64(d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
+        yget_u64(d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
+        return -1;
+    s.crc = (uint32_t)crc;
+    const strata_param_tensor *t = &ck->tensors[s.tensor];
+    if (s.unit != t->unit || s.lo >= s.hi || s.lo < t->offset || s.hi > t->offset + t->numel)
+        return strata_fail("%s: line %zu: %s: elements [%zu, %zu) of unit %d are not inside tensor %s (unit %d, "
+                           "[%zu, %zu))",
+                           d->path, m->start_mark.line + 1, ctx, s.lo, s.hi, s.unit, t->name, t->unit, t->offset,
+                           t->offset + t->numel);
+    if (s.offset != running)
+        return strata_fail("%s: line %zu: %s: byte offset %llu, expected %llu (segments are stored back to back)",
+                           d->path, m->start_mark.line + 1, ctx, (unsigned long long)s.offset,
+                           (unsigned long long)running);
+    *out = s;
+    return 0;
+}
+
+/* segments: each appended to ck->segs; stored back to back, they fill bin_bytes exactly. */
+static int parse_segments(strata_ckpt *ck, ydoc *d, int rank, uint64_t bin_bytes) {
+    yaml_node_t *segs = yget(d, yroot(d), "", "segments", YAML_SEQUENCE_NODE);
+    if (!segs) return -1;
     int ns = (int)(segs->data.sequence.items.top - segs->data.sequence.items.start);
     uint64_t running = 0;
     int hint = -1;
     for (int i = 0; i < ns; i++) {
-        yaml_node_t *m = yaml_document_get_node(&d.doc, segs->data.sequence.items.start[i]);
+        yaml_node_t *m = yaml_document_get_node(&d->doc, segs->data.sequence.items.start[i]);
         char ctx[64];
         snprintf(ctx, sizeof ctx, "segments[%d]", i);
-        if (m->type != YAML_MAPPING_NODE) {
-            strata_fail("%s: line %zu: %s should be a mapping", path, m->start_mark.line + 1, ctx);
-            goto out;
-        }
-        if (ykeys_known(&d, m, ctx, seg_keys) != 0) goto out;
-        yaml_node_t *kn = yget(&d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = yget(&d, m, ctx, "tensor", YAML_SCALAR_NODE);
-        if (!kn || !tn) goto out;
-        seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), hint)};
-        for (int k = 0; k < STRATA_CKPT_KINDS; k++)
-            if (!strcmp(yscalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
-        if (s.kind < 0) {
-            bad_value(&d, kn, ctx, "kind", "one of param, m, v");
-            goto out;
-        }
-        if (s.tensor < 0) {
-            strata_fail("%s: line %zu: %s: tensor %s is not in the manifest", path, tn->start_mark.line + 1, ctx,
-                        yscalar(tn));
-            goto out;
-        }
-        hint = s.tensor;
-        uint64_t crc;
-        if (yget_int(&d, m, ctx, "unit", &s.unit) != 0 || yget_size(&d, m, ctx, "lo", &s.lo) != 0 ||
-            yget_size(&d, m, ctx, "hi", &s.hi) != 0 || yget_u64(&d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
-            yget_u64(&d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
-            goto out;
-        s.crc = (uint32_t)crc;
-        const strata_param_tensor *t = &ck->tensors[s.tensor];
-        if (s.unit != t->unit || s.lo >= s.hi || s.lo < t->offset || s.hi > t->offset + t->numel) {
-            strata_fail("%s: line %zu: %s: elements [%zu, %zu) of unit %d are not inside tensor %s (unit %d, "
-                        "[%zu, %zu))",
-                        path, m->start_mark.line + 1, ctx, s.lo, s.hi, s.unit, t->name, t->unit, t->offset,
-                        t->offset + t->numel);
-            goto out;
-        }
-        if (s.offset != running) {
-            strata_fail("%s: line %zu: %s: byte offset %llu, expected %llu (segments are stored back to back)", path,
-                        m->start_mark.line + 1, ctx, (unsigned long long)s.offset, (unsigned long long)running);
-            goto out;
-        }
+        seg s;
+        if (parse_segment(ck, d, m, ctx, rank, &hint, running, &s) != 0) return -1;
         running += (uint64_t)(s.hi - s.lo) * sizeof(float);
         if (ck->n_segs == ck->cap_segs) {
             ck->cap_segs = ck->cap_segs ? ck->cap_segs * 2 : 256;
@@ -515,44 +552,58 @@ static int parse_rank(strata_ckpt *ck, int rank) {
         }
         ck->segs[ck->n_segs++] = s;
     }
-    if (running != bin_bytes) {
-        strata_fail("%s: segments hold %llu bytes, but bin_bytes says %llu", path, (unsigned long long)running,
-                    (unsigned long long)bin_bytes);
-        goto out;
-    }
+    if (running != bin_bytes)
+        return strata_fail("%s: segments hold %llu bytes, but bin_bytes says %llu", d->path,
+                           (unsigned long long)running, (unsigned long long)bin_bytes);
+    return 0;
+}
+
+/* Opens the rank's data file `bin` for reading and holds it to its index (index_path): a
+ * file too short for its segments is truncated (the message names the first tensor cut
+ * off), any other size is a file from another checkpoint. The rank's segments are
+ * ck->segs[first_seg ..]. */
+static int open_rank_bin(strata_ckpt *ck, int rank, const char *bin, const char *index_path, uint64_t bin_bytes,
+                         size_t first_seg) {
     int fd = open(bin, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        strata_fail("%s: cannot open: %s", bin, strerror(errno));
-        goto out;
-    }
+    if (fd < 0) return strata_fail("%s: cannot open: %s", bin, strerror(errno));
     ck->fds[rank] = fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        strata_fail("%s: cannot stat: %s", bin, strerror(errno));
-        goto out;
-    }
+    if (fstat(fd, &st) != 0) return strata_fail("%s: cannot stat: %s", bin, strerror(errno));
     uint64_t size = (uint64_t)st.st_size;
     if (size < bin_bytes) {
         for (size_t i = first_seg; i < ck->n_segs; i++) {
             const seg *s = &ck->segs[i];
-            if (s->offset + (uint64_t)(s->hi - s->lo) * sizeof(float) > size) {
-                strata_fail("%s: truncated: expected %llu bytes, found %llu (tensor %s, %s)", bin,
-                            (unsigned long long)bin_bytes, (unsigned long long)size, ck->tensors[s->tensor].name,
-                            strata_ckpt_kind_name[s->kind]);
-                goto out;
-            }
+            if (s->offset + (uint64_t)(s->hi - s->lo) * sizeof(float) > size)
+                return strata_fail("%s: truncated: expected %llu bytes, found %llu (tensor %s, %s)", bin,
+                                   (unsigned long long)bin_bytes, (unsigned long long)size,
+                                   ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind]);
         }
     }
-    if (size != bin_bytes) {
-        strata_fail("%s: %llu bytes, but its index %s promises %llu (a file from another checkpoint?)", bin,
-                    (unsigned long long)size, path, (unsigned long long)bin_bytes);
-        goto out;
-    }
-    rc = 0;
-out:
+    if (size != bin_bytes)
+        return strata_fail("%s: %llu bytes, but its index %s promises %llu (a file from another checkpoint?)", bin,
+                           (unsigned long long)size, index_path, (unsigned long long)bin_bytes);
+    return 0;
+}
+
+/* rankNNNNN.yaml and rankNNNNN.bin of one rank: the index parsed, its segments added to
+ * ck->segs, the data file opened and its size checked. */
+static int parse_rank(strata_ckpt *ck, int rank) {
+    char path[CKPT_PATH_MAX], bin[CKPT_PATH_MAX];
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
+        strata_ckpt_fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
+        return -1;
+    ydoc d;
+    if (ydoc_load(&d, path) != 0) return -1;
+    uint64_t bin_bytes;
+    size_t first_seg = ck->n_segs;
+    int rc = parse_rank_header(ck, &d, rank, &bin_bytes);
+    if (rc == 0) rc = parse_segments(ck, &d, rank, bin_bytes);
+    if (rc == 0) rc = open_rank_bin(ck, rank, bin, path, bin_bytes, first_seg);
     yaml_document_delete(&d.doc);
     return rc;
 }
+
+/* ---- reading: open, close, range reads ---- */
 
 static int seg_cmp(const void *a, const void *b) {
     const seg *x = a, *y = b;
