@@ -715,6 +715,21 @@ int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_param_layout *L
     return 0;
 }
 
+/* Segment s whole into dst (s->hi - s->lo floats), checked against its CRC-32C; a match
+ * marks it verified, so later reads of parts of it skip the check. */
+static int read_segment_checked(strata_ckpt *ck, seg *s, float *dst) {
+    size_t bytes = (s->hi - s->lo) * sizeof(float);
+    char bin[CKPT_PATH_MAX];
+    bin_path(ck, s->rank, bin, sizeof bin);
+    if (strata_pread_all(ck->fds[s->rank], dst, bytes, s->offset, bin) != 0) return -1;
+    uint32_t crc = strata_crc32c(0, dst, bytes);
+    if (crc != s->crc)
+        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
+                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
+    s->verified = 1;
+    return 0;
+}
+
 /* Reads segment i whole into scratch and checks its CRC (then it stays there, so the
  * neighbouring ranges a different world size asks for do not read it again). */
 static int load_segment(strata_ckpt *ck, size_t i) {
@@ -727,16 +742,41 @@ static int load_segment(strata_ckpt *ck, size_t i) {
         ck->scratch_cap = n;
     }
     ck->scratch_seg = -1;
-    char bin[CKPT_PATH_MAX];
-    bin_path(ck, s->rank, bin, sizeof bin);
-    if (strata_pread_all(ck->fds[s->rank], ck->scratch, n * sizeof(float), s->offset, bin) != 0) return -1;
-    uint32_t crc = strata_crc32c(0, ck->scratch, n * sizeof(float));
-    if (crc != s->crc)
-        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
-                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
-    s->verified = 1;
+    if (read_segment_checked(ck, s, ck->scratch) != 0) return -1;
     ck->scratch_seg = (long)i;
     return 0;
+}
+
+/* Elements [a, z) of segment i into out: from scratch when the segment is there, straight
+ * from its file once it was verified; otherwise checked first, in place when the whole
+ * segment is wanted, else through scratch. */
+static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, float *out) {
+    seg *s = &ck->segs[i];
+    if (ck->scratch_seg == (long)i) {
+        memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
+        return 0;
+    }
+    if (s->verified) {
+        char bin[CKPT_PATH_MAX];
+        bin_path(ck, s->rank, bin, sizeof bin);
+        return strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float),
+                                s->offset + (a - s->lo) * sizeof(float), bin);
+    }
+    if (a == s->lo && z == s->hi) return read_segment_checked(ck, s, out);
+    if (load_segment(ck, i) != 0) return -1;
+    memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
+    return 0;
+}
+
+/* The first segment of (unit, kind) that ends after element lo (binary search). */
+static size_t first_segment_after(const strata_ckpt *ck, int unit, int kind, size_t lo) {
+    size_t b = ck->uk_first[unit * STRATA_CKPT_KINDS + kind], e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    while (b < e) {
+        size_t mid = b + (e - b) / 2;
+        if (ck->segs[mid].hi <= lo) b = mid + 1;
+        else e = mid;
+    }
+    return b;
 }
 
 int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, float *dst) {
@@ -751,39 +791,11 @@ int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_
         memset(dst + (z0 - lo), 0, (hi - z0) * sizeof(float));
     }
     if (lo >= real_hi) return 0;
-    size_t b = ck->uk_first[unit * STRATA_CKPT_KINDS + kind], e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
-    /* First segment that ends after lo. */
-    while (b < e) {
-        size_t mid = b + (e - b) / 2;
-        if (ck->segs[mid].hi <= lo) b = mid + 1;
-        else e = mid;
-    }
-    e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
-    for (size_t i = b; i < e && ck->segs[i].lo < real_hi; i++) {
-        seg *s = &ck->segs[i];
+    size_t e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    for (size_t i = first_segment_after(ck, unit, kind, lo); i < e && ck->segs[i].lo < real_hi; i++) {
+        const seg *s = &ck->segs[i];
         size_t a = s->lo > lo ? s->lo : lo, z = s->hi < real_hi ? s->hi : real_hi;
-        float *out = dst + (a - lo);
-        char bin[CKPT_PATH_MAX];
-        if (ck->scratch_seg == (long)i) {
-            memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
-        } else if (s->verified) {
-            bin_path(ck, s->rank, bin, sizeof bin);
-            if (strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset + (a - s->lo) * sizeof(float),
-                          bin) != 0)
-                return -1;
-        } else if (a == s->lo && z == s->hi) {
-            /* Whole segment wanted: read it straight into dst and check it there. */
-            bin_path(ck, s->rank, bin, sizeof bin);
-            if (strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float), s->offset, bin) != 0) return -1;
-            uint32_t crc = strata_crc32c(0, out, (z - a) * sizeof(float));
-            if (crc != s->crc)
-                return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
-                                   ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
-            s->verified = 1;
-        } else {
-            if (load_segment(ck, i) != 0) return -1;
-            memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
-        }
+        if (read_part(ck, i, a, z, dst + (a - lo)) != 0) return -1;
     }
     return 0;
 }
