@@ -85,7 +85,8 @@ int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_l
         for (int i = 0; i < n; i++) {
             if (strata_ckpt_fmt_path(p, sizeof p, "%s/%s", ckpt_dir, v[i].name) != 0) continue;
             if (s == 1) { /* .old: the previous copy of a re-saved step; only once the new one is in place */
-                if (strata_ckpt_fmt_path(done, sizeof done, "%s/step_%08lld/manifest.yaml", ckpt_dir, (long long)v[i].step) != 0 ||
+                if (strata_ckpt_fmt_path(done, sizeof done, "%s/step_%08lld/manifest.yaml", ckpt_dir,
+                                         (long long)v[i].step) != 0 ||
                     !strata_is_file(done))
                     continue;
             }

@@ -630,8 +630,8 @@ static int check_coverage(strata_ckpt *ck) {
                 if (s->lo < at)
                     return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in both "
                                        "rank%05d.bin and rank%05d.bin",
-                                       ck->dir, u, strata_ckpt_kind_name[k], s->lo, at < s->hi ? at : s->hi, ck->segs[i - 1].rank,
-                                       s->rank);
+                                       ck->dir, u, strata_ckpt_kind_name[k], s->lo, at < s->hi ? at : s->hi,
+                                       ck->segs[i - 1].rank, s->rank);
                 at = s->hi;
             }
             if (at != ck->unit_numel[u])

@@ -114,7 +114,9 @@ static int tensor_fields(strata_safetensors *st, const strata_json_member *m, co
         if (!strcmp(e->key, "dtype")) *dtype = &e->value;
         else if (!strcmp(e->key, "shape")) *shape = &e->value;
         else if (!strcmp(e->key, "data_offsets")) *offs = &e->value;
-        else return HDR_FAIL("tensor \"%s\": unknown field \"%s\" (expected dtype, shape, data_offsets)", m->key, e->key);
+        else
+            return HDR_FAIL("tensor \"%s\": unknown field \"%s\" (expected dtype, shape, data_offsets)", m->key,
+                            e->key);
     }
     return 0;
 }
