@@ -194,7 +194,7 @@ int strata_ckpt_list_steps(const char *ckpt_dir, const char *suffix, strata_ckpt
         memcpy(v[n].name, e->d_name, strlen(e->d_name) + 1);
         n++;
     }
-    closedir(d);
+    (void)closedir(d); /* read-only: nothing to lose */
     if (n > 1) qsort(v, (size_t)n, sizeof *v, step_desc);
     *out = v;
     *n_out = n;

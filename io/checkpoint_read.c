@@ -40,7 +40,7 @@ static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
     if (f) {
         char name[256] = {0};
         size_t n = fread(name, 1, sizeof name - 1, f);
-        fclose(f);
+        (void)fclose(f); /* read-only: nothing to lose */
         name[n] = 0;
         while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' ')) name[--n] = 0;
         char dir[CKPT_PATH_MAX], man[CKPT_PATH_MAX];
@@ -667,7 +667,7 @@ void strata_ckpt_close(strata_ckpt *ck) {
     if (!ck) return;
     if (ck->fds)
         for (int r = 0; r < ck->world; r++)
-            if (ck->fds[r] >= 0) close(ck->fds[r]);
+            if (ck->fds[r] >= 0) (void)close(ck->fds[r]); /* read-only: nothing to lose */
     free(ck->fds);
     free(ck->config);
     free(ck->unit_numel);

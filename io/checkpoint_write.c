@@ -115,7 +115,7 @@ static int write_rank_data(int fd, const char *bin, strata_sbuf *ix, const strat
 static int sync_close(int fd, const char *path) {
     if (fsync(fd) != 0) {
         int e = errno;
-        close(fd);
+        (void)close(fd); /* failing already: the .tmp directory will not be committed */
         return strata_fail("%s: fsync failed: %s", path, strerror(e));
     }
     if (close(fd) != 0) return strata_fail("%s: close failed: %s", path, strerror(errno));
@@ -150,7 +150,7 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, in
     if (strata_fsync_dir(tmp_dir) != 0) goto out;
     rc = 0;
 out:
-    if (fd >= 0) close(fd);
+    if (fd >= 0) (void)close(fd); /* failing already: the .tmp directory will not be committed */
     free(ix.p);
     free(order);
     free(first);
@@ -180,7 +180,7 @@ static int clean_tmp_dir(const char *tmp_dir, int world) {
             break;
         }
     }
-    closedir(d);
+    (void)closedir(d); /* a directory stream: nothing to lose */
     return rc;
 }
 

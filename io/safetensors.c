@@ -259,22 +259,23 @@ static int read_at(int fd, void *buf, size_t bytes, uint64_t offset, const char 
 int strata_safetensors_open(strata_safetensors *st, const char *path) {
     memset(st, 0, sizeof *st);
     st->fd = -1;
+    /* read-only: no close of fd can lose data, so none is checked */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return strata_fail("%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: not a regular file", path);
     }
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
     if (size < 8) {
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: %llu bytes, shorter than the 8-byte header length of a safetensors file", path,
                            (unsigned long long)size);
     }
     if (read_at(fd, len8, 8, 0, path, "(header length)")) {
-        close(fd);
+        (void)close(fd);
         return -1;
     }
     uint64_t n = 0;
@@ -287,7 +288,7 @@ int strata_safetensors_open(strata_safetensors *st, const char *path) {
     if (!rc) rc = strata_safetensors_parse(st, buf, (size_t)want, size, path);
     free(buf);
     if (rc) {
-        close(fd);
+        (void)close(fd);
         return -1;
     }
     st->fd = fd;
@@ -295,7 +296,7 @@ int strata_safetensors_open(strata_safetensors *st, const char *path) {
 }
 
 void strata_safetensors_close(strata_safetensors *st) {
-    if (st->fd >= 0) close(st->fd);
+    if (st->fd >= 0) (void)close(st->fd); /* read-only */
     free_fields(st);
     memset(st, 0, sizeof *st);
     st->fd = -1;
