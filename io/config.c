@@ -941,9 +941,11 @@ char *strata_config_yaml(const strata_config *c, int with_comments) {
 int strata_config_write(const strata_config *c, FILE *f, int with_comments) {
     char *text = strata_config_yaml(c, with_comments);
     if (!text) return -1;
-    fputs(text, f);
+    /* flushed, so that a full disk or a closed pipe is this call's failure */
+    int rc = 0;
+    if (fputs(text, f) == EOF || fflush(f) != 0) rc = strata_fail("cannot write the config: %s", strerror(errno));
     free(text);
-    return 0;
+    return rc;
 }
 
 /* ---- derived values and names ---- */
