@@ -1,4 +1,4 @@
-/* io/bpe.c: GPT-2 byte-level BPE (core/bpe.h): loading tokenizer.json or vocab.json +
+/* io/bpe.c: GPT-2 byte-level BPE (io/bpe.h): loading tokenizer.json or vocab.json +
  * merges.txt, encoding through PCRE2's Unicode classes and merges by rank, decoding, and
  * writing the tokenizer back in Hugging Face's formats. */
 #include "io/bpe.h"

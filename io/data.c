@@ -1,6 +1,6 @@
 /* io/data.c: llm.c-format token shards (write, mmap, validate), text preparation (bytes,
- * or a BPE's ids through core/bpe.c), the chunked batch reader with per-epoch seeded
- * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See core/data.h for
+ * or a BPE's ids through io/bpe.c), the chunked batch reader with per-epoch seeded
+ * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See io/data.h for
  * the formats. */
 #include "io/data.h"
 
@@ -21,7 +21,7 @@
 
 /* Shards and tokenizer files are little-endian; we read and write them by memcpy. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "core/data.c assumes a little-endian host (llm.c shard format)"
+#error "io/data.c assumes a little-endian host (llm.c shard format)"
 #endif
 
 #define HEADER_BYTES (STRATA_SHARD_HEADER_INTS * sizeof(int32_t))

@@ -1,4 +1,4 @@
-/* io/json.c: the strict JSON reader of core/json.h (recursive descent, bounded depth,
+/* io/json.c: the strict JSON reader of io/json.h (recursive descent, bounded depth,
  * every read checked against the input's length), and a string writer. */
 #include "io/json.h"
 

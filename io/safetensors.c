@@ -1,5 +1,5 @@
-/* io/safetensors.c: the safetensors header parser (bounds-checked, over core/json.c)
- * and range reads with conversion to fp32. Format and rules: core/safetensors.h. */
+/* io/safetensors.c: the safetensors header parser (bounds-checked, over io/json.c)
+ * and range reads with conversion to fp32. Format and rules: io/safetensors.h. */
 #include "io/safetensors.h"
 
 #include <errno.h>
@@ -16,7 +16,7 @@
 #include "io/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "core/safetensors.c assumes a little-endian host (safetensors data is little-endian)"
+#error "io/safetensors.c assumes a little-endian host (safetensors data is little-endian)"
 #endif
 
 static const struct {
