@@ -1,4 +1,4 @@
-/* io/bpe.c: GPT-2 byte-level BPE (core/bpe.h): loading tokenizer.json or vocab.json +
+/* io/bpe.c: GPT-2 byte-level BPE (io/bpe.h): loading tokenizer.json or vocab.json +
  * merges.txt, encoding through PCRE2's Unicode classes and merges by rank, decoding, and
  * writing the tokenizer back in Hugging Face's formats. */
 #include "io/bpe.h"
@@ -176,7 +176,9 @@ static int set_vocab(strata_bpe *t, const char *const *strs, const size_t *lens,
         memcpy(s, strs[i], lens[i]);
         s[lens[i]] = 0;
         t->token[ids[i]] = s;
-        vocab_insert(t, s, lens[i], ids[i]);
+        /* the strings are distinct (a JSON object's keys, or the 256 byte characters): none
+         * is there already, so the id vocab_insert would report is always -1 */
+        (void)vocab_insert(t, s, lens[i], ids[i]);
     }
     uint32_t cp[256];
     byte_chars(cp);
@@ -216,7 +218,7 @@ static void alloc_merges(strata_bpe *t, size_t n) {
     t->merge_list = strata_xcalloc(n ? n : 1, sizeof *t->merge_list);
 }
 
-static int add_added(strata_bpe *t, const char *content, size_t len, int id, int special) {
+static void add_added(strata_bpe *t, const char *content, size_t len, int id, int special) {
     t->added = strata_xrealloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
     added_token *a = &t->added[t->n_added++];
     a->content = strata_xmalloc(len + 1);
@@ -225,7 +227,6 @@ static int add_added(strata_bpe *t, const char *content, size_t len, int id, int
     a->len = len;
     a->id = id;
     a->special = special;
-    return 0;
 }
 
 /* Decoded bytes of every id (the ByteLevel decoder: each character back to its byte; a
@@ -263,16 +264,26 @@ static void build_decoding(strata_bpe *t) {
     }
 }
 
+/* PCRE2's text for error code err (cut to fit n bytes), or "PCRE2 error N" for a code it
+ * has no text for, which would leave buf unwritten. */
+static const char *pcre2_message(int err, char *buf, size_t n) {
+    if (pcre2_get_error_message(err, (PCRE2_UCHAR *)buf, n) == PCRE2_ERROR_BADDATA)
+        snprintf(buf, n, "PCRE2 error %d", err);
+    return buf;
+}
+
 static int compile_pattern(strata_bpe *t) {
     int err;
     PCRE2_SIZE off;
     t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
     if (!t->re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        return strata_fail("PCRE2 cannot compile GPT-2's pattern at %zu: %s", (size_t)off, (const char *)msg);
+        char msg[256];
+        return strata_fail("PCRE2 cannot compile GPT-2's pattern at %zu: %s", (size_t)off,
+                           pcre2_message(err, msg, sizeof msg));
     }
-    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* faster where available; the interpreter otherwise */
+    /* faster where available; where JIT is not, its error is the answer and the
+     * interpreter runs instead */
+    (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
     return 0;
 }
 
@@ -527,7 +538,7 @@ static strata_bpe *load_vocab_merges(const char *vocab_path, const char *merges_
                 rc = add_merge(t, rank++, line, (size_t)(sp - line), sp + 1, (size_t)(line + len - sp - 1), merges_path);
         }
         free(line);
-        fclose(f);
+        (void)fclose(f); /* read-only: nothing to lose */
     }
     int eot = rc ? -1 : vocab_find(t, "<|endoftext|>", 13);
     if (eot >= 0) add_added(t, "<|endoftext|>", 13, eot, 1);
@@ -571,7 +582,9 @@ strata_bpe *strata_bpe_bytes(void) {
         strs[b] = chars[b];
         ids[b] = b;
     }
-    set_vocab(t, strs, lens, ids, 256, "byte-level");
+    /* 256 distinct ids: set_vocab has nothing to refuse */
+    if (set_vocab(t, strs, lens, ids, 256, "byte-level") != 0)
+        strata_panic(__FILE__, __LINE__, "byte-level vocabulary: %s", strata_error());
     alloc_merges(t, 0);
     build_decoding(t);
     return t;
@@ -783,9 +796,8 @@ static int encode_segment(encoder *e, pcre2_match_data *md, const char *s, size_
                 break;
             }
             if (r < 0) {
-                PCRE2_UCHAR msg[256];
-                pcre2_get_error_message(r, msg, sizeof msg);
-                rc = strata_fail("pre-tokenising at byte %zu: %s", pos, (const char *)msg);
+                char msg[256];
+                rc = strata_fail("pre-tokenising at byte %zu: %s", pos, pcre2_message(r, msg, sizeof msg));
                 break;
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -861,7 +873,9 @@ int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *n
 
 typedef int (*write_fn)(const strata_bpe *t, FILE *f);
 
-/* Writes through `fn` into path's temporary twin, fsyncs, renames over path. */
+/* Writes through `fn` into path's temporary twin, fsyncs, renames over path. The writers
+ * below leave each fputs and fprintf unchecked on purpose: a failed write sets the
+ * stream's error flag, which is checked here, once, before anything is renamed. */
 static int write_atomic(const strata_bpe *t, const char *path, write_fn fn) {
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
@@ -872,7 +886,7 @@ static int write_atomic(const strata_bpe *t, const char *path, write_fn fn) {
     if (!rc && fsync(fileno(f)) != 0) rc = strata_fail("%s: fsync failed: %s", tmp, strerror(errno));
     if (fclose(f) != 0 && !rc) rc = strata_fail("%s: close failed: %s", tmp, strerror(errno));
     if (!rc && rename(tmp, path) != 0) rc = strata_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (rc) unlink(tmp);
+    if (rc) (void)unlink(tmp); /* best effort: path itself is untouched */
     return rc;
 }
 

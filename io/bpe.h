@@ -1,4 +1,4 @@
-/* core/bpe.h: GPT-2-style byte-level BPE, the tokenizer that ships with Hugging Face GPT-2
+/* io/bpe.h: GPT-2-style byte-level BPE, the tokenizer that ships with Hugging Face GPT-2
  * models, encoding to exactly the ids Hugging Face `tokenizers` produces.
  *
  * Sources: a tokenizer.json (model BPE, pre_tokenizer ByteLevel), a model directory

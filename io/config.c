@@ -372,6 +372,107 @@ static int in_range(const key_spec *k, double v) {
     return 1;
 }
 
+/* One parser per key type: `text` into `field` (key k, called `name`), or the message
+ * "WHERE: key 'NAME': ..." that says what was expected. */
+
+/* K_INT, K_INT64: a decimal integer within the key's bounds. */
+static int set_int(const key_spec *k, const char *text, const char *where, const char *name, void *field) {
+    if (!is_integer_text(text)) return strata_fail("%s: key '%s': expected an integer, got '%s'", where, name, text);
+    errno = 0;
+    long long v = strtoll(text, NULL, 10);
+    if (errno == ERANGE || !in_range(k, (double)v)) return range_error(where, name, k, text);
+    if (k->type == K_INT) *(int *)field = (int)v;
+    else *(int64_t *)field = (int64_t)v;
+    return 0;
+}
+
+/* K_UINT64: any decimal integer from 0 to UINT64_MAX. */
+static int set_uint64(const char *text, const char *where, const char *name, void *field) {
+    if (!is_integer_text(text)) return strata_fail("%s: key '%s': expected an integer, got '%s'", where, name, text);
+    errno = 0;
+    unsigned long long v = strtoull(text, NULL, 10);
+    /* strtoull wraps negative input around; reject it instead. */
+    if (errno == ERANGE || text[0] == '-')
+        return strata_fail("%s: key '%s': must be between 0 and %llu, got %s", where, name,
+                           (unsigned long long)UINT64_MAX, text);
+    *(uint64_t *)field = (uint64_t)v;
+    return 0;
+}
+
+/* K_DOUBLE: a number within the key's bounds, or "auto" where the key allows it. */
+static int set_double(const key_spec *k, const char *text, const char *where, const char *name, void *field) {
+    if ((k->flags & F_AUTO) && !strcmp(text, "auto")) {
+        *(double *)field = STRATA_AUTO;
+        return 0;
+    }
+    if (!is_number_text(text))
+        return strata_fail("%s: key '%s': expected a number%s, got '%s'", where, name,
+                           k->flags & F_AUTO ? " or auto" : "", text);
+    double v = strtod(text, NULL);
+    if (!in_range(k, v)) return range_error(where, name, k, text);
+    *(double *)field = v;
+    return 0;
+}
+
+/* K_BOOL: true or false. */
+static int set_bool(const char *text, const char *where, const char *name, void *field) {
+    if (!strcmp(text, "true")) *(int *)field = 1;
+    else if (!strcmp(text, "false")) *(int *)field = 0;
+    else return strata_fail("%s: key '%s': expected true or false, got '%s'", where, name, text);
+    return 0;
+}
+
+/* K_STRING: UTF-8 text shorter than STRATA_PATH_MAX, not empty where the key says so. */
+static int set_string(const key_spec *k, const char *text, const char *where, const char *name, void *field) {
+    size_t len = strlen(text);
+    if (len >= STRATA_PATH_MAX)
+        return strata_fail("%s: key '%s': longer than %d bytes", where, name, STRATA_PATH_MAX - 1);
+    if (len == 0 && (k->flags & F_NONEMPTY)) return strata_fail("%s: key '%s': must not be empty", where, name);
+    /* a config is YAML text, recorded in every checkpoint: a value YAML cannot hold
+     * would fail the first save, after the training it was meant to keep */
+    size_t bad = strata_utf8_invalid_at(text, len);
+    if (bad < len)
+        return strata_fail("%s: key '%s': byte %zu is not valid UTF-8; a config holds UTF-8 text only", where, name,
+                           bad);
+    memcpy(field, text, len + 1);
+    return 0;
+}
+
+/* K_ENUM: one of the key's names, stored as its index. */
+static int set_enum(const key_spec *k, const char *text, const char *where, const char *name, void *field) {
+    for (int i = 0; k->names[i]; i++) {
+        if (!strcmp(text, k->names[i])) {
+            *(int *)field = i;
+            return 0;
+        }
+    }
+    char allowed[256] = "";
+    for (int i = 0; k->names[i]; i++) {
+        if (i) strncat(allowed, ", ", sizeof allowed - strlen(allowed) - 1);
+        strncat(allowed, k->names[i], sizeof allowed - strlen(allowed) - 1);
+    }
+    return strata_fail("%s: key '%s': expected one of %s; got '%s'", where, name, allowed, text);
+}
+
+/* K_CKPT: none (0), blocks (1) or every:K (K, 1 to CKPT_MAX). */
+static int set_ckpt(const char *text, const char *where, const char *name, void *field) {
+    int v = -1;
+    if (!strcmp(text, "none")) v = 0;
+    else if (!strcmp(text, "blocks")) v = 1;
+    else if (!strncmp(text, "every:", 6)) {
+        const char *num = text + 6;
+        if (num[0] >= '1' && num[0] <= '9' && strlen(num) <= 4 && is_integer_text(num)) {
+            long k_every = strtol(num, NULL, 10);
+            if (k_every >= 1 && k_every <= CKPT_MAX) v = (int)k_every;
+        }
+    }
+    if (v < 0)
+        return strata_fail("%s: key '%s': expected none, blocks or every:K with K between 1 and %d, got '%s'", where,
+                           name, CKPT_MAX, text);
+    *(int *)field = v;
+    return 0;
+}
+
 /* Parses `text` as key k's type and stores it in c. `where` prefixes messages. */
 static int set_value(strata_config *c, const key_spec *k, const char *text, const char *where) {
     char name[96];
@@ -379,91 +480,13 @@ static int set_value(strata_config *c, const key_spec *k, const char *text, cons
     void *field = (char *)c + k->offset;
     switch (k->type) {
     case K_INT:
-    case K_INT64: {
-        if (!is_integer_text(text))
-            return strata_fail("%s: key '%s': expected an integer, got '%s'", where, name, text);
-        errno = 0;
-        long long v = strtoll(text, NULL, 10);
-        if (errno == ERANGE || !in_range(k, (double)v)) return range_error(where, name, k, text);
-        if (k->type == K_INT) *(int *)field = (int)v;
-        else *(int64_t *)field = (int64_t)v;
-        return 0;
-    }
-    case K_UINT64: {
-        if (!is_integer_text(text))
-            return strata_fail("%s: key '%s': expected an integer, got '%s'", where, name, text);
-        errno = 0;
-        unsigned long long v = strtoull(text, NULL, 10);
-        /* strtoull wraps negative input around; reject it instead. */
-        if (errno == ERANGE || text[0] == '-')
-            return strata_fail("%s: key '%s': must be between 0 and %llu, got %s", where, name,
-                               (unsigned long long)UINT64_MAX, text);
-        *(uint64_t *)field = (uint64_t)v;
-        return 0;
-    }
-    case K_DOUBLE: {
-        if ((k->flags & F_AUTO) && !strcmp(text, "auto")) {
-            *(double *)field = STRATA_AUTO;
-            return 0;
-        }
-        if (!is_number_text(text))
-            return strata_fail("%s: key '%s': expected a number%s, got '%s'", where, name,
-                               k->flags & F_AUTO ? " or auto" : "", text);
-        double v = strtod(text, NULL);
-        if (!in_range(k, v)) return range_error(where, name, k, text);
-        *(double *)field = v;
-        return 0;
-    }
-    case K_BOOL:
-        if (!strcmp(text, "true")) *(int *)field = 1;
-        else if (!strcmp(text, "false")) *(int *)field = 0;
-        else return strata_fail("%s: key '%s': expected true or false, got '%s'", where, name, text);
-        return 0;
-    case K_STRING: {
-        size_t len = strlen(text);
-        if (len >= STRATA_PATH_MAX)
-            return strata_fail("%s: key '%s': longer than %d bytes", where, name, STRATA_PATH_MAX - 1);
-        if (len == 0 && (k->flags & F_NONEMPTY)) return strata_fail("%s: key '%s': must not be empty", where, name);
-        /* a config is YAML text, recorded in every checkpoint: a value YAML cannot hold
-         * would fail the first save, after the training it was meant to keep */
-        size_t bad = strata_utf8_invalid_at(text, len);
-        if (bad < len)
-            return strata_fail("%s: key '%s': byte %zu is not valid UTF-8; a config holds UTF-8 text only", where,
-                               name, bad);
-        memcpy(field, text, len + 1);
-        return 0;
-    }
-    case K_ENUM: {
-        for (int i = 0; k->names[i]; i++) {
-            if (!strcmp(text, k->names[i])) {
-                *(int *)field = i;
-                return 0;
-            }
-        }
-        char allowed[256] = "";
-        for (int i = 0; k->names[i]; i++) {
-            if (i) strncat(allowed, ", ", sizeof allowed - strlen(allowed) - 1);
-            strncat(allowed, k->names[i], sizeof allowed - strlen(allowed) - 1);
-        }
-        return strata_fail("%s: key '%s': expected one of %s; got '%s'", where, name, allowed, text);
-    }
-    case K_CKPT: {
-        int v = -1;
-        if (!strcmp(text, "none")) v = 0;
-        else if (!strcmp(text, "blocks")) v = 1;
-        else if (!strncmp(text, "every:", 6)) {
-            const char *num = text + 6;
-            if (num[0] >= '1' && num[0] <= '9' && strlen(num) <= 4 && is_integer_text(num)) {
-                long k_every = strtol(num, NULL, 10);
-                if (k_every >= 1 && k_every <= CKPT_MAX) v = (int)k_every;
-            }
-        }
-        if (v < 0)
-            return strata_fail("%s: key '%s': expected none, blocks or every:K with K between 1 and %d, got '%s'",
-                               where, name, CKPT_MAX, text);
-        *(int *)field = v;
-        return 0;
-    }
+    case K_INT64: return set_int(k, text, where, name, field);
+    case K_UINT64: return set_uint64(text, where, name, field);
+    case K_DOUBLE: return set_double(k, text, where, name, field);
+    case K_BOOL: return set_bool(text, where, name, field);
+    case K_STRING: return set_string(k, text, where, name, field);
+    case K_ENUM: return set_enum(k, text, where, name, field);
+    case K_CKPT: return set_ckpt(text, where, name, field);
     }
     return strata_fail("%s: key '%s': unhandled type", where, name);
 }
@@ -918,9 +941,11 @@ char *strata_config_yaml(const strata_config *c, int with_comments) {
 int strata_config_write(const strata_config *c, FILE *f, int with_comments) {
     char *text = strata_config_yaml(c, with_comments);
     if (!text) return -1;
-    fputs(text, f);
+    /* flushed, so that a full disk or a closed pipe is this call's failure */
+    int rc = 0;
+    if (fputs(text, f) == EOF || fflush(f) != 0) rc = strata_fail("cannot write the config: %s", strerror(errno));
     free(text);
-    return 0;
+    return rc;
 }
 
 /* ---- derived values and names ---- */

@@ -1,6 +1,6 @@
 /* io/data.c: llm.c-format token shards (write, mmap, validate), text preparation (bytes,
- * or a BPE's ids through core/bpe.c), the chunked batch reader with per-epoch seeded
- * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See core/data.h for
+ * or a BPE's ids through io/bpe.c), the chunked batch reader with per-epoch seeded
+ * shuffling, and llm.c's GPT-2 tokenizer file for decoding samples. See io/data.h for
  * the formats. */
 #include "io/data.h"
 
@@ -21,7 +21,7 @@
 
 /* Shards and tokenizer files are little-endian; we read and write them by memcpy. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "core/data.c assumes a little-endian host (llm.c shard format)"
+#error "io/data.c assumes a little-endian host (llm.c shard format)"
 #endif
 
 #define HEADER_BYTES (STRATA_SHARD_HEADER_INTS * sizeof(int32_t))
@@ -44,27 +44,30 @@ int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens
     header[1] = STRATA_SHARD_VERSION;
     header[2] = (int32_t)n_tokens;
 
+    /* On a failure the temporary file is abandoned: closing and removing it is best
+     * effort (path itself is untouched, and a shard glob does not match "*.bin.tmp"). */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return strata_fail("%s: cannot create: %s", tmp, strerror(errno));
     if (strata_write_all(fd, header, sizeof header, tmp) != 0 ||
         strata_write_all(fd, tokens, n_tokens * sizeof(uint16_t), tmp) != 0) {
-        close(fd);
-        unlink(tmp);
+        (void)close(fd);
+        (void)unlink(tmp);
         return -1;
     }
     if (fsync(fd) != 0) {
         int err = errno;
-        close(fd);
-        unlink(tmp);
+        (void)close(fd);
+        (void)unlink(tmp);
         return strata_fail("%s: fsync failed: %s", tmp, strerror(err));
     }
     if (close(fd) != 0) {
-        unlink(tmp);
-        return strata_fail("%s: close failed: %s", tmp, strerror(errno));
+        int err = errno;
+        (void)unlink(tmp);
+        return strata_fail("%s: close failed: %s", tmp, strerror(err));
     }
     if (rename(tmp, path) != 0) {
         int err = errno;
-        unlink(tmp);
+        (void)unlink(tmp);
         return strata_fail("%s: cannot rename %s into place: %s", path, tmp, strerror(err));
     }
     char dir[PATH_MAX];
@@ -76,16 +79,17 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     memset(sh, 0, sizeof *sh);
     if (snprintf(sh->path, sizeof sh->path, "%s", path) >= (int)sizeof sh->path)
         return strata_fail("%s: path longer than %zu bytes", path, sizeof sh->path - 1);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
+    /* a FIFO must not block the open; fd is read-only, so no close of it is checked */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return strata_fail("%s: cannot open token shard: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int err = errno;
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: cannot stat: %s", path, strerror(err));
     }
     if (!S_ISREG(st.st_mode)) {
-        close(fd);
+        (void)close(fd);
         strata_fail("%s: is %s, not a token shard file (data.train and data.val name shard files, e.g. "
                     "\"data/train_*.bin\")",
                     path, strata_file_kind(st.st_mode));
@@ -93,14 +97,14 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     }
     size_t bytes = (size_t)st.st_size;
     if (bytes < HEADER_BYTES) {
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: file is %zu bytes, shorter than the %zu-byte shard header "
                            "(not a token shard, or truncated)",
                            path, bytes, (size_t)HEADER_BYTES);
     }
     void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
-    close(fd); /* the mapping keeps the file alive */
+    (void)close(fd); /* the mapping keeps the file alive */
     if (map == MAP_FAILED) return strata_fail("%s: mmap failed: %s", path, strerror(err));
 
     int32_t h[3];
@@ -128,7 +132,7 @@ int strata_shard_open(strata_shard *sh, const char *path) {
         why = msg;
     }
     if (why) {
-        munmap(map, bytes);
+        (void)munmap(map, bytes); /* our own whole mapping: it cannot fail */
         return strata_fail("%s: %s", path, why);
     }
     sh->map = map;
@@ -139,7 +143,7 @@ int strata_shard_open(strata_shard *sh, const char *path) {
 }
 
 void strata_shard_close(strata_shard *sh) {
-    if (sh->map) munmap(sh->map, sh->map_bytes);
+    if (sh->map) (void)munmap(sh->map, sh->map_bytes); /* our own whole mapping: it cannot fail */
     memset(sh, 0, sizeof *sh);
 }
 
@@ -203,22 +207,32 @@ static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
 static int push_ids(void *ctx, const int32_t *ids, size_t n) { return stream_push_tokens(ctx, NULL, ids, n); }
 
 /* Removes shards named like ours but numbered past what this run wrote, so a glob over
- * out_dir does not mix a previous, larger preparation into this one. */
-static void remove_stale_shards(const char *out_dir, const char *prefix, int n_written) {
+ * out_dir does not mix a previous, larger preparation into this one. One that cannot be
+ * removed fails the preparation: left there, it would be trained on. */
+static int remove_stale_shards(const char *out_dir, const char *prefix, int n_written) {
     char pat[PATH_MAX];
     snprintf(pat, sizeof pat, "%s/%s_[0-9][0-9][0-9][0-9][0-9][0-9].bin", out_dir, prefix);
     glob_t g;
-    if (glob(pat, 0, NULL, &g) != 0) return;
-    for (size_t i = 0; i < g.gl_pathc; i++) {
+    int grc = glob(pat, 0, NULL, &g);
+    if (grc == GLOB_NOMATCH) return 0;
+    if (grc != 0) {
+        globfree(&g);
+        return strata_fail("'%s': glob failed (code %d) looking for shards of an earlier preparation", pat, grc);
+    }
+    int rc = 0;
+    for (size_t i = 0; i < g.gl_pathc && !rc; i++) {
         const char *base = strrchr(g.gl_pathv[i], '/');
         base = base ? base + 1 : g.gl_pathv[i];
         int idx = atoi(base + strlen(prefix) + 1);
         if (idx >= n_written) {
             STRATA_WARN("data", "%s: removing stale shard from an earlier preparation", g.gl_pathv[i]);
-            unlink(g.gl_pathv[i]);
+            if (unlink(g.gl_pathv[i]) != 0 && errno != ENOENT)
+                rc = strata_fail("%s: cannot remove this stale shard of an earlier preparation (a glob over %s "
+                                 "would train on it): %s", g.gl_pathv[i], out_dir, strerror(errno));
         }
     }
     globfree(&g);
+    return rc;
 }
 
 static int read_whole_file(const char *path, unsigned char **out, size_t *out_len) {
@@ -280,8 +294,8 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
     free(train.buf);
     free(val.buf);
     if (rc != 0) return -1;
-    remove_stale_shards(out_dir, "train", train.n_shards);
-    remove_stale_shards(out_dir, "val", val.n_shards);
+    STRATA_TRY(remove_stale_shards(out_dir, "train", train.n_shards));
+    STRATA_TRY(remove_stale_shards(out_dir, "val", val.n_shards));
     /* the tokenizer goes with the shards: training records it, export ships it */
     char tok_path[PATH_MAX];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", out_dir);
@@ -455,29 +469,29 @@ int strata_tokenizer_load(strata_tokenizer *tk, const char *path) {
     memset(tk, 0, sizeof *tk);
     /* a header, then at most 65536 tokens of at most 256 bytes each */
     if (strata_check_file_bounded(path, 1024 + (size_t)65536 * 256)) return -1;
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rb"); /* read-only: no fclose of it can lose data, so none is checked */
     if (!f) return strata_fail("%s: cannot open tokenizer: %s", path, strerror(errno));
     uint32_t h[256];
     if (fread(h, sizeof h, 1, f) != 1) {
-        fclose(f);
+        (void)fclose(f);
         return strata_fail("%s: shorter than the 1024-byte tokenizer header (truncated?)", path);
     }
     if (h[0] != TOKENIZER_MAGIC) {
-        fclose(f);
+        (void)fclose(f);
         return strata_fail("%s: bad magic %u (expected %u; not an llm.c tokenizer file)", path,
                            h[0], TOKENIZER_MAGIC);
     }
     if (h[1] != 1 && h[1] != 2) {
-        fclose(f);
+        (void)fclose(f);
         return strata_fail("%s: unsupported tokenizer version %u (expected 1 or 2)", path, h[1]);
     }
     if (h[2] == 0 || h[2] > 65536) {
-        fclose(f);
+        (void)fclose(f);
         return strata_fail("%s: vocab size %u is outside [1, 65536]", path, h[2]);
     }
     /* Version 2 adds the end-of-text id in h[3]; decoding needs only the pieces. */
     if (h[1] == 2 && h[3] >= h[2]) {
-        fclose(f);
+        (void)fclose(f);
         return strata_fail("%s: end-of-text token %u is outside the vocabulary of %u", path, h[3],
                            h[2]);
     }
@@ -495,7 +509,7 @@ int strata_tokenizer_load(strata_tokenizer *tk, const char *path) {
         }
         if (!ok) {
             free(piece);
-            fclose(f);
+            (void)fclose(f);
             strata_tokenizer_free(tk);
             return strata_fail("%s: truncated at token %d of %d", path, i, n);
         }
@@ -504,7 +518,7 @@ int strata_tokenizer_load(strata_tokenizer *tk, const char *path) {
         tk->lens[i] = len;
     }
     int extra = fgetc(f) != EOF;
-    fclose(f);
+    (void)fclose(f);
     if (extra) {
         strata_tokenizer_free(tk);
         return strata_fail("%s: trailing bytes after the %d tokens the header declares", path, n);

@@ -1,4 +1,4 @@
-/* core/data.h: token shards and the batch reader.
+/* io/data.h: token shards and the batch reader.
  *
  * Shard format (llm.c's, so its data scripts feed Strata unchanged): a header of 256
  * little-endian int32 (header[0] = 20240520 magic, header[1] = 1 version, header[2] =
@@ -48,7 +48,7 @@ void strata_shard_close(strata_shard *sh);
 
 /* Splits text files into train and val shards in out_dir (train_000000.bin ...,
  * val_000000.bin), val_fraction of each file's bytes going to val (taken from the end).
- * Tokens are bytes when tk is NULL, else tk's BPE ids (core/bpe.h); either way the
+ * Tokens are bytes when tk is NULL, else tk's BPE ids (io/bpe.h); either way the
  * tokenizer is written beside the shards as tokenizer.json (for bytes, the equivalent
  * Hugging Face tokenizer), which is how a run learns what its tokens mean.
  * max_shard_tokens bounds a shard's size. Reports counts through the info log. */

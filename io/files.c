@@ -50,17 +50,18 @@ int strata_check_file_bounded(const char *path, size_t max_bytes) {
 int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
     *len = 0;
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it */
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
+     * fd is read-only: closing it cannot lose data, so no close below is checked. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return strata_fail("%s: cannot read: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: cannot stat: %s", path, strerror(e));
     }
     if (check_stat(path, &st, max_bytes)) {
-        close(fd);
+        (void)close(fd);
         return -1;
     }
     /* read to the end, never past max_bytes: the file may grow after fstat */
@@ -76,14 +77,14 @@ int strata_read_file_bounded(const char *path, size_t max_bytes, char **out, siz
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
             int e = errno;
-            close(fd);
+            (void)close(fd);
             free(buf);
             return strata_fail("%s: read failed: %s", path, strerror(e));
         }
         if (k == 0) break;
         n += (size_t)k;
     }
-    close(fd);
+    (void)close(fd);
     if (n > max_bytes) {
         free(buf);
         char b[32];
@@ -133,14 +134,15 @@ int strata_mkdir_p(const char *dir) {
 }
 
 int strata_fsync_dir(const char *dir) {
+    /* a read-only descriptor: the fsync is the check; its close has nothing to lose */
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return strata_fail("%s: cannot open directory to fsync it: %s", dir, strerror(errno));
     if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
         int e = errno;
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: fsync of directory failed: %s", dir, strerror(e));
     }
-    close(fd);
+    (void)close(fd);
     return 0;
 }
 
@@ -182,13 +184,14 @@ int strata_pread_all(int fd, void *buf, size_t bytes, uint64_t offset, const cha
 int strata_write_file_synced(const char *path, const void *data, size_t bytes) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return strata_fail("%s: cannot create: %s", path, strerror(errno));
+    /* on the failing paths the file is already lost; closing it only frees the descriptor */
     if (strata_write_all(fd, data, bytes, path) != 0) {
-        close(fd);
+        (void)close(fd);
         return -1;
     }
     if (fsync(fd) != 0) {
         int e = errno;
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: fsync failed: %s", path, strerror(e));
     }
     if (close(fd) != 0) return strata_fail("%s: close failed: %s", path, strerror(errno));
@@ -199,13 +202,15 @@ int strata_write_file_atomic(const char *path, const void *data, size_t bytes) {
     char tmp[STRATA_PATH_MAX + 16], dir[STRATA_PATH_MAX + 16];
     int k = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (k < 0 || (size_t)k >= sizeof tmp) return strata_fail("%.200s...: path too long", path);
+    /* on a failure, removing the temporary twin is best effort: path itself is untouched,
+     * and the next write replaces the twin */
     if (strata_write_file_synced(tmp, data, bytes)) {
-        unlink(tmp);
+        (void)unlink(tmp);
         return -1;
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
-        unlink(tmp);
+        (void)unlink(tmp);
         return strata_fail("%s: cannot rename to %s: %s", tmp, path, strerror(e));
     }
     strata_path_dir(dir, sizeof dir, path);

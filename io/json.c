@@ -1,4 +1,4 @@
-/* io/json.c: the strict JSON reader of core/json.h (recursive descent, bounded depth,
+/* io/json.c: the strict JSON reader of io/json.h (recursive descent, bounded depth,
  * every read checked against the input's length), and a string writer. */
 #include "io/json.h"
 
@@ -480,6 +480,8 @@ void strata_json_string(strata_sbuf *b, const char *s, size_t n) {
 void strata_json_write_string(FILE *f, const char *s, size_t n) {
     strata_sbuf b = {0};
     strata_json_string(&b, s, n);
-    fwrite(b.p, 1, b.len, f);
+    /* a short write sets f's error flag, which the writer checks once at the end
+     * (io/bpe.c: write_atomic) */
+    (void)fwrite(b.p, 1, b.len, f);
     strata_sbuf_free(&b);
 }

@@ -77,7 +77,8 @@ const char *strata_json_kind(const strata_json *v);
 void strata_json_line_col(const void *bytes, size_t len, size_t offset, int *line, int *col);
 
 /* s[0, n) as a JSON string literal (quotes, backslashes and control bytes escaped; UTF-8
- * passes through), appended to b or written to f. */
+ * passes through), appended to b or written to f (a failed write sets f's error flag, for
+ * the caller to check once it has written everything). */
 void strata_json_string(strata_sbuf *b, const char *s, size_t n);
 void strata_json_write_string(FILE *f, const char *s, size_t n);
 

@@ -30,12 +30,12 @@ static void file_list_free(file_list *f) {
     memset(f, 0, sizeof *f);
 }
 
-static int add_file(file_list *f, const char *path) {
+/* Adds path to the list unless it is there already (an index names a file per tensor). */
+static void add_file(file_list *f, const char *path) {
     for (int i = 0; i < f->n; i++)
-        if (!strcmp(f->path[i], path)) return 0;
+        if (!strcmp(f->path[i], path)) return;
     f->path = strata_xrealloc(f->path, (size_t)(f->n + 1) * sizeof *f->path);
     snprintf(f->path[f->n++], STRATA_PATH_MAX, "%s", path);
-    return 0;
 }
 
 static int list_files(const char *init_from, file_list *f, strata_json_doc *index) {
@@ -44,7 +44,8 @@ static int list_files(const char *init_from, file_list *f, strata_json_doc *inde
     if (!strata_is_dir(init_from)) {
         if (!strata_is_file(init_from))
             return strata_fail("model.init_from '%s': no such file or directory", init_from);
-        return add_file(f, init_from);
+        add_file(f, init_from);
+        return 0;
     }
     char p[STRATA_PATH_MAX];
     if (strata_path_join(f->index, sizeof f->index, init_from, "model.safetensors.index.json"))
@@ -71,7 +72,10 @@ static int list_files(const char *init_from, file_list *f, strata_json_doc *inde
     }
     f->index[0] = 0;
     if (strata_path_join(p, sizeof p, init_from, "model.safetensors")) return strata_fail_wrap("model.init_from");
-    if (strata_is_file(p)) return add_file(f, p);
+    if (strata_is_file(p)) {
+        add_file(f, p);
+        return 0;
+    }
     char bin[STRATA_PATH_MAX];
     if (!strata_path_join(bin, sizeof bin, init_from, "pytorch_model.bin") && strata_is_file(bin))
         return strata_fail("model.init_from '%s' holds pytorch_model.bin; Strata reads safetensors only: convert it "

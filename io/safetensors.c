@@ -1,5 +1,5 @@
-/* io/safetensors.c: the safetensors header parser (bounds-checked, over core/json.c)
- * and range reads with conversion to fp32. Format and rules: core/safetensors.h. */
+/* io/safetensors.c: the safetensors header parser (bounds-checked, over io/json.c)
+ * and range reads with conversion to fp32. Format and rules: io/safetensors.h. */
 #include "io/safetensors.h"
 
 #include <errno.h>
@@ -16,7 +16,7 @@
 #include "io/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "core/safetensors.c assumes a little-endian host (safetensors data is little-endian)"
+#error "io/safetensors.c assumes a little-endian host (safetensors data is little-endian)"
 #endif
 
 static const struct {
@@ -50,7 +50,7 @@ static void free_fields(strata_safetensors *st) {
 
 /* Header errors name the file and the tensor (JSON syntax errors give offsets within the
  * header JSON, which starts at byte 8 of the file). The message is formatted before the
- * fields it may quote are freed. */
+ * fields it may quote are freed. For functions with `st` and the file's `name` at hand. */
 #define HDR_FAIL(fmt, ...) (strata_fail("%s: safetensors header: " fmt, name, __VA_ARGS__), free_fields(st), -1)
 
 static int uint_value(const strata_json *v, uint64_t *out) {
@@ -65,16 +65,13 @@ static int by_begin(const void *a, const void *b) {
     return x->end < y->end ? -1 : x->end > y->end; /* empty tensors first at a shared offset */
 }
 
-int strata_safetensors_parse(strata_safetensors *st, const void *bytes, size_t len, uint64_t file_bytes,
-                             const char *name) {
-    memset(st, 0, sizeof *st);
-    st->fd = -1;
-    snprintf(st->path, sizeof st->path, "%s", name);
+/* The first 8 bytes: the header's length n, little-endian, checked against the format's
+ * limit and the bytes at hand; the header must open with '{'. */
+static int header_length(const unsigned char *b, size_t len, uint64_t file_bytes, const char *name, uint64_t *n_out) {
     if (len > file_bytes) return strata_fail("%s: %zu header bytes given for a file of %llu", name, len,
                                              (unsigned long long)file_bytes);
     if (len < 8)
         return strata_fail("%s: %zu bytes, shorter than the 8-byte header length of a safetensors file", name, len);
-    const unsigned char *b = bytes;
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
     if (n > STRATA_ST_MAX_HEADER)
@@ -85,128 +82,128 @@ int strata_safetensors_parse(strata_safetensors *st, const void *bytes, size_t l
                            (unsigned long long)n, len == file_bytes ? "file" : "bytes read", len);
     if (n < 2 || b[8] != '{')
         return strata_fail("%s: the header does not start with '{' (not a safetensors file?)", name);
+    *n_out = n;
+    return 0;
+}
 
-    char jname[1100];
-    snprintf(jname, sizeof jname, "%s (header JSON, from byte 8)", name);
-    strata_json_doc doc;
-    if (strata_json_parse(&doc, b + 8, (size_t)n, jname)) return -1;
-    const strata_json *root = &doc.root;
-    if (root->type != STRATA_JSON_OBJECT) {
-        strata_json_free(&doc);
-        return strata_fail("%s: safetensors header: expected an object, got %s", name, strata_json_kind(root));
+/* "__metadata__": an object of strings, copied into st. */
+static int parse_metadata(strata_safetensors *st, const strata_json *v, const char *name) {
+    if (v->type != STRATA_JSON_OBJECT)
+        return HDR_FAIL("__metadata__ must be an object of strings, got %s", strata_json_kind(v));
+    st->meta_keys = strata_xcalloc(v->len ? v->len : 1, sizeof(char *));
+    st->meta_values = strata_xcalloc(v->len ? v->len : 1, sizeof(char *));
+    for (size_t k = 0; k < v->len; k++) {
+        const strata_json_member *e = &v->members[k];
+        if (e->value.type != STRATA_JSON_STRING)
+            return HDR_FAIL("__metadata__ \"%s\" must be a string, got %s", e->key, strata_json_kind(&e->value));
+        st->meta_keys[st->n_meta] = strata_xstrdup(e->key);
+        st->meta_values[st->n_meta] = strata_xstrdup(e->value.str);
+        st->n_meta++;
     }
-    st->data_offset = 8 + n;
-    st->file_bytes = file_bytes;
-    uint64_t data_bytes = file_bytes - st->data_offset;
-    st->tensors = strata_xcalloc(root->len ? root->len : 1, sizeof *st->tensors);
-    int rc = 0;
-    for (size_t i = 0; i < root->len && !rc; i++) {
-        const strata_json_member *m = &root->members[i];
-        const strata_json *v = &m->value;
-        if (strlen(m->key) != m->key_len) {
-            rc = HDR_FAIL("a tensor name holds a NUL byte (at byte %zu)", 8 + m->key_offset);
-            break;
-        }
-        if (!strcmp(m->key, "__metadata__")) {
-            if (v->type != STRATA_JSON_OBJECT) {
-                rc = HDR_FAIL("__metadata__ must be an object of strings, got %s", strata_json_kind(v));
-                break;
-            }
-            st->meta_keys = strata_xcalloc(v->len ? v->len : 1, sizeof(char *));
-            st->meta_values = strata_xcalloc(v->len ? v->len : 1, sizeof(char *));
-            for (size_t k = 0; k < v->len; k++) {
-                const strata_json_member *e = &v->members[k];
-                if (e->value.type != STRATA_JSON_STRING) {
-                    rc = HDR_FAIL("__metadata__ \"%s\" must be a string, got %s", e->key, strata_json_kind(&e->value));
-                    break;
-                }
-                st->meta_keys[st->n_meta] = strata_xstrdup(e->key);
-                st->meta_values[st->n_meta] = strata_xstrdup(e->value.str);
-                st->n_meta++;
-            }
-            continue;
-        }
-        if (v->type != STRATA_JSON_OBJECT) {
-            rc = HDR_FAIL("tensor \"%s\": expected an object, got %s", m->key, strata_json_kind(v));
-            break;
-        }
-        strata_st_tensor *t = &st->tensors[st->n_tensors];
-        t->name = strata_xstrdup(m->key);
-        st->n_tensors++;
-        const strata_json *dtype = NULL, *shape = NULL, *offs = NULL;
-        for (size_t k = 0; k < v->len; k++) {
-            const strata_json_member *e = &v->members[k];
-            if (!strcmp(e->key, "dtype")) dtype = &e->value;
-            else if (!strcmp(e->key, "shape")) shape = &e->value;
-            else if (!strcmp(e->key, "data_offsets")) offs = &e->value;
-            else {
-                rc = HDR_FAIL("tensor \"%s\": unknown field \"%s\" (expected dtype, shape, data_offsets)", m->key, e->key);
-                break;
-            }
-        }
-        if (rc) break;
-        if (!dtype || dtype->type != STRATA_JSON_STRING) {
-            rc = HDR_FAIL("tensor \"%s\": \"dtype\" must be a string, got %s", m->key, strata_json_kind(dtype));
-            break;
-        }
-        int d = -1;
-        for (int k = 0; k < STRATA_ST_DTYPES; k++)
-            if (!strcmp(dtype->str, dtypes[k].name)) d = k;
-        if (d < 0) {
-            rc = HDR_FAIL("tensor \"%s\": unknown dtype \"%.40s\"", m->key, dtype->str);
-            break;
-        }
-        t->dtype = (strata_st_dtype)d;
-        if (!shape || shape->type != STRATA_JSON_ARRAY) {
-            rc = HDR_FAIL("tensor \"%s\": \"shape\" must be an array, got %s", m->key, strata_json_kind(shape));
-            break;
-        }
-        if (shape->len > STRATA_ST_MAX_DIMS) {
-            rc = HDR_FAIL("tensor \"%s\": %zu dimensions, more than %d", m->key, shape->len, STRATA_ST_MAX_DIMS);
-            break;
-        }
-        t->ndim = (int)shape->len;
-        t->numel = 1;
-        for (int k = 0; k < t->ndim && !rc; k++) {
-            uint64_t dim;
-            if (uint_value(&shape->items[k], &dim)) {
-                rc = HDR_FAIL("tensor \"%s\": shape[%d] must be a non-negative integer", m->key, k);
-                break;
-            }
-            /* the byte count below must not overflow: bound each factor by the data size */
-            if (dim && t->numel > UINT64_MAX / dim) {
-                rc = HDR_FAIL("tensor \"%s\": its shape's element count overflows 64 bits", m->key);
-                break;
-            }
-            t->shape[k] = (int64_t)dim;
-            t->numel *= dim;
-        }
-        if (rc) break;
-        if (!offs || offs->type != STRATA_JSON_ARRAY || offs->len != 2 || uint_value(&offs->items[0], &t->begin) ||
-            uint_value(&offs->items[1], &t->end)) {
-            rc = HDR_FAIL("tensor \"%s\": \"data_offsets\" must be [begin, end], two non-negative integers", m->key);
-            break;
-        }
-        if (t->begin > t->end || t->end > data_bytes) {
-            rc = HDR_FAIL("tensor \"%s\": data_offsets [%llu, %llu] lie outside the %llu bytes of data", m->key,
-                          (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data_bytes);
-            break;
-        }
-        uint64_t es = dtypes[t->dtype].bytes;
-        if (t->numel > UINT64_MAX / es || t->end - t->begin != t->numel * es) {
-            rc = HDR_FAIL("tensor \"%s\": data_offsets span %llu bytes, but %llu %s elements take %llu", m->key,
-                          (unsigned long long)(t->end - t->begin), (unsigned long long)t->numel, dtypes[t->dtype].name,
-                          t->numel > UINT64_MAX / es ? 0ull : (unsigned long long)(t->numel * es));
-            break;
-        }
+    return 0;
+}
+
+/* A tensor's object has exactly the fields dtype, shape and data_offsets (each may be
+ * missing here: the caller says which). */
+static int tensor_fields(strata_safetensors *st, const strata_json_member *m, const strata_json **dtype,
+                         const strata_json **shape, const strata_json **offs, const char *name) {
+    const strata_json *v = &m->value;
+    *dtype = *shape = *offs = NULL;
+    for (size_t k = 0; k < v->len; k++) {
+        const strata_json_member *e = &v->members[k];
+        if (!strcmp(e->key, "dtype")) *dtype = &e->value;
+        else if (!strcmp(e->key, "shape")) *shape = &e->value;
+        else if (!strcmp(e->key, "data_offsets")) *offs = &e->value;
+        else
+            return HDR_FAIL("tensor \"%s\": unknown field \"%s\" (expected dtype, shape, data_offsets)", m->key,
+                            e->key);
     }
-    strata_json_free(&doc);
-    if (rc) return -1;
-    /* the tensors tile the data region: no overlap, no hole, nothing after the last */
+    return 0;
+}
+
+/* t's dtype: one of the names in dtypes[]. */
+static int tensor_dtype(strata_safetensors *st, strata_st_tensor *t, const char *key, const strata_json *dtype,
+                        const char *name) {
+    if (!dtype || dtype->type != STRATA_JSON_STRING)
+        return HDR_FAIL("tensor \"%s\": \"dtype\" must be a string, got %s", key, strata_json_kind(dtype));
+    int d = -1;
+    for (int k = 0; k < STRATA_ST_DTYPES; k++)
+        if (!strcmp(dtype->str, dtypes[k].name)) d = k;
+    if (d < 0) return HDR_FAIL("tensor \"%s\": unknown dtype \"%.40s\"", key, dtype->str);
+    t->dtype = (strata_st_dtype)d;
+    return 0;
+}
+
+/* t's shape and element count: at most STRATA_ST_MAX_DIMS non-negative integers whose
+ * product fits 64 bits. */
+static int tensor_shape(strata_safetensors *st, strata_st_tensor *t, const char *key, const strata_json *shape,
+                        const char *name) {
+    if (!shape || shape->type != STRATA_JSON_ARRAY)
+        return HDR_FAIL("tensor \"%s\": \"shape\" must be an array, got %s", key, strata_json_kind(shape));
+    if (shape->len > STRATA_ST_MAX_DIMS)
+        return HDR_FAIL("tensor \"%s\": %zu dimensions, more than %d", key, shape->len, STRATA_ST_MAX_DIMS);
+    t->ndim = (int)shape->len;
+    t->numel = 1;
+    for (int k = 0; k < t->ndim; k++) {
+        uint64_t dim;
+        if (uint_value(&shape->items[k], &dim))
+            return HDR_FAIL("tensor \"%s\": shape[%d] must be a non-negative integer", key, k);
+        /* the byte count below must not overflow: bound each factor by the data size */
+        if (dim && t->numel > UINT64_MAX / dim)
+            return HDR_FAIL("tensor \"%s\": its shape's element count overflows 64 bits", key);
+        t->shape[k] = (int64_t)dim;
+        t->numel *= dim;
+    }
+    return 0;
+}
+
+/* t's data_offsets: [begin, end] inside the data_bytes after the header, spanning exactly
+ * numel elements of its dtype. */
+static int tensor_offsets(strata_safetensors *st, strata_st_tensor *t, const char *key, const strata_json *offs,
+                          uint64_t data_bytes, const char *name) {
+    if (!offs || offs->type != STRATA_JSON_ARRAY || offs->len != 2 || uint_value(&offs->items[0], &t->begin) ||
+        uint_value(&offs->items[1], &t->end))
+        return HDR_FAIL("tensor \"%s\": \"data_offsets\" must be [begin, end], two non-negative integers", key);
+    if (t->begin > t->end || t->end > data_bytes)
+        return HDR_FAIL("tensor \"%s\": data_offsets [%llu, %llu] lie outside the %llu bytes of data", key,
+                        (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data_bytes);
+    uint64_t es = dtypes[t->dtype].bytes;
+    if (t->numel > UINT64_MAX / es || t->end - t->begin != t->numel * es)
+        return HDR_FAIL("tensor \"%s\": data_offsets span %llu bytes, but %llu %s elements take %llu", key,
+                        (unsigned long long)(t->end - t->begin), (unsigned long long)t->numel, dtypes[t->dtype].name,
+                        t->numel > UINT64_MAX / es ? 0ull : (unsigned long long)(t->numel * es));
+    return 0;
+}
+
+/* One tensor's entry, appended to st->tensors. */
+static int parse_tensor(strata_safetensors *st, const strata_json_member *m, uint64_t data_bytes, const char *name) {
+    if (m->value.type != STRATA_JSON_OBJECT)
+        return HDR_FAIL("tensor \"%s\": expected an object, got %s", m->key, strata_json_kind(&m->value));
+    strata_st_tensor *t = &st->tensors[st->n_tensors];
+    t->name = strata_xstrdup(m->key);
+    st->n_tensors++;
+    const strata_json *dtype, *shape, *offs;
+    if (tensor_fields(st, m, &dtype, &shape, &offs, name) || tensor_dtype(st, t, m->key, dtype, name) ||
+        tensor_shape(st, t, m->key, shape, name) || tensor_offsets(st, t, m->key, offs, data_bytes, name))
+        return -1;
+    return 0;
+}
+
+/* One member of the header object: __metadata__ or a tensor. */
+static int parse_member(strata_safetensors *st, const strata_json_member *m, uint64_t data_bytes, const char *name) {
+    if (strlen(m->key) != m->key_len)
+        return HDR_FAIL("a tensor name holds a NUL byte (at byte %zu)", 8 + m->key_offset);
+    if (!strcmp(m->key, "__metadata__")) return parse_metadata(st, &m->value, name);
+    return parse_tensor(st, m, data_bytes, name);
+}
+
+/* The tensors tile the data region: no overlap, no hole, nothing after the last. */
+static int check_tiling(strata_safetensors *st, uint64_t data_bytes, const char *name) {
     strata_st_tensor **order = strata_xmalloc((st->n_tensors ? st->n_tensors : 1) * sizeof *order);
     for (int i = 0; i < st->n_tensors; i++) order[i] = &st->tensors[i];
     qsort(order, st->n_tensors, sizeof *order, by_begin);
     uint64_t pos = 0;
+    int rc = 0;
     for (int i = 0; i < st->n_tensors && !rc; i++) {
         const strata_st_tensor *t = order[i];
         if (t->begin < pos)
@@ -225,6 +222,34 @@ int strata_safetensors_parse(strata_safetensors *st, const void *bytes, size_t l
     return 0;
 }
 
+int strata_safetensors_parse(strata_safetensors *st, const void *bytes, size_t len, uint64_t file_bytes,
+                             const char *name) {
+    memset(st, 0, sizeof *st);
+    st->fd = -1;
+    snprintf(st->path, sizeof st->path, "%s", name);
+    const unsigned char *b = bytes;
+    uint64_t n = 0;
+    if (header_length(b, len, file_bytes, name, &n) != 0) return -1;
+    char jname[1100];
+    snprintf(jname, sizeof jname, "%s (header JSON, from byte 8)", name);
+    strata_json_doc doc;
+    if (strata_json_parse(&doc, b + 8, (size_t)n, jname)) return -1;
+    const strata_json *root = &doc.root;
+    if (root->type != STRATA_JSON_OBJECT) {
+        strata_json_free(&doc);
+        return strata_fail("%s: safetensors header: expected an object, got %s", name, strata_json_kind(root));
+    }
+    st->data_offset = 8 + n;
+    st->file_bytes = file_bytes;
+    uint64_t data_bytes = file_bytes - st->data_offset;
+    st->tensors = strata_xcalloc(root->len ? root->len : 1, sizeof *st->tensors);
+    int rc = 0;
+    for (size_t i = 0; i < root->len && !rc; i++) rc = parse_member(st, &root->members[i], data_bytes, name);
+    strata_json_free(&doc);
+    if (rc) return -1;
+    return check_tiling(st, data_bytes, name);
+}
+
 /* The bytes of `what` (a tensor's name, or the header) at offset. */
 static int read_at(int fd, void *buf, size_t bytes, uint64_t offset, const char *path, const char *what) {
     if (strata_pread_all(fd, buf, bytes, offset, path)) return strata_fail_wrap("tensor \"%s\"", what);
@@ -234,22 +259,23 @@ static int read_at(int fd, void *buf, size_t bytes, uint64_t offset, const char 
 int strata_safetensors_open(strata_safetensors *st, const char *path) {
     memset(st, 0, sizeof *st);
     st->fd = -1;
+    /* read-only: no close of fd can lose data, so none is checked */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return strata_fail("%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: not a regular file", path);
     }
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
     if (size < 8) {
-        close(fd);
+        (void)close(fd);
         return strata_fail("%s: %llu bytes, shorter than the 8-byte header length of a safetensors file", path,
                            (unsigned long long)size);
     }
     if (read_at(fd, len8, 8, 0, path, "(header length)")) {
-        close(fd);
+        (void)close(fd);
         return -1;
     }
     uint64_t n = 0;
@@ -262,7 +288,7 @@ int strata_safetensors_open(strata_safetensors *st, const char *path) {
     if (!rc) rc = strata_safetensors_parse(st, buf, (size_t)want, size, path);
     free(buf);
     if (rc) {
-        close(fd);
+        (void)close(fd);
         return -1;
     }
     st->fd = fd;
@@ -270,7 +296,7 @@ int strata_safetensors_open(strata_safetensors *st, const char *path) {
 }
 
 void strata_safetensors_close(strata_safetensors *st) {
-    if (st->fd >= 0) close(st->fd);
+    if (st->fd >= 0) (void)close(st->fd); /* read-only */
     free_fields(st);
     memset(st, 0, sizeof *st);
     st->fd = -1;

@@ -1,4 +1,4 @@
-/* core/safetensors.h: reading safetensors files (Hugging Face's weight format), whoever
+/* io/safetensors.h: reading safetensors files (Hugging Face's weight format), whoever
  * wrote them.
  *
  * Layout: u64 little-endian N, then N bytes of a JSON object

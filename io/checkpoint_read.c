@@ -1,0 +1,801 @@
+/* io/checkpoint_read.c: opening a checkpoint and reading it back at any world size
+ * (io/checkpoint.h describes the directory): which checkpoint a name means, the manifest
+ * and rank indices parsed and validated (libyaml's document API; every key known, every
+ * element covered once, every file the size its index promises), and range reads that
+ * visit whichever rank files hold the range, checking each segment's CRC-32C the first
+ * time it is touched. */
+#include "io/checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "core/common.h"
+#include "io/checkpoint_format.h"
+#include "io/files.h"
+#include "io/text.h"
+
+/* Per-rank state is allocated for the manifest's world before any rank file is opened:
+ * bound it, so a hostile manifest cannot ask for gigabytes. */
+#define CKPT_MAX_WORLD (1 << 20)
+
+/* ---- resolving what to load ---- */
+
+/* The checkpoint `latest` names in run_dir/ckpt; if that file is missing or names
+ * something incomplete, the newest complete step directory. */
+static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
+    char ckpt_dir[CKPT_PATH_MAX], latest[CKPT_PATH_MAX];
+    if (strata_ckpt_fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
+        strata_ckpt_fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
+        return -1;
+    if (!strata_is_dir(ckpt_dir)) return strata_fail("no checkpoint in %s (no such directory)", ckpt_dir);
+    FILE *f = fopen(latest, "r");
+    if (f) {
+        char name[256] = {0};
+        size_t n = fread(name, 1, sizeof name - 1, f);
+        (void)fclose(f); /* read-only: nothing to lose */
+        name[n] = 0;
+        while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' ')) name[--n] = 0;
+        char dir[CKPT_PATH_MAX], man[CKPT_PATH_MAX];
+        /* Only a plain directory name inside ckpt/ is trusted. */
+        if (n > 0 && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") &&
+            strata_ckpt_fmt_path(dir, sizeof dir, "%s/%s", ckpt_dir, name) == 0 &&
+            strata_ckpt_fmt_path(man, sizeof man, "%s/manifest.yaml", dir) == 0 && strata_is_file(man))
+            return strata_ckpt_fmt_path(out, outlen, "%s", dir);
+        STRATA_WARN("ckpt", "%s names '%s', which is not a complete checkpoint; using the newest complete one",
+                    latest, name);
+    } else if (errno != ENOENT) {
+        STRATA_WARN("ckpt", "%s: cannot read (%s); using the newest complete checkpoint", latest, strerror(errno));
+    }
+    strata_ckpt_step *v;
+    int n;
+    if (strata_ckpt_list_steps(ckpt_dir, "", &v, &n) != 0) return -1;
+    int found = -1;
+    for (int i = 0; i < n && found < 0; i++)
+        if (v[i].complete) found = i;
+    int rc = found < 0 ? strata_fail("no checkpoint in %s", ckpt_dir)
+                       : strata_ckpt_fmt_path(out, outlen, "%s/%s", ckpt_dir, v[found].name);
+    free(v);
+    return rc;
+}
+
+int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t outlen) {
+    if (!what || !*what) return strata_fail("no checkpoint named (expected 'latest', a run or a checkpoint directory)");
+    if (!strcmp(what, "latest")) {
+        if (!run_dir || !*run_dir) return strata_fail("checkpoint 'latest': no run directory given to look in");
+        return resolve_latest(run_dir, out, outlen);
+    }
+    char p[CKPT_PATH_MAX];
+    if (strata_ckpt_fmt_path(p, sizeof p, "%s/manifest.yaml", what) != 0) return -1;
+    if (strata_is_file(p)) return strata_ckpt_fmt_path(out, outlen, "%s", what);
+    if (strata_ckpt_fmt_path(p, sizeof p, "%s/ckpt", what) != 0) return -1;
+    if (strata_is_dir(p)) return resolve_latest(what, out, outlen);
+    /* A bare step name ("step_00000120") inside the run's ckpt/. */
+    if (run_dir && *run_dir && !strchr(what, '/')) {
+        char q[CKPT_PATH_MAX];
+        if (strata_ckpt_fmt_path(p, sizeof p, "%s/ckpt/%s", run_dir, what) != 0 ||
+            strata_ckpt_fmt_path(q, sizeof q, "%s/manifest.yaml", p) != 0)
+            return -1;
+        if (strata_is_file(q)) return strata_ckpt_fmt_path(out, outlen, "%s", p);
+    }
+    struct stat st;
+    if (stat(what, &st) != 0) return strata_fail("checkpoint %s: %s", what, strerror(errno));
+    return strata_fail("%s: neither a checkpoint directory (no manifest.yaml) nor a run directory (no ckpt/)", what);
+}
+
+/* ---- reading: YAML documents ---- */
+
+typedef struct ydoc {
+    yaml_document_t doc;
+    const char *path;
+} ydoc;
+
+/* Index files grow with tensors x ranks; 256 MiB is thousands of ranks of a large model. */
+#define CKPT_YAML_MAX_BYTES ((size_t)256 << 20)
+
+static int ydoc_parse(ydoc *d, const char *path, const char *text, size_t len) {
+    d->path = path;
+    if (strata_yaml_load(&d->doc, path, text, len, "a checkpoint file")) return -1;
+    yaml_node_t *root = yaml_document_get_root_node(&d->doc);
+    if (!root || root->type != YAML_MAPPING_NODE) {
+        yaml_document_delete(&d->doc);
+        return strata_fail("%s: not a Strata checkpoint file (%s)", path,
+                           root ? "the top level is not a mapping" : "empty");
+    }
+    return 0;
+}
+
+static int ydoc_load(ydoc *d, const char *path) {
+    char *text;
+    size_t len;
+    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
+    int rc = ydoc_parse(d, path, text, len);
+    free(text);
+    return rc;
+}
+
+/* Every key of `map` must be one of `known` (NULL-terminated): checkpoint files name no
+ * paths, and a key this version does not write is an edit, refused by name. */
+static int ykeys_known(ydoc *d, yaml_node_t *map, const char *ctx, const char *const *known) {
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
+        int ok = k && k->type == YAML_SCALAR_NODE;
+        for (int i = 0; ok && known[i]; i++)
+            if (strlen(known[i]) == k->data.scalar.length && !memcmp(known[i], k->data.scalar.value, k->data.scalar.length))
+                ok = 2;
+        if (ok != 2)
+            return strata_fail("%s: line %zu: %s%sunknown key '%.60s' (checkpoint files name no other files or keys; "
+                               "this one was edited)", d->path, (k ? k->start_mark.line : map->start_mark.line) + 1,
+                               ctx, *ctx ? ": " : "", k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?");
+    }
+    return 0;
+}
+
+static yaml_node_t *yroot(ydoc *d) { return yaml_document_get_root_node(&d->doc); }
+
+static const char *type_name(yaml_node_type_t t) {
+    return t == YAML_SCALAR_NODE ? "scalar" : t == YAML_SEQUENCE_NODE ? "list" : "mapping";
+}
+
+/* The value of `key` in mapping `map`, of the given type; ctx ("tensors[3]") locates
+ * the mapping in messages. */
+static yaml_node_t *yget(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, yaml_node_type_t type) {
+    size_t klen = strlen(key);
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
+        if (!k || k->type != YAML_SCALAR_NODE || k->data.scalar.length != klen ||
+            memcmp(k->data.scalar.value, key, klen) != 0)
+            continue;
+        yaml_node_t *v = yaml_document_get_node(&d->doc, pr->value);
+        if (v->type != type) {
+            strata_fail("%s: line %zu: %s%skey '%s' should be a %s, found a %s", d->path, v->start_mark.line + 1, ctx,
+                        *ctx ? ": " : "", key, type_name(type), type_name(v->type));
+            return NULL;
+        }
+        return v;
+    }
+    strata_fail("%s: line %zu: %s%smissing key '%s'", d->path, map->start_mark.line + 1, ctx, *ctx ? ": " : "", key);
+    return NULL;
+}
+
+static const char *yscalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+/* A list entry (ctx "units[3]") that must be a mapping. */
+static int ymapping(ydoc *d, yaml_node_t *m, const char *ctx) {
+    if (m->type != YAML_MAPPING_NODE)
+        return strata_fail("%s: line %zu: %s should be a mapping", d->path, m->start_mark.line + 1, ctx);
+    return 0;
+}
+
+static int parse_u64(const char *s, int base, uint64_t *out) {
+    *out = 0;
+    if (base == 16) {
+        if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
+        s += 2;
+    }
+    if (!*s) return -1;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        unsigned dg;
+        if (*s >= '0' && *s <= '9') dg = (unsigned)(*s - '0');
+        else if (base == 16 && *s >= 'a' && *s <= 'f') dg = (unsigned)(*s - 'a' + 10);
+        else if (base == 16 && *s >= 'A' && *s <= 'F') dg = (unsigned)(*s - 'A' + 10);
+        else return -1;
+        if (v > (UINT64_MAX - dg) / (unsigned)base) return -1;
+        v = v * (unsigned)base + dg;
+    }
+    *out = v;
+    return 0;
+}
+
+static int bad_value(ydoc *d, yaml_node_t *n, const char *ctx, const char *key, const char *want) {
+    return strata_fail("%s: line %zu: %s%skey '%s': '%s' is not %s", d->path, n->start_mark.line + 1, ctx,
+                       *ctx ? ": " : "", key, yscalar(n), want);
+}
+
+/* An unsigned integer (base 10, or 16 with 0x) no larger than max. */
+static int yget_u64(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, int base, uint64_t max,
+                    uint64_t *out) {
+    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+    if (!n) return -1;
+    if (parse_u64(yscalar(n), base, out) != 0 || *out > max)
+        return bad_value(d, n, ctx, key, base == 16 ? "a 0x-prefixed hex number" : "an unsigned integer in range");
+    return 0;
+}
+
+static int yget_size(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, size_t *out) {
+    uint64_t v;
+    if (yget_u64(d, map, ctx, key, 10, SIZE_MAX / sizeof(float), &v) != 0) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int yget_int(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, int *out) {
+    uint64_t v;
+    if (yget_u64(d, map, ctx, key, 10, INT_MAX, &v) != 0) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int yget_double(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, double *out) {
+    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+    if (!n) return -1;
+    char *end;
+    errno = 0;
+    *out = strtod(yscalar(n), &end);
+    if (end == yscalar(n) || *end) return bad_value(d, n, ctx, key, "a number");
+    return 0;
+}
+
+static int yexpect(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, const char *want) {
+    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+    if (!n) return -1;
+    if (strcmp(yscalar(n), want) != 0) {
+        if (!strcmp(key, "format"))
+            return strata_fail("%s: format '%s' is not %s (written by another version of Strata?)", d->path,
+                               yscalar(n), want);
+        return strata_fail("%s: line %zu: %s%skey '%s' is '%s', expected '%s'", d->path, n->start_mark.line + 1, ctx,
+                           *ctx ? ": " : "", key, yscalar(n), want);
+    }
+    return 0;
+}
+
+/* ---- reading: an opened checkpoint's state ---- */
+
+typedef struct seg {
+    int rank, kind, unit, tensor;
+    size_t lo, hi;   /* elements of the unit's flat buffer */
+    uint64_t offset; /* bytes into the rank's .bin */
+    uint32_t crc;
+    int verified; /* checksum already matched once */
+} seg;
+
+/* read_range updates the verified flags and the scratch segment, so one strata_ckpt
+ * serves one thread at a time. */
+struct strata_ckpt {
+    char dir[CKPT_PATH_MAX - 32]; /* room for "/rankNNNNN.yaml" in CKPT_PATH_MAX */
+    strata_ckpt_meta meta;
+    char *config;
+    strata_param_layout layout;
+    size_t *unit_numel, *unit_padded;
+    strata_param_tensor *tensors;
+    int world;
+    int *fds;                 /* rank .bin files, open for pread */
+    seg *segs;                /* sorted by (unit, kind, lo) */
+    size_t n_segs, cap_segs;
+    size_t *uk_first;         /* segments of (unit u, kind k): [uk_first[u*3+k], uk_first[u*3+k+1]) */
+    int bad_manifest;         /* manifest.yaml was edited or corrupted (not the data) */
+    float *scratch;           /* the last partly-read segment, verified */
+    size_t scratch_cap;
+    long scratch_seg;         /* index into segs, or -1 */
+};
+
+static void bin_path(const strata_ckpt *ck, int rank, char *out, size_t len) {
+    snprintf(out, len, "%s/rank%05d.bin", ck->dir, rank);
+}
+
+/* ---- reading: manifest.yaml ---- */
+
+/* manifest.yaml's first line against every byte after it. A checksum line that does not
+ * match, or that is not the first line, is an edit; no checksum line at all is an older
+ * Strata's manifest, loaded with a warning. */
+static int check_manifest_crc(const char *path, const char *text, size_t len) {
+    size_t plen = strlen(MANIFEST_CRC_PREFIX);
+    if (len >= plen && !memcmp(text, MANIFEST_CRC_PREFIX, plen)) {
+        const char *nl = memchr(text, '\n', len);
+        uint64_t want = 0;
+        char hex[32] = {0};
+        size_t hl = nl ? (size_t)(nl - text) - plen : 0;
+        if (nl && hl < sizeof hex) memcpy(hex, text + plen, hl);
+        if (!nl || hl >= sizeof hex || parse_u64(hex, 16, &want) != 0 || want > UINT32_MAX)
+            return strata_fail("%s: line 1: manifest_crc32c is not a 32-bit hex number: the manifest was edited or "
+                               "corrupted; refusing it", path);
+        size_t body = (size_t)(nl + 1 - text);
+        uint32_t got = strata_crc32c(0, text + body, len - body);
+        if (got != (uint32_t)want)
+            return strata_fail("%s: checksum mismatch (manifest_crc32c says 0x%08x, the contents give 0x%08x): the "
+                               "manifest was edited or corrupted; refusing it", path, (unsigned)want, (unsigned)got);
+        return 0;
+    }
+    if (strstr(text, "manifest_crc32c"))
+        return strata_fail("%s: manifest_crc32c is not on the first line: the manifest was edited; refusing it", path);
+    /* written before manifests carried a checksum: loaded, but nothing vouches for it */
+    STRATA_WARN("ckpt", "%s has no checksum (written by an older Strata): loading it unverified; the next "
+                "checkpoint saved will have one", path);
+    return 0;
+}
+
+/* Reads manifest.yaml, checks its checksum line and parses it into d. */
+static int load_manifest(ydoc *d, const char *path) {
+    char *text;
+    size_t len;
+    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
+    int rc = check_manifest_crc(path, text, len);
+    if (rc == 0) rc = ydoc_parse(d, path, text, len);
+    free(text);
+    return rc;
+}
+
+/* The global facts: format, step, world, stage, seed, RNG state, progress, dtype and the
+ * config text. */
+static int parse_meta(strata_ckpt *ck, ydoc *d) {
+    yaml_node_t *root = yroot(d), *n;
+    uint64_t v;
+    if (yexpect(d, root, "", "format", CKPT_FORMAT) != 0) return -1;
+    if (yget_u64(d, root, "", "step", 10, INT64_MAX, &v) != 0) return -1;
+    ck->meta.step = (int64_t)v;
+    if (yget_int(d, root, "", "world", &ck->world) != 0 || yget_int(d, root, "", "stage", &ck->meta.stage) != 0 ||
+        yget_u64(d, root, "", "seed", 10, UINT64_MAX, &ck->meta.seed) != 0 ||
+        yget_u64(d, root, "", "rng_state", 16, UINT64_MAX, &ck->meta.rng_state) != 0 ||
+        yget_double(d, root, "", "tokens_seen", &ck->meta.tokens_seen) != 0 ||
+        yget_double(d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
+        yexpect(d, root, "", "dtype", "float32") != 0)
+        return -1;
+    if (ck->world < 1 || ck->world > CKPT_MAX_WORLD)
+        return strata_fail("%s: world %d must be between 1 and %d", d->path, ck->world, CKPT_MAX_WORLD);
+    ck->meta.world = ck->world;
+    if (!(n = yget(d, root, "", "config", YAML_SCALAR_NODE))) return -1;
+    ck->config = strata_xmalloc(n->data.scalar.length + 1);
+    memcpy(ck->config, n->data.scalar.value, n->data.scalar.length);
+    ck->config[n->data.scalar.length] = 0;
+    ck->meta.config_yaml = ck->config;
+    return 0;
+}
+
+/* An entry of units: or tensors: a mapping of keys this version writes; an unknown key
+ * is an edit, so it marks the manifest itself bad. */
+static int manifest_entry(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *ctx, const char *const *keys) {
+    if (ymapping(d, m, ctx) != 0) return -1;
+    if (ykeys_known(d, m, ctx, keys) != 0) {
+        ck->bad_manifest = 1;
+        return -1;
+    }
+    return 0;
+}
+
+/* units: every unit's numel and padded size; *nu_out gets their count. */
+static int parse_units(strata_ckpt *ck, ydoc *d, int *nu_out) {
+    static const char *const unit_keys[] = {"numel", "padded", NULL};
+    yaml_node_t *units = yget(d, yroot(d), "", "units", YAML_SEQUENCE_NODE);
+    if (!units) return -1;
+    int nu = (int)(units->data.sequence.items.top - units->data.sequence.items.start);
+    ck->unit_numel = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
+    ck->unit_padded = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
+    for (int u = 0; u < nu; u++) {
+        yaml_node_t *m = yaml_document_get_node(&d->doc, units->data.sequence.items.start[u]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "units[%d]", u);
+        if (manifest_entry(ck, d, m, ctx, unit_keys) != 0 ||
+            yget_size(d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
+            yget_size(d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
+            return -1;
+    }
+    *nu_out = nu;
+    return 0;
+}
+
+/* A tensor's shape: a list of at most STRATA_TENSOR_MAX_DIMS non-negative integers. */
+static int parse_shape(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+    yaml_node_t *shape = yget(d, m, ctx, "shape", YAML_SEQUENCE_NODE);
+    if (!shape) return -1;
+    int nd = (int)(shape->data.sequence.items.top - shape->data.sequence.items.start);
+    if (nd > STRATA_TENSOR_MAX_DIMS)
+        return strata_fail("%s: line %zu: %s: %d dimensions (at most %d)", d->path, shape->start_mark.line + 1, ctx,
+                           nd, STRATA_TENSOR_MAX_DIMS);
+    t->ndim = nd;
+    for (int k = 0; k < nd; k++) {
+        yaml_node_t *dn = yaml_document_get_node(&d->doc, shape->data.sequence.items.start[k]);
+        uint64_t v;
+        if (dn->type != YAML_SCALAR_NODE || parse_u64(yscalar(dn), 10, &v) != 0 || v > INT64_MAX)
+            return strata_fail("%s: line %zu: %s: shape entry %d is not a non-negative integer", d->path,
+                               dn->start_mark.line + 1, ctx, k);
+        t->shape[k] = (int64_t)v;
+    }
+    return 0;
+}
+
+/* One entry of tensors (ctx "tensors[3]"): name, unit, offset, numel, dtype, shape. */
+static int parse_tensor(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+    yaml_node_t *n = yget(d, m, ctx, "name", YAML_SCALAR_NODE);
+    if (!n) return -1;
+    if (n->data.scalar.length == 0 || n->data.scalar.length >= sizeof t->name ||
+        strlen(yscalar(n)) != n->data.scalar.length)
+        return strata_fail("%s: line %zu: %s: name '%s' is empty, too long or holds a NUL byte", d->path,
+                           n->start_mark.line + 1, ctx, yscalar(n));
+    memcpy(t->name, yscalar(n), n->data.scalar.length + 1);
+    char named[64]; /* from here on, messages name the tensor */
+    snprintf(named, sizeof named, "tensor %.40s", t->name);
+    if (yget_int(d, m, named, "unit", &t->unit) != 0 || yget_size(d, m, named, "offset", &t->offset) != 0 ||
+        yget_size(d, m, named, "numel", &t->numel) != 0 || yexpect(d, m, named, "dtype", "float32") != 0)
+        return -1;
+    return parse_shape(d, m, named, t);
+}
+
+/* tensors: every tensor's entry; *nt_out gets their count. */
+static int parse_tensors(strata_ckpt *ck, ydoc *d, int *nt_out) {
+    static const char *const tensor_keys[] = {"name", "unit", "offset", "numel", "shape", "dtype", NULL};
+    yaml_node_t *tens = yget(d, yroot(d), "", "tensors", YAML_SEQUENCE_NODE);
+    if (!tens) return -1;
+    int nt = (int)(tens->data.sequence.items.top - tens->data.sequence.items.start);
+    ck->tensors = strata_xcalloc((size_t)nt + 1, sizeof *ck->tensors);
+    for (int i = 0; i < nt; i++) {
+        yaml_node_t *m = yaml_document_get_node(&d->doc, tens->data.sequence.items.start[i]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "tensors[%d]", i);
+        if (manifest_entry(ck, d, m, ctx, tensor_keys) != 0 || parse_tensor(d, m, ctx, &ck->tensors[i]) != 0)
+            return -1;
+    }
+    *nt_out = nt;
+    return 0;
+}
+
+/* manifest.yaml: its checksum and keys, the global facts, units and tensors, and the
+ * layout they make checked as the writer checked it. */
+static int parse_manifest(strata_ckpt *ck) {
+    static const char *const top_keys[] = {"manifest_crc32c", "format", "step", "world", "stage", "seed", "rng_state",
+                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config", NULL};
+    char path[CKPT_PATH_MAX];
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
+    if (!strata_is_file(path)) {
+        if (!strata_is_dir(ck->dir)) return strata_fail("checkpoint %s: no such directory", ck->dir);
+        return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
+    }
+    ck->bad_manifest = 1; /* until the checksum and the keys are found good */
+    ydoc d;
+    if (load_manifest(&d, path) != 0) return -1;
+    int rc = -1, nu, nt;
+    if (ykeys_known(&d, yroot(&d), "", top_keys) != 0) goto out;
+    ck->bad_manifest = 0;
+    if (parse_meta(ck, &d) != 0 || parse_units(ck, &d, &nu) != 0 || parse_tensors(ck, &d, &nt) != 0) goto out;
+    ck->layout = (strata_param_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
+    int *order, *first;
+    if (strata_ckpt_layout_index(&ck->layout, path, &order, &first) != 0) goto out;
+    free(order);
+    free(first);
+    rc = 0;
+out:
+    yaml_document_delete(&d.doc);
+    return rc;
+}
+
+/* ---- reading: the rank indices ---- */
+
+/* The tensor called `name`; segments come in layout order, so the one after `hint`
+ * is tried first. */
+static int find_tensor(const strata_ckpt *ck, const char *name, int hint) {
+    int nt = ck->layout.n_tensors;
+    for (int k = 0; k < nt; k++) {
+        int i = (hint + 1 + k) % nt;
+        if (!strcmp(ck->tensors[i].name, name)) return i;
+    }
+    return -1;
+}
+
+/* A rank index's own keys: format, rank (it must be rank `rank` of the manifest's world),
+ * dtype, and bin_bytes, the size its data file must have. */
+static int parse_rank_header(strata_ckpt *ck, ydoc *d, int rank, uint64_t *bin_bytes) {
+    static const char *const rank_keys[] = {"format", "rank", "world", "dtype", "bin_bytes", "segments", NULL};
+    yaml_node_t *root = yroot(d);
+    int r, w;
+    if (ykeys_known(d, root, "", rank_keys) != 0) return -1;
+    if (yexpect(d, root, "", "format", CKPT_FORMAT) != 0 || yget_int(d, root, "", "rank", &r) != 0 ||
+        yget_int(d, root, "", "world", &w) != 0 || yexpect(d, root, "", "dtype", "float32") != 0 ||
+        yget_u64(d, root, "", "bin_bytes", 10, INT64_MAX, bin_bytes) != 0)
+        return -1;
+    if (r != rank || w != ck->world)
+        return strata_fail("%s: says rank %d of world %d, but the manifest expects rank %d of world %d", d->path, r,
+                           w, rank, ck->world);
+    return 0;
+}
+
+/* One entry of segments (ctx "segments[3]") into *out: elements [lo, hi) of one kind of
+ * one manifest tensor, at byte `running` of the data file (where the segments before it
+ * end), and its CRC-32C. *hint is the tensor of the segment before. */
+static int parse_segment(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *ctx, int rank, int *hint,
+                         uint64_t running, seg *out) {
+    static const char *const seg_keys[] = {"kind", "tensor", "unit", "lo", "hi", "offset", "crc32c", NULL};
+    if (ymapping(d, m, ctx) != 0 || ykeys_known(d, m, ctx, seg_keys) != 0) return -1;
+    yaml_node_t *kn = yget(d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = yget(d, m, ctx, "tensor", YAML_SCALAR_NODE);
+    if (!kn || !tn) return -1;
+    seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), *hint)};
+    for (int k = 0; k < STRATA_CKPT_KINDS; k++)
+        if (!strcmp(yscalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
+    if (s.kind < 0) return bad_value(d, kn, ctx, "kind", "one of param, m, v");
+    if (s.tensor < 0)
+        return strata_fail("%s: line %zu: %s: tensor %s is not in the manifest", d->path, tn->start_mark.line + 1,
+                           ctx, yscalar(tn));
+    *hint = s.tensor;
+    uint64_t crc;
+    if (yget_int(d, m, ctx, "unit", &s.unit) != 0 || yget_size(d, m, ctx, "lo", &s.lo) != 0 ||
+        yget_size(d, m, ctx, "hi", &s.hi) != 0 || yget_u64(d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
+        yget_u64(d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
+        return -1;
+    s.crc = (uint32_t)crc;
+    const strata_param_tensor *t = &ck->tensors[s.tensor];
+    if (s.unit != t->unit || s.lo >= s.hi || s.lo < t->offset || s.hi > t->offset + t->numel)
+        return strata_fail("%s: line %zu: %s: elements [%zu, %zu) of unit %d are not inside tensor %s (unit %d, "
+                           "[%zu, %zu))",
+                           d->path, m->start_mark.line + 1, ctx, s.lo, s.hi, s.unit, t->name, t->unit, t->offset,
+                           t->offset + t->numel);
+    if (s.offset != running)
+        return strata_fail("%s: line %zu: %s: byte offset %llu, expected %llu (segments are stored back to back)",
+                           d->path, m->start_mark.line + 1, ctx, (unsigned long long)s.offset,
+                           (unsigned long long)running);
+    *out = s;
+    return 0;
+}
+
+/* segments: each appended to ck->segs; stored back to back, they fill bin_bytes exactly. */
+static int parse_segments(strata_ckpt *ck, ydoc *d, int rank, uint64_t bin_bytes) {
+    yaml_node_t *segs = yget(d, yroot(d), "", "segments", YAML_SEQUENCE_NODE);
+    if (!segs) return -1;
+    int ns = (int)(segs->data.sequence.items.top - segs->data.sequence.items.start);
+    uint64_t running = 0;
+    int hint = -1;
+    for (int i = 0; i < ns; i++) {
+        yaml_node_t *m = yaml_document_get_node(&d->doc, segs->data.sequence.items.start[i]);
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "segments[%d]", i);
+        seg s;
+        if (parse_segment(ck, d, m, ctx, rank, &hint, running, &s) != 0) return -1;
+        running += (uint64_t)(s.hi - s.lo) * sizeof(float);
+        if (ck->n_segs == ck->cap_segs) {
+            ck->cap_segs = ck->cap_segs ? ck->cap_segs * 2 : 256;
+            ck->segs = strata_xrealloc(ck->segs, sizeof *ck->segs * ck->cap_segs);
+        }
+        ck->segs[ck->n_segs++] = s;
+    }
+    if (running != bin_bytes)
+        return strata_fail("%s: segments hold %llu bytes, but bin_bytes says %llu", d->path,
+                           (unsigned long long)running, (unsigned long long)bin_bytes);
+    return 0;
+}
+
+/* Opens the rank's data file `bin` for reading and holds it to its index (index_path): a
+ * file too short for its segments is truncated (the message names the first tensor cut
+ * off), any other size is a file from another checkpoint. The rank's segments are
+ * ck->segs[first_seg ..]. */
+static int open_rank_bin(strata_ckpt *ck, int rank, const char *bin, const char *index_path, uint64_t bin_bytes,
+                         size_t first_seg) {
+    int fd = open(bin, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return strata_fail("%s: cannot open: %s", bin, strerror(errno));
+    ck->fds[rank] = fd;
+    struct stat st;
+    if (fstat(fd, &st) != 0) return strata_fail("%s: cannot stat: %s", bin, strerror(errno));
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < bin_bytes) {
+        for (size_t i = first_seg; i < ck->n_segs; i++) {
+            const seg *s = &ck->segs[i];
+            if (s->offset + (uint64_t)(s->hi - s->lo) * sizeof(float) > size)
+                return strata_fail("%s: truncated: expected %llu bytes, found %llu (tensor %s, %s)", bin,
+                                   (unsigned long long)bin_bytes, (unsigned long long)size,
+                                   ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind]);
+        }
+    }
+    if (size != bin_bytes)
+        return strata_fail("%s: %llu bytes, but its index %s promises %llu (a file from another checkpoint?)", bin,
+                           (unsigned long long)size, index_path, (unsigned long long)bin_bytes);
+    return 0;
+}
+
+/* rankNNNNN.yaml and rankNNNNN.bin of one rank: the index parsed, its segments added to
+ * ck->segs, the data file opened and its size checked. */
+static int parse_rank(strata_ckpt *ck, int rank) {
+    char path[CKPT_PATH_MAX], bin[CKPT_PATH_MAX];
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
+        strata_ckpt_fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
+        return -1;
+    ydoc d;
+    if (ydoc_load(&d, path) != 0) return -1;
+    uint64_t bin_bytes;
+    size_t first_seg = ck->n_segs;
+    int rc = parse_rank_header(ck, &d, rank, &bin_bytes);
+    if (rc == 0) rc = parse_segments(ck, &d, rank, bin_bytes);
+    if (rc == 0) rc = open_rank_bin(ck, rank, bin, path, bin_bytes, first_seg);
+    yaml_document_delete(&d.doc);
+    return rc;
+}
+
+/* ---- reading: open, close, range reads ---- */
+
+static int seg_cmp(const void *a, const void *b) {
+    const seg *x = a, *y = b;
+    if (x->unit != y->unit) return x->unit < y->unit ? -1 : 1;
+    if (x->kind != y->kind) return x->kind < y->kind ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Every (unit, kind) must be tiled exactly once by the segments of all ranks together. */
+static int check_coverage(strata_ckpt *ck) {
+    int nu = ck->layout.n_units;
+    qsort(ck->segs, ck->n_segs, sizeof *ck->segs, seg_cmp);
+    ck->uk_first = strata_xcalloc((size_t)nu * STRATA_CKPT_KINDS + 1, sizeof(size_t));
+    size_t i = 0;
+    for (int u = 0; u < nu; u++)
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
+            ck->uk_first[u * STRATA_CKPT_KINDS + k] = i;
+            size_t at = 0;
+            for (; i < ck->n_segs && ck->segs[i].unit == u && ck->segs[i].kind == k; i++) {
+                const seg *s = &ck->segs[i];
+                if (s->lo > at)
+                    return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir,
+                                       u, strata_ckpt_kind_name[k], at, s->lo);
+                if (s->lo < at)
+                    return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in both "
+                                       "rank%05d.bin and rank%05d.bin",
+                                       ck->dir, u, strata_ckpt_kind_name[k], s->lo, at < s->hi ? at : s->hi,
+                                       ck->segs[i - 1].rank, s->rank);
+                at = s->hi;
+            }
+            if (at != ck->unit_numel[u])
+                return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir, u,
+                                   strata_ckpt_kind_name[k], at, ck->unit_numel[u]);
+        }
+    ck->uk_first[(size_t)nu * STRATA_CKPT_KINDS] = i;
+    return 0;
+}
+
+strata_ckpt *strata_ckpt_open(const char *dir) { return strata_ckpt_open_checked(dir, NULL); }
+
+strata_ckpt *strata_ckpt_open_checked(const char *dir, int *bad_manifest) {
+    if (bad_manifest) *bad_manifest = 0;
+    strata_ckpt *ck = strata_xcalloc(1, sizeof *ck);
+    ck->scratch_seg = -1;
+    if (strata_ckpt_fmt_path(ck->dir, sizeof ck->dir, "%s", dir) != 0) goto fail;
+    for (size_t n = strlen(ck->dir); n > 1 && ck->dir[n - 1] == '/';) ck->dir[--n] = 0;
+    if (parse_manifest(ck) != 0) goto fail;
+    ck->fds = strata_xmalloc(sizeof *ck->fds * (size_t)ck->world);
+    for (int r = 0; r < ck->world; r++) ck->fds[r] = -1;
+    for (int r = 0; r < ck->world; r++)
+        if (parse_rank(ck, r) != 0) goto fail;
+    if (check_coverage(ck) != 0) goto fail;
+    return ck;
+fail:
+    if (bad_manifest) *bad_manifest = ck->bad_manifest;
+    strata_ckpt_close(ck);
+    return NULL;
+}
+
+void strata_ckpt_close(strata_ckpt *ck) {
+    if (!ck) return;
+    if (ck->fds)
+        for (int r = 0; r < ck->world; r++)
+            if (ck->fds[r] >= 0) (void)close(ck->fds[r]); /* read-only: nothing to lose */
+    free(ck->fds);
+    free(ck->config);
+    free(ck->unit_numel);
+    free(ck->unit_padded);
+    free(ck->tensors);
+    free(ck->segs);
+    free(ck->uk_first);
+    free(ck->scratch);
+    free(ck);
+}
+
+const strata_ckpt_meta *strata_ckpt_get_meta(const strata_ckpt *ck) { return &ck->meta; }
+const strata_param_layout *strata_ckpt_get_layout(const strata_ckpt *ck) { return &ck->layout; }
+
+int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_param_layout *L) {
+    const strata_param_layout *C = &ck->layout;
+    int n = C->n_tensors < L->n_tensors ? C->n_tensors : L->n_tensors;
+    for (int i = 0; i < n; i++) {
+        const strata_param_tensor *a = &C->tensors[i], *b = &L->tensors[i];
+        if (strcmp(a->name, b->name) != 0)
+            return strata_fail("checkpoint %s: tensor %d is %s, but the model's is %s", ck->dir, i, a->name, b->name);
+        int same_shape = a->ndim == b->ndim;
+        for (int d = 0; same_shape && d < a->ndim; d++) same_shape = a->shape[d] == b->shape[d];
+        if (!same_shape) {
+            char sa[128], sb[128];
+            strata_ckpt_shape_str(sa, sizeof sa, a);
+            strata_ckpt_shape_str(sb, sizeof sb, b);
+            return strata_fail("checkpoint %s: tensor %s has shape %s, but the model's has %s", ck->dir, a->name, sa,
+                               sb);
+        }
+        if (a->unit != b->unit || a->offset != b->offset || a->numel != b->numel)
+            return strata_fail("checkpoint %s: tensor %s is at unit %d offset %zu (%zu elements), but the model's "
+                               "is at unit %d offset %zu (%zu elements)",
+                               ck->dir, a->name, a->unit, a->offset, a->numel, b->unit, b->offset, b->numel);
+    }
+    if (C->n_tensors != L->n_tensors)
+        return strata_fail("checkpoint %s has %d tensors, the model %d (first unmatched: %s)", ck->dir, C->n_tensors,
+                           L->n_tensors, C->n_tensors > n ? C->tensors[n].name : L->tensors[n].name);
+    if (C->n_units != L->n_units)
+        return strata_fail("checkpoint %s has %d units, the model %d", ck->dir, C->n_units, L->n_units);
+    for (int u = 0; u < C->n_units; u++)
+        if (C->unit_numel[u] != L->unit_numel[u])
+            return strata_fail("checkpoint %s: unit %d has %zu elements, the model's has %zu", ck->dir, u,
+                               C->unit_numel[u], L->unit_numel[u]);
+    return 0;
+}
+
+/* Segment s whole into dst (s->hi - s->lo floats), checked against its CRC-32C; a match
+ * marks it verified, so later reads of parts of it skip the check. */
+static int read_segment_checked(strata_ckpt *ck, seg *s, float *dst) {
+    size_t bytes = (s->hi - s->lo) * sizeof(float);
+    char bin[CKPT_PATH_MAX];
+    bin_path(ck, s->rank, bin, sizeof bin);
+    if (strata_pread_all(ck->fds[s->rank], dst, bytes, s->offset, bin) != 0) return -1;
+    uint32_t crc = strata_crc32c(0, dst, bytes);
+    if (crc != s->crc)
+        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
+                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
+    s->verified = 1;
+    return 0;
+}
+
+/* Reads segment i whole into scratch and checks its CRC (then it stays there, so the
+ * neighbouring ranges a different world size asks for do not read it again). */
+static int load_segment(strata_ckpt *ck, size_t i) {
+    if (ck->scratch_seg == (long)i) return 0;
+    seg *s = &ck->segs[i];
+    size_t n = s->hi - s->lo;
+    if (n > ck->scratch_cap) {
+        free(ck->scratch);
+        ck->scratch = strata_xmalloc(n * sizeof(float));
+        ck->scratch_cap = n;
+    }
+    ck->scratch_seg = -1;
+    if (read_segment_checked(ck, s, ck->scratch) != 0) return -1;
+    ck->scratch_seg = (long)i;
+    return 0;
+}
+
+/* Elements [a, z) of segment i into out: from scratch when the segment is there, straight
+ * from its file once it was verified; otherwise checked first, in place when the whole
+ * segment is wanted, else through scratch. */
+static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, float *out) {
+    seg *s = &ck->segs[i];
+    if (ck->scratch_seg == (long)i) {
+        memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
+        return 0;
+    }
+    if (s->verified) {
+        char bin[CKPT_PATH_MAX];
+        bin_path(ck, s->rank, bin, sizeof bin);
+        return strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float),
+                                s->offset + (a - s->lo) * sizeof(float), bin);
+    }
+    if (a == s->lo && z == s->hi) return read_segment_checked(ck, s, out);
+    if (load_segment(ck, i) != 0) return -1;
+    memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
+    return 0;
+}
+
+/* The first segment of (unit, kind) that ends after element lo (binary search). */
+static size_t first_segment_after(const strata_ckpt *ck, int unit, int kind, size_t lo) {
+    size_t b = ck->uk_first[unit * STRATA_CKPT_KINDS + kind], e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    while (b < e) {
+        size_t mid = b + (e - b) / 2;
+        if (ck->segs[mid].hi <= lo) b = mid + 1;
+        else e = mid;
+    }
+    return b;
+}
+
+int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, float *dst) {
+    if (unit < 0 || unit >= ck->layout.n_units || kind < 0 || kind >= STRATA_CKPT_KINDS || lo > hi)
+        return strata_fail("checkpoint %s: invalid read of unit %d kind %d elements [%zu, %zu)", ck->dir, unit, kind,
+                           lo, hi);
+    size_t numel = ck->unit_numel[unit];
+    size_t real_hi = hi < numel ? hi : numel;
+    /* Padding beyond the real elements reads as zeros. */
+    if (hi > (lo > numel ? lo : numel)) {
+        size_t z0 = lo > numel ? lo : numel;
+        memset(dst + (z0 - lo), 0, (hi - z0) * sizeof(float));
+    }
+    if (lo >= real_hi) return 0;
+    size_t e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    for (size_t i = first_segment_after(ck, unit, kind, lo); i < e && ck->segs[i].lo < real_hi; i++) {
+        const seg *s = &ck->segs[i];
+        size_t a = s->lo > lo ? s->lo : lo, z = s->hi < real_hi ? s->hi : real_hi;
+        if (read_part(ck, i, a, z, dst + (a - lo)) != 0) return -1;
+    }
+    return 0;
+}
