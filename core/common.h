@@ -49,6 +49,9 @@ void strata_clear_error(void);
  *   STRATA_IGNORE(call)               on failure, logs a warning and goes on: only where
  *                                     going on is right (a best-effort report; cleanup on a
  *                                     path that is already failing)
+ * A POSIX call whose failure cannot matter (close of a read-only descriptor, unlink of a
+ * temporary file on a path that already failed) is cast to (void) with a comment saying
+ * why: it sets errno, not strata_error(), so STRATA_IGNORE would report the wrong thing.
  * A failure's message names the call and where it was made, over the callee's own:
  * "engine.c:1063: strata_memcpy_async(d, d->compute, ...): memcpy of 8 bytes on stream
  * \"compute\": ...". */
