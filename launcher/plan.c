@@ -303,13 +303,13 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->offload.params = (strata_offload_choice)o->params;
         snprintf(sets[n++], 96, "offload.params=%s", o->params == 1 ? "cpu" : "nvme");
     }
-    /* a partial optimizer offload keeps parameters on the device (core/config.c) */
+    /* a partial optimizer offload keeps parameters on the device (io/config.c) */
     double ratio = o->ratio_pct ? o->ratio_pct / 100.0 : o->params ? 1.0 : base->offload.optimizer_ratio;
     if (ratio != base->offload.optimizer_ratio && n < max_sets) {
         out->offload.optimizer_ratio = ratio;
         snprintf(sets[n++], 96, "offload.optimizer_ratio=%g", ratio);
     }
-    /* a pinned/NVMe split needs the optimizer on NVMe (core/config.c) */
+    /* a pinned/NVMe split needs the optimizer on NVMe (io/config.c) */
     double nvme_ratio = o->nvme_pct ? o->nvme_pct / 100.0 : o->offload != 2 ? 1.0 : base->offload.nvme_ratio;
     if (nvme_ratio != base->offload.nvme_ratio && n < max_sets) {
         out->offload.nvme_ratio = nvme_ratio;

@@ -22,11 +22,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Defined in core/checkpoint.c: commit with retention (keep newest `keep`, 0 = all). */
-
-
-/* Evaluates cond once; a failure also prints the library's last error. */
-
 /* The error text must be exactly `want`. */
 #define CHECK_ERR(rc_failed, want, what)                                          \
     do {                                                                          \

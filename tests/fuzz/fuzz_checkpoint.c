@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_checkpoint.c: opening a checkpoint someone else wrote (core/checkpoint.c):
+/* tests/fuzz/fuzz_checkpoint.c: opening a checkpoint someone else wrote (io/checkpoint_read.c):
  * manifest.yaml, the rank indices and the reads they direct into the rank files.
  *
  * Input: the files of one checkpoint directory joined by NUL bytes (fuzz.h): manifest.yaml,

@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_config.c: the config loader (core/config.c): YAML text to a validated
+/* tests/fuzz/fuzz_config.c: the config loader (io/config.c): YAML text to a validated
  * strata_config, the `base:` file it may build on, and `--set` overrides.
  *
  * Input: up to three parts joined by NUL bytes (fuzz.h): the config file; base.yaml

@@ -1,6 +1,6 @@
-/* tests/fuzz/fuzz_json.c: the JSON reader (core/json.c) and the two Hugging Face files
- * that come through it from anyone's model folder: config.json (core/pretrained.c) and
- * tokenizer.json (core/bpe.c).
+/* tests/fuzz/fuzz_json.c: the JSON reader (io/json.c) and the two Hugging Face files
+ * that come through it from anyone's model folder: config.json (io/hf_config.c) and
+ * tokenizer.json (io/bpe.c).
  *
  * Input: one JSON document. Checked beyond "no crash": every string is NUL-terminated at
  * its length, strata_json_get finds each member of an object by its key, and a string

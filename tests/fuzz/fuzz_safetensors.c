@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_safetensors.c: the safetensors header reader (core/safetensors.c), from
+/* tests/fuzz/fuzz_safetensors.c: the safetensors header reader (io/safetensors.c), from
  * memory and from a file, and the range reads that follow it.
  *
  * Input: a whole .safetensors file. It is parsed in memory, then written to a file and

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_shard.c: the token shard reader (strata_shard_open and the batch
- * reader over it) and llm.c's tokenizer file, the two binary readers of core/data.c.
+ * reader over it) and llm.c's tokenizer file, the two binary readers of io/data.c.
  *
  * Input: one file, written as shard_000000.bin. It is opened as a shard; an accepted one
  * is read through strata_loader_open/read with a T and vocabulary size taken from its

@@ -162,7 +162,7 @@ static void checkpoint_seed(int world, const char *name) {
     if (system(cmd) != 0) die("cannot remove the temporary folder");
 }
 
-/* ---- safetensors: written here (the layout of core/safetensors.h) ---- */
+/* ---- safetensors: written here (the layout of io/safetensors.h) ---- */
 
 static void safetensors_seed(const char *name, const char *const *specs, int n, const char *meta) {
     /* specs: "name", "dtype", "shape JSON", byte count, in triples + size */
