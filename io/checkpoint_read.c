@@ -15,12 +15,11 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
-#include <yaml.h>
 
 #include "core/common.h"
 #include "io/checkpoint_format.h"
 #include "io/files.h"
-#include "io/text.h"
+#include "io/yaml.h"
 
 /* Per-rank state is allocated for the manifest's world before any rank file is opened:
  * bound it, so a hostile manifest cannot ask for gigabytes. */
@@ -90,160 +89,26 @@ int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t
     return strata_fail("%s: neither a checkpoint directory (no manifest.yaml) nor a run directory (no ckpt/)", what);
 }
 
-/* ---- reading: YAML documents ---- */
-
-typedef struct ydoc {
-    yaml_document_t doc;
-    const char *path;
-} ydoc;
+/* ---- reading: YAML documents (io/yaml.h) ---- */
 
 /* Index files grow with tensors x ranks; 256 MiB is thousands of ranks of a large model. */
 #define CKPT_YAML_MAX_BYTES ((size_t)256 << 20)
+#define CKPT_FILE "a Strata checkpoint file"
+/* why a key the version never writes is refused */
+#define CKPT_EDITED "checkpoint files name no other files or keys; this one was edited"
 
-static int ydoc_parse(ydoc *d, const char *path, const char *text, size_t len) {
-    d->path = path;
-    if (strata_yaml_load(&d->doc, path, text, len, "a checkpoint file")) return -1;
-    yaml_node_t *root = yaml_document_get_root_node(&d->doc);
-    if (!root || root->type != YAML_MAPPING_NODE) {
-        yaml_document_delete(&d->doc);
-        return strata_fail("%s: not a Strata checkpoint file (%s)", path,
-                           root ? "the top level is not a mapping" : "empty");
-    }
-    return 0;
+/* An element count or offset: anything that, as floats, fits the address space. */
+static int get_elements(strata_ydoc *d, yaml_node_t *map, const char *ctx, const char *key, size_t *out) {
+    return strata_ydoc_size(d, map, ctx, key, SIZE_MAX / sizeof(float), out);
 }
 
-static int ydoc_load(ydoc *d, const char *path) {
-    char *text;
-    size_t len;
-    if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
-    int rc = ydoc_parse(d, path, text, len);
-    free(text);
-    return rc;
-}
-
-/* Every key of `map` must be one of `known` (NULL-terminated): checkpoint files name no
- * paths, and a key this version does not write is an edit, refused by name. */
-static int ykeys_known(ydoc *d, yaml_node_t *map, const char *ctx, const char *const *known) {
-    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
-        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
-        int ok = k && k->type == YAML_SCALAR_NODE;
-        for (int i = 0; ok && known[i]; i++)
-            if (strlen(known[i]) == k->data.scalar.length && !memcmp(known[i], k->data.scalar.value, k->data.scalar.length))
-                ok = 2;
-        if (ok != 2)
-            return strata_fail("%s: line %zu: %s%sunknown key '%.60s' (checkpoint files name no other files or keys; "
-                               "this one was edited)", d->path, (k ? k->start_mark.line : map->start_mark.line) + 1,
-                               ctx, *ctx ? ": " : "", k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?");
-    }
-    return 0;
-}
-
-static yaml_node_t *yroot(ydoc *d) { return yaml_document_get_root_node(&d->doc); }
-
-static const char *type_name(yaml_node_type_t t) {
-    return t == YAML_SCALAR_NODE ? "scalar" : t == YAML_SEQUENCE_NODE ? "list" : "mapping";
-}
-
-/* The value of `key` in mapping `map`, of the given type; ctx ("tensors[3]") locates
- * the mapping in messages. */
-static yaml_node_t *yget(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, yaml_node_type_t type) {
-    size_t klen = strlen(key);
-    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
-        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
-        if (!k || k->type != YAML_SCALAR_NODE || k->data.scalar.length != klen ||
-            memcmp(k->data.scalar.value, key, klen) != 0)
-            continue;
-        yaml_node_t *v = yaml_document_get_node(&d->doc, pr->value);
-        if (v->type != type) {
-            strata_fail("%s: line %zu: %s%skey '%s' should be a %s, found a %s", d->path, v->start_mark.line + 1, ctx,
-                        *ctx ? ": " : "", key, type_name(type), type_name(v->type));
-            return NULL;
-        }
-        return v;
-    }
-    strata_fail("%s: line %zu: %s%smissing key '%s'", d->path, map->start_mark.line + 1, ctx, *ctx ? ": " : "", key);
-    return NULL;
-}
-
-static const char *yscalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }
-
-/* A list entry (ctx "units[3]") that must be a mapping. */
-static int ymapping(ydoc *d, yaml_node_t *m, const char *ctx) {
-    if (m->type != YAML_MAPPING_NODE)
-        return strata_fail("%s: line %zu: %s should be a mapping", d->path, m->start_mark.line + 1, ctx);
-    return 0;
-}
-
-static int parse_u64(const char *s, int base, uint64_t *out) {
-    *out = 0;
-    if (base == 16) {
-        if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
-        s += 2;
-    }
-    if (!*s) return -1;
-    uint64_t v = 0;
-    for (; *s; s++) {
-        unsigned dg;
-        if (*s >= '0' && *s <= '9') dg = (unsigned)(*s - '0');
-        else if (base == 16 && *s >= 'a' && *s <= 'f') dg = (unsigned)(*s - 'a' + 10);
-        else if (base == 16 && *s >= 'A' && *s <= 'F') dg = (unsigned)(*s - 'A' + 10);
-        else return -1;
-        if (v > (UINT64_MAX - dg) / (unsigned)base) return -1;
-        v = v * (unsigned)base + dg;
-    }
-    *out = v;
-    return 0;
-}
-
-static int bad_value(ydoc *d, yaml_node_t *n, const char *ctx, const char *key, const char *want) {
-    return strata_fail("%s: line %zu: %s%skey '%s': '%s' is not %s", d->path, n->start_mark.line + 1, ctx,
-                       *ctx ? ": " : "", key, yscalar(n), want);
-}
-
-/* An unsigned integer (base 10, or 16 with 0x) no larger than max. */
-static int yget_u64(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, int base, uint64_t max,
-                    uint64_t *out) {
-    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
+/* format: a value other than this version's is named as such, not as a bad key. */
+static int expect_format(strata_ydoc *d, yaml_node_t *root) {
+    yaml_node_t *n = strata_ydoc_get(d, root, "", "format", YAML_SCALAR_NODE);
     if (!n) return -1;
-    if (parse_u64(yscalar(n), base, out) != 0 || *out > max)
-        return bad_value(d, n, ctx, key, base == 16 ? "a 0x-prefixed hex number" : "an unsigned integer in range");
-    return 0;
-}
-
-static int yget_size(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, size_t *out) {
-    uint64_t v;
-    if (yget_u64(d, map, ctx, key, 10, SIZE_MAX / sizeof(float), &v) != 0) return -1;
-    *out = (size_t)v;
-    return 0;
-}
-
-static int yget_int(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, int *out) {
-    uint64_t v;
-    if (yget_u64(d, map, ctx, key, 10, INT_MAX, &v) != 0) return -1;
-    *out = (int)v;
-    return 0;
-}
-
-static int yget_double(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, double *out) {
-    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
-    if (!n) return -1;
-    char *end;
-    errno = 0;
-    *out = strtod(yscalar(n), &end);
-    if (end == yscalar(n) || *end) return bad_value(d, n, ctx, key, "a number");
-    return 0;
-}
-
-static int yexpect(ydoc *d, yaml_node_t *map, const char *ctx, const char *key, const char *want) {
-    yaml_node_t *n = yget(d, map, ctx, key, YAML_SCALAR_NODE);
-    if (!n) return -1;
-    if (strcmp(yscalar(n), want) != 0) {
-        if (!strcmp(key, "format"))
-            return strata_fail("%s: format '%s' is not %s (written by another version of Strata?)", d->path,
-                               yscalar(n), want);
-        return strata_fail("%s: line %zu: %s%skey '%s' is '%s', expected '%s'", d->path, n->start_mark.line + 1, ctx,
-                           *ctx ? ": " : "", key, yscalar(n), want);
-    }
+    if (strcmp(strata_ydoc_scalar(n), CKPT_FORMAT) != 0)
+        return strata_fail("%s: format '%s' is not %s (written by another version of Strata?)", d->path,
+                           strata_ydoc_scalar(n), CKPT_FORMAT);
     return 0;
 }
 
@@ -294,7 +159,7 @@ static int check_manifest_crc(const char *path, const char *text, size_t len) {
         char hex[32] = {0};
         size_t hl = nl ? (size_t)(nl - text) - plen : 0;
         if (nl && hl < sizeof hex) memcpy(hex, text + plen, hl);
-        if (!nl || hl >= sizeof hex || parse_u64(hex, 16, &want) != 0 || want > UINT32_MAX)
+        if (!nl || hl >= sizeof hex || strata_parse_u64(hex, 16, &want) != 0 || want > UINT32_MAX)
             return strata_fail("%s: line 1: manifest_crc32c is not a 32-bit hex number: the manifest was edited or "
                                "corrupted; refusing it", path);
         size_t body = (size_t)(nl + 1 - text);
@@ -313,35 +178,35 @@ static int check_manifest_crc(const char *path, const char *text, size_t len) {
 }
 
 /* Reads manifest.yaml, checks its checksum line and parses it into d. */
-static int load_manifest(ydoc *d, const char *path) {
+static int load_manifest(strata_ydoc *d, const char *path) {
     char *text;
     size_t len;
     if (strata_read_file_bounded(path, CKPT_YAML_MAX_BYTES, &text, &len)) return -1;
     int rc = check_manifest_crc(path, text, len);
-    if (rc == 0) rc = ydoc_parse(d, path, text, len);
+    if (rc == 0) rc = strata_ydoc_parse(d, path, text, len, CKPT_FILE);
     free(text);
     return rc;
 }
 
 /* The global facts: format, step, world, stage, seed, RNG state, progress, dtype and the
  * config text. */
-static int parse_meta(strata_ckpt *ck, ydoc *d) {
-    yaml_node_t *root = yroot(d), *n;
+static int parse_meta(strata_ckpt *ck, strata_ydoc *d) {
+    yaml_node_t *root = strata_ydoc_root(d), *n;
     uint64_t v;
-    if (yexpect(d, root, "", "format", CKPT_FORMAT) != 0) return -1;
-    if (yget_u64(d, root, "", "step", 10, INT64_MAX, &v) != 0) return -1;
+    if (expect_format(d, root) != 0) return -1;
+    if (strata_ydoc_u64(d, root, "", "step", 10, INT64_MAX, &v) != 0) return -1;
     ck->meta.step = (int64_t)v;
-    if (yget_int(d, root, "", "world", &ck->world) != 0 || yget_int(d, root, "", "stage", &ck->meta.stage) != 0 ||
-        yget_u64(d, root, "", "seed", 10, UINT64_MAX, &ck->meta.seed) != 0 ||
-        yget_u64(d, root, "", "rng_state", 16, UINT64_MAX, &ck->meta.rng_state) != 0 ||
-        yget_double(d, root, "", "tokens_seen", &ck->meta.tokens_seen) != 0 ||
-        yget_double(d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
-        yexpect(d, root, "", "dtype", "float32") != 0)
+    if (strata_ydoc_int(d, root, "", "world", &ck->world) != 0 || strata_ydoc_int(d, root, "", "stage", &ck->meta.stage) != 0 ||
+        strata_ydoc_u64(d, root, "", "seed", 10, UINT64_MAX, &ck->meta.seed) != 0 ||
+        strata_ydoc_u64(d, root, "", "rng_state", 16, UINT64_MAX, &ck->meta.rng_state) != 0 ||
+        strata_ydoc_double(d, root, "", "tokens_seen", &ck->meta.tokens_seen) != 0 ||
+        strata_ydoc_double(d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
+        strata_ydoc_expect(d, root, "", "dtype", "float32") != 0)
         return -1;
     if (ck->world < 1 || ck->world > CKPT_MAX_WORLD)
         return strata_fail("%s: world %d must be between 1 and %d", d->path, ck->world, CKPT_MAX_WORLD);
     ck->meta.world = ck->world;
-    if (!(n = yget(d, root, "", "config", YAML_SCALAR_NODE))) return -1;
+    if (!(n = strata_ydoc_get(d, root, "", "config", YAML_SCALAR_NODE))) return -1;
     ck->config = strata_xmalloc(n->data.scalar.length + 1);
     memcpy(ck->config, n->data.scalar.value, n->data.scalar.length);
     ck->config[n->data.scalar.length] = 0;
@@ -351,9 +216,9 @@ static int parse_meta(strata_ckpt *ck, ydoc *d) {
 
 /* An entry of units: or tensors: a mapping of keys this version writes; an unknown key
  * is an edit, so it marks the manifest itself bad. */
-static int manifest_entry(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *ctx, const char *const *keys) {
-    if (ymapping(d, m, ctx) != 0) return -1;
-    if (ykeys_known(d, m, ctx, keys) != 0) {
+static int manifest_entry(strata_ckpt *ck, strata_ydoc *d, yaml_node_t *m, const char *ctx, const char *const *keys) {
+    if (strata_ydoc_mapping(d, m, ctx) != 0) return -1;
+    if (strata_ydoc_keys_known(d, m, ctx, keys, CKPT_EDITED) != 0) {
         ck->bad_manifest = 1;
         return -1;
     }
@@ -361,9 +226,9 @@ static int manifest_entry(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *
 }
 
 /* units: every unit's numel and padded size; *nu_out gets their count. */
-static int parse_units(strata_ckpt *ck, ydoc *d, int *nu_out) {
+static int parse_units(strata_ckpt *ck, strata_ydoc *d, int *nu_out) {
     static const char *const unit_keys[] = {"numel", "padded", NULL};
-    yaml_node_t *units = yget(d, yroot(d), "", "units", YAML_SEQUENCE_NODE);
+    yaml_node_t *units = strata_ydoc_get(d, strata_ydoc_root(d), "", "units", YAML_SEQUENCE_NODE);
     if (!units) return -1;
     int nu = (int)(units->data.sequence.items.top - units->data.sequence.items.start);
     ck->unit_numel = strata_xcalloc((size_t)nu + 1, sizeof(size_t));
@@ -373,8 +238,8 @@ static int parse_units(strata_ckpt *ck, ydoc *d, int *nu_out) {
         char ctx[64];
         snprintf(ctx, sizeof ctx, "units[%d]", u);
         if (manifest_entry(ck, d, m, ctx, unit_keys) != 0 ||
-            yget_size(d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
-            yget_size(d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
+            get_elements(d, m, ctx, "numel", &ck->unit_numel[u]) != 0 ||
+            get_elements(d, m, ctx, "padded", &ck->unit_padded[u]) != 0)
             return -1;
     }
     *nu_out = nu;
@@ -382,8 +247,8 @@ static int parse_units(strata_ckpt *ck, ydoc *d, int *nu_out) {
 }
 
 /* A tensor's shape: a list of at most STRATA_TENSOR_MAX_DIMS non-negative integers. */
-static int parse_shape(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
-    yaml_node_t *shape = yget(d, m, ctx, "shape", YAML_SEQUENCE_NODE);
+static int parse_shape(strata_ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+    yaml_node_t *shape = strata_ydoc_get(d, m, ctx, "shape", YAML_SEQUENCE_NODE);
     if (!shape) return -1;
     int nd = (int)(shape->data.sequence.items.top - shape->data.sequence.items.start);
     if (nd > STRATA_TENSOR_MAX_DIMS)
@@ -393,7 +258,7 @@ static int parse_shape(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_te
     for (int k = 0; k < nd; k++) {
         yaml_node_t *dn = yaml_document_get_node(&d->doc, shape->data.sequence.items.start[k]);
         uint64_t v;
-        if (dn->type != YAML_SCALAR_NODE || parse_u64(yscalar(dn), 10, &v) != 0 || v > INT64_MAX)
+        if (dn->type != YAML_SCALAR_NODE || strata_parse_u64(strata_ydoc_scalar(dn), 10, &v) != 0 || v > INT64_MAX)
             return strata_fail("%s: line %zu: %s: shape entry %d is not a non-negative integer", d->path,
                                dn->start_mark.line + 1, ctx, k);
         t->shape[k] = (int64_t)v;
@@ -402,26 +267,26 @@ static int parse_shape(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_te
 }
 
 /* One entry of tensors (ctx "tensors[3]"): name, unit, offset, numel, dtype, shape. */
-static int parse_tensor(ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
-    yaml_node_t *n = yget(d, m, ctx, "name", YAML_SCALAR_NODE);
+static int parse_tensor(strata_ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+    yaml_node_t *n = strata_ydoc_get(d, m, ctx, "name", YAML_SCALAR_NODE);
     if (!n) return -1;
     if (n->data.scalar.length == 0 || n->data.scalar.length >= sizeof t->name ||
-        strlen(yscalar(n)) != n->data.scalar.length)
+        strlen(strata_ydoc_scalar(n)) != n->data.scalar.length)
         return strata_fail("%s: line %zu: %s: name '%s' is empty, too long or holds a NUL byte", d->path,
-                           n->start_mark.line + 1, ctx, yscalar(n));
-    memcpy(t->name, yscalar(n), n->data.scalar.length + 1);
+                           n->start_mark.line + 1, ctx, strata_ydoc_scalar(n));
+    memcpy(t->name, strata_ydoc_scalar(n), n->data.scalar.length + 1);
     char named[64]; /* from here on, messages name the tensor */
     snprintf(named, sizeof named, "tensor %.40s", t->name);
-    if (yget_int(d, m, named, "unit", &t->unit) != 0 || yget_size(d, m, named, "offset", &t->offset) != 0 ||
-        yget_size(d, m, named, "numel", &t->numel) != 0 || yexpect(d, m, named, "dtype", "float32") != 0)
+    if (strata_ydoc_int(d, m, named, "unit", &t->unit) != 0 || get_elements(d, m, named, "offset", &t->offset) != 0 ||
+        get_elements(d, m, named, "numel", &t->numel) != 0 || strata_ydoc_expect(d, m, named, "dtype", "float32") != 0)
         return -1;
     return parse_shape(d, m, named, t);
 }
 
 /* tensors: every tensor's entry; *nt_out gets their count. */
-static int parse_tensors(strata_ckpt *ck, ydoc *d, int *nt_out) {
+static int parse_tensors(strata_ckpt *ck, strata_ydoc *d, int *nt_out) {
     static const char *const tensor_keys[] = {"name", "unit", "offset", "numel", "shape", "dtype", NULL};
-    yaml_node_t *tens = yget(d, yroot(d), "", "tensors", YAML_SEQUENCE_NODE);
+    yaml_node_t *tens = strata_ydoc_get(d, strata_ydoc_root(d), "", "tensors", YAML_SEQUENCE_NODE);
     if (!tens) return -1;
     int nt = (int)(tens->data.sequence.items.top - tens->data.sequence.items.start);
     ck->tensors = strata_xcalloc((size_t)nt + 1, sizeof *ck->tensors);
@@ -448,10 +313,10 @@ static int parse_manifest(strata_ckpt *ck) {
         return strata_fail("%s: missing (not a checkpoint directory, or an unfinished one)", path);
     }
     ck->bad_manifest = 1; /* until the checksum and the keys are found good */
-    ydoc d;
+    strata_ydoc d;
     if (load_manifest(&d, path) != 0) return -1;
     int rc = -1, nu, nt;
-    if (ykeys_known(&d, yroot(&d), "", top_keys) != 0) goto out;
+    if (strata_ydoc_keys_known(&d, strata_ydoc_root(&d), "", top_keys, CKPT_EDITED) != 0) goto out;
     ck->bad_manifest = 0;
     if (parse_meta(ck, &d) != 0 || parse_units(ck, &d, &nu) != 0 || parse_tensors(ck, &d, &nt) != 0) goto out;
     ck->layout = (strata_param_layout){nu, ck->unit_numel, ck->unit_padded, nt, ck->tensors};
@@ -461,7 +326,7 @@ static int parse_manifest(strata_ckpt *ck) {
     free(first);
     rc = 0;
 out:
-    yaml_document_delete(&d.doc);
+    strata_ydoc_free(&d);
     return rc;
 }
 
@@ -480,14 +345,14 @@ static int find_tensor(const strata_ckpt *ck, const char *name, int hint) {
 
 /* A rank index's own keys: format, rank (it must be rank `rank` of the manifest's world),
  * dtype, and bin_bytes, the size its data file must have. */
-static int parse_rank_header(strata_ckpt *ck, ydoc *d, int rank, uint64_t *bin_bytes) {
+static int parse_rank_header(strata_ckpt *ck, strata_ydoc *d, int rank, uint64_t *bin_bytes) {
     static const char *const rank_keys[] = {"format", "rank", "world", "dtype", "bin_bytes", "segments", NULL};
-    yaml_node_t *root = yroot(d);
+    yaml_node_t *root = strata_ydoc_root(d);
     int r, w;
-    if (ykeys_known(d, root, "", rank_keys) != 0) return -1;
-    if (yexpect(d, root, "", "format", CKPT_FORMAT) != 0 || yget_int(d, root, "", "rank", &r) != 0 ||
-        yget_int(d, root, "", "world", &w) != 0 || yexpect(d, root, "", "dtype", "float32") != 0 ||
-        yget_u64(d, root, "", "bin_bytes", 10, INT64_MAX, bin_bytes) != 0)
+    if (strata_ydoc_keys_known(d, root, "", rank_keys, CKPT_EDITED) != 0) return -1;
+    if (expect_format(d, root) != 0 || strata_ydoc_int(d, root, "", "rank", &r) != 0 ||
+        strata_ydoc_int(d, root, "", "world", &w) != 0 || strata_ydoc_expect(d, root, "", "dtype", "float32") != 0 ||
+        strata_ydoc_u64(d, root, "", "bin_bytes", 10, INT64_MAX, bin_bytes) != 0)
         return -1;
     if (r != rank || w != ck->world)
         return strata_fail("%s: says rank %d of world %d, but the manifest expects rank %d of world %d", d->path, r,
@@ -498,24 +363,24 @@ static int parse_rank_header(strata_ckpt *ck, ydoc *d, int rank, uint64_t *bin_b
 /* One entry of segments (ctx "segments[3]") into *out: elements [lo, hi) of one kind of
  * one manifest tensor, at byte `running` of the data file (where the segments before it
  * end), and its CRC-32C. *hint is the tensor of the segment before. */
-static int parse_segment(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *ctx, int rank, int *hint,
+static int parse_segment(strata_ckpt *ck, strata_ydoc *d, yaml_node_t *m, const char *ctx, int rank, int *hint,
                          uint64_t running, seg *out) {
     static const char *const seg_keys[] = {"kind", "tensor", "unit", "lo", "hi", "offset", "crc32c", NULL};
-    if (ymapping(d, m, ctx) != 0 || ykeys_known(d, m, ctx, seg_keys) != 0) return -1;
-    yaml_node_t *kn = yget(d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = yget(d, m, ctx, "tensor", YAML_SCALAR_NODE);
+    if (strata_ydoc_mapping(d, m, ctx) != 0 || strata_ydoc_keys_known(d, m, ctx, seg_keys, CKPT_EDITED) != 0) return -1;
+    yaml_node_t *kn = strata_ydoc_get(d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = strata_ydoc_get(d, m, ctx, "tensor", YAML_SCALAR_NODE);
     if (!kn || !tn) return -1;
-    seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, yscalar(tn), *hint)};
+    seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, strata_ydoc_scalar(tn), *hint)};
     for (int k = 0; k < STRATA_CKPT_KINDS; k++)
-        if (!strcmp(yscalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
-    if (s.kind < 0) return bad_value(d, kn, ctx, "kind", "one of param, m, v");
+        if (!strcmp(strata_ydoc_scalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
+    if (s.kind < 0) return strata_ydoc_bad_value(d, kn, ctx, "kind", "one of param, m, v");
     if (s.tensor < 0)
         return strata_fail("%s: line %zu: %s: tensor %s is not in the manifest", d->path, tn->start_mark.line + 1,
-                           ctx, yscalar(tn));
+                           ctx, strata_ydoc_scalar(tn));
     *hint = s.tensor;
     uint64_t crc;
-    if (yget_int(d, m, ctx, "unit", &s.unit) != 0 || yget_size(d, m, ctx, "lo", &s.lo) != 0 ||
-        yget_size(d, m, ctx, "hi", &s.hi) != 0 || yget_u64(d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
-        yget_u64(d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
+    if (strata_ydoc_int(d, m, ctx, "unit", &s.unit) != 0 || get_elements(d, m, ctx, "lo", &s.lo) != 0 ||
+        get_elements(d, m, ctx, "hi", &s.hi) != 0 || strata_ydoc_u64(d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
+        strata_ydoc_u64(d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
         return -1;
     s.crc = (uint32_t)crc;
     const strata_param_tensor *t = &ck->tensors[s.tensor];
@@ -533,8 +398,8 @@ static int parse_segment(strata_ckpt *ck, ydoc *d, yaml_node_t *m, const char *c
 }
 
 /* segments: each appended to ck->segs; stored back to back, they fill bin_bytes exactly. */
-static int parse_segments(strata_ckpt *ck, ydoc *d, int rank, uint64_t bin_bytes) {
-    yaml_node_t *segs = yget(d, yroot(d), "", "segments", YAML_SEQUENCE_NODE);
+static int parse_segments(strata_ckpt *ck, strata_ydoc *d, int rank, uint64_t bin_bytes) {
+    yaml_node_t *segs = strata_ydoc_get(d, strata_ydoc_root(d), "", "segments", YAML_SEQUENCE_NODE);
     if (!segs) return -1;
     int ns = (int)(segs->data.sequence.items.top - segs->data.sequence.items.start);
     uint64_t running = 0;
@@ -592,14 +457,14 @@ static int parse_rank(strata_ckpt *ck, int rank) {
     if (strata_ckpt_fmt_path(path, sizeof path, "%s/rank%05d.yaml", ck->dir, rank) != 0 ||
         strata_ckpt_fmt_path(bin, sizeof bin, "%s/rank%05d.bin", ck->dir, rank) != 0)
         return -1;
-    ydoc d;
-    if (ydoc_load(&d, path) != 0) return -1;
+    strata_ydoc d;
+    if (strata_ydoc_read(&d, path, CKPT_YAML_MAX_BYTES, CKPT_FILE) != 0) return -1;
     uint64_t bin_bytes;
     size_t first_seg = ck->n_segs;
     int rc = parse_rank_header(ck, &d, rank, &bin_bytes);
     if (rc == 0) rc = parse_segments(ck, &d, rank, bin_bytes);
     if (rc == 0) rc = open_rank_bin(ck, rank, bin, path, bin_bytes, first_seg);
-    yaml_document_delete(&d.doc);
+    strata_ydoc_free(&d);
     return rc;
 }
 

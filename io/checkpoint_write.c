@@ -20,6 +20,7 @@
 #include "io/checkpoint_prune.h"
 #include "io/files.h"
 #include "io/text.h"
+#include "io/yaml.h"
 
 /* ---- every rank: its data file and its index ---- */
 

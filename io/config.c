@@ -59,6 +59,7 @@
 #include "io/files.h"
 #include "io/hf_config.h"
 #include "io/text.h"
+#include "io/yaml.h"
 
 /* configs/quickstart.yaml, byte for byte: the build turns the file into this array
  * (CMakeLists.txt), so the built-in default cannot drift from the file. */
