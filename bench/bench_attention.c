@@ -74,8 +74,8 @@ static float bf16_to_f32(uint16_t h) {
 /* largest |a - b| over two device bf16 tensors of n elements */
 static double max_abs_diff(const void *a, const void *b, size_t n) {
     uint16_t *x = strata_xmalloc(n * 2), *y = strata_xmalloc(n * 2);
-    strata_memcpy_async(G, G->compute, x, a, n * 2);
-    strata_memcpy_async(G, G->compute, y, b, n * 2);
+    if (strata_memcpy_async(G, G->compute, x, a, n * 2) || strata_memcpy_async(G, G->compute, y, b, n * 2))
+        die("copy to the host");
     gsync();
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) {

@@ -1,4 +1,4 @@
-/* tests/check.h: the one assertion macro of the C tests.
+/* tests/check.h: the assertion macros of the C tests.
  *
  * CHECK(cond, fmt, ...) counts the check, and prints "ok" or "FAIL" with the message (and
  * where, on failure). Tests that loop over many cases set check_quiet = 1 to print only
@@ -26,6 +26,20 @@ static char check_prefix[32] __attribute__((unused));
             printf("\n");                                                        \
             fflush(stdout);                                                      \
         }                                                                        \
+    } while (0)
+
+/* MUST(call): a call that returns a status (0 ok) and must succeed for the test to mean
+ * anything, such as a device copy or a stream sync: a failure counts and prints the call
+ * and the library's error; success is silent. */
+const char *strata_error(void);
+#define MUST(call)                                                                         \
+    do {                                                                                   \
+        if ((call) != 0) {                                                                 \
+            checks++;                                                                      \
+            failures++;                                                                    \
+            printf("%sFAIL %s: %s  (%s:%d)\n", check_prefix, #call, strata_error(), __FILE__, __LINE__); \
+            fflush(stdout);                                                                \
+        }                                                                                  \
     } while (0)
 
 static inline int check_report(void) {

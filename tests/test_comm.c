@@ -41,7 +41,7 @@ static void test_allreduce(strata_comm *c, const char *label) {
         float *buf = falloc(n);
         for (size_t i = 0; i < n; i++) buf[i] = (float)(R * 1000 + (int)(i % 997));
         int rc = strata_allreduce(c, buf, n);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         size_t bad = 0;
         for (size_t i = 0; i < n; i++) bad += buf[i] != rank_sum((int)(i % 997));
         CHECK(rc == 0 && bad == 0, "%sall-reduce of %zu floats: %zu wrong", label, n, bad);
@@ -66,7 +66,7 @@ static void test_reduce_scatter(strata_comm *c, const char *label) {
         float *in = falloc(n_all), *out = falloc(n);
         fill_rs_input(in, n_all);
         int rc = strata_reduce_scatter(c, out, in, n);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         size_t bad = count_rs_wrong(out, n), in_changed = 0;
         for (size_t j = 0; j < n_all; j++) in_changed += in[j] != (float)(R * 1000 + (int)(j % 1013));
         CHECK(rc == 0 && bad == 0 && in_changed == 0,
@@ -77,7 +77,7 @@ static void test_reduce_scatter(strata_comm *c, const char *label) {
         fill_rs_input(in, n_all);
         float *mine = in + (size_t)R * n;
         rc = strata_reduce_scatter(c, mine, in, n);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         bad = count_rs_wrong(mine, n);
         in_changed = 0;
         for (size_t j = 0; j < n_all; j++)
@@ -102,7 +102,7 @@ static void test_bf16(strata_comm *c, const char *label) {
         uint16_t *buf = strata_alloc(dev, STRATA_MEM_DEVICE, n_all * 2), *out = strata_alloc(dev, STRATA_MEM_DEVICE, n * 2);
         for (size_t j = 0; j < n; j++) buf[j] = bf16_of(3 * R + (int)(j % 29));
         int rc = strata_allreduce_bf16(c, buf, n);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         size_t bad = 0;
         for (size_t j = 0; j < n; j++) bad += buf[j] != bf16_of(bf16_sum_at(j));
         CHECK(rc == 0 && bad == 0, "%sbf16 all-reduce of %zu values: %zu wrong", label, n, bad);
@@ -110,7 +110,7 @@ static void test_bf16(strata_comm *c, const char *label) {
             for (size_t j = 0; j < n_all; j++) buf[j] = bf16_of(3 * R + (int)(j % 29));
             uint16_t *dst = aliased ? buf + (size_t)R * n : out;
             rc = strata_reduce_scatter_bf16(c, dst, buf, n);
-            strata_stream_sync(dev, strata_comm_stream(c));
+            MUST(strata_stream_sync(dev, strata_comm_stream(c)));
             bad = 0;
             for (size_t i = 0; i < n; i++) bad += dst[i] != bf16_of(bf16_sum_at((size_t)R * n + i));
             size_t changed = 0;
@@ -126,7 +126,7 @@ static void test_bf16(strata_comm *c, const char *label) {
     uint16_t *b = strata_alloc(dev, STRATA_MEM_DEVICE, 1000 * 2 * (size_t)W);
     memset(b, 0, 1000 * 2 * (size_t)W);
     strata_reduce_scatter_bf16(c, b + (size_t)R * 1000, b, 1000);
-    strata_stream_sync(dev, strata_comm_stream(c));
+    MUST(strata_stream_sync(dev, strata_comm_stream(c)));
     strata_comm_stats st1 = strata_comm_get_stats(c);
     uint64_t want = (uint64_t)(W - 1) * 2000; /* (N-1)/N of the full 2 x 1000 x N bytes */
     CHECK(st1.bytes[STRATA_COLL_REDUCE_SCATTER] - st0.bytes[STRATA_COLL_REDUCE_SCATTER] == want,
@@ -145,7 +145,7 @@ static void test_allgather(strata_comm *c, const char *label) {
         for (size_t j = 0; j < b; j++) in[j] = ag_byte(R, j);
         memset(out, 0xEE, all);
         int rc = strata_allgather(c, out, in, b);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         size_t bad = 0;
         for (size_t j = 0; j < all; j++) bad += out[j] != ag_byte((int)(j / b), j % b);
         CHECK(rc == 0 && bad == 0, "%sall-gather %zu bytes/rank: %zu wrong", label, b, bad);
@@ -154,7 +154,7 @@ static void test_allgather(strata_comm *c, const char *label) {
         memset(out, 0xEE, all);
         for (size_t j = 0; j < b; j++) out[(size_t)R * b + j] = ag_byte(R, j);
         rc = strata_allgather(c, out, out + (size_t)R * b, b);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         bad = 0;
         for (size_t j = 0; j < all; j++) bad += out[j] != ag_byte((int)(j / b), j % b);
         CHECK(rc == 0 && bad == 0, "%sall-gather %zu bytes/rank in place: %zu wrong", label, b, bad);
@@ -173,7 +173,7 @@ static void test_broadcast(strata_comm *c, const char *label) {
             unsigned char *buf = strata_alloc(dev, STRATA_MEM_PINNED, n);
             for (size_t j = 0; j < n; j++) buf[j] = R == root ? (unsigned char)(j * 13 + 1) : (unsigned char)R;
             int rc = strata_broadcast(c, buf, n, root);
-            strata_stream_sync(dev, strata_comm_stream(c));
+            MUST(strata_stream_sync(dev, strata_comm_stream(c)));
             size_t bad = 0;
             for (size_t j = 0; j < n; j++) bad += buf[j] != (unsigned char)(j * 13 + 1);
             CHECK(rc == 0 && bad == 0, "%sbroadcast %zu bytes from root %d: %zu wrong", label, n,
@@ -215,7 +215,7 @@ static void test_counters(strata_comm *c) {
     strata_broadcast(c, a, 64, 0);
     strata_barrier(c);
     strata_allreduce_host_f64(c, h, 2);
-    strata_stream_sync(dev, strata_comm_stream(c));
+    MUST(strata_stream_sync(dev, strata_comm_stream(c)));
     strata_comm_stats st = strata_comm_get_stats(c);
     /* The header's ring formulas, S = full buffer bytes, rounded down. */
     uint64_t want_ar = 2 * (N - 1) * 4000 / N + 2 * (N - 1) * 40 / N + 2 * (N - 1) * 16 / N;
@@ -268,17 +268,17 @@ static void test_ordering_with_events(strata_comm *c) {
         /* compute produces round k's gradients, then the comm stream reduces them while
          * compute goes on with the next round. */
         jobs[k] = (fill_job){g[k], N * (size_t)W, k * 7};
-        strata_host_task(dev, dev->compute, fill_fn, &jobs[k]);
-        strata_event_record(dev, grads_ready, dev->compute);
-        strata_stream_wait_event(dev, cs, grads_ready);
+        MUST(strata_host_task(dev, dev->compute, fill_fn, &jobs[k]));
+        MUST(strata_event_record(dev, grads_ready, dev->compute));
+        MUST(strata_stream_wait_event(dev, cs, grads_ready));
         strata_allreduce(c, g[k], N);                              /* first block in place */
         strata_reduce_scatter(c, g[k] + (size_t)R * N, g[k], N);   /* whole buffer, aliased */
     }
     fill_job unrelated = {other, N, 3};
-    strata_host_task(dev, dev->compute, fill_fn, &unrelated); /* overlaps the collectives */
-    strata_event_record(dev, comm_done, cs);
-    strata_stream_wait_event(dev, dev->compute, comm_done); /* joins: blocks this thread */
-    strata_memcpy_async(dev, dev->compute, shard, g[ROUNDS - 1] + (size_t)R * N, N * sizeof(float));
+    MUST(strata_host_task(dev, dev->compute, fill_fn, &unrelated)); /* overlaps the collectives */
+    MUST(strata_event_record(dev, comm_done, cs));
+    MUST(strata_stream_wait_event(dev, dev->compute, comm_done)); /* joins: blocks this thread */
+    MUST(strata_memcpy_async(dev, dev->compute, shard, g[ROUNDS - 1] + (size_t)R * N, N * sizeof(float)));
 
     size_t bad = 0;
     for (int k = 0; k < ROUNDS; k++) {
@@ -306,7 +306,7 @@ static void test_ordering_with_events(strata_comm *c) {
     }
     CHECK(ordered, "trace has %d spans in enqueue order, none overlapping the previous", ns);
     strata_allreduce(c, other, 10);
-    strata_stream_sync(dev, cs);
+    MUST(strata_stream_sync(dev, cs));
     CHECK(strata_comm_spans(c, &sp) == ns, "nothing is recorded after the trace stops");
 
     for (int k = 0; k < ROUNDS; k++) ffree(g[k]);
@@ -338,11 +338,11 @@ static void test_task_reuse(strata_comm *c, const char *label) {
     int counts[3], before = strata_comm_task_records(c);
     for (int round = 0; round < 3; round++) {
         gate g = GATE_INIT;
-        strata_host_task(dev, strata_comm_stream(c), gate_wait, &g);
+        MUST(strata_host_task(dev, strata_comm_stream(c), gate_wait, &g));
         for (int i = 0; i < DEPTH; i++) strata_allreduce(c, b, 1000);
         strata_broadcast(c, b, 400, 0);
         gate_open(&g);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         counts[round] = strata_comm_task_records(c);
     }
     int want = strcmp(strata_comm_backend_name(c), "single") ? DEPTH + 1 : before;
@@ -408,7 +408,7 @@ static void test_open_config(void) {
         float *b = falloc(100);
         for (int i = 0; i < 100; i++) b[i] = (float)(R * 1000 + i);
         int rc = strata_allreduce(c, b, 100);
-        strata_stream_sync(dev, strata_comm_stream(c));
+        MUST(strata_stream_sync(dev, strata_comm_stream(c)));
         size_t bad = 0;
         for (int i = 0; i < 100; i++) bad += b[i] != rank_sum(i);
         CHECK(rc == 0 && bad == 0, "an all-reduce on the comm's own stream: %zu wrong", bad);
@@ -457,7 +457,7 @@ static int run_watchdog(strata_comm *c) {
         return 1;
     }
     strata_barrier(c);
-    strata_stream_sync(dev, strata_comm_stream(c));
+    MUST(strata_stream_sync(dev, strata_comm_stream(c)));
     printf("[rank %d] FAIL the barrier completed without rank 0\n", R);
     return 1;
 }

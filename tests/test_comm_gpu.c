@@ -28,12 +28,12 @@ static int R, W;
 
 /* Host <-> device through the compute stream, waited for. */
 static void put(void *dev_dst, const void *host_src, size_t bytes) {
-    strata_memcpy_async(G, G->compute, dev_dst, host_src, bytes);
-    strata_stream_sync(G, G->compute);
+    MUST(strata_memcpy_async(G, G->compute, dev_dst, host_src, bytes));
+    MUST(strata_stream_sync(G, G->compute));
 }
 static void get(void *host_dst, const void *dev_src, size_t bytes) {
-    strata_memcpy_async(G, G->compute, host_dst, dev_src, bytes);
-    strata_stream_sync(G, G->compute);
+    MUST(strata_memcpy_async(G, G->compute, host_dst, dev_src, bytes));
+    MUST(strata_stream_sync(G, G->compute));
 }
 static void *dalloc(size_t bytes) { return strata_alloc(G, STRATA_MEM_DEVICE, bytes ? bytes : 1); }
 static void dfree(void *p) { strata_free(G, STRATA_MEM_DEVICE, p); }
@@ -48,7 +48,7 @@ static void test_allreduce(strata_comm *c, const char *label) {
         for (size_t i = 0; i < n; i++) h[i] = (float)(R * 1000 + (int)(i % 997));
         put(d, h, n * sizeof *h);
         int rc = strata_allreduce(c, d, n);
-        strata_stream_sync(G, strata_comm_stream(c));
+        MUST(strata_stream_sync(G, strata_comm_stream(c)));
         get(h, d, n * sizeof *h);
         size_t bad = 0;
         for (size_t i = 0; i < n; i++) bad += h[i] != rank_sum((int)(i % 997));
@@ -70,7 +70,7 @@ static void test_reduce_scatter(strata_comm *c, const char *label) {
             put(in, h, n_all * sizeof *h);
             float *dst = aliased ? in + (size_t)R * n : out;
             int rc = strata_reduce_scatter(c, dst, in, n);
-            strata_stream_sync(G, strata_comm_stream(c));
+            MUST(strata_stream_sync(G, strata_comm_stream(c)));
             get(h, in, n_all * sizeof *h);
             size_t bad = 0, changed = 0;
             for (size_t j = 0; j < n_all; j++)
@@ -99,7 +99,7 @@ static void test_allgather(strata_comm *c, const char *label) {
             if (aliased) put(out, h, all);
             else put(in, h + (size_t)R * b, b);
             int rc = strata_allgather(c, out, aliased ? out + (size_t)R * b : in, b);
-            strata_stream_sync(G, strata_comm_stream(c));
+            MUST(strata_stream_sync(G, strata_comm_stream(c)));
             get(h, out, all);
             size_t bad = 0;
             for (size_t j = 0; j < all; j++) bad += h[j] != ag_byte((int)(j / b), j % b);
@@ -121,7 +121,7 @@ static void test_broadcast(strata_comm *c, const char *label) {
             for (size_t j = 0; j < n; j++) h[j] = R == roots[ri] ? (unsigned char)(j * 13 + 1) : (unsigned char)R;
             put(d, h, n);
             int rc = strata_broadcast(c, d, n, roots[ri]);
-            strata_stream_sync(G, strata_comm_stream(c));
+            MUST(strata_stream_sync(G, strata_comm_stream(c)));
             get(h, d, n);
             size_t bad = 0;
             for (size_t j = 0; j < n; j++) bad += h[j] != (unsigned char)(j * 13 + 1);
@@ -147,18 +147,18 @@ static void test_events(strata_comm *c, const char *label) {
     size_t bad = 0;
     for (int k = 0; k < ROUNDS; k++) {
         for (size_t i = 0; i < N; i++) h[i] = (float)(R * 1000 + (int)((i + (size_t)k) % 500));
-        strata_memcpy_async(G, G->compute, d, h, N * sizeof *h);
-        strata_event_record(G, ready, G->compute);
-        strata_stream_wait_event(G, cs, ready);
+        MUST(strata_memcpy_async(G, G->compute, d, h, N * sizeof *h));
+        MUST(strata_event_record(G, ready, G->compute));
+        MUST(strata_stream_wait_event(G, cs, ready));
         strata_allreduce(c, d, N);
-        strata_event_record(G, done, cs);
-        strata_stream_wait_event(G, G->compute, done);
-        strata_memcpy_async(G, G->compute, h, d, N * sizeof *h);
-        strata_stream_sync(G, G->compute);
+        MUST(strata_event_record(G, done, cs));
+        MUST(strata_stream_wait_event(G, G->compute, done));
+        MUST(strata_memcpy_async(G, G->compute, h, d, N * sizeof *h));
+        MUST(strata_stream_sync(G, G->compute));
         for (size_t i = 0; i < N; i++) bad += h[i] != rank_sum((int)((i + (size_t)k) % 500));
     }
     CHECK(bad == 0, "%s%d rounds of compute -> event -> all-reduce -> event -> compute: %zu wrong", label, ROUNDS, bad);
-    strata_stream_sync(G, cs);
+    MUST(strata_stream_sync(G, cs));
     free(h);
     dfree(d);
     strata_event_destroy(G, ready);
@@ -174,12 +174,12 @@ static void test_large(strata_comm *c, const char *label) {
         return;
     }
     unsigned char *d = dalloc(bytes);
-    strata_memset_async(G, G->compute, d, 0x3F, bytes);
-    strata_stream_sync(G, G->compute);
+    MUST(strata_memset_async(G, G->compute, d, 0x3F, bytes));
+    MUST(strata_stream_sync(G, G->compute));
     float v;
     memset(&v, 0x3F, sizeof v);
     int rc = strata_allreduce(c, (float *)d, n);
-    strata_stream_sync(G, strata_comm_stream(c));
+    MUST(strata_stream_sync(G, strata_comm_stream(c)));
     const size_t at[] = {0, 1, (size_t)INT_MAX - 1, (size_t)INT_MAX, (size_t)INT_MAX + 1, n - 1};
     float first = 0.0f;
     size_t bad = 0;

@@ -92,26 +92,26 @@ static void *up_bf16(const float *x, size_t n) {
     uint16_t *h = strata_xmalloc((n ? n : 1) * 2);
     for (size_t i = 0; i < n; i++) h[i] = bf16_bits(x[i]);
     void *d = dalloc(n * 2);
-    strata_memcpy_async(G, G->compute, d, h, n * 2);
+    MUST(strata_memcpy_async(G, G->compute, d, h, n * 2));
     gsync();
     free(h);
     return d;
 }
 static void *up_f32(const float *x, size_t n) {
     void *d = dalloc(n * 4);
-    strata_memcpy_async(G, G->compute, d, x, n * 4);
+    MUST(strata_memcpy_async(G, G->compute, d, x, n * 4));
     gsync();
     return d;
 }
 static void *up_i32(const int32_t *x, size_t n) {
     void *d = dalloc(n * 4);
-    strata_memcpy_async(G, G->compute, d, x, n * 4);
+    MUST(strata_memcpy_async(G, G->compute, d, x, n * 4));
     gsync();
     return d;
 }
 static float *down_bf16(const void *d, size_t n) {
     uint16_t *h = strata_xmalloc((n ? n : 1) * 2);
-    strata_memcpy_async(G, G->compute, h, d, n * 2);
+    MUST(strata_memcpy_async(G, G->compute, h, d, n * 2));
     gsync();
     float *x = strata_xmalloc((n ? n : 1) * sizeof *x);
     for (size_t i = 0; i < n; i++) x[i] = bf16_value(h[i]);
@@ -120,7 +120,7 @@ static float *down_bf16(const void *d, size_t n) {
 }
 static float *down_f32(const void *d, size_t n) {
     float *x = strata_xmalloc((n ? n : 1) * sizeof *x);
-    strata_memcpy_async(G, G->compute, x, d, n * 4);
+    MUST(strata_memcpy_async(G, G->compute, x, d, n * 4));
     gsync();
     return x;
 }
@@ -329,7 +329,7 @@ static void test_attention(int impl, int B, int T, int C, int NH, size_t off, fl
     float *dout = host_rand(n1, 1.0f, 1), *dqkv = strata_xmalloc(n3 * 4);
     void *d_dout = up_bf16_off(dout, n1, off, &b_dout), *d_dqkv = dalloc_off(n3 * 2, off * 2, &b_dqkv);
     /* dqkv (=): garbage beforehand must not leak through */
-    strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2);
+    MUST(strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2));
     /* Both backwards read the GPU's forward (out in bf16, as the model stores it): the
      * row term dout . out is sensitive to out's rounding, which is not under test here. */
     ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, B, T, C, NH);
@@ -391,7 +391,7 @@ static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
         int impl = run ? 1 : 0;
         strata_cuda_attention_select(impl);
         d_dqkv[run] = dalloc(n3 * 2);
-        strata_memset_async(G, G->compute, d_dqkv[run], 0x7f, n3 * 2);
+        MUST(strata_memset_async(G, G->compute, d_dqkv[run], 0x7f, n3 * 2));
         gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, C, NH);
         if (run < 2) g_dqkv[run] = down_bf16(d_dqkv[run], n3);
     }
@@ -399,8 +399,8 @@ static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
     close_enough(what, g_dqkv[1], g_dqkv[0], n3, ATT_TC_RTOL);
     rms_close(what, g_dqkv[1], g_dqkv[0], n3, ATT_TC_RMS);
     uint16_t *h1 = strata_xmalloc(n3 * 2), *h2 = strata_xmalloc(n3 * 2);
-    strata_memcpy_async(G, G->compute, h1, d_dqkv[1], n3 * 2);
-    strata_memcpy_async(G, G->compute, h2, d_dqkv[2], n3 * 2);
+    MUST(strata_memcpy_async(G, G->compute, h1, d_dqkv[1], n3 * 2));
+    MUST(strata_memcpy_async(G, G->compute, h2, d_dqkv[2], n3 * 2));
     gsync();
     int diff = count_diff_u16(h1, h2, n3);
     CHECK(diff == 0, "attention_backward on tensor cores is deterministic: two runs differ in %d of %zu "
@@ -492,7 +492,7 @@ static void test_crossentropy(int N, int V, int Vp) {
     float *acc_host = strata_xmalloc(4);
     *acc_host = 1.5f;
     void *d_acc = up_f32(acc_host, 1);
-    strata_memset_async(G, G->compute, d_losses, 0xff, N * 4);
+    MUST(strata_memset_async(G, G->compute, d_losses, 0xff, N * 4));
     gk->crossentropy(G->compute, d_losses, NULL, d_logits2, d_tgt, N, V, Vp, dloss);
     gk->loss_accumulate(G->compute, d_acc, d_losses, N, 0.25f);
     ck->loss_accumulate(CPU->compute, acc_host, losses, N, 0.25f);
@@ -521,7 +521,7 @@ static void test_adamw(void) {
     float *pout = strata_xmalloc(n * 4);
     for (int step = 1; step <= 3; step++) {
         float *grad = host_rand(n, 0.05f, 0);
-        strata_memcpy_async(G, G->compute, d_grad, grad, n * 4);
+        MUST(strata_memcpy_async(G, G->compute, d_grad, grad, n * 4));
         strata_adamw_args a = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                .weight_decay = step == 2 ? 0.0f : 0.1f,
                                .bc1 = 1.0f - powf(0.9f, (float)step), .bc2 = 1.0f - powf(0.95f, (float)step),
@@ -549,11 +549,11 @@ static void test_utilities(void) {
     void *d_x = up_f32(x, n);
     double init = 2.0, cpu_ss = init;
     void *d_ss = dalloc(8);
-    strata_memcpy_async(G, G->compute, d_ss, &init, 8);
+    MUST(strata_memcpy_async(G, G->compute, d_ss, &init, 8));
     gk->sumsq(G->compute, d_ss, d_x, n);
     ck->sumsq(CPU->compute, &cpu_ss, x, n);
     double g_ss = 0.0;
-    strata_memcpy_async(G, G->compute, &g_ss, d_ss, 8);
+    MUST(strata_memcpy_async(G, G->compute, &g_ss, d_ss, 8));
     gsync();
     CHECK(fabs(g_ss - cpu_ss) <= 1e-9 * cpu_ss, "sumsq (+=) %.12g vs cpu %.12g", g_ss, cpu_ss);
 
@@ -563,7 +563,7 @@ static void test_utilities(void) {
     gk->convert(G->compute, d_back, STRATA_F32, d_h, STRATA_BF16, n);
     uint16_t *h_cpu = strata_xmalloc(n * 2), *h_gpu = strata_xmalloc(n * 2);
     ck->convert(CPU->compute, h_cpu, STRATA_BF16, x, STRATA_F32, n);
-    strata_memcpy_async(G, G->compute, h_gpu, d_h, n * 2);
+    MUST(strata_memcpy_async(G, G->compute, h_gpu, d_h, n * 2));
     float *back = down_f32(d_back, n);
     float *back_cpu = strata_xmalloc(n * 4);
     ck->convert(CPU->compute, back_cpu, STRATA_F32, h_cpu, STRATA_BF16, n);
@@ -597,12 +597,12 @@ static void test_no_alloc_in_step(int att_impl) {
     void *w = dalloc((size_t)C * 4 * C * 2), *bias = dalloc((size_t)4 * C * 2), *dw = dalloc((size_t)C * 4 * C * 4);
     void *db = dalloc((size_t)4 * C * 4), *stats = dalloc((size_t)BT * NH * 4 * 3), *losses = dalloc(BT * 4);
     void *tgt = dalloc(BT * 4), *acc = dalloc(8), *dqkv = dalloc(sz[1] * 2);
-    strata_memset_async(G, G->compute, x, 0, sz[0] * 2);
-    strata_memset_async(G, G->compute, qkv, 0, sz[1] * 2);
-    strata_memset_async(G, G->compute, w, 0, (size_t)C * 4 * C * 2);
-    strata_memset_async(G, G->compute, bias, 0, (size_t)4 * C * 2);
-    strata_memset_async(G, G->compute, wte, 0, sz[3] * 2);
-    strata_memset_async(G, G->compute, tgt, 0, BT * 4);
+    MUST(strata_memset_async(G, G->compute, x, 0, sz[0] * 2));
+    MUST(strata_memset_async(G, G->compute, qkv, 0, sz[1] * 2));
+    MUST(strata_memset_async(G, G->compute, w, 0, (size_t)C * 4 * C * 2));
+    MUST(strata_memset_async(G, G->compute, bias, 0, (size_t)4 * C * 2));
+    MUST(strata_memset_async(G, G->compute, wte, 0, sz[3] * 2));
+    MUST(strata_memset_async(G, G->compute, tgt, 0, BT * 4));
     float *mean = stats, *rstd = (float *)stats + BT, *lse = (float *)stats + 2 * BT;
     strata_mem_counters before[STRATA_MEM_KINDS];
     for (int round = 0; round < 3; round++) {
@@ -706,28 +706,28 @@ static void test_cross_kind_events(strata_device *d, const char *label) {
 
     /* a DEVICE record seen by the host: event_sync waits for the copy */
     memset(dst, 0, n);
-    strata_memset_async(d, d->compute, mid, 0x3C, n);
-    strata_memcpy_async(d, d->compute, dst, mid, n);
-    strata_event_record(d, e2, d->compute);
-    strata_event_sync(d, e2);
+    MUST(strata_memset_async(d, d->compute, mid, 0x3C, n));
+    MUST(strata_memcpy_async(d, d->compute, dst, mid, n));
+    MUST(strata_event_record(d, e2, d->compute));
+    MUST(strata_event_sync(d, e2));
     CHECK(dst[0] == 0x3C && dst[n - 1] == 0x3C, "%s: event_sync on a device record waits for its copy", label);
 
     /* HOST stream copies that touch device memory (done by the worker) */
     memset(src, 0x5E, n);
     memset(dst, 0, n);
-    strata_memcpy_async(d, h1, mid, src, n);
-    strata_memcpy_async(d, h1, dst, mid, n);
-    strata_memset_async(d, h1, dst, 0x77, 16);
-    strata_stream_sync(d, h1);
+    MUST(strata_memcpy_async(d, h1, mid, src, n));
+    MUST(strata_memcpy_async(d, h1, dst, mid, n));
+    MUST(strata_memset_async(d, h1, dst, 0x77, 16));
+    MUST(strata_stream_sync(d, h1));
     CHECK(dst[0] == 0x77 && dst[15] == 0x77 && dst[16] == 0x5E && dst[n - 1] == 0x5E,
           "%s: HOST stream copies pinned->device->pinned and memsets in order", label);
 
     /* a host function on a DEVICE stream runs after the work before it */
     verify_arg vb = {dst, n, 0x6B, 0, 0};
-    strata_memset_async(d, d->compute, mid, 0x6B, n);
-    strata_memcpy_async(d, d->compute, dst, mid, n);
-    strata_host_task(d, d->compute, verify_fn, &vb);
-    strata_stream_sync(d, d->compute);
+    MUST(strata_memset_async(d, d->compute, mid, 0x6B, n));
+    MUST(strata_memcpy_async(d, d->compute, dst, mid, n));
+    MUST(strata_host_task(d, d->compute, verify_fn, &vb));
+    MUST(strata_stream_sync(d, d->compute));
     CHECK(vb.ran && vb.ok, "%s: host_task on a DEVICE stream runs in stream order", label);
 
     /* a never-recorded event is complete, and waiting on it is a no-op */
@@ -760,9 +760,9 @@ static void test_host_waits(strata_device *d) {
     memset(dst, 0, n);
     gate g = GATE_INIT;
     fill_arg fa = {src, n, 0xC3};
-    strata_host_task(d, h, gate_wait, &g);
-    strata_host_task(d, h, fill_fn, &fa);
-    strata_event_record(d, e, h);
+    MUST(strata_host_task(d, h, gate_wait, &g));
+    MUST(strata_host_task(d, h, fill_fn, &fa));
+    MUST(strata_event_record(d, e, h));
     gate_timer opener;
     gate_open_after(&opener, &g, 100);
     double t0 = strata_now_ms();
@@ -770,9 +770,9 @@ static void test_host_waits(strata_device *d) {
     double waited = strata_now_ms() - t0;
     CHECK(rc == 0 && waited >= 80 && strata_event_query(d, e) == 1,
           "host waits: a device wait on a pending host record returns once it is reached (%.0f ms)", waited);
-    strata_memcpy_async(d, d->compute, mid, src, n);
-    strata_memcpy_async(d, d->compute, dst, mid, n);
-    strata_stream_sync(d, d->compute);
+    MUST(strata_memcpy_async(d, d->compute, mid, src, n));
+    MUST(strata_memcpy_async(d, d->compute, dst, mid, n));
+    MUST(strata_stream_sync(d, d->compute));
     CHECK(dst[0] == 0xC3 && dst[n - 1] == 0xC3, "host waits: device work after the wait sees the host's data");
     t0 = strata_now_ms();
     rc = strata_stream_wait_event(d, d->compute, e);
@@ -792,8 +792,8 @@ static void test_long_wait_report(strata_device *d) {
     strata_stream *h = strata_stream_create(d, "gated", STRATA_STREAM_HOST);
     strata_event *e = strata_event_create(d);
     gate g = GATE_INIT;
-    strata_host_task(d, h, gate_wait, &g);
-    strata_event_record(d, e, h);
+    MUST(strata_host_task(d, h, gate_wait, &g));
+    MUST(strata_event_record(d, e, h));
     strata_set_wait_report_s(1);
     capture c;
     CHECK(capture_begin(&c) == 0, "capture stderr");
@@ -819,18 +819,18 @@ static void test_wait_snapshot(strata_device *d, const char *label) {
     strata_event *e = strata_event_create(d), *done = strata_event_create(d);
     gate g1 = GATE_INIT;
     gate g2 = GATE_INIT;
-    strata_host_task(d, h, gate_wait, &g1);
-    strata_event_record(d, e, h);             /* record 1 */
-    strata_stream_wait_event(d, d->compute, e); /* waits for record 1 only */
-    strata_event_record(d, done, d->compute);
-    strata_host_task(d, h, gate_wait, &g2);
-    strata_event_record(d, e, h); /* record 2, behind the second gate */
+    MUST(strata_host_task(d, h, gate_wait, &g1));
+    MUST(strata_event_record(d, e, h));             /* record 1 */
+    MUST(strata_stream_wait_event(d, d->compute, e)); /* waits for record 1 only */
+    MUST(strata_event_record(d, done, d->compute));
+    MUST(strata_host_task(d, h, gate_wait, &g2));
+    MUST(strata_event_record(d, e, h)); /* record 2, behind the second gate */
     gate_open(&g1);
-    strata_event_sync(d, done);
+    MUST(strata_event_sync(d, done));
     CHECK(strata_event_query(d, done) == 1 && strata_event_query(d, e) == 0,
           "%s: a wait keeps the record it captured (released while the newer record is pending)", label);
     gate_open(&g2);
-    strata_stream_sync(d, h);
+    MUST(strata_stream_sync(d, h));
     CHECK(strata_event_query(d, e) == 1, "%s: the newer record completes after its gate", label);
     strata_event_destroy(d, e);
     strata_event_destroy(d, done);

@@ -209,9 +209,9 @@ static void test_fifo_order(strata_device *d) {
     log.n = 0;
     for (int i = 0; i < 1000; i++) {
         items[i] = (order_item){&log, i};
-        strata_host_task(d, s, log_append, &items[i]);
+        MUST(strata_host_task(d, s, log_append, &items[i]));
     }
-    strata_stream_sync(d, s);
+    MUST(strata_stream_sync(d, s));
     int in_order = log.n == 1000;
     for (int i = 0; i < log.n && in_order; i++) in_order = log.seen[i] == i;
     CHECK(in_order, "1000 host tasks ran in enqueue order (%d ran)", log.n);
@@ -221,10 +221,10 @@ static void test_fifo_order(strata_device *d) {
     unsigned char *src = strata_alloc(d, STRATA_MEM_PINNED, 64);
     unsigned char *dst = strata_alloc(d, STRATA_MEM_HOST, 64 * 8);
     for (int v = 0; v < 8; v++) {
-        strata_memset_async(d, s, src, v + 1, 64);
-        strata_memcpy_async(d, s, dst + 64 * v, src, 64);
+        MUST(strata_memset_async(d, s, src, v + 1, 64));
+        MUST(strata_memcpy_async(d, s, dst + 64 * v, src, 64));
     }
-    strata_stream_sync(d, s);
+    MUST(strata_stream_sync(d, s));
     int ok = 1;
     for (int v = 0; v < 8; v++)
         for (int i = 0; i < 64; i++) ok &= dst[64 * v + i] == v + 1;
@@ -265,23 +265,23 @@ static void test_cross_stream_event(strata_device *d) {
     memset(buf, 0, N * sizeof(float));
     slow_fill f = {buf, N, 5.0f};
     sum_task st = {buf, N, 0};
-    strata_host_task(d, prod, slow_fill_fn, &f);
-    strata_event_record(d, e, prod);
-    strata_stream_wait_event(d, cons, e);
-    strata_host_task(d, cons, sum_fn, &st);
-    strata_memcpy_async(d, cons, copy, buf, N * sizeof(float));
-    strata_stream_sync(d, cons);
+    MUST(strata_host_task(d, prod, slow_fill_fn, &f));
+    MUST(strata_event_record(d, e, prod));
+    MUST(strata_stream_wait_event(d, cons, e));
+    MUST(strata_host_task(d, cons, sum_fn, &st));
+    MUST(strata_memcpy_async(d, cons, copy, buf, N * sizeof(float)));
+    MUST(strata_stream_sync(d, cons));
     double want = 5.0 * N + (double)N * (N - 1) / 2;
     CHECK(st.sum == want, "consumer waited on the producer's event: sum %.0f == %.0f", st.sum, want);
     CHECK(copy[0] == 5.0f && copy[N - 1] == 5.0f + (N - 1), "consumer's copy saw the produced data");
 
     /* The same event recorded again: the wait captures the newer generation. */
     slow_fill f2 = {buf, N, 100.0f};
-    strata_host_task(d, prod, slow_fill_fn, &f2);
-    strata_event_record(d, e, prod);
-    strata_stream_wait_event(d, cons, e);
-    strata_host_task(d, cons, sum_fn, &st);
-    strata_stream_sync(d, cons);
+    MUST(strata_host_task(d, prod, slow_fill_fn, &f2));
+    MUST(strata_event_record(d, e, prod));
+    MUST(strata_stream_wait_event(d, cons, e));
+    MUST(strata_host_task(d, cons, sum_fn, &st));
+    MUST(strata_stream_sync(d, cons));
     want = 100.0 * N + (double)N * (N - 1) / 2;
     CHECK(st.sum == want, "re-recorded event: consumer saw the second fill, sum %.0f", st.sum);
 
@@ -301,30 +301,30 @@ static void test_event_query_and_unrecorded(strata_device *d) {
           "the compute stream waiting on a never-recorded event returns at once");
     /* The unrecorded wait must not block the worker: a later task still runs. */
     int ran = 0;
-    strata_stream_wait_event(d, s, e);
-    strata_host_task(d, s, count_fn, &ran);
-    strata_stream_sync(d, s);
+    MUST(strata_stream_wait_event(d, s, e));
+    MUST(strata_host_task(d, s, count_fn, &ran));
+    MUST(strata_stream_sync(d, s));
     CHECK(ran == 1, "a worker stream waiting on a never-recorded event keeps going");
 
     gate g;
     gate_init(&g);
-    strata_host_task(d, s, gate_wait, &g);
-    strata_event_record(d, e, s);
+    MUST(strata_host_task(d, s, gate_wait, &g));
+    MUST(strata_event_record(d, e, s));
     CHECK(strata_event_query(d, e) == 0, "event recorded behind a closed gate queries pending");
     gate_open(&g);
-    strata_event_sync(d, e);
+    MUST(strata_event_sync(d, e));
     CHECK(strata_event_query(d, e) == 1, "after the gate opens and event_sync, it queries complete");
     gate_destroy(&g);
 
     /* Destroying an event whose record is still queued is allowed, as in CUDA. */
     strata_event *e2 = strata_event_create(d);
     gate_init(&g);
-    strata_host_task(d, s, gate_wait, &g);
-    strata_event_record(d, e2, s);
+    MUST(strata_host_task(d, s, gate_wait, &g));
+    MUST(strata_event_record(d, e2, s));
     strata_event_destroy(d, e2);
-    strata_host_task(d, s, count_fn, &ran);
+    MUST(strata_host_task(d, s, count_fn, &ran));
     gate_open(&g);
-    strata_stream_sync(d, s);
+    MUST(strata_stream_sync(d, s));
     CHECK(ran == 2, "event destroyed with its record pending: stream still drains");
     gate_destroy(&g);
 
@@ -349,19 +349,19 @@ static void test_compute_waits_for_worker(strata_device *d) {
     int *y = strata_alloc(d, STRATA_MEM_DEVICE, sizeof(int));
     *x = 0;
     delayed_store ds = {x, 42};
-    strata_host_task(d, w, delayed_store_fn, &ds);
-    strata_event_record(d, e, w);
-    strata_stream_wait_event(d, d->compute, e); /* blocks this thread: compute is inline */
-    strata_memcpy_async(d, d->compute, y, x, sizeof(int));
+    MUST(strata_host_task(d, w, delayed_store_fn, &ds));
+    MUST(strata_event_record(d, e, w));
+    MUST(strata_stream_wait_event(d, d->compute, e)); /* blocks this thread: compute is inline */
+    MUST(strata_memcpy_async(d, d->compute, y, x, sizeof(int)));
     CHECK(*y == 42, "compute stream waited for the worker's event: copied %d", *y);
 
     /* And the other way: a worker waits for work done on the compute stream. */
-    strata_memset_async(d, d->compute, x, 0x11, sizeof(int));
-    strata_event_record(d, e, d->compute);
+    MUST(strata_memset_async(d, d->compute, x, 0x11, sizeof(int)));
+    MUST(strata_event_record(d, e, d->compute));
     CHECK(strata_event_query(d, e) == 1, "a record on the compute stream completes at once");
-    strata_stream_wait_event(d, w, e);
-    strata_memcpy_async(d, w, y, x, sizeof(int));
-    strata_stream_sync(d, w);
+    MUST(strata_stream_wait_event(d, w, e));
+    MUST(strata_memcpy_async(d, w, y, x, sizeof(int)));
+    MUST(strata_stream_sync(d, w));
     CHECK(*y == 0x11111111, "worker copy after waiting on compute sees 0x%x", *y);
     strata_free(d, STRATA_MEM_DEVICE, x);
     strata_free(d, STRATA_MEM_DEVICE, y);
@@ -382,17 +382,17 @@ static char *stuck_for_a_while(strata_device *d, unsigned hold_ms) {
     gate g1, g2;
     gate_init(&g1);
     gate_init(&g2);
-    strata_host_task(d, blocker, gate_wait, &g1);
-    strata_event_record(d, e, blocker);
-    strata_stream_wait_event(d, waiter, e); /* its worker thread waits */
+    MUST(strata_host_task(d, blocker, gate_wait, &g1));
+    MUST(strata_event_record(d, e, blocker));
+    MUST(strata_stream_wait_event(d, waiter, e)); /* its worker thread waits */
     gate_timer t;
     gate_open_after(&t, &g1, hold_ms);
-    strata_event_sync(d, e); /* this thread waits */
+    MUST(strata_event_sync(d, e)); /* this thread waits */
     gate_timer_join(&t);
-    strata_stream_sync(d, waiter);
-    strata_host_task(d, blocker, gate_wait, &g2);
+    MUST(strata_stream_sync(d, waiter));
+    MUST(strata_host_task(d, blocker, gate_wait, &g2));
     gate_open_after(&t, &g2, hold_ms);
-    strata_stream_sync(d, blocker); /* a queue that does not drain */
+    MUST(strata_stream_sync(d, blocker)); /* a queue that does not drain */
     gate_timer_join(&t);
     strata_event_destroy(d, e);
     strata_stream_destroy(d, waiter);
@@ -431,10 +431,10 @@ static void test_stream_sync_and_destroy(strata_device *d) {
     int count = 0;
     gate g;
     gate_init(&g);
-    strata_host_task(d, s, gate_wait, &g);
+    MUST(strata_host_task(d, s, gate_wait, &g));
     for (int i = 0; i < 500; i++) strata_host_task(d, s, count_fn, &count);
     gate_open(&g);
-    strata_stream_sync(d, s);
+    MUST(strata_stream_sync(d, s));
     CHECK(count == 500, "stream_sync waited for all 500 queued tasks (ran %d)", count);
     gate_destroy(&g);
 
@@ -442,9 +442,9 @@ static void test_stream_sync_and_destroy(strata_device *d) {
     strata_stream *a = strata_stream_create(d, "all-a", STRATA_STREAM_HOST);
     strata_stream *b = strata_stream_create(d, "all-b", STRATA_STREAM_DEVICE);
     slow_fill f = {NULL, 0, 0};
-    strata_host_task(d, a, slow_fill_fn, &f);
+    MUST(strata_host_task(d, a, slow_fill_fn, &f));
     for (int i = 0; i < 200; i++) strata_host_task(d, a, count_fn, &count);
-    strata_host_task(d, b, slow_fill_fn, &f);
+    MUST(strata_host_task(d, b, slow_fill_fn, &f));
     for (int i = 0; i < 300; i++) strata_host_task(d, b, count_fn, &c2);
     d->ops->sync_all(d);
     CHECK(count == 700 && c2 == 300, "sync_all drained every stream (%d, %d)", count, c2);
@@ -453,7 +453,7 @@ static void test_stream_sync_and_destroy(strata_device *d) {
 
     /* Destroy with work still queued behind a slow task: it drains first. */
     count = 0;
-    strata_host_task(d, s, slow_fill_fn, &f);
+    MUST(strata_host_task(d, s, slow_fill_fn, &f));
     for (int i = 0; i < 1000; i++) strata_host_task(d, s, count_fn, &count);
     strata_stream_destroy(d, s);
     CHECK(count == 1000, "stream_destroy ran the %d pending tasks before returning", count);
@@ -491,12 +491,12 @@ static void test_event_elapsed(strata_device *d) {
     strata_event *a = strata_event_create_timed(d), *b = strata_event_create_timed(d);
     double ms = -1;
     CHECK(strata_event_elapsed_ms(d, a, b, &ms) != 0 && ms == -1, "elapsed between never-recorded events fails");
-    strata_event_record(d, a, d->compute);
+    MUST(strata_event_record(d, a, d->compute));
     double t0 = strata_now_ms();
     volatile double x = 0;
     for (int i = 0; i < 200000; i++) x += i * 0.5; /* work between the two records */
     double host_ms = strata_now_ms() - t0;
-    strata_event_record(d, b, d->compute);
+    MUST(strata_event_record(d, b, d->compute));
     CHECK(strata_event_elapsed_ms(d, a, b, &ms) == 0 && ms >= host_ms && ms >= 0,
           "elapsed a -> b on the compute stream covers the work between them (%.4f ms >= %.4f ms)", ms, host_ms);
     double back = 1;
@@ -504,11 +504,11 @@ static void test_event_elapsed(strata_device *d) {
     strata_stream *s = strata_stream_create(d, "gated", STRATA_STREAM_HOST);
     gate g;
     gate_init(&g);
-    strata_host_task(d, s, gate_wait, &g);
-    strata_event_record(d, b, s);
+    MUST(strata_host_task(d, s, gate_wait, &g));
+    MUST(strata_event_record(d, b, s));
     CHECK(strata_event_elapsed_ms(d, a, b, &ms) != 0, "elapsed to an event still pending fails at once");
     gate_open(&g);
-    strata_stream_sync(d, s);
+    MUST(strata_stream_sync(d, s));
     CHECK(strata_event_elapsed_ms(d, a, b, &ms) == 0 && ms >= 0, "once reached it is read (%.4f ms)", ms);
     gate_destroy(&g);
     strata_stream_destroy(d, s);
@@ -536,7 +536,7 @@ static void test_stress(strata_device *d) {
             if (after_wait) strata_stream_wait_event(d, s[k], ev[prev][i / STEP - 1]);
             items[k][i] = (stress_item){&ctx, k, i, after_wait ? prev : -1,
                                         after_wait ? (i / STEP) * STEP - 1 : 0};
-            strata_host_task(d, s[k], stress_fn, &items[k][i]);
+            MUST(strata_host_task(d, s[k], stress_fn, &items[k][i]));
             if (i % STEP == STEP - 1) strata_event_record(d, ev[k][i / STEP], s[k]);
         }
     }
