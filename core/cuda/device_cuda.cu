@@ -924,38 +924,69 @@ extern "C" int strata_cuda_available(void) {
     return n > 0;
 }
 
-extern "C" strata_device *strata_device_cuda_open(int ordinal) {
+/* The GPU to open: `ordinal` (a local rank past the node's GPUs shares them round-robin,
+ * which only the mpi backend allows; NCCL refuses it), made current, with compute
+ * capability 8.0 or newer for the bf16 kernels. -1 + error otherwise. */
+static int choose_gpu(int ordinal, cudaDeviceProp *prop) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        strata_fail("cuda device %d: no usable CUDA driver or GPU (cudaGetDeviceCount: %s)", ordinal,
-                    cudaGetErrorString(e));
-        return NULL;
+        return strata_fail("cuda device %d: no usable CUDA driver or GPU (cudaGetDeviceCount: %s)", ordinal,
+                           cudaGetErrorString(e));
     }
-    if (ordinal < 0 || n < 1) {
-        strata_fail("cuda device %d: this machine has %d GPU%s", ordinal, n, n == 1 ? "" : "s");
-        return NULL;
-    }
+    if (ordinal < 0 || n < 1) return strata_fail("cuda device %d: this machine has %d GPU%s", ordinal, n, n == 1 ? "" : "s");
     if (ordinal >= n) {
-        /* more ranks on this node than GPUs (the ordinal is the MPI local rank): they share
-         * GPUs round-robin, which only the mpi backend allows (NCCL refuses it) */
         STRATA_WARN("device", "local rank %d of a node with %d GPU%s: using cuda:%d, shared with other ranks",
                     ordinal, n, n == 1 ? "" : "s", ordinal % n);
         ordinal %= n;
     }
-    if (make_current(ordinal)) return NULL;
-    cudaDeviceProp prop;
-    e = cudaGetDeviceProperties(&prop, ordinal);
+    if (make_current(ordinal)) return -1;
+    e = cudaGetDeviceProperties(prop, ordinal);
+    if (e != cudaSuccess)
+        return strata_fail("cuda device %d: cudaGetDeviceProperties failed: %s", ordinal, cudaGetErrorString(e));
+    if (prop->major < 8)
+        return strata_fail("cuda device %d (%s) has compute capability %d.%d; the bf16 kernels need 8.0 "
+                           "(A100) or newer", ordinal, prop->name, prop->major, prop->minor);
+    return ordinal;
+}
+
+/* The event slots: progress counters in mapped pinned memory that GPU streams and host
+ * workers both read (see the top of this file). */
+static int alloc_event_slots(cuda_device *cd) {
+    void *slots = NULL, *slots_dev = NULL;
+    size_t slot_bytes = (size_t)SLOT_MAX * SLOT_STRIDE * sizeof(uint32_t);
+    cudaError_t e = cudaHostAlloc(&slots, slot_bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+        memset(slots, 0, slot_bytes);
+        e = cudaHostGetDevicePointer(&slots_dev, slots, 0);
+    }
     if (e != cudaSuccess) {
-        strata_fail("cuda device %d: cudaGetDeviceProperties failed: %s", ordinal, cudaGetErrorString(e));
-        return NULL;
+        if (slots) cudaFreeHost(slots);
+        return strata_fail("cuda device %d: event slots (cudaHostAlloc/cudaHostGetDevicePointer of %zu "
+                           "bytes) failed: %s", cd->ordinal, slot_bytes, cudaGetErrorString(e));
     }
-    if (prop.major < 8) {
-        strata_fail("cuda device %d (%s) has compute capability %d.%d; the bf16 kernels need 8.0 "
-                    "(A100) or newer", ordinal, prop.name, prop.major, prop.minor);
-        return NULL;
-    }
+    cd->slots = (volatile uint32_t *)slots;
+    cd->slots_dev = (CUdeviceptr)(uintptr_t)slots_dev;
+    return 0;
+}
+
+/* What the context cost and what the backend's own setup added (cuBLASLt handle and
+ * workspace, event slots): the memory plan measures both again, with anything else on the
+ * GPU, as its device "runtime" row (launcher/plan.c); this says which is which. */
+static void report_setup_memory(int ordinal, size_t ctx_free, size_t ctx_total) {
+    size_t fr = ctx_free, tot = ctx_total;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
+    char b1[32], b2[32];
+    STRATA_DEBUG("device", "cuda:%d: %s in use once the context existed (this context and any other "
+                 "process), %s more after kernel setup (cuBLASLt workspace, event slots)", ordinal,
+                 strata_fmt_bytes(b1, sizeof b1, (double)(ctx_total - ctx_free)),
+                 strata_fmt_bytes(b2, sizeof b2, (double)ctx_free - (double)fr));
+}
+
+extern "C" strata_device *strata_device_cuda_open(int ordinal) {
+    cudaDeviceProp prop;
+    if ((ordinal = choose_gpu(ordinal, &prop)) < 0) return NULL;
 
     strata_device *d = (strata_device *)strata_xcalloc(1, sizeof *d);
     cuda_device *cd = (cuda_device *)strata_xcalloc(1, sizeof *cd);
@@ -973,51 +1004,24 @@ extern "C" strata_device *strata_device_cuda_open(int ordinal) {
     snprintf(d->description, sizeof d->description, "cuda:%d %.80s (%.1f GiB)", ordinal, prop.name,
              (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
 
-    /* What the context costs and what the backend's own setup adds (cuBLASLt handle and
-     * workspace, event slots): the memory plan measures both again, with anything else on
-     * the GPU, as its device "runtime" row (launcher/plan.c); this says which is which. */
-    size_t ctx_free = 0, ctx_total = 0;
+    size_t ctx_free = 0, ctx_total = 0; /* before the backend's own setup */
     if (cudaMemGetInfo(&ctx_free, &ctx_total) != cudaSuccess) (void)cudaGetLastError();
-
-    void *slots = NULL;
-    size_t slot_bytes = (size_t)SLOT_MAX * SLOT_STRIDE * sizeof(uint32_t);
-    e = cudaHostAlloc(&slots, slot_bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-    void *slots_dev = NULL;
-    if (e == cudaSuccess) {
-        memset(slots, 0, slot_bytes);
-        e = cudaHostGetDevicePointer(&slots_dev, slots, 0);
-    }
-    if (e != cudaSuccess) {
-        strata_fail("cuda device %d: event slots (cudaHostAlloc/cudaHostGetDevicePointer of %zu "
-                    "bytes) failed: %s", ordinal, slot_bytes, cudaGetErrorString(e));
-        if (slots) cudaFreeHost(slots);
-        goto fail;
-    }
-    cd->slots = (volatile uint32_t *)slots;
-    cd->slots_dev = (CUdeviceptr)(uintptr_t)slots_dev;
+    if (alloc_event_slots(cd)) goto fail;
     load_memops(cd);
     if (strata_cuda_kstate_create(ordinal, &cd->ks)) {
         char why[512];
         snprintf(why, sizeof why, "%s", strata_error());
         strata_fail("cuda device %d: kernel setup: %s", ordinal, why);
-        cudaFreeHost(slots);
+        cudaFreeHost((void *)cd->slots);
         goto fail;
     }
     d->compute = stream_new(d, "compute", STRATA_STREAM_DEVICE);
     if (!d->compute) {
         strata_cuda_kstate_destroy(cd->ks);
-        cudaFreeHost(slots);
+        cudaFreeHost((void *)cd->slots);
         goto fail;
     }
-    {
-        size_t fr = ctx_free, tot = ctx_total;
-        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
-        char b1[32], b2[32];
-        STRATA_DEBUG("device", "cuda:%d: %s in use once the context existed (this context and any other "
-                     "process), %s more after kernel setup (cuBLASLt workspace, event slots)", ordinal,
-                     strata_fmt_bytes(b1, sizeof b1, (double)(ctx_total - ctx_free)),
-                     strata_fmt_bytes(b2, sizeof b2, (double)ctx_free - (double)fr));
-    }
+    report_setup_memory(ordinal, ctx_free, ctx_total);
     return d;
 fail:
     pthread_cond_destroy(&cd->host_cv);
