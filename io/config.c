@@ -43,6 +43,9 @@
  *   FILE: model.S is N, but model.init_from's PATH has K M (leave model.S out to take it
  *           from there)                      (a shape key that disagrees with config.json)
  *   FILE: missing required key 'model.S' (model.init_from PATH does not give K)
+ *   FILE: model.init_from's PATH has K N, but model.S must be between MIN and MAX
+ *   WHERE: key 'S.K': V becomes F as the float (32-bit) the kernels compute with, which must
+ *           be between MIN and MAX[ and not 0]     (keys the kernels take as floats: optim.*)
  *   FILE: model.init_from 'PATH': ...        (no such path, or its config.json is refused)
  * FILE is "<built-in>" for the compiled-in quickstart config. */
 #include "io/config.h"
@@ -79,6 +82,8 @@ enum {
     F_MAX_EXCL = 4, /* value must be < max */
     F_NONEMPTY = 8, /* strings */
     F_AUTO = 16,    /* K_DOUBLE: also "auto", stored as STRATA_AUTO (the launcher resolves it) */
+    F_FLOAT = 32,   /* K_DOUBLE used as a float: the float too is within the bounds, and not 0
+                       unless the value is */
 };
 
 typedef struct key_spec {
@@ -137,7 +142,7 @@ static const key_spec schema[] = {
             "V; at most 65536 since tokens are uint16 (256 byte-level, 50257 GPT-2 BPE)"),
     INT_("model", "padded_vocab_size", model.padded_vocab_size, 0, 1048576, "0",
          "Vp >= V; 0 = V rounded up to a multiple of 128"),
-    DBL("model", "init_std", model.init_std, 0, 1, "0.02", 0, "std of the normal weight init"),
+    DBL("model", "init_std", model.init_std, 0, 1, "0.02", F_FLOAT, "std of the normal weight init"),
     STR("model", "init_from", model.init_from, "", 0,
         "Hugging Face GPT-2 directory or .safetensors file to start from; the shape keys left out come from its "
         "config.json"),
@@ -167,15 +172,15 @@ static const key_spec schema[] = {
           "dtype of gradient reduction between ranks; auto = the compute dtype"),
     INT_("train", "threads", train.threads, 0, 4096, "0", "OpenMP threads for CPU kernels; 0 = runtime default"),
 
-    DBL("optim", "lr", optim.lr, 0, 10, "3e-4", 0, "peak learning rate"),
-    DBL("optim", "min_lr", optim.min_lr, 0, 10, "3e-5", 0, "learning rate at the end of the decay"),
+    DBL("optim", "lr", optim.lr, 0, 10, "3e-4", F_FLOAT, "peak learning rate"),
+    DBL("optim", "min_lr", optim.min_lr, 0, 10, "3e-5", F_FLOAT, "learning rate at the end of the decay"),
     INT_("optim", "warmup_steps", optim.warmup_steps, 0, BIG, "0", "linear warmup from 0 to lr"),
     ENUM_("optim", "schedule", optim.schedule, schedule_names, "cosine", "decay from lr to min_lr after warmup"),
-    DBL("optim", "beta1", optim.beta1, 0, 1, "0.9", F_MAX_EXCL, "AdamW first-moment decay"),
-    DBL("optim", "beta2", optim.beta2, 0, 1, "0.95", F_MAX_EXCL, "AdamW second-moment decay"),
-    DBL("optim", "eps", optim.eps, 0, 1, "1e-8", 0, "AdamW denominator epsilon"),
-    DBL("optim", "weight_decay", optim.weight_decay, 0, 10, "0.1", 0, "decoupled decay on matrices only"),
-    DBL("optim", "grad_clip", optim.grad_clip, 0, 1e6, "1.0", 0, "global gradient-norm clip; 0 = off"),
+    DBL("optim", "beta1", optim.beta1, 0, 1, "0.9", F_MAX_EXCL | F_FLOAT, "AdamW first-moment decay"),
+    DBL("optim", "beta2", optim.beta2, 0, 1, "0.95", F_MAX_EXCL | F_FLOAT, "AdamW second-moment decay"),
+    DBL("optim", "eps", optim.eps, 0, 1, "1e-8", F_MIN_EXCL | F_FLOAT, "AdamW denominator epsilon"),
+    DBL("optim", "weight_decay", optim.weight_decay, 0, 10, "0.1", F_FLOAT, "decoupled decay on matrices only"),
+    DBL("optim", "grad_clip", optim.grad_clip, 0, 1e6, "1.0", F_FLOAT, "global gradient-norm clip; 0 = off"),
 
     STR("run", "dir", run.dir, "runs/default", F_NONEMPTY, "run directory: metrics, checkpoints, plots"),
     INT_("run", "checkpoint_every", run.checkpoint_every, 0, BIG, "0",
@@ -313,6 +318,17 @@ static void suggest_section(const char *query, char *out, size_t n) {
 
 /* ---- values ---- */
 
+/* "1e-08" -> "1e-8", "1e+20" -> "1e20". */
+static void tidy_exponent(char *buf) {
+    char *e = strchr(buf, 'e');
+    if (!e) return;
+    char *src = e + 1, *dst = e + 1;
+    if (*src == '+') src++;
+    else if (*src == '-') *dst++ = *src++;
+    while (*src == '0' && src[1]) src++;
+    memmove(dst, src, strlen(src) + 1);
+}
+
 /* The shortest %g form that reads back to the same double, with a tidy exponent
  * ("1e-08" -> "1e-8"), so printed configs round-trip exactly and stay readable. */
 static void format_double(double v, char *buf, size_t n) {
@@ -324,13 +340,16 @@ static void format_double(double v, char *buf, size_t n) {
         snprintf(buf, n, "%.*g", prec, v);
         if (strtod(buf, NULL) == v) break;
     }
-    char *e = strchr(buf, 'e');
-    if (!e) return;
-    char *src = e + 1, *dst = e + 1;
-    if (*src == '+') src++;
-    else if (*src == '-') *dst++ = *src++;
-    while (*src == '0' && src[1]) src++;
-    memmove(dst, src, strlen(src) + 1);
+    tidy_exponent(buf);
+}
+
+/* The shortest %g form that reads back to the same float ("1", "0.99999988"). */
+static void format_float(float v, char *buf, size_t n) {
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, n, "%.*g", prec, (double)v);
+        if (strtof(buf, NULL) == v) break;
+    }
+    tidy_exponent(buf);
 }
 
 static int is_integer_text(const char *s) {
@@ -354,17 +373,21 @@ static int is_number_text(const char *s) {
     return *end == 0 && !isnan(v);
 }
 
-static int range_error(const char *where, const char *name, const key_spec *k, const char *text) {
+/* Key k's bounds as words: "between 1 and 1024", "greater than 0 and at most 1", ... */
+static void range_text(const key_spec *k, char *buf, size_t n) {
     char lo[64], hi[64];
     format_double(k->min, lo, sizeof lo);
     format_double(k->max, hi, sizeof hi);
     if (k->flags & F_MIN_EXCL)
-        return strata_fail("%s: key '%s': must be greater than %s and at most %s%s, got %s", where, name, lo, hi,
-                           k->flags & F_AUTO ? ", or auto" : "", text);
-    if (k->flags & F_MAX_EXCL)
-        return strata_fail("%s: key '%s': must be at least %s and less than %s, got %s", where, name, lo, hi,
-                           text);
-    return strata_fail("%s: key '%s': must be between %s and %s, got %s", where, name, lo, hi, text);
+        snprintf(buf, n, "greater than %s and at most %s%s", lo, hi, k->flags & F_AUTO ? ", or auto" : "");
+    else if (k->flags & F_MAX_EXCL) snprintf(buf, n, "at least %s and less than %s", lo, hi);
+    else snprintf(buf, n, "between %s and %s", lo, hi);
+}
+
+static int range_error(const char *where, const char *name, const key_spec *k, const char *text) {
+    char range[192];
+    range_text(k, range, sizeof range);
+    return strata_fail("%s: key '%s': must be %s, got %s", where, name, range, text);
 }
 
 static int in_range(const key_spec *k, double v) {
@@ -411,6 +434,19 @@ static int set_double(const key_spec *k, const char *text, const char *where, co
                            k->flags & F_AUTO ? " or auto" : "", text);
     double v = strtod(text, NULL);
     if (!in_range(k, v)) return range_error(where, name, k, text);
+    if (k->flags & F_FLOAT) {
+        /* the kernels compute with the float: 0.99999999 passes "< 1" as a double and is
+         * 1.0f there, 1e-50 is 0.0f */
+        float f = (float)v;
+        int out = !isfinite(f) || !in_range(k, (double)f), underflow = v != 0 && f == 0;
+        if (out || underflow) {
+            char range[192], ftext[64];
+            range_text(k, range, sizeof range);
+            format_float(f, ftext, sizeof ftext);
+            return strata_fail("%s: key '%s': %s becomes %s as the float (32-bit) the kernels compute with, which must "
+                               "be %s%s", where, name, text, ftext, range, out ? "" : " and not 0");
+        }
+    }
     *(double *)field = v;
     return 0;
 }
@@ -813,8 +849,9 @@ int strata_config_check(const strata_config *c, const char *name) {
 /* ---- loading ---- */
 
 /* model.n_layer, n_head, n_embd, seq_len, vocab_size from c->model.init_from: keys the
- * YAML left out (set[i] == 0, in that order) are filled in; a key the YAML set must agree,
- * or the error names both values and where they came from. `name` is the config file. */
+ * YAML left out (set[i] == 0, in that order) are filled in, within the schema's bounds as
+ * if the YAML had said them; a key the YAML set must agree, or the error names both values
+ * and where they came from. `name` is the config file. */
 static int shape_from_init_from(strata_config *c, const int set[5], const char *name) {
     strata_hf_shape s;
     if (strata_hf_shape_read(c->model.init_from, &s)) return strata_fail_wrap("%s", name);
@@ -828,6 +865,13 @@ static int shape_from_init_from(strata_config *c, const int set[5], const char *
                 return strata_fail("%s: missing required key 'model.%s' (model.init_from %s does not give %s)", name,
                                    keys[i], s.source, hf_keys[i]);
             continue;
+        }
+        const key_spec *k = &schema[find_key("model", keys[i])];
+        if (!set[i] && !in_range(k, hf[i])) {
+            char range[192];
+            range_text(k, range, sizeof range);
+            return strata_fail("%s: model.init_from's %s has %s %d, but model.%s must be %s", name, s.source,
+                               hf_keys[i], hf[i], keys[i], range);
         }
         if (!set[i]) *yaml[i] = hf[i];
         else if (*yaml[i] != hf[i])

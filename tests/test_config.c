@@ -57,6 +57,30 @@ static const bad_case bad_cases[] = {
     {"double: nan", HEAD TRAIN "optim:\n  eps: nan\n", NULL, "bad.yaml:12: key 'optim.eps': expected a number, got 'nan'"},
     {"double: exclusive upper bound", HEAD TRAIN "optim:\n  beta2: 1\n", NULL,
      "bad.yaml:12: key 'optim.beta2': must be at least 0 and less than 1, got 1"},
+    /* issue 31 item 5: the optimizer's numbers are checked as the floats its kernels use */
+    {"beta2 that is 1 as a float", HEAD TRAIN "optim:\n  beta2: 0.99999999\n", NULL,
+     "bad.yaml:12: key 'optim.beta2': 0.99999999 becomes 1 as the float (32-bit) the kernels compute with, which "
+     "must be at least 0 and less than 1"},
+    {"--set: beta1 that is 1 as a float", HEAD TRAIN, "optim.beta1=0.999999999",
+     "--set: key 'optim.beta1': 0.999999999 becomes 1 as the float (32-bit) the kernels compute with, which must be "
+     "at least 0 and less than 1"},
+    {"eps that is 0 as a float", HEAD TRAIN "optim:\n  eps: 1e-50\n", NULL,
+     "bad.yaml:12: key 'optim.eps': 1e-50 becomes 0 as the float (32-bit) the kernels compute with, which must be "
+     "greater than 0 and at most 1"},
+    {"eps 0", HEAD TRAIN "optim:\n  eps: 0\n", NULL,
+     "bad.yaml:12: key 'optim.eps': must be greater than 0 and at most 1, got 0"},
+    {"lr that is 0 as a float", HEAD TRAIN, "optim.lr=1e-46",
+     "--set: key 'optim.lr': 1e-46 becomes 0 as the float (32-bit) the kernels compute with, which must be between 0 "
+     "and 10 and not 0"},
+    {"min_lr that is 0 as a float", HEAD TRAIN "optim:\n  min_lr: 1e-60\n", NULL,
+     "bad.yaml:12: key 'optim.min_lr': 1e-60 becomes 0 as the float (32-bit) the kernels compute with, which must "
+     "be between 0 and 10 and not 0"},
+    {"weight decay that is 0 as a float", HEAD TRAIN, "optim.weight_decay=2e-300",
+     "--set: key 'optim.weight_decay': 2e-300 becomes 0 as the float (32-bit) the kernels compute with, which must "
+     "be between 0 and 10 and not 0"},
+    {"grad clip that is 0 as a float", HEAD TRAIN, "optim.grad_clip=1e-50",
+     "--set: key 'optim.grad_clip': 1e-50 becomes 0 as the float (32-bit) the kernels compute with, which must be "
+     "between 0 and 1000000 and not 0"},
     {"double: exclusive lower bound", HEAD TRAIN "comm:\n  timeout_s: 0\n", NULL,
      "bad.yaml:12: key 'comm.timeout_s': must be greater than 0 and at most 604800, got 0"},
     {"bool: yes is not a boolean", HEAD TRAIN "zero:\n  overlap_comm: yes\n", NULL,
@@ -411,7 +435,7 @@ static void test_round_trip(void) {
     strata_config c;
     memset(&c, 0, sizeof c);
     const char *sets[] = {"data.val=say \"hi\"\\ and \t tab", "optim.lr=3e-4", "optim.min_lr=1.2345678901234567e-7",
-                          "optim.eps=1e-300", "train.seed=18446744073709551615", "train.activation_checkpointing=every:7",
+                          "optim.eps=1.2345678901234567e-30", "train.seed=18446744073709551615", "train.activation_checkpointing=every:7",
                           "train.steps=1000000000000", "zero.stage=3", "comm.timeout_s=0.5", "train.dtype=bf16",
                           "train.grad_reduce_dtype=fp32", "offload.optimizer=cpu", "data.shuffle=false",
                           "run.dir=runs/with: colon # hash", "model.padded_vocab_size=384",
@@ -522,6 +546,63 @@ static void test_shipped_configs(void) {
     printf("ok   every shipped config loads and round-trips\n");
 }
 
+/* Values just inside the bounds as floats stay accepted: the float checks refuse only what
+ * the kernels would not see as written (issue 31 item 5). */
+static void test_float_hyperparameters_kept(void) {
+    strata_config c;
+    const char *sets[] = {"optim.beta2=0.9999999", "optim.beta1=0", "optim.eps=1e-40", "optim.lr=1e-30",
+                          "optim.min_lr=0", "optim.weight_decay=0", "optim.grad_clip=0"};
+    int rc = strata_config_load_string(&c, "f.yaml", HEAD TRAIN, sets, (int)(sizeof sets / sizeof sets[0]));
+    CHECK(rc == 0 && (float)c.optim.beta2 < 1.0f && (float)c.optim.eps > 0 && (float)c.optim.lr > 0,
+          "beta2 0.9999999 (0.99999988 as a float), eps 1e-40 (a subnormal float), lr 1e-30 and zeros are accepted: %s",
+          rc ? strata_error() : "ok");
+}
+
+/* model.init_from's config.json goes through the schema's bounds like the YAML's own keys
+ * (issue 31 item 4): a shape beyond them is refused naming config.json and the key, not
+ * allocated. */
+static void test_init_from_bounds(void) {
+    char dir[64], json[128], yaml[512], expect[512];
+    snprintf(dir, sizeof dir, "/tmp/strata_test_hf_bounds_%d", (int)getpid());
+    snprintf(json, sizeof json, "%s/config.json", dir);
+    mkdir(dir, 0755);
+    static const struct {
+        const char *json, *key, *hf_key;
+        long value;
+        const char *range;
+    } cases[] = {
+        {"{\"model_type\": \"gpt2\", \"n_layer\": 100000000, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, "
+         "\"vocab_size\": 256}", "n_layer", "n_layer", 100000000, "between 1 and 1024"},
+        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, \"vocab_size\": 70000}", "vocab_size",
+         "vocab_size", 70000, "between 1 and 65536"},
+        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_ctx\": 2000000, \"vocab_size\": 256}", "seq_len",
+         "n_positions", 2000000, "between 1 and 1048576"},
+        {"{\"n_layer\": 2, \"n_head\": 4096, \"n_embd\": 8192, \"n_positions\": 16, \"vocab_size\": 256}", "n_head",
+         "n_head", 4096, "between 1 and 1024"},
+        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 131072, \"n_positions\": 16, \"vocab_size\": 256}", "n_embd",
+         "n_embd", 131072, "between 1 and 65536"},
+    };
+    snprintf(yaml, sizeof yaml, "model: {init_from: \"%s\"}\ndata: {train: x}\ntrain: {steps: 1}\n", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_text(json, cases[i].json);
+        strata_config c;
+        int rc = strata_config_load_string(&c, "ft.yaml", yaml, NULL, 0);
+        snprintf(expect, sizeof expect, "ft.yaml: model.init_from's %s has %s %ld, but model.%s must be %s", json,
+                 cases[i].hf_key, cases[i].value, cases[i].key, cases[i].range);
+        CHECK(rc != 0 && !strcmp(strata_error(), expect), "config.json's %s %ld refused:\n  want: %s\n  got (rc %d): %s",
+              cases[i].hf_key, cases[i].value, expect, rc, strata_error());
+    }
+    /* the YAML may still say the key itself, and then config.json must agree with it */
+    write_text(json, cases[0].json);
+    strata_config c;
+    const char *set = "model.n_layer=2";
+    int rc = strata_config_load_string(&c, "ft.yaml", yaml, &set, 1);
+    CHECK(rc != 0 && strstr(strata_error(), "model.n_layer is 2, but model.init_from's"),
+          "a YAML n_layer against config.json's 100000000 is the disagreement it was: %s", strata_error());
+    unlink(json);
+    rmdir(dir);
+}
+
 static void test_names(void) {
     CHECK(!strcmp(strata_schedule_name(STRATA_SCHEDULE_CONSTANT), "constant"), "schedule name");
     CHECK(!strcmp(strata_offload_name(STRATA_OFFLOAD_NVME), "nvme"), "offload name");
@@ -539,6 +620,8 @@ int main(void) {
     test_overrides();
     test_round_trip();
     test_not_utf8_refused();
+    test_float_hyperparameters_kept();
+    test_init_from_bounds();
     test_builtin_matches_file();
     test_shipped_configs();
     test_names();
