@@ -981,3 +981,21 @@ int strata_bpe_save_vocab_merges(const strata_bpe *t, const char *dir) {
     snprintf(p, sizeof p, "%s/merges.txt", dir);
     return write_atomic(t, p, write_merges_txt);
 }
+
+/* ---- identity ---- */
+
+int strata_bpe_digest(const strata_bpe *t, uint32_t *crc) {
+    if (t->json) {
+        *crc = strata_crc32c(0, t->json, t->json_len);
+        return 0;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return strata_fail("tokenizer %s: out of host memory for its digest", t->source);
+    int rc = write_json(t, f);
+    if (fclose(f) != 0) rc = -1;
+    if (!rc) *crc = strata_crc32c(0, text, len);
+    free(text);
+    return rc ? strata_fail("tokenizer %s: out of host memory for its digest", t->source) : 0;
+}

@@ -67,5 +67,8 @@ char *strata_bpe_decode_bytes(const unsigned char *raw, size_t n, size_t *len);
 int strata_bpe_save(const strata_bpe *t, const char *path);
 /* Writes vocab.json and merges.txt (GPT-2's original pair of files) into dir. */
 int strata_bpe_save_vocab_merges(const strata_bpe *t, const char *dir);
+/* Which tokenizer this is: the CRC-32C of the tokenizer.json strata_bpe_save writes, so a
+ * tokenizer and the copy a run recorded of it have the same digest (that file's bytes). */
+int strata_bpe_digest(const strata_bpe *t, uint32_t *crc);
 
 #endif

@@ -846,6 +846,39 @@ int strata_config_check(const strata_config *c, const char *name) {
     return 0;
 }
 
+/* ---- comparing configs ---- */
+
+/* The keys the weights' meaning depends on: a checkpoint trained under one value means
+ * something else under another. Most change a tensor's shape (the checkpoint's layout
+ * check would catch those, less plainly); the head count changes none. A model family
+ * with more such keys (n_kv_head, head_dim, rope, the norm) adds its rows here. */
+static const char *const model_meaning_keys[] = {
+    "model.n_layer", "model.n_head", "model.n_embd", "model.seq_len", "model.vocab_size",
+};
+
+static int key_named(const char *full) {
+    const char *dot = strchr(full, '.');
+    if (!dot) return find_key("", full);
+    char sec[32];
+    snprintf(sec, sizeof sec, "%.*s", (int)(dot - full), full);
+    return find_key(sec, dot + 1);
+}
+
+int strata_config_check_same_model(const strata_config *saved, const char *saved_name, const strata_config *now) {
+    for (size_t i = 0; i < sizeof model_meaning_keys / sizeof model_meaning_keys[0]; i++) {
+        int idx = key_named(model_meaning_keys[i]);
+        STRATA_ASSERT(idx >= 0);
+        char a[STRATA_PATH_MAX + 64], b[STRATA_PATH_MAX + 64];
+        value_text(saved, &schema[idx], a, sizeof a);
+        value_text(now, &schema[idx], b, sizeof b);
+        if (strcmp(a, b))
+            return strata_fail("%s is %s, but %s was trained with %s %s: the weights mean something else under "
+                               "another value (keep %s, or start a new run)", model_meaning_keys[i], b, saved_name,
+                               model_meaning_keys[i], a, a);
+    }
+    return 0;
+}
+
 /* ---- loading ---- */
 
 /* model.n_layer, n_head, n_embd, seq_len, vocab_size from c->model.init_from: keys the

@@ -135,6 +135,13 @@ int strata_config_set(strata_config *c, const char *assignment);
  * is the file named in the message. strata_config_load() runs it. */
 int strata_config_check(const strata_config *c, const char *name);
 
+/* A checkpoint's weights against the config that would use them: every key the weights'
+ * meaning depends on (the shape keys, and model.n_head, which changes no tensor's shape)
+ * must be the same in `now` as in `saved`, the config they were trained with (named
+ * `saved_name` in the message). 0, or -1 + "model.n_head is 4, but NAME was trained with
+ * model.n_head 2: ..." for the first that differs. */
+int strata_config_check_same_model(const strata_config *saved, const char *saved_name, const strata_config *now);
+
 /* The built-in default config: configs/quickstart.yaml, byte for byte. */
 const char *strata_config_builtin_yaml(void);
 

@@ -22,6 +22,8 @@ int strata_cli_parse(int argc, char **argv, strata_cli *cli, const char *cmd, in
         } else if (allow_resume && !strcmp(a, "--resume")) {
             if (i + 1 >= argc) { fprintf(stderr, "strata %s: --resume needs 'latest' or a checkpoint directory\n", cmd); return STRATA_EXIT_USAGE; }
             cli->resume = argv[++i];
+        } else if (allow_resume && !strcmp(a, "--allow-new-tokenizer")) {
+            cli->allow_new_tokenizer = 1;
         } else if (allow_world && (!strcmp(a, "--gpu-gb") || !strcmp(a, "--host-gb") || !strcmp(a, "--nvme-gb"))) {
             /* shorthands for the memory.* keys, checked like any --set */
             static char buf[3][64];

@@ -28,11 +28,22 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
     int n_all = 0;
     for (int i = 0; i < n_sets && i < 64; i++) all[n_all++] = sets[i];
     all[n_all++] = "model.init_from=";
-    if (strata_config_load_string(&o->cfg, name, strata_ckpt_get_meta(o->ck)->config_yaml, all, n_all)) {
+    const char *yaml = strata_ckpt_get_meta(o->ck)->config_yaml;
+    if (strata_config_load_string(&o->cfg, name, yaml, all, n_all)) {
         fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
         strata_ckpt_close(o->ck);
         o->ck = NULL;
         return STRATA_EXIT_ERROR;
+    }
+    /* an override may change how the run computes, never what the weights mean (a head
+     * count changes no tensor's shape, so nothing else would notice) */
+    strata_config saved;
+    if (n_sets > 0 && (strata_config_load_string(&saved, name, yaml, all + n_all - 1, 1) ||
+                       strata_config_check_same_model(&saved, o->dir, &o->cfg))) {
+        fprintf(stderr, "strata %s: --set: %s\n", cmd, strata_error());
+        strata_ckpt_close(o->ck);
+        o->ck = NULL;
+        return STRATA_EXIT_USAGE;
     }
     return STRATA_EXIT_OK;
 }

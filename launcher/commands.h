@@ -14,8 +14,9 @@ typedef struct strata_opened_ckpt {
     strata_ckpt *ck;
     strata_config cfg;
 } strata_opened_ckpt;
-/* Resolves and opens CKPT|RUNDIR and parses its config, `sets` applied on top. Prints the
- * error as "strata CMD: ..." and returns an exit code. */
+/* Resolves and opens CKPT|RUNDIR and parses its config, `sets` applied on top; a set that
+ * changes a key the weights' meaning depends on (model.n_head, ...) is refused (exit 2).
+ * Prints the error as "strata CMD: ..." and returns an exit code. */
 int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
                            strata_opened_ckpt *o);
 

@@ -33,6 +33,7 @@ static const struct {
 } helps[] = {
     {"train",
      "usage: strata train [CONFIG] [--set section.key=value]... [--resume latest|DIR]\n"
+     "                    [--allow-new-tokenizer]\n"
      "\n"
      "Trains the model CONFIG describes (no CONFIG: the built-in quickstart, configs/quickstart.yaml).\n"
      "Under mpirun every rank runs it; ZeRO stage, offload and the rest come from the config.\n"
@@ -40,7 +41,10 @@ static const struct {
      "  CONFIG               a YAML file (`strata config CONFIG` prints every key with its default)\n"
      "  --set, -s S.K=V      override one key, checked like the file (repeatable)\n"
      "  --resume latest|DIR  continue bit for bit from run.dir's newest checkpoint, or from DIR;\n"
-     "                       it wins over model.init_from\n"
+     "                       it wins over model.init_from. The model keys (n_head, ...) and the\n"
+     "                       data's tokenizer must be the checkpoint's\n"
+     "  --allow-new-tokenizer\n"
+     "                       resume on data of another tokenizer (earlier checkpoints keep theirs)\n"
      "\n"
      "model.init_from: DIR|FILE.safetensors starts from Hugging Face GPT-2 weights (the shape keys\n"
      "left out of the config come from its config.json). Exit codes: 0 ok, 1 run-time failure,\n"

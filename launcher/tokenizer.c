@@ -1,7 +1,9 @@
 /* launcher/tokenizer.c: a run's tokenizer, found beside its data, recorded in its run
- * directory, found again from its checkpoints (launcher/tokenizer.h). */
+ * directory (and, when it changes, in the earlier checkpoints), found again from its
+ * checkpoints (launcher/tokenizer.h). */
 #include "launcher/tokenizer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -14,6 +16,7 @@
 #include "io/files.h"
 
 #define RUN_TOKENIZER "tokenizer.json"
+#define MAX_TOKENIZER_BYTES ((size_t)128 << 20) /* io/bpe.c's bound on what it reads */
 
 int strata_run_tokenizer_open(const strata_config *cfg, strata_bpe **out) {
     *out = NULL;
@@ -45,10 +48,53 @@ int strata_run_tokenizer_open(const strata_config *cfg, strata_bpe **out) {
     return 0;
 }
 
+/* A name the checkpoint writer gives a finished step: "step_" and digits, no suffix. */
+static int is_step_name(const char *name) {
+    if (strncmp(name, "step_", 5) || !name[5]) return 0;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
+    return 1;
+}
+
+/* The run's tokenizer.json (old[0, n)) is about to be replaced by another: every checkpoint
+ * of run.dir without a tokenizer.json of its own was trained with the old one, so each gets
+ * a copy (atomically) before the run's changes. */
+static int keep_old_tokenizer(const char *run_dir, const char *old, size_t n) {
+    char ckpt[STRATA_PATH_MAX + 8];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", run_dir);
+    DIR *d = opendir(ckpt);
+    if (!d) return errno == ENOENT ? 0 : strata_fail("%s: cannot list: %s", ckpt, strerror(errno));
+    int rc = 0, kept = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d)) != NULL) {
+        char step[STRATA_PATH_MAX + 300], path[STRATA_PATH_MAX + 340];
+        if (!is_step_name(e->d_name)) continue;
+        snprintf(step, sizeof step, "%s/%s", ckpt, e->d_name);
+        snprintf(path, sizeof path, "%s/%s", step, RUN_TOKENIZER);
+        if (!strata_is_dir(step) || strata_is_file(path)) continue;
+        if ((rc = strata_write_file_atomic(path, old, n)) == 0) kept++;
+    }
+    (void)closedir(d); /* read-only: nothing to lose */
+    if (kept) STRATA_INFO("train", "the run's tokenizer changes: its %d earlier checkpoint%s keep%s the one %s trained "
+                          "with (a copy in each)", kept, kept == 1 ? "" : "s", kept == 1 ? "s" : "",
+                          kept == 1 ? "it was" : "they were");
+    return rc;
+}
+
 int strata_run_tokenizer_record(const strata_config *cfg, const strata_bpe *tk) {
     if (strata_mkdir_p(cfg->run.dir)) return strata_fail_wrap("run.dir");
     char path[STRATA_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", cfg->run.dir, RUN_TOKENIZER);
+    if (strata_is_file(path)) {
+        uint32_t mine = 0;
+        char *old = NULL;
+        size_t n = 0;
+        if (strata_bpe_digest(tk, &mine) || strata_read_file_bounded(path, MAX_TOKENIZER_BYTES, &old, &n))
+            return -1;
+        int rc = strata_crc32c(0, old, n) == mine ? 0 : keep_old_tokenizer(cfg->run.dir, old, n);
+        free(old);
+        if (rc) return -1;
+    }
     return strata_bpe_save(tk, path);
 }
 
@@ -56,10 +102,14 @@ strata_bpe *strata_ckpt_tokenizer(const char *ckpt_dir, int *failed) {
     *failed = 0;
     char real[PATH_MAX], path[PATH_MAX + 32];
     if (!realpath(ckpt_dir, real)) return NULL;
-    /* <run.dir>/ckpt/step_N: two levels up */
-    snprintf(path, sizeof path, "%s", dirname(dirname(real)));
-    size_t n = strlen(path);
-    snprintf(path + n, sizeof path - n, "/%s", RUN_TOKENIZER);
+    /* the step's own (kept when the run's changed since), else <run.dir>/ckpt/step_N's
+     * run's: two levels up */
+    snprintf(path, sizeof path, "%s/%s", real, RUN_TOKENIZER);
+    if (!strata_is_file(path)) {
+        snprintf(path, sizeof path, "%s", dirname(dirname(real)));
+        size_t n = strlen(path);
+        snprintf(path + n, sizeof path - n, "/%s", RUN_TOKENIZER);
+    }
     if (!strata_is_file(path)) return NULL;
     strata_bpe *tk = strata_bpe_load(path);
     if (!tk) *failed = 1;

@@ -29,6 +29,7 @@
 #include "launcher/commands.h"
 #include "launcher/offload_report.h"
 #include "launcher/plan.h"
+#include "launcher/resume.h"
 #include "launcher/run_dir.h"
 #include "launcher/sample.h"
 #include "launcher/signals.h"
@@ -384,6 +385,17 @@ static int claim_run_dir(trainer *t) {
     }
     if (strata_signals_exchange_peers(t->rank, t->world)) fatal(t, "exchanging the ranks' pids");
     return 0;
+}
+
+/* --resume: the checkpoint's model keys and tokenizer against this run's
+ * (launcher/resume.h), before anything is built. Returns an exit code (0: go on). */
+static int check_resume(trainer *t) {
+    if (!t->cli.resume) return 0;
+    int usage = 0;
+    if (strata_resume_check(&t->cfg, t->cli.resume, t->tokenizer, t->cli.allow_new_tokenizer, &usage) == 0) return 0;
+    if (!usage) fatal(t, "--resume");
+    if (t->rank == 0) strata_log(STRATA_LOG_ERROR, "train", "--resume: %s", strata_error());
+    return STRATA_EXIT_USAGE;
 }
 
 /* Swap files a killed run left in offload.nvme_path would count as used space: remove
@@ -907,7 +919,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     t->rank = rank;
     t->world = world;
     int rc = strata_cli_parse(argc, argv, &t->cli, "train", 1, 0);
-    if (rc || (rc = load_config(t)) || (rc = claim_run_dir(t))) {
+    if (rc || (rc = load_config(t)) || (rc = claim_run_dir(t)) || (rc = check_resume(t))) {
         close_trainer(t);
         return rc;
     }
