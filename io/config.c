@@ -864,6 +864,12 @@ static int key_named(const char *full) {
     return find_key(sec, dot + 1);
 }
 
+static int in_list(const char *name, const char *const *list) {
+    for (int i = 0; list && list[i]; i++)
+        if (!strcmp(list[i], name)) return 1;
+    return 0;
+}
+
 int strata_config_check_same_model(const strata_config *saved, const char *saved_name, const strata_config *now) {
     for (size_t i = 0; i < sizeof model_meaning_keys / sizeof model_meaning_keys[0]; i++) {
         int idx = key_named(model_meaning_keys[i]);
@@ -877,6 +883,40 @@ int strata_config_check_same_model(const strata_config *saved, const char *saved
                                model_meaning_keys[i], a, a);
     }
     return 0;
+}
+
+int strata_config_diff(const strata_config *a, const strata_config *b, const char *const *skip, char *out,
+                       size_t n) {
+    int count = 0;
+    size_t o = 0;
+    if (n) out[0] = 0;
+    for (int i = 0; i < N_KEYS; i++) {
+        char name[96], va[STRATA_PATH_MAX + 64], vb[STRATA_PATH_MAX + 64];
+        full_name(&schema[i], name, sizeof name);
+        if (in_list(name, skip)) continue;
+        value_text(a, &schema[i], va, sizeof va);
+        value_text(b, &schema[i], vb, sizeof vb);
+        if (!strcmp(va, vb)) continue;
+        if (o < n) {
+            int w = snprintf(out + o, n - o, "%s%s %s vs %s", count ? ", " : "", name, va, vb);
+            o = w < 0 ? n : o + (size_t)w;
+        }
+        count++;
+    }
+    return count;
+}
+
+uint32_t strata_config_digest(const strata_config *c, const char *const *skip) {
+    uint32_t crc = 0;
+    for (int i = 0; i < N_KEYS; i++) {
+        char name[96], v[STRATA_PATH_MAX + 64];
+        full_name(&schema[i], name, sizeof name);
+        if (in_list(name, skip)) continue;
+        value_text(c, &schema[i], v, sizeof v);
+        crc = strata_crc32c(crc, name, strlen(name) + 1); /* with its NUL: no key runs into its value */
+        crc = strata_crc32c(crc, v, strlen(v) + 1);
+    }
+    return crc;
 }
 
 /* ---- loading ---- */

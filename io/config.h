@@ -142,6 +142,16 @@ int strata_config_check(const strata_config *c, const char *name);
  * model.n_head 2: ..." for the first that differs. */
 int strata_config_check_same_model(const strata_config *saved, const char *saved_name, const strata_config *now);
 
+/* The keys whose values differ between a and b, every key of the schema but those named in
+ * `skip` ("section.key", NULL-terminated; NULL skips none), written into out as
+ * "train.steps 10 vs 12, optim.lr 0.001 vs 0.002" (a's value first; cut to n bytes).
+ * Returns how many differ. */
+int strata_config_diff(const strata_config *a, const strata_config *b, const char *const *skip, char *out,
+                       size_t n);
+/* A CRC-32C of every key's name and value but those in `skip` (as strata_config_diff):
+ * equal for configs strata_config_diff finds no difference between. */
+uint32_t strata_config_digest(const strata_config *c, const char *const *skip);
+
 /* The built-in default config: configs/quickstart.yaml, byte for byte. */
 const char *strata_config_builtin_yaml(void);
 

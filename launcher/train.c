@@ -24,6 +24,7 @@
 #include "shard/engine.h"
 #include "offload/nvme.h"
 #include "launcher/auto.h"
+#include "launcher/agree.h"
 #include "launcher/build.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
@@ -385,6 +386,14 @@ static int claim_run_dir(trainer *t) {
     }
     if (strata_signals_exchange_peers(t->rank, t->world)) fatal(t, "exchanging the ranks' pids");
     return 0;
+}
+
+/* Under mpirun, every rank's config, data and tokenizer against rank 0's (launcher/agree.h),
+ * before any collective work. Returns an exit code (0: go on). */
+static int agree_ranks(trainer *t) {
+    int rc = strata_ranks_agree(&t->cfg, t->tokenizer, t->rank, t->world);
+    if (rc < 0) fatal(t, "comparing the ranks' configs, data and tokenizers");
+    return rc ? STRATA_EXIT_USAGE : 0;
 }
 
 /* --resume: the checkpoint's model keys and tokenizer against this run's
@@ -919,7 +928,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     t->rank = rank;
     t->world = world;
     int rc = strata_cli_parse(argc, argv, &t->cli, "train", 1, 0);
-    if (rc || (rc = load_config(t)) || (rc = claim_run_dir(t)) || (rc = check_resume(t))) {
+    if (rc || (rc = load_config(t)) || (rc = agree_ranks(t)) || (rc = claim_run_dir(t)) || (rc = check_resume(t))) {
         close_trainer(t);
         return rc;
     }

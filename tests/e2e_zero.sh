@@ -49,9 +49,13 @@ for w in w2 w1; do
 done
 pass "world 4 stage 3 checkpoint resumed at world 2 stage 1 and world 1 stage 0: step 11 loss $ref"
 
-# a rank whose data file is unreadable ends the whole job, with that rank's message
-mkdir -p bad && cp data/train_000000.bin bad/ && chmod 000 bad/train_000000.bin
-if [ "$(id -u)" -eq 0 ]; then bad_glob="bad/missing_*.bin"; else bad_glob="bad/train_*.bin"; fi
+# a rank whose data file is unreadable ends the whole job, with that rank's message (the
+# same shard names and sizes as the others', which the ranks compare at start; root reads
+# any file, so for root the copy is damaged instead: another magic)
+mkdir -p bad && cp data/train_000000.bin data/tokenizer.json bad/
+if [ "$(id -u)" -eq 0 ]; then printf 'XXXX' | dd of=bad/train_000000.bin bs=1 conv=notrunc 2>/dev/null
+else chmod 000 bad/train_000000.bin; fi
+bad_glob="bad/train_*.bin"
 start=$(date +%s)
 set +e
 out=$("${MPI[@]}" -np 1 "$S" train z.yaml --set run.dir=runs/f1 --set zero.stage=2 : \

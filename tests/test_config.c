@@ -603,6 +603,51 @@ static void test_init_from_bounds(void) {
     rmdir(dir);
 }
 
+/* The keys a checkpoint's weights mean something by (issue 31 item 6): another n_head is
+ * refused naming both values; what only changes how a run computes is not. */
+static void test_same_model(void) {
+    strata_config saved, now;
+    MUST(strata_config_load_string(&saved, "s.yaml", HEAD TRAIN, NULL, 0));
+    const char *lr = "optim.lr=0.001", *heads = "model.n_head=4", *vocab = "model.vocab_size=200";
+    MUST(strata_config_load_string(&now, "n.yaml", HEAD TRAIN, &lr, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) == 0, "another optim.lr is the same model");
+    MUST(strata_config_load_string(&now, "n.yaml", HEAD TRAIN, &heads, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) != 0 &&
+              !strncmp(strata_error(), "model.n_head is 4, but ckpt/step_1 was trained with model.n_head 2", 66),
+          "another n_head is refused naming both values: %s", strata_error());
+    MUST(strata_config_load_string(&now, "n.yaml", HEAD TRAIN, &vocab, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) != 0 &&
+              strstr(strata_error(), "model.vocab_size is 200, but ckpt/step_1 was trained with model.vocab_size 256"),
+          "another vocab_size within the same padded rows too: %s", strata_error());
+}
+
+/* What ranks compare at start (issue 31 item 9): the keys that differ, both values, the
+ * skipped keys left out, and a digest that differs exactly when the diff is not empty. */
+static void test_diff_and_digest(void) {
+    strata_config a, b;
+    const char *sb[] = {"train.steps=12", "optim.lr=0.002", "train.threads=3", "data.train=elsewhere/t_*.bin"};
+    MUST(strata_config_load_string(&a, "a.yaml", HEAD TRAIN, NULL, 0));
+    MUST(strata_config_load_string(&b, "b.yaml", HEAD TRAIN, sb, 4));
+    char out[512];
+    int n = strata_config_diff(&a, &b, NULL, out, sizeof out);
+    CHECK(n == 4 && !strcmp(out, "data.train t_*.bin vs elsewhere/t_*.bin, train.steps 10 vs 12, train.threads 0 vs 3, "
+                                  "optim.lr 0.0003 vs 0.002"),
+          "every key that differs, a's value first (%d): %s", n, out);
+    const char *skip[] = {"train.threads", "data.train", NULL};
+    n = strata_config_diff(&a, &b, skip, out, sizeof out);
+    CHECK(n == 2 && !strcmp(out, "train.steps 10 vs 12, optim.lr 0.0003 vs 0.002"), "skipped keys left out (%d): %s",
+          n, out);
+    CHECK(strata_config_digest(&a, skip) != strata_config_digest(&b, skip), "digests differ where the diff is not empty");
+    n = strata_config_diff(&a, &b, skip, out, 20);
+    CHECK(n == 2 && strlen(out) == 19, "a short buffer is cut, the count still whole (%d): '%s'", n, out);
+    const char *sa[] = {"train.steps=12", "optim.lr=0.002"};
+    MUST(strata_config_load_string(&a, "a.yaml", HEAD TRAIN, sa, 2));
+    CHECK(strata_config_diff(&a, &b, skip, out, sizeof out) == 0 && out[0] == 0 &&
+              strata_config_digest(&a, skip) == strata_config_digest(&b, skip),
+          "configs that differ only in skipped keys: no difference, the same digest (%s)", out);
+    CHECK(strata_config_digest(&a, NULL) != strata_config_digest(&b, NULL), "... which count without the skip list");
+}
+
 static void test_names(void) {
     CHECK(!strcmp(strata_schedule_name(STRATA_SCHEDULE_CONSTANT), "constant"), "schedule name");
     CHECK(!strcmp(strata_offload_name(STRATA_OFFLOAD_NVME), "nvme"), "offload name");
@@ -622,6 +667,8 @@ int main(void) {
     test_not_utf8_refused();
     test_float_hyperparameters_kept();
     test_init_from_bounds();
+    test_same_model();
+    test_diff_and_digest();
     test_builtin_matches_file();
     test_shipped_configs();
     test_names();

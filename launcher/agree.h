@@ -1,0 +1,20 @@
+/* launcher/agree.h: under mpirun, every rank's run against rank 0's, before any collective
+ * work: its effective config (the keys that may differ per machine left out:
+ * train.threads, offload.nvme_path, and the data paths, whose content is compared
+ * instead), its data (the shard lists of data.train and data.val: names and sizes) and its
+ * tokenizer. Ranks that differ would hang in a collective (train.steps), abort inside MPI
+ * (model.n_layer, zero.stage) or train on silently (optim.lr). */
+#ifndef STRATA_AGREE_H
+#define STRATA_AGREE_H
+
+#include "io/bpe.h"
+#include "io/config.h"
+
+/* Every rank calls it with its own config and data tokenizer (NULL: none). Returns 0 when
+ * every rank agrees with rank 0; 1 on every rank when one differs, rank 0 having printed
+ * one line per difference, naming the ranks and the keys with both values ("rank 1's
+ * config differs from rank 0's (rank 0's value first): train.steps 10 vs 12"); -1 + error
+ * when the exchange itself failed. World 1 agrees at once. */
+int strata_ranks_agree(const strata_config *cfg, const strata_bpe *tk, int rank, int world);
+
+#endif
