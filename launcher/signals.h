@@ -26,7 +26,9 @@ typedef enum strata_doing {
 int strata_signals_exchange_peers(int rank, int world);
 /* Handles SIGINT and SIGTERM, and at world > 1 SIGCONT (mpirun's first word when a rank
  * has died); ignores SIGPIPE, so a terminal that is gone fails writes instead of ending the
- * run. */
+ * run. A stop request is acted on at the step's end, and within a batch or a token by
+ * validation and the final sample; a second signal asks nothing more: the stop is under
+ * way, and a checkpoint being written is finished, never cut off. */
 void strata_signals_install(int world);
 /* The signal that asked this rank to stop (SIGINT or SIGTERM), 0 if none came. */
 int strata_signals_stop_requested(void);

@@ -138,6 +138,7 @@ typedef struct trainer {
     long metrics_good_bytes; /* metrics.jsonl's length after its last complete line */
     strata_offload_split split; /* the offload split and its floor (launcher/offload_report.h) */
     int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
+    int stopped;        /* the ranks agreed to stop on a signal (it may have reached another rank only) */
     int64_t step_now;   /* the step in progress, 1-based (atomic: the terminal hook may run on any thread) */
     FILE *term_log;     /* rank 0: run.dir/train.log, opened once the terminal is lost (terminal_lost) */
 } trainer;
@@ -803,7 +804,17 @@ static int train_loop(trainer *t) {
         t->tokens_seen += t->tokens_per_step;
         f.eval_now = t->have_val && ((cfg->train.eval_every > 0 && f.done % cfg->train.eval_every == 0) || f.done == steps);
         strata_signals_doing(STRATA_DOING_EVAL);
-        if (f.eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &f.val_loss)) fatal(t, "validation");
+        if (f.eval_now) {
+            int n = cfg->train.eval_batches;
+            if (t->rank == 0) STRATA_DEBUG("train", "step %lld: validation, %d batches", (long long)f.done, n);
+            int ev = strata_engine_eval(t->engine, &t->val, n, &f.val_loss);
+            if (ev < 0) fatal(t, "validation");
+            if (ev == STRATA_ENGINE_STOPPED) { /* a stop on some rank: every rank left it at the same batch */
+                f.eval_now = 0;
+                if (t->rank == 0)
+                    STRATA_INFO("train", "validation of step %lld abandoned: a stop was asked for", (long long)f.done);
+            }
+        }
         /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics */
         double agree[2] = {0, 0};
         /* asked to stop: the progress line waits until the stop checkpoint is written, since
@@ -832,6 +843,7 @@ static int train_loop(trainer *t) {
         }
         if (progress_later && t->rank == 0) print_progress(t, &f, run_t0);
         if (stop > 0) {
+            t->stopped = 1;
             if (t->rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)f.done);
             break;
         }
@@ -853,8 +865,20 @@ static int train_loop(trainer *t) {
     return STRATA_EXIT_OK;
 }
 
+/* The final sample's sink: each token to the text, unless a stop was asked for (then the
+ * sample ends at that token) or the text cannot be written. */
+typedef struct sample_sink {
+    strata_text_out out;
+    int stopped;
+} sample_sink;
+static int sample_put(void *ctx, int32_t id) {
+    sample_sink *s = ctx;
+    if (strata_signals_stop_requested()) return s->stopped = 1;
+    return strata_text_out_put(&s->out, id);
+}
+
 /* train.sample_tokens of text from the trained model (rank 0, parameters resident), on
- * stdout; none once stdout is gone. */
+ * stdout; none once stdout is gone. A stop signal ends it at the next token. */
 static void final_sample(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int n = cfg->train.sample_tokens;
@@ -868,12 +892,13 @@ static void final_sample(trainer *t) {
         return;
     }
     /* the text goes out a token at a time; a write that fails ends the sample (checked there) */
-    strata_text_out out;
-    strata_text_out_init(&out, stdout, cfg->model.vocab_size, NULL, t->tokenizer);
-    if (strata_generate(&t->m, prompt, n_prompt, n, 0.8f, 40, &t->rng, strata_text_out_put, &out))
-        STRATA_WARN("train", "sample: %s", strata_error());
-    strata_text_out_finish(&out);
+    sample_sink sink = {.stopped = 0};
+    strata_text_out_init(&sink.out, stdout, cfg->model.vocab_size, NULL, t->tokenizer);
+    int rc = strata_generate(&t->m, prompt, n_prompt, n, 0.8f, 40, &t->rng, sample_put, &sink);
+    strata_text_out_finish(&sink.out);
     strata_out_printf(stdout, "\n----\n");
+    if (sink.stopped) STRATA_INFO("train", "sample ended early: a stop was asked for");
+    else if (rc) STRATA_WARN("train", "sample: %s", strata_error());
 }
 
 /* stdout or stderr is gone (core/common.h, strata_out_set_hook), rank 0: the run goes on,
@@ -973,12 +998,14 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return STRATA_EXIT_OK;
     }
     open_run_dir(t);
+    strata_engine_set_stop(t->engine, strata_signals_stop_requested);
 
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && strata_offload_split_report(&t->split, cfg, rank, world))
         fatal(t, "gathering the offload split");
     if (exit_code == STRATA_EXIT_OK) report_kernel_profile(t);
-    if (exit_code == STRATA_EXIT_OK && !strata_signals_stop_requested() && rank == 0 && cfg->train.sample_tokens > 0 &&
+    int stopping = t->stopped || strata_signals_stop_requested();
+    if (exit_code == STRATA_EXIT_OK && !stopping && rank == 0 && cfg->train.sample_tokens > 0 &&
         strata_engine_params_resident(t->engine) == 0)
         final_sample(t);
     if (rank == 0) report_memory(t);
