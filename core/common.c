@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -110,6 +111,73 @@ void strata_log_init(int rank, int world) {
 void strata_log_set_level(strata_log_level level) { log_level = level; }
 int strata_log_rank(void) { return log_rank; }
 
+/* ---- stdout and stderr (core/common.h: strata_out_printf) ---- */
+
+static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
+static int out_err[2];       /* stdout, stderr: the errno of the write that lost it, 0 while it works */
+static strata_out_hook out_hook;
+static void *out_hook_arg;
+static FILE *out_divert;     /* where lost streams' lines go (NULL: nowhere) */
+
+static int out_index(FILE *f) { return f == stderr; }
+static const char *out_name(int i) { return i ? "stderr" : "stdout"; }
+
+/* out_mu held: stream i failed with err. What stdio still holds for it is dropped and its
+ * descriptor pointed at /dev/null, so no later write to it (ours or anyone's) fails or blocks
+ * on a pipe nobody reads; the hook says where its lines go now. */
+static void out_lose(FILE *f, int err) {
+    int i = out_index(f);
+    out_err[i] = err ? err : EIO;
+    __fpurge(f);
+    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null >= 0) {
+        (void)dup2(null, fileno(f)); /* if it fails, the writes just go on failing, unseen */
+        (void)close(null);           /* only /dev/null's: nothing to lose */
+    }
+    clearerr(f);
+    if (out_hook) out_divert = out_hook(out_name(i), out_err[i], out_hook_arg);
+}
+
+/* out_mu held: one whole line to f, flushed, unless f is lost; and to the divert file once
+ * there is one (from a loss on it holds every line, both streams', in order). A divert file
+ * that fails too leaves nowhere to say so: its failure is ignored. */
+static void out_write(FILE *f, const char *text, size_t len) {
+    if (!out_err[out_index(f)]) {
+        errno = 0;
+        if (fwrite(text, 1, len, f) != len || fflush(f) != 0) out_lose(f, errno);
+    }
+    if (out_divert && fwrite(text, 1, len, out_divert) == len) (void)fflush(out_divert);
+}
+
+void strata_out_printf(FILE *stream, const char *fmt, ...) {
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    pthread_mutex_lock(&out_mu);
+    out_write(stream, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    pthread_mutex_unlock(&out_mu);
+}
+
+int strata_out_lost(FILE *stream) {
+    pthread_mutex_lock(&out_mu);
+    int err = out_err[out_index(stream)];
+    pthread_mutex_unlock(&out_mu);
+    return err;
+}
+
+void strata_out_set_hook(strata_out_hook hook, void *arg) {
+    pthread_mutex_lock(&out_mu);
+    out_hook = hook;
+    out_hook_arg = arg;
+    out_divert = NULL;
+    for (int i = 0; hook && i < 2; i++)
+        if (out_err[i]) out_divert = hook(out_name(i), out_err[i], arg);
+    pthread_mutex_unlock(&out_mu);
+}
+
 void strata_log(strata_log_level level, const char *tag, const char *fmt, ...) {
     if (level > log_level) return;
     char line[4096];
@@ -120,12 +188,15 @@ void strata_log(strata_log_level level, const char *tag, const char *fmt, ...) {
     if (tag && *tag) n += snprintf(line + n, sizeof line - n, "[%s] ", tag);
     va_list ap;
     va_start(ap, fmt);
-    if (n < (int)sizeof line) vsnprintf(line + n, sizeof line - n, fmt, ap);
+    if (n < (int)sizeof line - 1) n += vsnprintf(line + n, sizeof line - 1 - n, fmt, ap);
     va_end(ap);
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    line[n] = 0;
     /* One write per line so ranks sharing a terminal do not interleave mid-line. */
-    FILE *f = level <= STRATA_LOG_WARN ? stderr : stdout;
-    fprintf(f, "%s\n", line);
-    fflush(f);
+    pthread_mutex_lock(&out_mu);
+    out_write(level <= STRATA_LOG_WARN ? stderr : stdout, line, (size_t)n);
+    pthread_mutex_unlock(&out_mu);
 }
 
 _Noreturn void strata_panic(const char *file, int line, const char *fmt, ...) {

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -112,6 +113,26 @@ void strata_log(strata_log_level level, const char *tag, const char *fmt, ...)
 #define STRATA_WARN(tag, ...) strata_log(STRATA_LOG_WARN, tag, __VA_ARGS__)
 #define STRATA_DEBUG(tag, ...) strata_log(STRATA_LOG_DEBUG, tag, __VA_ARGS__)
 #define STRATA_ERROR(tag, ...) strata_log(STRATA_LOG_ERROR, tag, __VA_ARGS__)
+
+/* stdout and stderr can go away while a run goes on: `strata train CONFIG | tee log`, then
+ * Ctrl-C, ends tee too. `strata train` ignores SIGPIPE (launcher/signals.c), so a write to
+ * the closed pipe fails (EPIPE) instead of ending the process. Lines written through
+ * strata_log or strata_out_printf are flushed at once and checked: the first failure marks
+ * that stream lost, and nothing more is written to it (its descriptor is pointed at
+ * /dev/null, so stray writes elsewhere cannot fail either). From then on every such line,
+ * of either stream, also goes to the file the lost-stream hook returns, if any. Other
+ * writes to stdout and stderr (reports, tables) are left unchecked on purpose: a failure
+ * there shows at the next checked line. */
+void strata_out_printf(FILE *stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The errno of the write that lost stream (stdout or stderr), 0 while it works. */
+int strata_out_lost(FILE *stream);
+/* hook(name, err, arg) is called once per lost stream ("stdout" or "stderr", the errno of
+ * the failed write), at once for one already lost; it returns the open file that lost
+ * streams' lines go to from then on (NULL: nowhere). It runs under the output lock, so it
+ * must not log. strata_out_set_hook(NULL, NULL) forgets the hook and its file (the caller
+ * closes that file afterwards). */
+typedef FILE *(*strata_out_hook)(const char *name, int err, void *arg);
+void strata_out_set_hook(strata_out_hook hook, void *arg);
 
 /* An invariant broken by our own code (not by input): print where and abort. */
 #define STRATA_ASSERT(cond)                                                              \

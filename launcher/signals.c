@@ -123,9 +123,16 @@ int strata_signals_exchange_peers(int rank, int world) {
 void strata_signals_install(int world) {
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
+    /* a signal while a checkpoint is written must not fail a system call of the save */
+    sa.sa_flags = SA_RESTART;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if (world > 1) sigaction(SIGCONT, &sa, NULL); /* mpirun's first word when a rank has died */
+    /* `strata train | tee log`, then Ctrl-C, ends tee too: a write to the pipe must fail
+     * (EPIPE, taken by core/common.c's checked output), not end the run before its checkpoint */
+    struct sigaction ign = {0};
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, NULL);
 }
 
 int strata_signals_stop_requested(void) { return stop_requested; }

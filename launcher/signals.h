@@ -25,7 +25,10 @@ typedef enum strata_doing {
  * at world 1 nothing to do). 0, or -1 with the error set. */
 int strata_signals_exchange_peers(int rank, int world);
 /* Handles SIGINT and SIGTERM, and at world > 1 SIGCONT (mpirun's first word when a rank
- * has died). */
+ * has died); ignores SIGPIPE, so a terminal that is gone fails writes instead of ending the
+ * run. A stop request is acted on at the step's end, and within a batch or a token by
+ * validation and the final sample; a second signal asks nothing more: the stop is under
+ * way, and a checkpoint being written is finished, never cut off. */
 void strata_signals_install(int world);
 /* The signal that asked this rank to stop (SIGINT or SIGTERM), 0 if none came. */
 int strata_signals_stop_requested(void);

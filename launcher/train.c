@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/arena.h"
@@ -139,6 +140,9 @@ typedef struct trainer {
     long metrics_good_bytes; /* metrics.jsonl's length after its last complete line */
     strata_offload_split split; /* the offload split and its floor (launcher/offload_report.h) */
     int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
+    int stopped;        /* the ranks agreed to stop on a signal (it may have reached another rank only) */
+    int64_t step_now;   /* the step in progress, 1-based (atomic: the terminal hook may run on any thread) */
+    FILE *term_log;     /* rank 0: run.dir/train.log, opened once the terminal is lost (terminal_lost) */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -252,7 +256,7 @@ static int out_of_memory(trainer *t, int64_t step, double loss) {
     size_t plan = t->planned_device + t->planned_runtime;
     STRATA_ERROR("train", "%s in step %lld: %s", kind == STRATA_FAULT_DEVICE ? "device fault" : "out of device memory",
                  (long long)step + 1, kind != STRATA_FAULT_NONE ? fault : "on another rank (its message is above)");
-    fprintf(stderr, "  Every rank abandoned the step before its update, so no parameter or optimizer state was touched.\n");
+    strata_out_printf(stderr, "  Every rank abandoned the step before its update, so no parameter or optimizer state was touched.\n");
     char holds[160];
     if (t->planned_runtime)
         snprintf(holds, sizeof holds, "%s (arena %s + CUDA runtime %s)", strata_fmt_bytes(b[3], 32, (double)plan),
@@ -260,21 +264,21 @@ static int out_of_memory(trainer *t, int64_t step, double loss) {
     else
         snprintf(holds, sizeof holds, "%s", strata_fmt_bytes(b[3], 32, (double)plan));
     if (have_info)
-        fprintf(stderr, "  Device %s now: %s free of %s (%s in use); Strata's plan holds %s of it.\n",
+        strata_out_printf(stderr, "  Device %s now: %s free of %s (%s in use); Strata's plan holds %s of it.\n",
                 t->dev->description, strata_fmt_bytes(b[0], 32, (double)free_b), strata_fmt_bytes(b[1], 32, (double)total),
                 strata_fmt_bytes(b[2], 32, (double)(total - free_b)), holds);
-    fprintf(stderr, "  The plan fitted when the run started, so another process probably took device memory since: "
+    strata_out_printf(stderr, "  The plan fitted when the run started, so another process probably took device memory since: "
                     "%s lists who holds it.\n", t->dev->caps.gpu ? "`nvidia-smi`" : "`top -o %MEM`");
     if (saved) {
         resume_command(t, dir, cmd, sizeof cmd);
-        fprintf(stderr, "  The state of step %lld is saved in %s. When the memory is free again, resume with:\n    %s\n",
+        strata_out_printf(stderr, "  The state of step %lld is saved in %s. When the memory is free again, resume with:\n    %s\n",
                 (long long)done, dir, cmd);
     } else if (done == 0) {
         resume_command(t, NULL, cmd, sizeof cmd);
-        fprintf(stderr, "  No step had completed, so there is nothing to save; when the memory is free again, start "
+        strata_out_printf(stderr, "  No step had completed, so there is nothing to save; when the memory is free again, start "
                         "over with:\n    %s\n", cmd);
     } else {
-        fprintf(stderr, "  The emergency checkpoint could not be written; resume from the last periodic one with "
+        strata_out_printf(stderr, "  The emergency checkpoint could not be written; resume from the last periodic one with "
                         "--resume latest.\n");
     }
     return STRATA_EXIT_OOM;
@@ -687,10 +691,9 @@ static void print_progress(trainer *t, const step_figures *f, double run_t0) {
     char eta[32], vbuf[48] = "";
     fmt_eta(eta, sizeof eta, eta_s);
     if (f->eval_now) snprintf(vbuf, sizeof vbuf, " | val %.4f", f->val_loss);
-    printf("step %6lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | eta %s\n",
-           (long long)f->done, (long long)steps, f->r.loss, vbuf, f->r.lr, f->r.grad_norm,
-           t->tokens_per_step / (f->ms / 1e3), f->ms, eta);
-    fflush(stdout);
+    strata_out_printf(stdout, "step %6lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | eta %s\n",
+                      (long long)f->done, (long long)steps, f->r.loss, vbuf, f->r.lr, f->r.grad_norm,
+                      t->tokens_per_step / (f->ms / 1e3), f->ms, eta);
 }
 
 /* A write to metrics.jsonl failed: put the file back to its last complete line (so it
@@ -806,6 +809,7 @@ static int train_loop(trainer *t) {
     strata_signals_saved(last_saved);
     for (int64_t step = t->start; step < steps; step++) {
         step_figures f = {.done = step + 1, .val_loss = NAN};
+        __atomic_store_n(&t->step_now, step + 1, __ATOMIC_RELAXED);
         strata_signals_step(step + 1);
         strata_signals_doing(STRATA_DOING_STEP);
         double t0 = strata_now_ms();
@@ -821,11 +825,24 @@ static int train_loop(trainer *t) {
         t->tokens_seen += t->tokens_per_step;
         f.eval_now = t->have_val && ((cfg->train.eval_every > 0 && f.done % cfg->train.eval_every == 0) || f.done == steps);
         strata_signals_doing(STRATA_DOING_EVAL);
-        if (f.eval_now && strata_engine_eval(t->engine, &t->val, cfg->train.eval_batches, &f.val_loss)) fatal(t, "validation");
+        if (f.eval_now) {
+            int n = cfg->train.eval_batches;
+            if (t->rank == 0) STRATA_DEBUG("train", "step %lld: validation, %d batches", (long long)f.done, n);
+            int ev = strata_engine_eval(t->engine, &t->val, n, &f.val_loss);
+            if (ev < 0) fatal(t, "validation");
+            if (ev == STRATA_ENGINE_STOPPED) { /* a stop on some rank: every rank left it at the same batch */
+                f.eval_now = 0;
+                if (t->rank == 0)
+                    STRATA_INFO("train", "validation of step %lld abandoned: a stop was asked for", (long long)f.done);
+            }
+        }
         /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics */
         double agree[2] = {0, 0};
+        /* asked to stop: the progress line waits until the stop checkpoint is written, since
+         * a terminal that is gone or blocked must not stand before it */
+        int progress_later = strata_signals_stop_requested() != 0;
         if (t->rank == 0) {
-            print_progress(t, &f, run_t0);
+            if (!progress_later) print_progress(t, &f, run_t0);
             if (write_metrics(t, &f)) {
                 strata_log(STRATA_LOG_ERROR, "train", "step %lld: %s", (long long)f.done, strata_error());
                 agree[1] = 1;
@@ -845,7 +862,9 @@ static int train_loop(trainer *t) {
             last_saved = f.done;
             strata_signals_saved(f.done);
         }
+        if (progress_later && t->rank == 0) print_progress(t, &f, run_t0);
         if (stop > 0) {
+            t->stopped = 1;
             if (t->rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)f.done);
             break;
         }
@@ -867,7 +886,20 @@ static int train_loop(trainer *t) {
     return STRATA_EXIT_OK;
 }
 
-/* train.sample_tokens of text from the trained model (rank 0, parameters resident). */
+/* The final sample's sink: each token to the text, unless a stop was asked for (then the
+ * sample ends at that token) or the text cannot be written. */
+typedef struct sample_sink {
+    strata_text_out out;
+    int stopped;
+} sample_sink;
+static int sample_put(void *ctx, int32_t id) {
+    sample_sink *s = ctx;
+    if (strata_signals_stop_requested()) return s->stopped = 1;
+    return strata_text_out_put(&s->out, id);
+}
+
+/* train.sample_tokens of text from the trained model (rank 0, parameters resident), on
+ * stdout; none once stdout is gone. A stop signal ends it at the next token. */
 static void final_sample(trainer *t) {
     const strata_config *cfg = &t->cfg;
     int n = cfg->train.sample_tokens;
@@ -875,13 +907,41 @@ static void final_sample(trainer *t) {
     int n_prompt = 0, eot = t->tokenizer ? strata_bpe_special_id(t->tokenizer, "<|endoftext|>") : -1;
     if (cfg->model.vocab_size <= 256) prompt[n_prompt++] = '\n';
     else if (eot >= 0 && eot < cfg->model.vocab_size) prompt[n_prompt++] = eot; /* GPT-2's start of a text */
-    printf("---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
-    strata_text_out out;
-    strata_text_out_init(&out, stdout, cfg->model.vocab_size, NULL, t->tokenizer);
-    if (strata_generate(&t->m, prompt, n_prompt, n, 0.8f, 40, &t->rng, strata_text_out_put, &out))
-        STRATA_WARN("train", "sample: %s", strata_error());
-    strata_text_out_finish(&out);
-    printf("\n----\n");
+    strata_out_printf(stdout, "---- sample (%d tokens, temperature 0.8, top-k 40) ----\n", n);
+    if (strata_out_lost(stdout)) {
+        STRATA_INFO("train", "no sample: stdout is gone");
+        return;
+    }
+    /* the text goes out a token at a time; a write that fails ends the sample (checked there) */
+    sample_sink sink = {.stopped = 0};
+    strata_text_out_init(&sink.out, stdout, cfg->model.vocab_size, NULL, t->tokenizer);
+    int rc = strata_generate(&t->m, prompt, n_prompt, n, 0.8f, 40, &t->rng, sample_put, &sink);
+    strata_text_out_finish(&sink.out);
+    strata_out_printf(stdout, "\n----\n");
+    if (sink.stopped) STRATA_INFO("train", "sample ended early: a stop was asked for");
+    else if (rc) STRATA_WARN("train", "sample: %s", strata_error());
+}
+
+/* stdout or stderr is gone (core/common.h, strata_out_set_hook), rank 0: the run goes on,
+ * and from a line saying when and why, every line it logs goes to run.dir/train.log too. This is the one place a run keeps such lines: metrics.jsonl holds one JSON row
+ * per step, which its readers (resume, plot) count on. Runs under the output lock: no logging. */
+static FILE *terminal_lost(const char *name, int err, void *arg) {
+    trainer *t = arg;
+    char path[STRATA_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/train.log", t->cfg.run.dir);
+    if (!t->term_log && !(t->term_log = fopen(path, "a"))) return NULL; /* nowhere left to say it */
+    char when[32] = "?";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    int64_t step = __atomic_load_n(&t->step_now, __ATOMIC_RELAXED);
+    char at[48] = "before the first step";
+    if (step > 0) snprintf(at, sizeof at, "in step %lld", (long long)step);
+    /* a failure here leaves nowhere to report it: the run goes on regardless */
+    if (fprintf(t->term_log, "%s [train] %s is gone (%s, errno %d) %s: the run goes on, and what it would "
+                "have written there follows here\n", when, name, strerror(err), err, at) > 0)
+        (void)fflush(t->term_log);
+    return t->term_log;
 }
 
 /* Memory as planned against memory as used, at the end of the run (rank 0). */
@@ -910,6 +970,8 @@ static void report_memory(const trainer *t) {
 }
 
 static void close_trainer(trainer *t) {
+    strata_out_set_hook(NULL, NULL);
+    if (t->term_log) (void)fclose(t->term_log); /* every line was flushed as it was written */
     if (t->metrics) fclose(t->metrics); /* only on a path that already failed */
     if (t->lock_fd >= 0) close(t->lock_fd); /* lets go of run.dir */
     if (t->engine) strata_unbuild(t->engine, &t->arena, &t->m);
@@ -933,6 +995,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return rc;
     }
     strata_signals_install(world);
+    if (rank == 0) strata_out_set_hook(terminal_lost, t); /* run.dir is there from now on */
     strata_config *cfg = &t->cfg;
     if ((rc = reclaim_nvme(t)) || (rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
         close_trainer(t);
@@ -956,12 +1019,14 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         return STRATA_EXIT_OK;
     }
     open_run_dir(t);
+    strata_engine_set_stop(t->engine, strata_signals_stop_requested);
 
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && strata_offload_split_report(&t->split, cfg, rank, world))
         fatal(t, "gathering the offload split");
     if (exit_code == STRATA_EXIT_OK) report_kernel_profile(t);
-    if (exit_code == STRATA_EXIT_OK && !strata_signals_stop_requested() && rank == 0 && cfg->train.sample_tokens > 0 &&
+    int stopping = t->stopped || strata_signals_stop_requested();
+    if (exit_code == STRATA_EXIT_OK && !stopping && rank == 0 && cfg->train.sample_tokens > 0 &&
         strata_engine_params_resident(t->engine) == 0)
         final_sample(t);
     if (rank == 0) report_memory(t);

@@ -196,6 +196,7 @@ struct strata_engine {
     compute_clock clock;
     fault_switches fault;
     strata_prof *prof; /* STRATA_PROFILE=kernels (strata_engine_profile_kernels), else NULL */
+    strata_stop_query stop; /* strata_engine_set_stop; NULL: nothing asks the engine to stop */
 
     /* the step's own buffers and timings */
     strata_event *ev_compute;  /* "compute so far", for the collective stream to wait on */
@@ -1145,6 +1146,18 @@ int strata_engine_kernel_profile(strata_engine *e, strata_prof_report *r) {
 
 int strata_engine_sync(strata_engine *e) { return finish_updates(e); }
 
+void strata_engine_set_stop(strata_engine *e, strata_stop_query stop) { e->stop = stop; }
+
+/* Whether any rank was asked to stop: every rank asks at the same point of the same loop,
+ * so all of them get the same answer and leave together (one all-reduce of a double at
+ * world > 1, after which the collective stream is idle again). 1 stop, 0 go on, -1 error. */
+static int stop_agreed(strata_engine *e) {
+    if (!e->stop) return 0;
+    double stop = e->stop() ? 1.0 : 0.0;
+    if (e->world > 1 && strata_allreduce_host_f64(e->comm, &stop, 1)) return -1;
+    return stop > 0;
+}
+
 int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double *loss) {
     if (finish_updates(e)) return -1;
     strata_tier_stats before = {0}, after;
@@ -1154,7 +1167,11 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
     gather_ring *r = &e->ring;
     size_t BT = (size_t)e->B * e->T;
     STRATA_TRY(strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float)));
+    int stopped = 0;
     for (int b = 0; b < n_batches; b++) {
+        /* between batches the ring is released and the collective stream idle: a stop
+         * leaves nothing half done */
+        if ((stopped = stop_agreed(e)) != 0) break;
         uint64_t first = ((uint64_t)b * e->world + e->rank) * e->B;
         if (load_micro_batch(e, L, first)) return -1;
         if (e->z.params_sharded && gather_embed(e)) return -1;
@@ -1172,12 +1189,17 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
             for (int k = 0; k < r->n_slots; k++) STRATA_TRY(strata_event_record(d, r->ev_free[k], d->compute));
         }
     }
+    if (stopped < 0) return -1;
     STRATA_TRY(strata_stream_sync(d, comm_stream(e)));
     if (e->off.tier) { /* eval's parameter reads are no step's work: kept out of the next step's split */
         if (e->off.tier->ops->sync(e->off.tier)) return -1;
         e->off.tier->ops->stats(e->off.tier, &after);
         strata_tier_stats_add(&after, &before, -1);
         strata_tier_stats_add(&e->off.not_steps, &after, 1);
+    }
+    if (stopped) { /* every rank agreed: none waits in the loss's all-reduce below */
+        STRATA_TRY(strata_stream_sync(d, d->compute));
+        return STRATA_ENGINE_STOPPED;
     }
     STRATA_TRY(strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float)));
     STRATA_TRY(strata_stream_sync(d, d->compute));

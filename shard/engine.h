@@ -105,7 +105,20 @@ int strata_engine_kernel_profile(strata_engine *e, strata_prof_report *r);
  * call it themselves; a run calls it once after its last step. */
 int strata_engine_sync(strata_engine *e);
 
-/* Mean validation loss over n_batches global batches (every rank evaluates its slice). */
+/* Asks whether this rank was asked to stop (in `strata train`, by SIGINT or SIGTERM); the
+ * engine's long loops call it where every rank passes in lockstep and end early when any
+ * rank says yes. The engine cannot see the launcher, so the launcher hands it over. */
+typedef int (*strata_stop_query)(void);
+/* NULL (the default): nothing stops the engine's loops early. */
+void strata_engine_set_stop(strata_engine *e, strata_stop_query stop);
+
+/* What strata_engine_eval returns when a stop ended it: not an error, and no loss. */
+#define STRATA_ENGINE_STOPPED 1
+
+/* Mean validation loss over n_batches global batches (every rank evaluates its slice).
+ * Before each batch the ranks agree on the stop query (one small all-reduce at world > 1),
+ * so a stop asked of any rank ends every rank's pass at the same batch, within one batch's
+ * forward: STRATA_ENGINE_STOPPED, *loss untouched. 0, STRATA_ENGINE_STOPPED, or -1 + error. */
 int strata_engine_eval(strata_engine *e, strata_loader *val, int n_batches, double *loss);
 
 /* Checkpoint I/O of this rank's standard shards (collective: every rank calls them). */

@@ -9,7 +9,9 @@
  *    step's forward, gives bitwise the losses of the same run without offload; each
  *    step's split counts exactly the bytes the plan says each stage moves;
  *  - bf16 gradient reduction (train.grad_reduce_dtype, several ranks): half the gradient
- *    bytes, losses within bf16's rounding of the fp32 reduction. */
+ *    bytes, losses within bf16's rounding of the fp32 reduction;
+ *  - stop: a stop asked of the last rank alone ends every rank's validation pass at the
+ *    same batch, and leaves the engine as it was (the next pass and step are exact). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +117,14 @@ static void run_steps(run *r, int n) {
         r->res[s] = res;
     }
     log_losses(r, n);
+}
+
+/* The stop query of the stop test: the last rank is asked to stop from its third question
+ * on, the others never (so only the ranks' agreement can stop them). */
+static int stop_questions;
+static int stop_last_rank(void) {
+    if (rank != world - 1) return 0;
+    return ++stop_questions >= 3;
 }
 
 /* Max |a - b| / (1 + |b|) between this rank's master shards and the reference's. */
@@ -408,6 +418,36 @@ int main(int argc, char **argv) {
                    stage, mem.params, mem.grads, mem.optimizer, got, world > 1 ? got / (psi_bytes * ring) : 0.0);
         run_close(&r);
     }
+
+    /* stop: validation abandoned on every rank at the batch the last rank was asked to stop
+     * before; no rank waits in a collective, and the engine is left as it was */
+    for (int stage = 0; stage <= 3; stage++) {
+        run r, ref;
+        run_open(&r, comm, rank, world, stage, B, 1, 1);
+        run_open(&ref, comm, rank, world, stage, B, 1, 1);
+        run_steps(&r, 1);
+        run_steps(&ref, 2);
+        double val_before = 0, val_after = 0, untouched = -1;
+        MUST(strata_engine_eval(r.e, &r.L, 3, &val_before));
+        strata_engine_set_stop(r.e, stop_last_rank);
+        stop_questions = 0;
+        int rc = strata_engine_eval(r.e, &r.L, 1000, &untouched);
+        CHECK(rc == STRATA_ENGINE_STOPPED && untouched == -1,
+              "stage %d: eval asked to stop on rank %d: returns %d (STRATA_ENGINE_STOPPED is %d), loss %g untouched", stage,
+              world - 1, rc, STRATA_ENGINE_STOPPED, untouched);
+        if (rank == world - 1) CHECK(stop_questions == 3, "stage %d: stopped at the third batch's question, not the %dth",
+                                     stage, stop_questions);
+        strata_engine_set_stop(r.e, NULL);
+        MUST(strata_engine_eval(r.e, &r.L, 3, &val_after));
+        CHECK(val_after == val_before, "stage %d: eval after a stopped one %.9g, before %.9g", stage, val_after, val_before);
+        strata_step_result res;
+        MUST(strata_engine_step(r.e, &r.L, 1, &res));
+        CHECK(res.loss == ref.loss[1], "stage %d: the step after a stopped eval: loss %.9g, without any eval %.9g", stage,
+              res.loss, ref.loss[1]);
+        run_close(&r);
+        run_close(&ref);
+    }
+    if (rank == 0) printf("stop: eval asked to stop on rank %d alone ends on every rank at stages 0-3\n", world - 1);
 
     /* overlap: with overlap_comm, a reduce-scatter starts before backward compute ends;
      * without it, every reduce-scatter ends before the next unit's backward starts */
