@@ -26,12 +26,24 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* An added token and how tokenizers' AddedVocabulary matches it (io/bpe.h, step 1). */
 typedef struct added_token {
     char *content;
     size_t len;
     int id;
     int special;
+    int normalized;  /* matched in the second pass, in what the first left (the normalized text) */
+    int single_word; /* kept only where no word character touches it on either side */
+    int lstrip;      /* takes the whitespace before it along */
+    int rstrip;      /* takes the whitespace after it along */
 } added_token;
+
+/* The added tokens of one pass, grouped by first byte and longest first within a group,
+ * so the first that matches at a position is the longest there. */
+typedef struct added_set {
+    int *tok;       /* indices into strata_bpe.added */
+    int first[257]; /* the tokens starting with byte b: tok[first[b] .. first[b + 1]) */
+} added_set;
 
 /* open addressing: vocabulary string -> id */
 typedef struct vocab_slot {
@@ -61,6 +73,8 @@ struct strata_bpe {
     int byte_id[256];          /* the id of each byte's character, -1 if the vocabulary lacks it */
     added_token *added;
     int n_added;
+    added_set pass[2];         /* [0]: tokens with normalized false, [1]: normalized true */
+    pcre2_code *word_re;       /* one word character (Rust regex's \w), when a token is single_word */
     int add_prefix_space, use_regex, ignore_merges, fuse_unk, unk_id;
     int is_bytes;
     pcre2_code *re;
@@ -144,7 +158,10 @@ void strata_bpe_free(strata_bpe *t) {
     free(t->merge_list);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
+    free(t->pass[0].tok);
+    free(t->pass[1].tok);
     if (t->re) pcre2_code_free(t->re);
+    if (t->word_re) pcre2_code_free(t->word_re);
     free(t->json);
     free(t);
 }
@@ -218,15 +235,15 @@ static void alloc_merges(strata_bpe *t, size_t n) {
     t->merge_list = strata_xcalloc(n ? n : 1, sizeof *t->merge_list);
 }
 
-static void add_added(strata_bpe *t, const char *content, size_t len, int id, int special) {
+/* Adds an added token with the flags single_word, lstrip, rstrip and normalized false;
+ * the caller sets what its file says. */
+static added_token *add_added(strata_bpe *t, const char *content, size_t len, int id, int special) {
     t->added = strata_xrealloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
     added_token *a = &t->added[t->n_added++];
-    a->content = strata_xmalloc(len + 1);
+    *a = (added_token){.content = strata_xmalloc(len + 1), .len = len, .id = id, .special = special};
     memcpy(a->content, content, len);
     a->content[len] = 0;
-    a->len = len;
-    a->id = id;
-    a->special = special;
+    return a;
 }
 
 /* Decoded bytes of every id (the ByteLevel decoder: each character back to its byte; a
@@ -272,28 +289,68 @@ static const char *pcre2_message(int err, char *buf, size_t n) {
     return buf;
 }
 
-static int compile_pattern(strata_bpe *t) {
+static int compile_pattern(pcre2_code **re, const char *pattern, const char *what) {
     int err;
     PCRE2_SIZE off;
-    t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
-    if (!t->re) {
+    *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
+    if (!*re) {
         char msg[256];
-        return strata_fail("PCRE2 cannot compile GPT-2's pattern at %zu: %s", (size_t)off,
-                           pcre2_message(err, msg, sizeof msg));
+        return strata_fail("PCRE2 cannot compile %s at %zu: %s", what, (size_t)off, pcre2_message(err, msg, sizeof msg));
     }
     /* faster where available; where JIT is not, its error is the answer and the
      * interpreter runs instead */
-    (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
+    (void)pcre2_jit_compile(*re, PCRE2_JIT_COMPLETE);
     return 0;
+}
+
+typedef struct added_key {
+    unsigned char first;
+    size_t len;
+    int index;
+} added_key;
+
+/* by first byte, then longest first, then in the file's order */
+static int added_key_cmp(const void *pa, const void *pb) {
+    const added_key *a = pa, *b = pb;
+    if (a->first != b->first) return a->first < b->first ? -1 : 1;
+    if (a->len != b->len) return a->len > b->len ? -1 : 1;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+/* Sorts the added tokens into their two passes (see added_set). */
+static void build_added_sets(strata_bpe *t) {
+    added_key *keys = strata_xmalloc((size_t)(t->n_added ? t->n_added : 1) * sizeof *keys);
+    for (int p = 0; p < 2; p++) {
+        added_set *set = &t->pass[p];
+        int n = 0;
+        for (int i = 0; i < t->n_added; i++)
+            if (t->added[i].normalized == p)
+                keys[n++] = (added_key){(unsigned char)t->added[i].content[0], t->added[i].len, i};
+        qsort(keys, (size_t)n, sizeof *keys, added_key_cmp);
+        set->tok = strata_xmalloc((size_t)(n ? n : 1) * sizeof *set->tok);
+        for (int k = 0, b = 0; b <= 256; b++) {
+            set->first[b] = k;
+            while (b < 256 && k < n && keys[k].first == b) set->tok[k] = keys[k].index, k++;
+        }
+    }
+    free(keys);
 }
 
 static int finish(strata_bpe *t) {
     build_decoding(t);
+    build_added_sets(t);
     /* the byte-level identity (what strata_bpe_bytes writes), however it was spelled */
     int identity = t->n_ids == 256 && !t->n_merges && !t->n_added && !t->add_prefix_space && t->unk_id < 0;
     for (int b = 0; b < 256 && identity; b++) identity = t->byte_id[b] == b;
     t->is_bytes = identity;
-    return t->use_regex ? compile_pattern(t) : 0;
+    int single_word = 0;
+    for (int i = 0; i < t->n_added; i++) single_word |= t->added[i].single_word;
+    /* tokenizers tests single_word with Rust regex's Unicode \w: Alphabetic, marks, decimal
+     * digits, connector punctuation and the two joiners (PCRE2's own \w differs) */
+    if (single_word &&
+        compile_pattern(&t->word_re, "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]", "the word class"))
+        return -1;
+    return t->use_regex ? compile_pattern(&t->re, gpt2_pattern, "GPT-2's pattern") : 0;
 }
 
 /* ---- tokenizer.json ---- */
@@ -423,16 +480,15 @@ static int read_added(strata_bpe *t, const strata_json *added, const char *path)
         if (!id || id->type != STRATA_JSON_NUMBER || !id->is_int || id->integer < 0 || id->integer >= MAX_VOCAB ||
             !content || content->type != STRATA_JSON_STRING || content->len == 0)
             return strata_fail("%s: added_tokens[%zu] needs an \"id\" in [0, %d) and a non-empty \"content\"", path, i, MAX_VOCAB);
-        static const char *const unsupported[] = {"single_word", "lstrip", "rstrip"};
-        for (int k = 0; k < 3; k++) {
-            int on;
-            char where[1200];
-            snprintf(where, sizeof where, "%s: added_tokens[%zu]", path, i);
-            if (bool_field(a, unsupported[k], 0, where, &on)) return -1;
-            if (on) return strata_fail("%s (\"%.40s\"): %s is true, which Strata does not implement", where, content->str, unsupported[k]);
-        }
-        int special;
-        if (bool_field(a, "special", 0, path, &special)) return -1;
+        char where[1200];
+        snprintf(where, sizeof where, "%s: added_tokens[%zu]", path, i);
+        /* tokenizers writes every flag; where one is missing, normalized follows its
+         * AddedToken::from (special tokens are not normalized), the others are off */
+        int special, normalized, single_word, lstrip, rstrip;
+        if (bool_field(a, "special", 0, where, &special) || bool_field(a, "normalized", !special, where, &normalized) ||
+            bool_field(a, "single_word", 0, where, &single_word) || bool_field(a, "lstrip", 0, where, &lstrip) ||
+            bool_field(a, "rstrip", 0, where, &rstrip))
+            return -1;
         int vid = vocab_find(t, content->str, content->len);
         if (vid >= 0 && vid != (int)id->integer)
             return strata_fail("%s: added token \"%.40s\" has id %lld but the vocabulary gives it %d", path, content->str,
@@ -448,7 +504,11 @@ static int read_added(strata_bpe *t, const strata_json *added, const char *path)
             return strata_fail("%s: added token \"%.40s\" has id %lld, which is the vocabulary's \"%.40s\"", path,
                                content->str, (long long)id->integer, t->token[id->integer]);
         }
-        add_added(t, content->str, content->len, (int)id->integer, special);
+        added_token *at = add_added(t, content->str, content->len, (int)id->integer, special);
+        at->normalized = normalized;
+        at->single_word = single_word;
+        at->lstrip = lstrip;
+        at->rstrip = rstrip;
     }
     return 0;
 }
@@ -541,7 +601,7 @@ static strata_bpe *load_vocab_merges(const char *vocab_path, const char *merges_
         (void)fclose(f); /* read-only: nothing to lose */
     }
     int eot = rc ? -1 : vocab_find(t, "<|endoftext|>", 13);
-    if (eot >= 0) add_added(t, "<|endoftext|>", 13, eot, 1);
+    if (eot >= 0) add_added(t, "<|endoftext|>", 13, eot, 1); /* its flags off, as in GPT-2's tokenizer.json */
     if (!rc) rc = finish(t);
     if (rc) {
         strata_bpe_free(t);
@@ -670,6 +730,7 @@ typedef struct encoder {
     heap_entry *heap;
     size_t cap, n_heap;
     size_t unknown; /* bytes the vocabulary has no character for (dropped, as tokenizers does) */
+    pcre2_match_data *md, *word_md; /* for t->re and t->word_re */
 } encoder;
 
 static int emit(encoder *e, int id) {
@@ -773,7 +834,7 @@ static int encode_piece(encoder *e, const unsigned char *s, size_t n) {
 }
 
 /* A stretch of text between added tokens: pre-tokenised, then each piece encoded. */
-static int encode_segment(encoder *e, pcre2_match_data *md, const char *s, size_t n) {
+static int encode_segment(encoder *e, const char *s, size_t n) {
     strata_bpe *t = e->t;
     if (!n) return 0;
     char *copy = NULL;
@@ -790,7 +851,7 @@ static int encode_segment(encoder *e, pcre2_match_data *md, const char *s, size_
     } else {
         size_t pos = 0;
         while (pos < n && !rc) {
-            int r = pcre2_match(t->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+            int r = pcre2_match(t->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, e->md, NULL);
             if (r == PCRE2_ERROR_NOMATCH) {
                 rc = encode_piece(e, (const unsigned char *)s + pos, n - pos); /* the unmatched tail is a piece too */
                 break;
@@ -800,7 +861,7 @@ static int encode_segment(encoder *e, pcre2_match_data *md, const char *s, size_
                 rc = strata_fail("pre-tokenising at byte %zu: %s", pos, pcre2_message(r, msg, sizeof msg));
                 break;
             }
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
             if (ov[0] > pos) rc = encode_piece(e, (const unsigned char *)s + pos, ov[0] - pos);
             if (!rc) rc = encode_piece(e, (const unsigned char *)s + ov[0], ov[1] - ov[0]);
             if (ov[1] == ov[0]) { /* cannot happen with GPT-2's pattern; never loop on an empty match */
@@ -814,24 +875,108 @@ static int encode_segment(encoder *e, pcre2_match_data *md, const char *s, size_
     return rc;
 }
 
+/* ---- added tokens, as tokenizers' AddedVocabulary finds them ---- */
 
-/* The leftmost added token at or after pos (the longest there), or NULL. */
-static const added_token *next_added(const strata_bpe *t, const char *s, size_t n, size_t pos, size_t *at) {
-    if (!t->n_added) return NULL;
+/* Rust regex's Unicode \s (the White_Space property), what lstrip and rstrip take. */
+static int is_space(uint32_t c) {
+    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+/* Where the character of valid UTF-8 text that ends at s + end (end > 0) starts. */
+static size_t char_start(const char *s, size_t end) {
+    size_t k = end - 1;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
+    return k;
+}
+
+/* Whether the character at s (n > 0 bytes there) is a word character. */
+static int word_at(encoder *e, const char *s, size_t n) {
+    return pcre2_match(e->t->word_re, (PCRE2_SPTR)s, n, 0, PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, e->word_md, NULL) >= 0;
+}
+
+/* Whether a word character touches s[start, stop) within s[0, n): a single_word token
+ * there is part of a word. */
+static int touches_word(encoder *e, const char *s, size_t n, size_t start, size_t stop) {
+    if (start > 0) {
+        size_t c = char_start(s, start);
+        if (word_at(e, s + c, start - c)) return 1;
+    }
+    return stop < n && word_at(e, s + stop, n - stop);
+}
+
+/* Where the run of whitespace that ends at s + end starts (end itself when there is none). */
+static size_t space_run_start(const char *s, size_t end) {
+    while (end > 0) {
+        size_t c = char_start(s, end);
+        uint32_t cp = 0;
+        /* the text was checked: s[c, end) is one character */
+        if (strata_utf8_decode(s + c, end - c, &cp) == 0 || !is_space(cp)) break;
+        end = c;
+    }
+    return end;
+}
+
+/* The bytes of the run of whitespace at the start of s[0, n). */
+static size_t space_run_len(const char *s, size_t n) {
+    size_t k = 0;
+    uint32_t c;
+    for (size_t len; k < n && (len = strata_utf8_decode(s + k, n - k, &c)) > 0 && is_space(c);) k += len;
+    return k;
+}
+
+/* The leftmost token of `set` that occurs in s[pos, n), the longest of those starting
+ * there (leftmost-longest, as tokenizers' Aho-Corasick automaton finds them), or NULL. */
+static const added_token *find_added(const strata_bpe *t, const added_set *set, const char *s, size_t n, size_t pos,
+                                     size_t *at) {
+    if (set->first[256] == 0) return NULL;
     for (size_t i = pos; i < n; i++) {
-        const added_token *best = NULL;
-        for (int k = 0; k < t->n_added; k++) {
-            const added_token *a = &t->added[k];
-            if (a->content[0] == s[i] && a->len <= n - i && !memcmp(s + i, a->content, a->len) &&
-                (!best || a->len > best->len))
-                best = a;
-        }
-        if (best) {
-            *at = i;
-            return best;
+        unsigned char b = (unsigned char)s[i];
+        for (int k = set->first[b]; k < set->first[b + 1]; k++) {
+            const added_token *a = &t->added[set->tok[k]];
+            if (a->len <= n - i && !memcmp(s + i, a->content, a->len)) {
+                *at = i;
+                return a;
+            }
         }
     }
     return NULL;
+}
+
+/* Splits s[0, n) at the tokens of pass p and encodes each part: a token as its id, the
+ * text between as pass 1 does (after pass 0) or as a segment (after pass 1). Pass 0 looks
+ * for the tokens that are not normalized in the text itself, pass 1 for the normalized
+ * ones in each stretch pass 0 left (with no normalizer, the same text), so a
+ * non-normalized token wins over a normalized one that contains it: tokenizers'
+ * extract_and_normalize. Within a pass, its find_matches:
+ *  - the search goes on after each match, also after one single_word drops, so a dropped
+ *    match still hides the tokens inside it;
+ *  - a single_word match is dropped when a word character (Rust's Unicode \w) touches it
+ *    on either side, within this stretch;
+ *  - lstrip takes the whitespace before the match along, but nothing of an earlier match;
+ *    rstrip takes the whitespace after it along. The next match is looked for after the
+ *    token itself, so one can start inside whitespace rstrip took: its id comes out all
+ *    the same, and the text after it resumes where it ends (tokenizers' `start_offset`). */
+static int split_added(encoder *e, int p, const char *s, size_t n) {
+    const strata_bpe *t = e->t;
+    size_t done = 0, pos = 0, at = 0; /* done: the end of what was encoded */
+    const added_token *a;
+    int rc = 0;
+    while (!rc && pos < n && (a = find_added(t, &t->pass[p], s, n, pos, &at))) {
+        size_t start = at, stop = at + a->len;
+        pos = stop;
+        if (a->single_word && touches_word(e, s, n, start, stop)) continue;
+        if (a->lstrip) {
+            start = space_run_start(s, start);
+            if (start < done) start = done;
+        }
+        if (a->rstrip) stop += space_run_len(s + stop, n - stop);
+        if (done < start) rc = p == 0 ? split_added(e, 1, s + done, start - done) : encode_segment(e, s + done, start - done);
+        if (!rc) rc = emit(e, a->id);
+        done = stop;
+    }
+    if (!rc && done < n) rc = p == 0 ? split_added(e, 1, s + done, n - done) : encode_segment(e, s + done, n - done);
+    return rc;
 }
 
 int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink, void *ctx) {
@@ -848,21 +993,16 @@ int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *n
         return 0;
     }
     encoder e = {.t = t, .sink = sink, .ctx = ctx};
-    pcre2_match_data *md = t->re ? pcre2_match_data_create_from_pattern(t->re, NULL) : NULL;
-    int rc = 0;
-    size_t pos = 0;
-    while (pos < len && !rc) {
-        size_t at = len;
-        const added_token *a = next_added(t, text, len, pos, &at);
-        rc = encode_segment(&e, md, text + pos, at - pos);
-        if (!rc && a) rc = emit(&e, a->id);
-        pos = a ? at + a->len : len;
-    }
+    e.md = t->re ? pcre2_match_data_create_from_pattern(t->re, NULL) : NULL;
+    e.word_md = t->word_re ? pcre2_match_data_create_from_pattern(t->word_re, NULL) : NULL;
+    int rc = (t->re && !e.md) || (t->word_re && !e.word_md) ? strata_fail("out of memory for PCRE2's match data")
+                                                           : split_added(&e, 0, text, len);
     if (!rc && e.n_out) rc = sink(ctx, e.out, e.n_out);
     if (!rc && e.unknown)
         STRATA_WARN("bpe", "%s: %zu bytes have no token in %s and were dropped (as tokenizers drops them)", name,
                     e.unknown, t->source);
-    if (md) pcre2_match_data_free(md);
+    if (e.md) pcre2_match_data_free(e.md);
+    if (e.word_md) pcre2_match_data_free(e.word_md);
     free(e.sym);
     free(e.heap);
     if (rc) return strata_fail_wrap("%s", name);
@@ -920,8 +1060,10 @@ static int write_json(const strata_bpe *t, FILE *f) {
     for (int i = 0; i < t->n_added; i++) {
         fprintf(f, "%s{\"id\":%d,\"content\":", i ? "," : "", t->added[i].id);
         strata_json_write_string(f, t->added[i].content, t->added[i].len);
-        fprintf(f, ",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":%s}",
-                t->added[i].special ? "true" : "false");
+        const added_token *a = &t->added[i];
+        fprintf(f, ",\"single_word\":%s,\"lstrip\":%s,\"rstrip\":%s,\"normalized\":%s,\"special\":%s}",
+                a->single_word ? "true" : "false", a->lstrip ? "true" : "false", a->rstrip ? "true" : "false",
+                a->normalized ? "true" : "false", a->special ? "true" : "false");
     }
     fprintf(f, "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":%s,"
                "\"trim_offsets\":true,\"use_regex\":%s},",

@@ -7,7 +7,12 @@
  *
  * Encoding, as `tokenizers` does it:
  *   1. added tokens ("<|endoftext|>", ...) are cut out of the text where they occur
- *      literally (leftmost, longest first) and become their ids;
+ *      literally (leftmost, longest first) and become their ids, as tokenizers'
+ *      AddedVocabulary does: first those with normalized false, then, in each stretch
+ *      between them, those with normalized true (so "Cit" unnormalized splits "Citizen"
+ *      before a normalized "Citizen" is looked for); a single_word token only where no
+ *      word character (Unicode \w) touches it; lstrip and rstrip take the whitespace before
+ *      and after it along;
  *   2. each stretch between them is pre-tokenised with GPT-2's pattern
  *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *      (PCRE2, UTF and Unicode properties; a space first when add_prefix_space);
@@ -18,9 +23,8 @@
  *
  * Refused with a message naming the field: a normalizer, another pre-tokenizer or model
  * type, BPE dropout, byte fallback, word prefixes/suffixes, a post-processor that adds
- * tokens (a template of the text alone, as transformers writes for GPT-2, adds none),
- * added tokens with lstrip/rstrip/single_word. truncation and padding (which only apply
- * to batches of model inputs) are ignored. */
+ * tokens (a template of the text alone, as transformers writes for GPT-2, adds none).
+ * truncation and padding (which only apply to batches of model inputs) are ignored. */
 #ifndef STRATA_BPE_H
 #define STRATA_BPE_H
 

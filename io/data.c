@@ -7,7 +7,9 @@
 #include "core/common.h"
 #include "io/bpe.h"
 #include "io/files.h"
+#include "io/text.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -206,35 +208,6 @@ static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
 /* The BPE encoder's sink: ids into a shard stream. */
 static int push_ids(void *ctx, const int32_t *ids, size_t n) { return stream_push_tokens(ctx, NULL, ids, n); }
 
-/* Removes shards named like ours but numbered past what this run wrote, so a glob over
- * out_dir does not mix a previous, larger preparation into this one. One that cannot be
- * removed fails the preparation: left there, it would be trained on. */
-static int remove_stale_shards(const char *out_dir, const char *prefix, int n_written) {
-    char pat[PATH_MAX];
-    snprintf(pat, sizeof pat, "%s/%s_[0-9][0-9][0-9][0-9][0-9][0-9].bin", out_dir, prefix);
-    glob_t g;
-    int grc = glob(pat, 0, NULL, &g);
-    if (grc == GLOB_NOMATCH) return 0;
-    if (grc != 0) {
-        globfree(&g);
-        return strata_fail("'%s': glob failed (code %d) looking for shards of an earlier preparation", pat, grc);
-    }
-    int rc = 0;
-    for (size_t i = 0; i < g.gl_pathc && !rc; i++) {
-        const char *base = strrchr(g.gl_pathv[i], '/');
-        base = base ? base + 1 : g.gl_pathv[i];
-        int idx = atoi(base + strlen(prefix) + 1);
-        if (idx >= n_written) {
-            STRATA_WARN("data", "%s: removing stale shard from an earlier preparation", g.gl_pathv[i]);
-            if (unlink(g.gl_pathv[i]) != 0 && errno != ENOENT)
-                rc = strata_fail("%s: cannot remove this stale shard of an earlier preparation (a glob over %s "
-                                 "would train on it): %s", g.gl_pathv[i], out_dir, strerror(errno));
-        }
-    }
-    globfree(&g);
-    return rc;
-}
-
 static int read_whole_file(const char *path, unsigned char **out, size_t *out_len) {
     char *buf;
     size_t len;
@@ -248,21 +221,11 @@ static int read_whole_file(const char *path, unsigned char **out, size_t *out_le
     return 0;
 }
 
-int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
-                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk) {
-    if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
-    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-        return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
-    if (max_shard_tokens == 0 || max_shard_tokens > (size_t)INT32_MAX)
-        return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
-                           INT32_MAX);
-    if (tk && strata_bpe_vocab_size(tk) > 65536)
-        return strata_fail("prepare: tokenizer %s has %d tokens, but shards hold uint16 tokens (at most 65536)",
-                           strata_bpe_source(tk), strata_bpe_vocab_size(tk));
-    if (strata_mkdir_p(out_dir) != 0) return -1;
-
-    shard_stream train = {.out_dir = out_dir, .prefix = "train", .max_tokens = max_shard_tokens};
-    shard_stream val = {.out_dir = out_dir, .prefix = "val", .max_tokens = max_shard_tokens};
+/* Encodes the text files into train and val shards and tokenizer.json, in dir. */
+static int write_prepared(const char *const *text_files, int n_files, const char *dir, double val_fraction,
+                          size_t max_shard_tokens, strata_bpe *tk, shard_stream *train, shard_stream *val) {
+    *train = (shard_stream){.out_dir = dir, .prefix = "train", .max_tokens = max_shard_tokens};
+    *val = (shard_stream){.out_dir = dir, .prefix = "val", .max_tokens = max_shard_tokens};
     int rc = 0;
     for (int i = 0; i < n_files && rc == 0; i++) {
         unsigned char *bytes = NULL;
@@ -276,40 +239,218 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
          * UTF-8 character, and each side is encoded on its own. */
         size_t n_val = (size_t)((double)len * val_fraction);
         size_t n_train = len - n_val;
+        /* checked whole, so that a bad byte is named by its offset in the file */
+        size_t bad = tk && !strata_bpe_is_bytes(tk) ? strata_utf8_invalid_at(bytes, len) : len;
+        if (bad < len) {
+            free(bytes);
+            rc = strata_fail("%s: byte %zu is not valid UTF-8 (the BPE tokenizer reads UTF-8 text)", text_files[i], bad);
+            break;
+        }
         if (tk)
             while (n_train > 0 && n_train < len && (bytes[n_train] & 0xC0) == 0x80) n_train--, n_val++;
         STRATA_DEBUG("data", "%s: %zu bytes -> %zu train, %zu val", text_files[i], len, n_train,
                      n_val);
         if (!tk) {
-            rc = stream_push(&train, bytes, n_train);
-            if (rc == 0) rc = stream_push(&val, bytes + n_train, n_val);
+            rc = stream_push(train, bytes, n_train);
+            if (rc == 0) rc = stream_push(val, bytes + n_train, n_val);
         } else {
-            rc = strata_bpe_encode(tk, (const char *)bytes, n_train, text_files[i], push_ids, &train);
-            if (rc == 0 && n_val) rc = strata_bpe_encode(tk, (const char *)bytes + n_train, n_val, text_files[i], push_ids, &val);
+            rc = strata_bpe_encode(tk, (const char *)bytes, n_train, text_files[i], push_ids, train);
+            if (rc == 0 && n_val) rc = strata_bpe_encode(tk, (const char *)bytes + n_train, n_val, text_files[i], push_ids, val);
         }
         free(bytes);
     }
-    if (rc == 0) rc = stream_flush(&train);
-    if (rc == 0) rc = stream_flush(&val);
-    free(train.buf);
-    free(val.buf);
+    if (rc == 0) rc = stream_flush(train);
+    if (rc == 0) rc = stream_flush(val);
+    free(train->buf);
+    free(val->buf);
+    train->buf = val->buf = NULL;
     if (rc != 0) return -1;
-    STRATA_TRY(remove_stale_shards(out_dir, "train", train.n_shards));
-    STRATA_TRY(remove_stale_shards(out_dir, "val", val.n_shards));
     /* the tokenizer goes with the shards: training records it, export ships it */
     char tok_path[PATH_MAX];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", out_dir);
+    STRATA_TRY(strata_path_join(tok_path, sizeof tok_path, dir, "tokenizer.json"));
     strata_bpe *bytes_tk = tk ? NULL : strata_bpe_bytes();
     rc = strata_bpe_save(tk ? tk : bytes_tk, tok_path);
     strata_bpe_free(bytes_tk);
+    if (rc) return -1;
+    return strata_fsync_dir(dir);
+}
+
+/* Whether prepare writes `name`: a shard (train_NNNNNN.bin, val_NNNNNN.bin), tokenizer.json,
+ * or the temporary twin of one that a killed run left. These are replaced; anything else
+ * in an existing out_dir is carried over into the new one. */
+static int is_prepare_output(const char *name) {
+    const char *rest = !strncmp(name, "train_", 6) ? name + 6 : !strncmp(name, "val_", 4) ? name + 4 : NULL;
+    if (!rest) return !strcmp(name, "tokenizer.json") || !strncmp(name, "tokenizer.json.tmp", 18);
+    int digits = 0;
+    while (rest[digits] >= '0' && rest[digits] <= '9') digits++;
+    return digits >= 6 && (!strcmp(rest + digits, ".bin") || !strncmp(rest + digits, ".bin.tmp", 8));
+}
+
+/* Links what the user keeps in the old out_dir (the text files, notes, folders: everything
+ * prepare does not write) into the new one, so the swap loses nothing; *n counts them. */
+static int carry_over(const char *old_dir, const char *new_dir, int *n) {
+    *n = 0;
+    DIR *d = opendir(old_dir);
+    if (!d) return errno == ENOENT ? 0 : strata_fail("%s: cannot list: %s", old_dir, strerror(errno));
+    int rc = 0;
+    struct dirent *ent;
+    errno = 0;
+    while (!rc && (ent = readdir(d)) != NULL) {
+        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..") && !is_prepare_output(ent->d_name)) {
+            rc = strata_link_entry(old_dir, ent->d_name, new_dir);
+            if (!rc) (*n)++;
+        }
+        errno = 0;
+    }
+    if (!rc && errno != 0) rc = strata_fail("%s: cannot list: %s", old_dir, strerror(errno));
+    (void)closedir(d); /* a directory stream that was only read */
+    if (rc) strata_fail_wrap("keeping what %s holds besides shards and tokenizer.json", old_dir);
+    return rc;
+}
+
+/* Where prepare works for out_dir: the directory it replaces (its real path: through a
+ * symbolic link, the directory it names), the folder holding that, and the prefix of
+ * prepare's own names there (".<name>.prepare"). The folder is made when missing.
+ * STRATA_PREPARE_REFUSED for a directory that cannot be replaced whole. */
+static int resolve_out(const char *out_dir, char *target, char *parent, char *prefix) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s", out_dir) >= (int)sizeof path) return strata_fail("%s: path too long", out_dir);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = 0;
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return strata_fail("%s: is %s, not a directory", out_dir, strata_file_kind(st.st_mode));
+        if (!realpath(path, target)) return strata_fail("%s: cannot resolve: %s", out_dir, strerror(errno));
+    } else {
+        if (errno != ENOENT || lstat(path, &st) == 0)
+            return strata_fail("%s: cannot use as the output directory: %s", out_dir,
+                               errno != ENOENT ? strerror(errno) : "a symbolic link to nothing");
+        char dir[PATH_MAX], real[PATH_MAX];
+        strata_path_dir(dir, sizeof dir, path);
+        STRATA_TRY(strata_mkdir_p(dir));
+        if (!realpath(dir, real)) return strata_fail("%s: cannot resolve: %s", dir, strerror(errno));
+        const char *slash = strrchr(path, '/');
+        STRATA_TRY(strata_path_join(target, PATH_MAX, real, slash ? slash + 1 : path));
+    }
+    strata_path_dir(parent, PATH_MAX, target);
+    const char *name = strrchr(target, '/') + 1;
+    if (!*name) {
+        strata_fail("--out %s is the root directory, which prepare cannot replace whole: name a folder", out_dir);
+        return STRATA_PREPARE_REFUSED;
+    }
+    char cwd[PATH_MAX];
+    size_t tn = strlen(target);
+    if (getcwd(cwd, sizeof cwd) && !strncmp(cwd, target, tn) && (cwd[tn] == 0 || cwd[tn] == '/')) {
+        strata_fail("--out %s holds the current directory (%s): prepare replaces it whole, which would leave this "
+                    "shell in a deleted directory; run it from outside (cd %s), naming the folder",
+                    out_dir, cwd, parent);
+        return STRATA_PREPARE_REFUSED;
+    }
+    if (snprintf(prefix, PATH_MAX, "%s/.%s.prepare", parent, name) >= PATH_MAX)
+        return strata_fail("%s: path too long", target);
+    return 0;
+}
+
+/* Removes the temporary directories of prepares into the same out_dir that were killed
+ * (the caller holds the lock, so no other is at work): "<prefix>-*". */
+static int remove_stale_temps(const char *parent, const char *prefix) {
+    const char *base = strrchr(prefix, '/') + 1;
+    size_t bn = strlen(base);
+    DIR *d = opendir(parent);
+    if (!d) return strata_fail("%s: cannot list: %s", parent, strerror(errno));
+    int rc = 0;
+    struct dirent *ent;
+    errno = 0;
+    while (!rc && (ent = readdir(d)) != NULL) {
+        if (!strncmp(ent->d_name, base, bn) && ent->d_name[bn] == '-') {
+            char p[PATH_MAX];
+            rc = strata_path_join(p, sizeof p, parent, ent->d_name);
+            if (!rc) rc = strata_rm_tree(p);
+            if (!rc) STRATA_INFO("data", "removed %s, left by a prepare that did not finish", p);
+        }
+        errno = 0;
+    }
+    if (!rc && errno != 0) rc = strata_fail("%s: cannot list: %s", parent, strerror(errno));
+    (void)closedir(d); /* a directory stream that was only read */
+    return rc;
+}
+
+int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
+                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk) {
+    if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+        return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
+    if (max_shard_tokens == 0 || max_shard_tokens > (size_t)INT32_MAX)
+        return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
+                           INT32_MAX);
+    if (tk && strata_bpe_vocab_size(tk) > 65536)
+        return strata_fail("prepare: tokenizer %s has %d tokens, but shards hold uint16 tokens (at most 65536)",
+                           strata_bpe_source(tk), strata_bpe_vocab_size(tk));
+    char target[PATH_MAX], parent[PATH_MAX], prefix[PATH_MAX], lock_path[PATH_MAX + 8], tmp[PATH_MAX + 32];
+    int rc = resolve_out(out_dir, target, parent, prefix);
+    if (rc) return rc;
+
+    /* One prepare at a time per directory: a second is refused, naming the first, rather
+     * than waiting (it would then replace what the first wrote, which the caller of the
+     * first did not ask for) or interleaving with it. */
+    int lock_fd = -1;
+    char holder[256];
+    snprintf(lock_path, sizeof lock_path, "%s.lock", prefix);
+    rc = strata_lock_take(lock_path, &lock_fd, holder, sizeof holder);
+    if (rc < 0) return strata_fail_wrap("prepare into %s", out_dir);
+    if (rc > 0) {
+        strata_fail("--out %s is being written by another `strata prepare` (%s; it holds %s). Two prepares into one "
+                    "directory would mix their shards: wait for that one to end, or choose another --out",
+                    out_dir, holder[0] ? holder : "it has not written its pid yet", lock_path);
+        return STRATA_PREPARE_REFUSED;
+    }
+
+    /* Everything is written into a fresh directory beside out_dir, which then takes
+     * out_dir's place in one step: a failure, a kill or a full disk leaves the old data
+     * whole, and a reader finds all of the old data or all of the new. */
+    shard_stream train = {0}, val = {0};
+    int kept = 0;
+    char old[PATH_MAX + 64] = "";
+    rc = remove_stale_temps(parent, prefix);
+    /* its name is free: the lock keeps other prepares out, and the ones killed were just
+     * removed. It takes the old directory's permissions, else mkdir -p's. */
+    struct stat st;
+    mode_t mode = stat(target, &st) == 0 ? st.st_mode & 07777 : 0755;
+    if (!rc && snprintf(tmp, sizeof tmp, "%s-%ld", prefix, (long)getpid()) >= (int)sizeof tmp)
+        rc = strata_fail("%s: path too long", prefix);
+    if (!rc && mkdir(tmp, mode) != 0) {
+        rc = strata_fail("%s: cannot create a directory beside %s (prepare writes there, then puts it in the place of "
+                         "%s; it needs write access to %s): %s", tmp, out_dir, out_dir, parent, strerror(errno));
+        tmp[0] = 0;
+    }
+    if (!rc && chmod(tmp, mode) != 0) rc = strata_fail("%s: cannot set its permissions: %s", tmp, strerror(errno));
+    if (!rc) rc = write_prepared(text_files, n_files, tmp, val_fraction, max_shard_tokens, tk, &train, &val);
+    if (!rc) rc = carry_over(target, tmp, &kept);
+    if (!rc) rc = strata_fsync_dir(tmp);
+    if (!rc) rc = strata_dir_swap(tmp, target, old, sizeof old);
+    if (rc) {
+        strata_fail_wrap("prepare into %s (left as it was)", out_dir);
+        if (tmp[0]) {
+            char why[2048];
+            snprintf(why, sizeof why, "%s", strata_error());
+            STRATA_IGNORE(strata_rm_tree(tmp)); /* already failing; the next prepare removes it too */
+            strata_fail("%s", why);
+        }
+    } else if (old[0]) {
+        /* the new data is in place; the old is unlinked, though a running reader that has
+         * its shards open keeps them (mapped) until it closes them */
+        STRATA_IGNORE(strata_rm_tree(old)); /* what is left, the next prepare removes */
+    }
+    (void)close(lock_fd); /* a lock file holding only our pid: closing it lets go */
     if (rc) return -1;
     char desc[1200];
     if (tk) snprintf(desc, sizeof desc, "tokenizer %s, vocab %d", strata_bpe_source(tk), strata_bpe_vocab_size(tk));
     else snprintf(desc, sizeof desc, "byte-level, vocab 256");
     STRATA_INFO("data", "%s: %zu train tokens in %d shard%s, %zu val tokens in %d shard%s "
-                "(%s, from %d file%s; tokenizer.json beside them)",
+                "(%s, from %d file%s; tokenizer.json beside them%s)",
                 out_dir, train.total, train.n_shards, train.n_shards == 1 ? "" : "s", val.total,
-                val.n_shards, val.n_shards == 1 ? "" : "s", desc, n_files, n_files == 1 ? "" : "s");
+                val.n_shards, val.n_shards == 1 ? "" : "s", desc, n_files, n_files == 1 ? "" : "s",
+                kept ? "; the directory's other files kept" : "");
     return 0;
 }
 

@@ -51,7 +51,21 @@ void strata_shard_close(strata_shard *sh);
  * Tokens are bytes when tk is NULL, else tk's BPE ids (io/bpe.h); either way the
  * tokenizer is written beside the shards as tokenizer.json (for bytes, the equivalent
  * Hugging Face tokenizer), which is how a run learns what its tokens mean.
- * max_shard_tokens bounds a shard's size. Reports counts through the info log. */
+ * max_shard_tokens bounds a shard's size. Reports counts through the info log.
+ *
+ * out_dir is replaced whole, never mixed: everything is written into a fresh directory
+ * beside it (".<name>.prepare-<pid>"), which then takes its place in one step
+ * (io/files.h strata_dir_swap), so a failure, a kill or a full disk leaves the old data as
+ * it was, and a run that opens the data finds all of the old or all of the new (one that
+ * has its shards open already keeps reading the old ones, which stay while mapped). What
+ * else the old directory holds (text files, notes, folders) is hard-linked into the new
+ * one; earlier shards and tokenizer.json are not. Beside out_dir the old and the new data
+ * exist at once while it runs, and it needs write access to the folder holding out_dir.
+ * One prepare per directory at a time: flock on ".<name>.prepare.lock" beside it, and a
+ * second is refused naming the first's pid and host. STRATA_PREPARE_REFUSED (nothing
+ * written) when out_dir is in use, is "/" or holds the current directory; -1 on a
+ * failure; the error says which. */
+#define STRATA_PREPARE_REFUSED (-2)
 struct strata_bpe;
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
                         double val_fraction, size_t max_shard_tokens, struct strata_bpe *tk);

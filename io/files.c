@@ -1,13 +1,16 @@
 /* io/files.c: file kinds, bounded reads, paths and durable writes (io/files.h). */
 #include "io/files.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/common.h"
@@ -228,4 +231,97 @@ int strata_rm_tree(const char *path) {
     if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
         return strata_fail("%s: cannot delete: %s", path, strerror(errno));
     return 0;
+}
+
+int strata_lock_take(const char *path, int *fd, char *holder, size_t holder_n) {
+    *fd = -1;
+    if (holder_n) holder[0] = 0;
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (f < 0) return strata_fail("%s: cannot open this lock file: %s", path, strerror(errno));
+    /* on the refused and failing paths the descriptor was only read: closing it loses nothing */
+    if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        if (e == EWOULDBLOCK && holder_n) {
+            ssize_t n = pread(f, holder, holder_n - 1, 0);
+            holder[n > 0 ? n : 0] = 0;
+            holder[strcspn(holder, "\n")] = 0;
+        }
+        (void)close(f);
+        return e == EWOULDBLOCK ? 1 : strata_fail("%s: cannot lock: %s", path, strerror(e));
+    }
+    char host[64] = "?", when[32] = "?", text[256];
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?"); /* only a name in a message */
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    int len = snprintf(text, sizeof text, "pid %ld on %s, started %s\n", (long)getpid(), host, when);
+    if (ftruncate(f, 0) != 0 || pwrite(f, text, (size_t)len, 0) != len) {
+        int e = errno;
+        (void)close(f);
+        return strata_fail("%s: cannot write this lock file: %s", path, strerror(e));
+    }
+    *fd = f;
+    return 0;
+}
+
+int strata_link_entry(const char *src_dir, const char *name, const char *dst_dir) {
+    char src[STRATA_PATH_MAX + 256], dst[STRATA_PATH_MAX + 256];
+    STRATA_TRY(strata_path_join(src, sizeof src, src_dir, name));
+    STRATA_TRY(strata_path_join(dst, sizeof dst, dst_dir, name));
+    struct stat st;
+    if (lstat(src, &st) != 0) return strata_fail("%s: cannot stat: %s", src, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (link(src, dst) != 0) return strata_fail("%s: cannot hard-link it as %s: %s", src, dst, strerror(errno));
+        return 0;
+    }
+    if (mkdir(dst, st.st_mode & 07777) != 0) return strata_fail("%s: cannot create directory: %s", dst, strerror(errno));
+    DIR *d = opendir(src);
+    if (!d) return strata_fail("%s: cannot list: %s", src, strerror(errno));
+    int rc = 0;
+    struct dirent *ent;
+    errno = 0;
+    while (!rc && (ent = readdir(d)) != NULL) {
+        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) rc = strata_link_entry(src, ent->d_name, dst);
+        errno = 0;
+    }
+    if (!rc && errno != 0) rc = strata_fail("%s: cannot list: %s", src, strerror(errno));
+    (void)closedir(d); /* a directory stream that was only read */
+    return rc;
+}
+
+int strata_dir_swap(const char *new_dir, const char *target, char *old_at, size_t old_n) {
+    char parent[STRATA_PATH_MAX + 16], old[STRATA_PATH_MAX + 32];
+    strata_path_dir(parent, sizeof parent, target);
+    int k = snprintf(old, sizeof old, "%s.old", new_dir);
+    if (k < 0 || (size_t)k >= sizeof old || (size_t)k >= old_n) return strata_fail("%.200s...: path too long", new_dir);
+    old_at[0] = 0;
+    struct stat st;
+    if (lstat(target, &st) != 0) {
+        if (errno != ENOENT) return strata_fail("%s: cannot stat: %s", target, strerror(errno));
+        if (rename(new_dir, target) != 0) return strata_fail("cannot rename %s to %s: %s", new_dir, target, strerror(errno));
+        return strata_fsync_dir(parent);
+    }
+    if (!S_ISDIR(st.st_mode)) return strata_fail("%s: is %s, not a directory", target, strata_file_kind(st.st_mode));
+    const char *no_exchange = getenv("STRATA_FAULT_NO_RENAME_EXCHANGE");
+    int e = EINVAL;
+    if (!(no_exchange && !strcmp(no_exchange, "1"))) {
+        if (renameat2(AT_FDCWD, new_dir, AT_FDCWD, target, RENAME_EXCHANGE) == 0) {
+            snprintf(old_at, old_n, "%s", new_dir); /* it fits: it is shorter than old */
+            return strata_fsync_dir(parent);
+        }
+        e = errno;
+    }
+    if (e != EINVAL && e != ENOSYS)
+        return strata_fail("cannot exchange %s with %s: %s", new_dir, target, strerror(e));
+    /* the file system cannot exchange: two renames, target missing in between */
+    if (rename(target, old) != 0) return strata_fail("cannot rename %s to %s: %s", target, old, strerror(errno));
+    if (rename(new_dir, target) != 0) {
+        e = errno;
+        if (rename(old, target) != 0)
+            return strata_fail("cannot rename %s to %s (%s), nor the old directory back from %s: %s", new_dir, target,
+                               strerror(e), old, strerror(errno));
+        return strata_fail("cannot rename %s to %s: %s", new_dir, target, strerror(e));
+    }
+    snprintf(old_at, old_n, "%s", old); /* checked above */
+    return strata_fsync_dir(parent);
 }

@@ -48,4 +48,29 @@ int strata_write_file_atomic(const char *path, const void *data, size_t bytes);
 /* rm -r that does not follow links; a path already gone is fine. */
 int strata_rm_tree(const char *path);
 
+/* Takes an exclusive flock(2) on the file `path` (created if missing) without waiting, and
+ * writes this process's pid, host and start time in it for whoever is refused. 0: taken,
+ * its descriptor in *fd (closing it lets go, and so does the process ending, however it
+ * ends); 1: another process holds it, and holder has what that one wrote ("" if nothing
+ * yet); -1 on a failure. */
+int strata_lock_take(const char *path, int *fd, char *holder, size_t holder_n);
+
+/* Hard-links the entry `name` of src_dir into dst_dir under the same name: a file of any
+ * kind by link(2) (a symbolic link as the link itself), a directory by making it again
+ * (same permissions) and linking its entries in turn. Nothing is copied or moved: src_dir
+ * stays as it was. -1 where a link cannot be made (another file system, one without hard
+ * links), naming the entry. */
+int strata_link_entry(const char *src_dir, const char *name, const char *dst_dir);
+
+/* Puts the directory new_dir in the place of the directory target in one step, so that a
+ * path looked up under target finds all of the old directory or all of the new one, never
+ * a mix: renameat2(RENAME_EXCHANGE), which leaves the old directory at new_dir's name; a
+ * rename when there is no target. Where the file system cannot exchange (EINVAL, ENOSYS;
+ * or STRATA_FAULT_NO_RENAME_EXCHANGE=1, to test this path), target is renamed to
+ * "<new_dir>.old" and new_dir then to target, the first undone if the second fails: for
+ * that moment target is missing, still never mixed. On 0, old_at names where the old
+ * directory now is ("" when there was none; the caller removes it) and target's folder
+ * is fsynced. */
+int strata_dir_swap(const char *new_dir, const char *target, char *old_at, size_t old_n);
+
 #endif

@@ -3,6 +3,7 @@
  * is accepted and refused. */
 #include "io/pretrained.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +243,26 @@ strata_pretrained *strata_pretrained_open(const char *init_from, const strata_mo
     return p;
 }
 
+/* Elements [ta, tb) of model tensor k, just read into v, are all finite: a NaN or an Inf
+ * would make the first step's loss NaN and the run advise a lower learning rate, when the
+ * fault is in the file. Refused at the first, by tensor, element (row and column) and
+ * file, with how many there are in this range. */
+static int check_finite(const strata_pretrained *p, int k, const float *v, size_t ta, size_t tb) {
+    size_t n_bad = 0, first = 0;
+    for (size_t e = 0; e < tb - ta; e++)
+        if (!isfinite(v[e]) && n_bad++ == 0) first = e;
+    if (!n_bad) return 0;
+    const strata_st_tensor *t = p->src[k];
+    size_t at = ta + first;
+    char where[96] = "", more[128] = "";
+    if (t->ndim == 2) snprintf(where, sizeof where, " (row %zu, column %zu)", at / (size_t)t->shape[1], at % (size_t)t->shape[1]);
+    if (n_bad > 1) snprintf(more, sizeof more, ", the first of %zu non-finite values among its elements %zu-%zu", n_bad, ta, tb - 1);
+    return strata_fail("%s: tensor \"%s\" holds %s at element %zu%s%s: the weights are damaged (or were saved from a "
+                       "run that had diverged), and a model cannot train from them",
+                       p->files[p->src_file[k]].path, t->name, isnan(v[first]) ? "NaN" : v[first] > 0 ? "+Inf" : "-Inf",
+                       at, where, more);
+}
+
 int strata_pretrained_read(void *ctx, const strata_model *m, int u, size_t lo, size_t hi, float *dst) {
     strata_pretrained *p = ctx;
     const strata_unit *unit = &m->units[u];
@@ -258,6 +279,7 @@ int strata_pretrained_read(void *ctx, const strata_model *m, int u, size_t lo, s
         size_t rb = tb < real ? tb : real;
         float *out = dst + (a - lo);
         if (ta < rb) rc = strata_safetensors_read_f32(&p->files[p->src_file[k]], p->src[k], ta, rb, out);
+        if (!rc && ta < rb) rc = check_finite(p, k, out, ta, rb);
         if (ta < rb) p->elements_read += rb - ta;
         if (rb < tb) memset(out + (rb > ta ? rb - ta : 0), 0, (tb - (rb > ta ? rb : ta)) * sizeof(float));
         if (!rc && k == 0 && p->lm_head && ta < rb) {

@@ -31,7 +31,8 @@ typedef struct strata_pretrained strata_pretrained;
 strata_pretrained *strata_pretrained_open(const char *init_from, const strata_model *m);
 void strata_pretrained_close(strata_pretrained *p);
 /* Elements [lo, hi) of unit u's flat fp32 buffer; wte's padding rows and the unit's
- * padding read as 0. The signature of a shard/engine.c parameter source. */
+ * padding read as 0. A weight that is NaN or infinite is refused, naming the file, the
+ * tensor and the element. The signature of a shard/engine.c parameter source. */
 int strata_pretrained_read(void *p, const strata_model *m, int u, size_t lo, size_t hi, float *dst);
 /* "N tensors in K file(s), dtype F32" for the log. */
 const char *strata_pretrained_describe(const strata_pretrained *p);

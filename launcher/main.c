@@ -102,7 +102,7 @@ static int cmd_prepare(int argc, char **argv) {
     free(files);
     if (rc) {
         fprintf(stderr, "strata prepare: %s\n", strata_error());
-        return STRATA_EXIT_ERROR;
+        return rc == STRATA_PREPARE_REFUSED ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
     }
     return STRATA_EXIT_OK;
 }

@@ -6,10 +6,12 @@
 #define STRATA_RUN_DIR_H
 
 /* Creates run.dir `dir` if missing, locks it (flock on dir/lock, with this process's pid,
- * host and start time written in it) and removes what killed saves left in dir/ckpt.
+ * host and start time written in it), checks that dir and dir/ckpt are directories it can
+ * write (or missing), and removes what killed saves left in dir/ckpt.
  * Returns an exit code with the error set: 0, the lock's descriptor in *lock_fd (closing
- * it lets go of run.dir); 2 when another run holds the lock (the message names it); 1 on
- * a failure. */
+ * it lets go of run.dir); 2 when another run holds the lock (the message names it), or
+ * when dir or dir/ckpt is a symbolic link loop, a link to nothing, not a directory or
+ * not writable; 1 on a failure. */
 int strata_run_dir_take(const char *dir, int *lock_fd);
 
 #endif

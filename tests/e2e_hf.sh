@@ -8,6 +8,7 @@
 #    .safetensors file load alike; re-exporting unsharded leaves no stale index;
 #  - resuming wins over model.init_from; a YAML shape that disagrees with config.json,
 #    a missing init_from and bad export options are refused with exit 2 naming the value;
+#    a NaN in its weights stops the run at load with exit 1, naming tensor and element;
 #  - every subcommand answers --help on stdout with exit 0; --version names the build.
 set -euo pipefail
 S=${STRATA:?set by ctest}
@@ -93,6 +94,22 @@ pass "a sharded directory ($n_shards files + index) and a lone .safetensors load
 "$S" train ft.yaml --set run.dir=runs/a --set train.steps=5 --set model.init_from=hf_sharded --resume latest > e.log
 grep -q "resumed from" e.log && ! grep -q "initialised from" e.log || fail "--resume should win over model.init_from"
 pass "--resume wins over model.init_from"
+
+# --- a NaN in the weights: refused as it is read, naming the tensor and the element (exit 1,
+# as for a damaged checkpoint), before any step rather than as a diverged run
+cp -r hf hf_nan
+st=hf_nan/model.safetensors
+hl=$(od -An -t u8 -N8 $st | tr -d ' ')
+start=$(head -c $((8 + hl)) $st | tail -c $hl | grep -o '"transformer.h.1.mlp.c_fc.weight":{[^}]*}' |
+        grep -o 'data_offsets":\[[0-9]*' | grep -o '[0-9]*$')
+[ -n "$start" ] || fail "no transformer.h.1.mlp.c_fc.weight in the exported header"
+printf '\x00\x00\xc0\x7f' | dd of=$st bs=1 seek=$((8 + hl + start + 4 * 100)) conv=notrunc 2> /dev/null # element 100: NaN
+rc=$(code "$S" train ft.yaml --set model.init_from=hf_nan --set run.dir=runs/nan)
+[ "$rc" = 1 ] || fail "NaN weights: exit $rc, expected 1: $(grep -v '^ ' out.txt | tail -3)"
+grep -q 'loading model.init_from: .*hf_nan/model.safetensors: tensor "transformer.h.1.mlp.c_fc.weight" holds NaN at element 100 (row 0, column 100)' out.txt ||
+  fail "NaN weights should be named where they are: $(grep -v '^ ' out.txt | tail -3)"
+[ ! -s runs/nan/metrics.jsonl ] && ! grep -qi "learning rate" out.txt || fail "NaN weights were trained on: $(tail -3 out.txt)"
+pass "a NaN in model.init_from's weights stops the run at load (exit 1), naming the tensor, element, row and column"
 
 # --- refusals
 [ "$(code "$S" train ft.yaml --set model.n_layer=3)" = 2 ] || fail "a disagreeing n_layer should exit 2"

@@ -2,8 +2,8 @@
  * hand: GPT-2's byte characters, merges by rank (lowest first, leftmost among equals),
  * the pre-tokeniser's split, added tokens, add_prefix_space, unknown bytes, invalid
  * UTF-8, decoding, the byte-level identity, writing and reading back (tokenizer.json and
- * vocab.json + merges.txt), and the refusals. tests/e2e_hf_python.sh checks real
- * tokenizers against Hugging Face `tokenizers`. */
+ * vocab.json + merges.txt), and the refusals. tests/e2e_transformers.sh and
+ * tests/e2e_added_tokens.sh check real tokenizers against Hugging Face `tokenizers`. */
 #include "core/common.h"
 #include "io/bpe.h"
 #include "tests/check.h"
@@ -161,6 +161,60 @@ static void test_bytes(void) {
     strata_bpe_free(t);
 }
 
+/* The test tokenizer (merges (a,b), (b,c), (Ġ,a), (a,a)) with `added` as its added_tokens. */
+static strata_bpe *with_added(const char *name, const char *added) {
+    char j[4096], k[4096];
+    tokenizer_json(j, sizeof j, "[\"a b\",[\"b\",\"c\"],\"\xc4\xa0 a\",\"a a\"]", "false", "");
+    const char *from = strstr(j, "\"added_tokens\":["), *to = strstr(j, "],\"normalizer\"");
+    snprintf(k, sizeof k, "%.*s\"added_tokens\":[%s%s", (int)(from - j), j, added, to);
+    strata_bpe *t = load_text(name, k);
+    if (!t) printf("    %s: %s\n", name, strata_error());
+    return t;
+}
+#define ADDED(id, content, flags) "{\"id\":" #id ",\"content\":\"" content "\"," flags "}"
+
+/* Added tokens as tokenizers' AddedVocabulary splits text: tokens with normalized false
+ * first, in the text itself; normalized ones in what those leave; single_word, lstrip and
+ * rstrip. tests/e2e_added_tokens.sh checks many more strings against tokenizers itself. */
+static void test_added_tokens(void) {
+    strata_bpe *plain = with_added("plain.json", "");
+    strata_bpe *t = with_added("norm.json", ADDED(1, "b", "\"normalized\":false") "," ADDED(11, "abc", "\"normalized\":true"));
+    CHECK(t && !strcmp(ENC(t, "abc"), "0 1 2"),
+          "'abc' with added 'b' (normalized false) and 'abc' (normalized true): b is cut out first -> %s",
+          t ? ENC(t, "abc") : "");
+    strata_bpe_free(t);
+    t = with_added("norm2.json", ADDED(1, "b", "\"normalized\":true") "," ADDED(11, "abc", "\"normalized\":false"));
+    CHECK(t && !strcmp(ENC(t, "abc b"), "11 3 1"), "with the flags the other way round 'abc' is one token -> %s",
+          t ? ENC(t, "abc b") : "");
+    strata_bpe_free(t);
+    t = with_added("norm3.json", ADDED(1, "b", "\"special\":true") "," ADDED(11, "abc", "\"special\":false"));
+    CHECK(t && !strcmp(ENC(t, "abc"), "0 1 2"), "without the key, a special token is not normalized, another is -> %s",
+          t ? ENC(t, "abc") : "");
+    strata_bpe_free(t);
+
+    t = with_added("word.json", ADDED(11, "ca", "\"single_word\":true,\"normalized\":false") "," ADDED(0, "a", "\"normalized\":false"));
+    CHECK(t && !strcmp(ENC(t, "b ca b"), "1 3 11 3 1") && !strcmp(ENC(t, "ca\n"), "11 4"),
+          "single_word: 'ca' between spaces, or before a newline, is the token -> %s, %s", t ? ENC(t, "b ca b") : "",
+          t ? ENC(t, "ca\n") : "");
+    /* inside a word it is not, and the search goes on after it: the 'a' inside is hidden */
+    CHECK(t && plain && !strcmp(ENC(t, "bcab"), "6 5") && !strcmp(ENC(t, "_ca"), ENC(plain, "_ca")),
+          "single_word: 'ca' inside 'bcab' (and after '_', a word character) is text, and hides its 'a' -> %s",
+          t ? ENC(t, "bcab") : "");
+    strata_bpe_free(t);
+
+    t = with_added("strip.json", ADDED(11, "ca", "\"lstrip\":true,\"rstrip\":true,\"normalized\":false") ","
+                                 ADDED(12, " b", "\"normalized\":false"));
+    CHECK(t && !strcmp(ENC(t, "a  ca  a"), "0 11 0") && !strcmp(ENC(t, "a\t\xe3\x80\x80" "ca\xe2\x80\x80" "a"), "0 11 0"),
+          "lstrip and rstrip take the whitespace around the token along (spaces, tab, U+3000, U+2000) -> %s",
+          t ? ENC(t, "a  ca  a") : "");
+    CHECK(t && !strcmp(ENC(t, "ca ca"), "11 11"), "lstrip takes nothing of an earlier token's rstrip -> %s",
+          t ? ENC(t, "ca ca") : "");
+    CHECK(t && !strcmp(ENC(t, "ca ba"), "11 12 0"),
+          "a token may start inside whitespace rstrip took: both ids, then the text after it -> %s", t ? ENC(t, "ca ba") : "");
+    strata_bpe_free(t);
+    strata_bpe_free(plain);
+}
+
 static int refused(const char *json, const char *what) {
     strata_bpe *t = load_text("bad.json", json);
     if (t) {
@@ -187,7 +241,8 @@ static void test_refusals(void) {
     CHECK(refused(EDIT("\"type\":\"ByteLevel\",\"add_prefix_space\"", "\"type\":\"Whitespace\",\"add_prefix_space\""),
                   "pre_tokenizer is of type Whitespace"), "another pre-tokenizer");
     CHECK(refused(EDIT("\"dropout\":null", "\"dropout\":0.1"), "dropout"), "BPE dropout");
-    CHECK(refused(EDIT("\"lstrip\":false", "\"lstrip\":true"), "lstrip is true"), "an added token with lstrip");
+    CHECK(refused(EDIT("\"lstrip\":false", "\"lstrip\":1"), "added_tokens[0]: \"lstrip\" must be true or false"),
+          "an added token's flag that is not a boolean");
     CHECK(refused(EDIT("\"post_processor\":{\"type\":\"ByteLevel\"}",
                        "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
                        "{\"Sequence\":{\"id\":\"A\"}}]}"),
@@ -220,6 +275,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     test_encode();
     test_bytes();
+    test_added_tokens();
     test_refusals();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

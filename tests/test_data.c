@@ -269,7 +269,7 @@ static void write_file(const char *path, const unsigned char *bytes, size_t n) {
 }
 
 static void test_prepare_text(void) {
-    char f1[1024], f2[1024], out[1024], p[1100], msg[2048];
+    char f1[1024], f2[1024], out[1024], p[1100], msg[4096];
     unsigned char t1[1000], t2[300];
     for (int i = 0; i < 1000; i++) t1[i] = (unsigned char)(i * 7);
     for (int i = 0; i < 300; i++) t2[i] = (unsigned char)(255 - i);
@@ -326,12 +326,16 @@ static void test_prepare_text(void) {
     write_file(tpath(p, "empty.txt"), t1, 0);
     const char *bad[1] = {p};
     CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL) != 0, "empty text file refused");
-    snprintf(msg, sizeof msg, "%s: text file is empty (nothing to tokenise)", p);
+    snprintf(msg, sizeof msg, "prepare into %s (left as it was): %s: text file is empty (nothing to tokenise)", out, p);
     CHECK(error_is(msg), "empty-file message names the file");
     tpath(p, "missing.txt");
     CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL) != 0, "missing text file refused");
-    snprintf(msg, sizeof msg, "%s: cannot read: No such file or directory", p);
+    snprintf(msg, sizeof msg, "prepare into %s (left as it was): %s: cannot read: No such file or directory", out, p);
     CHECK(error_is(msg), "missing-file message names the file");
+    /* the failed preparations left the earlier one as it was (tests/e2e_prepare.sh has more) */
+    snprintf(p, sizeof p, "%s/train_000004.bin", out);
+    CHECK(strata_shard_open(&sh, p) == 0 && sh.n_tokens == 146, "the shards of the earlier preparation are still there");
+    if (sh.map) strata_shard_close(&sh);
     CHECK(strata_prepare_text(files, 2, out, 1.5, 256, NULL) != 0 &&
               error_is("prepare: val_fraction 1.5 is outside [0, 1)"),
           "val_fraction 1.5 refused");

@@ -2,7 +2,8 @@
  * written here with known values; every unit is read back in the shards of a world-3
  * partition (padding included) and compared element by element: names with and without
  * "transformer.", the old attention-mask buffers, a tied lm_head.weight (and an untied one,
- * refused at the element that differs), sharded directories, BF16, and the refusals
+ * refused at the element that differs), sharded directories, BF16, a NaN or an Inf refused
+ * where it is read (tensor, element, row and column), and the refusals
  * (unknown, missing, misshapen or integer tensors, an index pointing outside its directory,
  * pytorch_model.bin, config.json keys Strata does not compute). Then the config loader:
  * shape keys taken from config.json, and a YAML shape that disagrees refused naming both. */
@@ -13,6 +14,7 @@
 #include "io/pretrained.h"
 #include "tests/check.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,6 +237,39 @@ static void test_layouts(void) {
     free_entries(es, n);
 }
 
+/* A NaN or an Inf in the weights is refused when it is read, by tensor and element, and
+ * only by the reader whose range holds it. */
+static void test_nonfinite(void) {
+    entry es[64];
+    int n = model_entries(es, 1, "F32");
+    int last = n - 1; /* transformer.ln_f.bias: 1-D */
+    es[0].data[21] = NAN;    /* wte [10, 8]: row 2, column 5 */
+    es[last].data[3] = -INFINITY;
+    es[last].data[5] = INFINITY;
+    make_dir("nonfinite", 1);
+    char p[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", sub("nonfinite"));
+    write_st(p, es, n, NULL);
+    strata_pretrained *pt = strata_pretrained_open(sub("nonfinite"), &model);
+    CHECK(pt != NULL, "weights with a NaN open: the values are looked at as they are read (%s)", pt ? "" : strata_error());
+    if (pt) {
+        float buf[4096];
+        CHECK(strata_pretrained_read(pt, &model, 0, 0, 21, buf) == 0, "the elements before the NaN read");
+        CHECK(strata_pretrained_read(pt, &model, 0, 16, 40, buf) != 0 &&
+                  strstr(strata_error(), "tensor \"transformer.wte.weight\" holds NaN at element 21 (row 2, column 5)") &&
+                  strstr(strata_error(), "model.safetensors"),
+              "a NaN is refused naming the file, the tensor, the element, its row and column: %s", strata_error());
+        int u = model.n_units - 1;
+        size_t off = model.tensors[last].offset;
+        CHECK(strata_pretrained_read(pt, &model, u, off, off + C, buf) != 0 &&
+                  strstr(strata_error(), "\"transformer.ln_f.bias\" holds -Inf at element 3, the first of 2 non-finite "
+                                         "values among its elements 0-7"),
+              "an Inf is refused too, with how many there are: %s", strata_error());
+        strata_pretrained_close(pt);
+    }
+    free_entries(es, n);
+}
+
 static int open_fails(entry *es, int n, const char *what) {
     make_dir("bad", 1);
     char p[512];
@@ -357,6 +392,7 @@ int main(void) {
     strata_model_shape shape = {L, NH, C, P, V, 128, 0.02f};
     strata_model_init(&model, &shape);
     test_layouts();
+    test_nonfinite();
     test_refusals();
     test_config();
     strata_model_free(&model);
