@@ -71,39 +71,15 @@ static int lock_run_dir(const char *dir, int *lock_fd) {
         return STRATA_EXIT_ERROR;
     }
     snprintf(path, sizeof path, "%s/lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        strata_fail("%s: cannot open the run's lock file: %s", path, strerror(errno));
-        return STRATA_EXIT_ERROR;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        char who[256] = "";
-        ssize_t n = pread(fd, who, sizeof who - 1, 0);
-        who[n > 0 ? n : 0] = 0;
-        who[strcspn(who, "\n")] = 0;
-        close(fd);
-        if (e != EWOULDBLOCK) {
-            strata_fail("%s: cannot lock: %s", path, strerror(e));
-            return STRATA_EXIT_ERROR;
-        }
+    char who[256];
+    int taken = strata_lock_take(path, lock_fd, who, sizeof who);
+    if (taken < 0) return STRATA_EXIT_ERROR;
+    if (taken > 0) {
         strata_fail("run.dir '%s' is in use by another `strata train` (%s; it holds %s). Two runs in one directory "
                     "would mix their checkpoints and metrics: wait for that run to end, stop it, or set run.dir "
                     "to another directory", dir, who[0] ? who : "it has not written its pid yet", path);
         return STRATA_EXIT_USAGE;
     }
-    char host[64] = "?", when[32] = "?", text[256];
-    gethostname(host, sizeof host - 1);
-    time_t now = time(NULL);
-    struct tm tm;
-    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-    int len = snprintf(text, sizeof text, "pid %ld on %s, started %s\n", (long)getpid(), host, when);
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
-        strata_fail("%s: cannot write: %s", path, strerror(errno));
-        close(fd);
-        return STRATA_EXIT_ERROR;
-    }
-    *lock_fd = fd;
     return 0;
 }
 
