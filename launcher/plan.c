@@ -193,7 +193,8 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
         fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", tier_names[t], b[0], b[1], b[2], b[3], b[4],
                 b[5], b[6], b[7]);
         if (buffers) {
-            static const char *const kinds[] = {"comm buckets", "prefetch", "staging", "workspace"};
+            static const char *const kinds[] = {"comm buckets", "prefetch", "staging", "workspace", "checkpoint I/O"};
+            _Static_assert(sizeof kinds / sizeof *kinds == STRATA_CAT_COUNT - STRATA_CAT_COMM, "a name per buffer kind");
             char line[256], v[32];
             int o = snprintf(line, sizeof line, "    buffers:"), first = 1;
             for (int c = STRATA_CAT_COMM; c < STRATA_CAT_COUNT; c++)
