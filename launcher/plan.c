@@ -45,6 +45,8 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_engine *e = strata_build(cfg, NULL, NULL, 0, world, &m, &a);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
     strata_plan_add_nvme(p, strata_engine_nvme_bytes(e), strata_engine_nvme_param_bytes(e));
+    int gpu = cfg->device == STRATA_BACKEND_CUDA || (cfg->device == STRATA_BACKEND_AUTO && strata_cuda_available());
+    strata_plan_add_pinned_buffers(p, strata_comm_planned_pinned_bytes(cfg, world, gpu));
     strata_unbuild(e, &a, &m);
 }
 
