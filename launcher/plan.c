@@ -228,7 +228,16 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
                     strata_fmt_bytes(r[3], 32, (double)strata_plan_device_total(p)));
         }
     }
-    if (p->cpu_backend) fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
+    if (p->cpu_backend) {
+        /* what the process's resident memory peaks at, its code and libraries aside
+         * (docs/benchmarks.md measures them: tens of MiB) */
+        char all[32];
+        strata_fmt_bytes(all, sizeof all,
+                         (double)(p->need[STRATA_TIER_DEVICE] + p->need[STRATA_TIER_PINNED] + p->need[STRATA_TIER_HOST]));
+        fprintf(f, "  %-12s %59s %11s   (resident at the peak, the program's code and libraries aside)\n", "= host",
+                "", all);
+        fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
+    }
     if (!p->cpu_backend && !p->capacity[STRATA_TIER_DEVICE])
         fprintf(f, "  (no GPU here: give its memory with --gpu-gb to check the device tier)\n");
     fprintf(f, "  verdict: %s%s%s\n", p->fits ? "fits" : "DOES NOT FIT (", p->why, p->fits ? "" : ")");
