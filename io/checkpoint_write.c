@@ -67,7 +67,8 @@ struct strata_ckpt_writer {
     uint64_t offset, seg_offset; /* bytes written; where the segment being fed starts */
 };
 
-/* The first tensor of the part at or after j that still has elements at or after pos. */
+/* Moves j to the first tensor of the part, from j on, with elements at or after pos, and
+ * starts its segment there (CRC 0, at the current file offset). */
 static void skip_to_segment(strata_ckpt_writer *w) {
     const strata_param_layout *L = w->L;
     while (w->j < w->first[w->u + 1]) {
