@@ -21,6 +21,7 @@ typedef enum strata_mem_category {
     STRATA_CAT_PREFETCH,     /* gathered parameters ahead of use (stage 3), and their reads */
     STRATA_CAT_STAGING,      /* pinned staging of offloaded updates and NVMe I/O */
     STRATA_CAT_WORKSPACE,    /* small scratch (norm sums) */
+    STRATA_CAT_CHECKPOINT,   /* checkpoint and parameter I/O off the step (save, load, init), in bounded chunks */
     STRATA_CAT_COUNT,
 } strata_mem_category;
 

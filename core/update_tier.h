@@ -27,6 +27,10 @@ enum { STRATA_STATE_MASTER = 0, STRATA_STATE_M = 1, STRATA_STATE_V = 2 };
 
 typedef struct strata_update_tier strata_update_tier;
 
+/* Blocking writes of state and parameters start on a multiple of this many elements: 4 KiB
+ * of the narrowest element a tier stores (2-byte parameters), so of fp32 state too. */
+#define STRATA_TIER_IO_ALIGN ((size_t)2048)
+
 /* What a tier's update work cost since the tier was made, by stage: seconds its HOST
  * streams were busy and the bytes they moved. Cumulative, so the difference of two
  * snapshots taken after `sync` is exactly the work in between. Blocking calls from the
@@ -70,10 +74,13 @@ typedef struct strata_update_tier_ops {
     int (*open)(strata_update_tier *t);
     void (*destroy)(strata_update_tier *t);
 
-    /* Blocking host access to unit u's state array `kind` (STRATA_STATE_*): n[u] floats,
-     * for initialisation, checkpoints and publishing parameters. */
-    int (*read_state)(strata_update_tier *t, int u, int kind, float *dst);
-    int (*write_state)(strata_update_tier *t, int u, int kind, const float *src);
+    /* Blocking host access to elements [lo, lo + n) of unit u's state array `kind`
+     * (STRATA_STATE_*, n[u] floats), for initialisation, checkpoints and publishing
+     * parameters, which go through a bounded buffer a chunk at a time. A write starts on a
+     * multiple of STRATA_TIER_IO_ALIGN elements and is a multiple of it long or ends at
+     * n[u] (the state may live in an O_DIRECT file); a read may be any range. */
+    int (*read_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, float *dst);
+    int (*write_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const float *src);
 
     /* Enqueues unit u's AdamW step after `after` (recorded where the gradient was
      * finished; may be NULL). grad: n[u] fp32 in device memory; param_out: n[u] elements
@@ -85,13 +92,14 @@ typedef struct strata_update_tier_ops {
     /* Waits for every enqueued update; returns the first error any of them hit. */
     int (*sync)(strata_update_tier *t);
 
-    /* Stage 3 with the parameter shards kept by the tier (offload.params: nvme): unit u's
-     * compute-dtype shard is written (blocking), or read into `dst` on the tier's param
-     * stream, a HOST stream on which the caller enqueues its waits before the read and
-     * its record after it. dst must be 4096-aligned with room for the shard rounded up to
-     * 4 KiB; `tag` (0 .. zero.prefetch_units + 1) names the caller's buffer, so reads into
+    /* Stage 3 with the parameter shards kept by the tier (offload.params: nvme): elements
+     * [lo, lo + n) of unit u's compute-dtype shard are written (blocking; lo and n as for
+     * write_state), or the whole shard is read into `dst` on the tier's param stream, a
+     * HOST stream on which the caller enqueues its waits before the read and its record
+     * after it. dst must be 4096-aligned with room for the shard rounded up to 4 KiB;
+     * `tag` (0 .. zero.prefetch_units + 1) names the caller's buffer, so reads into
      * different buffers may be queued at once. */
-    int (*write_params)(strata_update_tier *t, int u, const void *src);
+    int (*write_params)(strata_update_tier *t, int u, size_t lo, size_t n, const void *src);
     strata_stream *(*param_stream)(strata_update_tier *t);
     int (*fetch_params)(strata_update_tier *t, int u, void *dst, int tag);
 

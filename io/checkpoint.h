@@ -48,9 +48,35 @@ typedef struct strata_ckpt_meta {
 /* "<run_dir>/ckpt/step_%08lld.tmp": creates it (mkdir -p; every rank may: EEXIST is fine). */
 int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t step);
 
+/* The elements of unit u that rank `rank` of `world` writes: its standard shard [r*S,
+ * (r+1)*S), S = unit_padded[u] / world, clipped to the unit's numel ([lo, lo) when the
+ * shard is all padding). */
+void strata_ckpt_rank_range(const strata_param_layout *L, int u, int rank, int world, size_t *lo, size_t *hi);
+
+/* A rank's data file and index, written piece by piece, so that no more of the data need
+ * be in memory at once than the caller chooses (shard/engine.c streams it through one
+ * planned staging buffer). Opened, fed in file order (unit by unit, for each unit with a
+ * non-empty range the kinds param, m, v, each as its whole range in chunks of any size;
+ * every segment's CRC-32C is computed as its bytes pass), then closed: the data file
+ * fsynced, the index written and fsynced. The files are byte for byte those
+ * strata_ckpt_write_rank writes. L must outlive the writer. */
+typedef struct strata_ckpt_writer strata_ckpt_writer;
+/* Creates rankNNNNN.bin in tmp_dir; NULL + error (a layout whose padded sizes do not
+ * divide by world, a file that cannot be created). */
+strata_ckpt_writer *strata_ckpt_writer_open(const char *tmp_dir, const strata_param_layout *L, int rank, int world);
+/* The next n elements of unit u's range (strata_ckpt_rank_range), kind `kind`: fails
+ * naming the part expected when (u, kind) is not the one the file is at, or n runs past
+ * its end. */
+int strata_ckpt_writer_put(strata_ckpt_writer *w, int u, int kind, const float *src, size_t n);
+/* Fails if any part was not fed whole; else fsyncs the data file, writes and fsyncs
+ * rankNNNNN.yaml and the directory. Frees w either way. */
+int strata_ckpt_writer_close(strata_ckpt_writer *w);
+/* After a failure: closes the file (the .tmp directory will not be committed) and frees w. */
+void strata_ckpt_writer_abort(strata_ckpt_writer *w);
+
 /* Writes rankNNNNN.bin and rankNNNNN.yaml for `rank` of `world` into tmp_dir and fsyncs
- * both. shards[u][kind] points at that rank's standard shard of unit u for that kind
- * (S = unit_padded[u] / world elements; only the first min(S, numel - r*S) are written). */
+ * both, from whole shards in memory: shards[u][kind] points at that rank's standard
+ * shard of unit u for that kind (only its strata_ckpt_rank_range part is written). */
 int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
                            const float *const (*shards)[STRATA_CKPT_KINDS]);
 

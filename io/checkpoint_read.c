@@ -122,7 +122,12 @@ typedef struct seg {
     int verified; /* checksum already matched once */
 } seg;
 
-/* read_range updates the verified flags and the scratch segment, so one strata_ckpt
+/* Partly-read segments are checked by streaming them through a scratch buffer of this
+ * many bytes, so a read holds no more memory than its destination, whatever the size of
+ * the tensors. */
+#define CKPT_VERIFY_CHUNK_BYTES ((size_t)1 << 20)
+
+/* read_range updates the verified flags and uses the scratch buffer, so one strata_ckpt
  * serves one thread at a time. */
 struct strata_ckpt {
     char dir[CKPT_PATH_MAX - 32]; /* room for "/rankNNNNN.yaml" in CKPT_PATH_MAX */
@@ -137,9 +142,7 @@ struct strata_ckpt {
     size_t n_segs, cap_segs;
     size_t *uk_first;         /* segments of (unit u, kind k): [uk_first[u*3+k], uk_first[u*3+k+1]) */
     int bad_manifest;         /* manifest.yaml was edited or corrupted (not the data) */
-    float *scratch;           /* the last partly-read segment, verified */
-    size_t scratch_cap;
-    long scratch_seg;         /* index into segs, or -1 */
+    float *scratch;           /* CKPT_VERIFY_CHUNK_BYTES, made at the first partial read */
 };
 
 static void bin_path(const strata_ckpt *ck, int rank, char *out, size_t len) {
@@ -512,7 +515,6 @@ strata_ckpt *strata_ckpt_open(const char *dir) { return strata_ckpt_open_checked
 strata_ckpt *strata_ckpt_open_checked(const char *dir, int *bad_manifest) {
     if (bad_manifest) *bad_manifest = 0;
     strata_ckpt *ck = strata_xcalloc(1, sizeof *ck);
-    ck->scratch_seg = -1;
     if (strata_ckpt_fmt_path(ck->dir, sizeof ck->dir, "%s", dir) != 0) goto fail;
     for (size_t n = strlen(ck->dir); n > 1 && ck->dir[n - 1] == '/';) ck->dir[--n] = 0;
     if (parse_manifest(ck) != 0) goto fail;
@@ -595,32 +597,35 @@ static int read_segment_checked(strata_ckpt *ck, seg *s, float *dst) {
     return 0;
 }
 
-/* Reads segment i whole into scratch and checks its CRC (then it stays there, so the
- * neighbouring ranges a different world size asks for do not read it again). */
-static int load_segment(strata_ckpt *ck, size_t i) {
-    if (ck->scratch_seg == (long)i) return 0;
-    seg *s = &ck->segs[i];
-    size_t n = s->hi - s->lo;
-    if (n > ck->scratch_cap) {
-        free(ck->scratch);
-        ck->scratch = strata_xmalloc(n * sizeof(float));
-        ck->scratch_cap = n;
+/* Elements [a, z) of segment i into out, the segment checked first: its bytes stream
+ * through the scratch buffer, the CRC-32C computed on the way and the wanted part copied
+ * out as it passes; a match marks the segment verified. */
+static int read_part_checked(strata_ckpt *ck, seg *s, size_t a, size_t z, float *out) {
+    if (!ck->scratch) ck->scratch = strata_xmalloc(CKPT_VERIFY_CHUNK_BYTES);
+    const size_t chunk = CKPT_VERIFY_CHUNK_BYTES / sizeof(float);
+    char bin[CKPT_PATH_MAX];
+    bin_path(ck, s->rank, bin, sizeof bin);
+    uint32_t crc = 0;
+    for (size_t lo = s->lo; lo < s->hi; lo += chunk) {
+        size_t hi = s->hi - lo < chunk ? s->hi : lo + chunk;
+        if (strata_pread_all(ck->fds[s->rank], ck->scratch, (hi - lo) * sizeof(float),
+                             s->offset + (lo - s->lo) * sizeof(float), bin) != 0)
+            return -1;
+        crc = strata_crc32c(crc, ck->scratch, (hi - lo) * sizeof(float));
+        size_t ca = a > lo ? a : lo, cz = z < hi ? z : hi; /* the wanted part of this chunk */
+        if (ca < cz) memcpy(out + (ca - a), ck->scratch + (ca - lo), (cz - ca) * sizeof(float));
     }
-    ck->scratch_seg = -1;
-    if (read_segment_checked(ck, s, ck->scratch) != 0) return -1;
-    ck->scratch_seg = (long)i;
+    if (crc != s->crc)
+        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
+                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
+    s->verified = 1;
     return 0;
 }
 
-/* Elements [a, z) of segment i into out: from scratch when the segment is there, straight
- * from its file once it was verified; otherwise checked first, in place when the whole
- * segment is wanted, else through scratch. */
+/* Elements [a, z) of segment i into out: straight from its file once it was verified;
+ * otherwise checked first, in place when the whole segment is wanted, else streamed. */
 static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, float *out) {
     seg *s = &ck->segs[i];
-    if (ck->scratch_seg == (long)i) {
-        memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
-        return 0;
-    }
     if (s->verified) {
         char bin[CKPT_PATH_MAX];
         bin_path(ck, s->rank, bin, sizeof bin);
@@ -628,9 +633,7 @@ static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, float *out) 
                                 s->offset + (a - s->lo) * sizeof(float), bin);
     }
     if (a == s->lo && z == s->hi) return read_segment_checked(ck, s, out);
-    if (load_segment(ck, i) != 0) return -1;
-    memcpy(out, ck->scratch + (a - s->lo), (z - a) * sizeof(float));
-    return 0;
+    return read_part_checked(ck, s, a, z, out);
 }
 
 /* The first segment of (unit, kind) that ends after element lo (binary search). */

@@ -3,8 +3,9 @@
  * the rename into place and `latest`.
  *
  * YAML files are emitted with printf into a memory buffer and written in one go. Tensor
- * data is raw fp32, one file per rank, cut into segments at tensor boundaries; every
- * segment's CRC-32C goes into the rank's index. */
+ * data is raw fp32, one file per rank, cut into segments at tensor boundaries, written
+ * as the caller feeds it (strata_ckpt_writer); every segment's CRC-32C, computed as its
+ * bytes pass, goes into the rank's index. */
 #include "io/checkpoint.h"
 
 #include <dirent.h>
@@ -30,37 +31,13 @@ int strata_ckpt_tmp_dir(char *out, size_t outlen, const char *run_dir, int64_t s
     return strata_mkdir_p(out);
 }
 
-/* The part of unit u's padded buffer that rank r of `world` holds: [*a, *b), clipped to
- * the real elements (empty when the rank's shard is all padding). */
-static void rank_range(const strata_param_layout *L, int u, int rank, int world, size_t *a, size_t *b) {
+void strata_ckpt_rank_range(const strata_param_layout *L, int u, int rank, int world, size_t *lo, size_t *hi) {
     size_t S = L->unit_padded[u] / (size_t)world;
-    size_t lo = (size_t)rank * S, hi = lo + S;
-    if (hi > L->unit_numel[u]) hi = L->unit_numel[u];
-    if (lo > hi) lo = hi;
-    *a = lo;
-    *b = hi;
-}
-
-/* The bytes this rank's data file will hold, after checking that every unit's padded
- * size divides by world and that a shard was given for every (unit, kind) part the rank
- * holds (bin names the file in messages). */
-static int rank_bin_bytes(const strata_param_layout *L, int rank, int world,
-                          const float *const (*shards)[STRATA_CKPT_KINDS], const char *bin, uint64_t *total) {
-    *total = 0;
-    for (int u = 0; u < L->n_units; u++) {
-        if (L->unit_padded[u] % (size_t)world != 0)
-            return strata_fail("checkpoint layout: unit %d: padded size %zu is not a multiple of world size %d", u,
-                               L->unit_padded[u], world);
-        size_t a, b;
-        rank_range(L, u, rank, world, &a, &b);
-        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
-            if (b > a && !shards[u][k])
-                return strata_fail("%s: unit %d (%s): no shard given for this rank's %zu elements", bin, u,
-                                   strata_ckpt_kind_name[k], b - a);
-            *total += (uint64_t)(b - a) * sizeof(float);
-        }
-    }
-    return 0;
+    size_t a = (size_t)rank * S, b = a + S;
+    if (b > L->unit_numel[u]) b = L->unit_numel[u];
+    if (a > b) a = b;
+    *lo = a;
+    *hi = b;
 }
 
 /* The index's comment and header keys, up to "segments:". */
@@ -72,42 +49,147 @@ static void index_header(strata_sbuf *ix, int rank, int world, uint64_t total) {
               rank, world, (unsigned long long)total, total ? "" : " []");
 }
 
-/* The index lines of elements [a, b) of unit u, kind k (src holds them; they start at
- * byte `offset` of the data file): one segment per tensor the part touches, each with its
- * CRC-32C. order and first are strata_ckpt_layout_index's. */
-static int index_part(strata_sbuf *ix, const strata_param_layout *L, const int *order, const int *first, int u,
-                      int k, size_t a, size_t b, const float *src, uint64_t offset) {
-    for (int j = first[u]; j < first[u + 1]; j++) {
-        const strata_param_tensor *t = &L->tensors[order[j]];
-        size_t lo = t->offset > a ? t->offset : a;
-        size_t hi = t->offset + t->numel < b ? t->offset + t->numel : b;
-        if (lo >= hi) continue;
-        uint32_t crc = strata_crc32c(0, src + (lo - a), (hi - lo) * sizeof(float));
-        strata_sbuf_printf(ix, "  - {kind: %s, tensor: ", strata_ckpt_kind_name[k]);
-        if (strata_yaml_quoted(ix, t->name, strlen(t->name), "a tensor name")) return -1;
-        strata_sbuf_printf(ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", u, lo, hi,
-                  (unsigned long long)(offset + (lo - a) * sizeof(float)), crc);
+/* The writer sits in one part (unit u, kind k: elements [a, b) of the unit, in file
+ * order) at element pos, inside the segment of tensor order[j] (a part is cut at tensor
+ * boundaries), whose CRC-32C so far is crc and whose first byte is at file offset
+ * seg_offset. u == L->n_units: every part was fed. */
+struct strata_ckpt_writer {
+    const strata_param_layout *L;
+    int rank, world;
+    int *order, *first; /* strata_ckpt_layout_index's */
+    char dir[CKPT_PATH_MAX], bin[CKPT_PATH_MAX], idx[CKPT_PATH_MAX];
+    int fd;
+    strata_sbuf ix; /* the index so far */
+    int u, k;
+    size_t a, b, pos;
+    int j;
+    uint32_t crc;
+    uint64_t offset, seg_offset; /* bytes written; where the segment being fed starts */
+};
+
+/* Moves j to the first tensor of the part, from j on, with elements at or after pos, and
+ * starts its segment there (CRC 0, at the current file offset). */
+static void skip_to_segment(strata_ckpt_writer *w) {
+    const strata_param_layout *L = w->L;
+    while (w->j < w->first[w->u + 1]) {
+        const strata_param_tensor *t = &L->tensors[w->order[w->j]];
+        if (t->offset + t->numel > w->pos) break;
+        w->j++;
     }
+    w->crc = 0;
+    w->seg_offset = w->offset;
+}
+
+/* On to the next part with elements: the next kind of this unit, else the next unit
+ * whose range is not empty. */
+static void next_part(strata_ckpt_writer *w) {
+    const strata_param_layout *L = w->L;
+    if (++w->k == STRATA_CKPT_KINDS) {
+        w->k = 0;
+        for (w->u++; w->u < L->n_units; w->u++) {
+            strata_ckpt_rank_range(L, w->u, w->rank, w->world, &w->a, &w->b);
+            if (w->b > w->a) break;
+        }
+    }
+    if (w->u == L->n_units) return;
+    w->pos = w->a;
+    w->j = w->first[w->u];
+    skip_to_segment(w);
+}
+
+/* The index line of the segment that ends at pos: tensor order[j]'s elements in the part. */
+static int index_segment(strata_ckpt_writer *w) {
+    const strata_param_tensor *t = &w->L->tensors[w->order[w->j]];
+    size_t lo = t->offset > w->a ? t->offset : w->a;
+    strata_sbuf_printf(&w->ix, "  - {kind: %s, tensor: ", strata_ckpt_kind_name[w->k]);
+    if (strata_yaml_quoted(&w->ix, t->name, strlen(t->name), "a tensor name")) return -1;
+    strata_sbuf_printf(&w->ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", w->u, lo, w->pos,
+                       (unsigned long long)w->seg_offset, w->crc);
     return 0;
 }
 
-/* The rank's data, unit by unit and kind by kind, into fd (the file bin), and the index
- * lines that describe it into ix. */
-static int write_rank_data(int fd, const char *bin, strata_sbuf *ix, const strata_param_layout *L, const int *order,
-                           const int *first, int rank, int world, const float *const (*shards)[STRATA_CKPT_KINDS]) {
-    uint64_t offset = 0;
+static void writer_free(strata_ckpt_writer *w) {
+    if (w->fd >= 0) (void)close(w->fd); /* failing already: the .tmp directory will not be committed */
+    free(w->ix.p);
+    free(w->order);
+    free(w->first);
+    free(w);
+}
+
+void strata_ckpt_writer_abort(strata_ckpt_writer *w) {
+    if (w) writer_free(w);
+}
+
+strata_ckpt_writer *strata_ckpt_writer_open(const char *tmp_dir, const strata_param_layout *L, int rank, int world) {
+    if (world < 1 || rank < 0 || rank >= world) {
+        strata_fail("checkpoint %s: rank %d of world %d is out of range", tmp_dir, rank, world);
+        return NULL;
+    }
+    strata_ckpt_writer *w = strata_xcalloc(1, sizeof *w);
+    w->fd = -1;
+    w->L = L;
+    w->rank = rank;
+    w->world = world;
+    if (strata_ckpt_layout_index(L, "checkpoint layout", &w->order, &w->first) != 0 ||
+        strata_ckpt_fmt_path(w->dir, sizeof w->dir, "%s", tmp_dir) != 0 ||
+        strata_ckpt_fmt_path(w->bin, sizeof w->bin, "%s/rank%05d.bin", tmp_dir, rank) != 0 ||
+        strata_ckpt_fmt_path(w->idx, sizeof w->idx, "%s/rank%05d.yaml", tmp_dir, rank) != 0)
+        goto fail;
+    uint64_t total = 0;
     for (int u = 0; u < L->n_units; u++) {
+        if (L->unit_padded[u] % (size_t)world != 0) {
+            strata_fail("checkpoint layout: unit %d: padded size %zu is not a multiple of world size %d", u,
+                        L->unit_padded[u], world);
+            goto fail;
+        }
         size_t a, b;
-        rank_range(L, u, rank, world, &a, &b);
-        if (a == b) continue;
-        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
-            const float *src = shards[u][k];
-            /* The rank's part of one (unit, kind) is contiguous: one large write. */
-            if (strata_write_all(fd, src, (b - a) * sizeof(float), bin) != 0) return -1;
-            if (index_part(ix, L, order, first, u, k, a, b, src, offset) != 0) return -1;
-            offset += (b - a) * sizeof(float);
+        strata_ckpt_rank_range(L, u, rank, world, &a, &b);
+        total += (uint64_t)STRATA_CKPT_KINDS * (b - a) * sizeof(float);
+    }
+    index_header(&w->ix, rank, world, total);
+    w->fd = open(w->bin, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        strata_fail("%s: cannot create: %s", w->bin, strerror(errno));
+        goto fail;
+    }
+    w->u = -1; /* before the first part: next_part finds it */
+    w->k = STRATA_CKPT_KINDS - 1;
+    next_part(w);
+    return w;
+fail:
+    writer_free(w);
+    return NULL;
+}
+
+int strata_ckpt_writer_put(strata_ckpt_writer *w, int u, int kind, const float *src, size_t n) {
+    if (u != w->u || kind != w->k) {
+        if (w->u == w->L->n_units)
+            return strata_fail("%s: unit %d (%s) given after every part was written", w->bin, u,
+                               kind >= 0 && kind < STRATA_CKPT_KINDS ? strata_ckpt_kind_name[kind] : "?");
+        return strata_fail("%s: unit %d (%s) given where unit %d (%s) elements [%zu, %zu) come next", w->bin, u,
+                           kind >= 0 && kind < STRATA_CKPT_KINDS ? strata_ckpt_kind_name[kind] : "?", w->u,
+                           strata_ckpt_kind_name[w->k], w->pos, w->b);
+    }
+    if (n > w->b - w->pos)
+        return strata_fail("%s: unit %d (%s): %zu elements given at element %zu, where the part ends at %zu", w->bin, u,
+                           strata_ckpt_kind_name[kind], n, w->pos, w->b);
+    if (strata_write_all(w->fd, src, n * sizeof(float), w->bin) != 0) return -1;
+    while (n > 0) { /* the CRC of each segment the piece touches, as its bytes pass */
+        const strata_param_tensor *t = &w->L->tensors[w->order[w->j]];
+        size_t end = t->offset + t->numel < w->b ? t->offset + t->numel : w->b;
+        size_t take = end - w->pos < n ? end - w->pos : n;
+        w->crc = strata_crc32c(w->crc, src, take * sizeof(float));
+        src += take;
+        n -= take;
+        w->pos += take;
+        w->offset += take * sizeof(float);
+        if (w->pos == end) {
+            if (index_segment(w) != 0) return -1;
+            w->j++;
+            skip_to_segment(w);
         }
     }
+    if (w->pos == w->b) next_part(w);
     return 0;
 }
 
@@ -123,39 +205,46 @@ static int sync_close(int fd, const char *path) {
     return 0;
 }
 
-int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
-                           const float *const (*shards)[STRATA_CKPT_KINDS]) {
-    if (world < 1 || rank < 0 || rank >= world)
-        return strata_fail("checkpoint %s: rank %d of world %d is out of range", tmp_dir, rank, world);
-    int *order, *first;
-    if (strata_ckpt_layout_index(L, "checkpoint layout", &order, &first) != 0) return -1;
-    char bin[CKPT_PATH_MAX], idx[CKPT_PATH_MAX];
-    int fd = -1, rc = -1;
-    strata_sbuf ix = {0};
-    uint64_t total;
-    if (strata_ckpt_fmt_path(bin, sizeof bin, "%s/rank%05d.bin", tmp_dir, rank) != 0 ||
-        strata_ckpt_fmt_path(idx, sizeof idx, "%s/rank%05d.yaml", tmp_dir, rank) != 0 ||
-        rank_bin_bytes(L, rank, world, shards, bin, &total) != 0)
-        goto out;
-    index_header(&ix, rank, world, total);
-    fd = open(bin, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        strata_fail("%s: cannot create: %s", bin, strerror(errno));
+int strata_ckpt_writer_close(strata_ckpt_writer *w) {
+    int rc = -1;
+    if (w->u != w->L->n_units) {
+        strata_fail("%s: closed before unit %d (%s) elements [%zu, %zu) were written", w->bin, w->u,
+                    strata_ckpt_kind_name[w->k], w->pos, w->b);
         goto out;
     }
-    if (write_rank_data(fd, bin, &ix, L, order, first, rank, world, shards) != 0) goto out;
-    int cfd = fd;
-    fd = -1;
-    if (sync_close(cfd, bin) != 0) goto out;
-    if (strata_write_file_synced(idx, ix.p, ix.len) != 0) goto out;
-    if (strata_fsync_dir(tmp_dir) != 0) goto out;
+    int fd = w->fd;
+    w->fd = -1;
+    if (sync_close(fd, w->bin) != 0) goto out;
+    if (strata_write_file_synced(w->idx, w->ix.p, w->ix.len) != 0) goto out;
+    if (strata_fsync_dir(w->dir) != 0) goto out;
     rc = 0;
 out:
-    if (fd >= 0) (void)close(fd); /* failing already: the .tmp directory will not be committed */
-    free(ix.p);
-    free(order);
-    free(first);
+    writer_free(w);
     return rc;
+}
+
+int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
+                           const float *const (*shards)[STRATA_CKPT_KINDS]) {
+    strata_ckpt_writer *w = strata_ckpt_writer_open(tmp_dir, L, rank, world);
+    if (!w) return -1;
+    for (int u = 0; u < L->n_units; u++) {
+        size_t a, b;
+        strata_ckpt_rank_range(L, u, rank, world, &a, &b);
+        if (a == b) continue;
+        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
+            if (!shards[u][k]) {
+                strata_fail("%s/rank%05d.bin: unit %d (%s): no shard given for this rank's %zu elements", tmp_dir, rank,
+                            u, strata_ckpt_kind_name[k], b - a);
+                strata_ckpt_writer_abort(w);
+                return -1;
+            }
+            if (strata_ckpt_writer_put(w, u, k, shards[u][k], b - a) != 0) {
+                strata_ckpt_writer_abort(w);
+                return -1;
+            }
+        }
+    }
+    return strata_ckpt_writer_close(w);
 }
 
 /* ---- rank 0: the manifest, the rename, `latest` ---- */

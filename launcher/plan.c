@@ -45,6 +45,8 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_engine *e = strata_build(cfg, NULL, NULL, 0, world, &m, &a);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
     strata_plan_add_nvme(p, strata_engine_nvme_bytes(e), strata_engine_nvme_param_bytes(e));
+    int gpu = cfg->device == STRATA_BACKEND_CUDA || (cfg->device == STRATA_BACKEND_AUTO && strata_cuda_available());
+    strata_plan_add_pinned_buffers(p, strata_comm_planned_pinned_bytes(cfg, world, gpu));
     strata_unbuild(e, &a, &m);
 }
 
@@ -193,7 +195,8 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
         fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", tier_names[t], b[0], b[1], b[2], b[3], b[4],
                 b[5], b[6], b[7]);
         if (buffers) {
-            static const char *const kinds[] = {"comm buckets", "prefetch", "staging", "workspace"};
+            static const char *const kinds[] = {"comm buckets", "prefetch", "staging", "workspace", "checkpoint I/O"};
+            _Static_assert(sizeof kinds / sizeof *kinds == STRATA_CAT_COUNT - STRATA_CAT_COMM, "a name per buffer kind");
             char line[256], v[32];
             int o = snprintf(line, sizeof line, "    buffers:"), first = 1;
             for (int c = STRATA_CAT_COMM; c < STRATA_CAT_COUNT; c++)
@@ -225,7 +228,16 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
                     strata_fmt_bytes(r[3], 32, (double)strata_plan_device_total(p)));
         }
     }
-    if (p->cpu_backend) fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
+    if (p->cpu_backend) {
+        /* what the process's resident memory peaks at, its code and libraries aside
+         * (docs/benchmarks.md measures them: tens of MiB) */
+        char all[32];
+        strata_fmt_bytes(all, sizeof all,
+                         (double)(p->need[STRATA_TIER_DEVICE] + p->need[STRATA_TIER_PINNED] + p->need[STRATA_TIER_HOST]));
+        fprintf(f, "  %-12s %59s %11s   (resident at the peak, the program's code and libraries aside)\n", "= host",
+                "", all);
+        fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
+    }
     if (!p->cpu_backend && !p->capacity[STRATA_TIER_DEVICE])
         fprintf(f, "  (no GPU here: give its memory with --gpu-gb to check the device tier)\n");
     fprintf(f, "  verdict: %s%s%s\n", p->fits ? "fits" : "DOES NOT FIT (", p->why, p->fits ? "" : ")");

@@ -234,39 +234,65 @@ static int drain_prefetch(offload_tier *o) {
     return rc ? -1 : 0;
 }
 
-static int offload_read_state(strata_update_tier *t, int u, int kind, float *dst) {
-    offload_tier *o = offload_of(t);
-    if (!o->on_nvme[u]) {
-        memcpy(dst, o->state[u][kind], o->n[u] * sizeof(float));
-        return 0;
-    }
-    /* through a pinned slot: O_DIRECT needs aligned sizes, the caller's buffer is not */
-    if (drain_prefetch(o)) return -1;
-    float *slot = o->slot_state[0][kind];
-    if (strata_nvme_read(o->store, state_offset(o, u, kind), slot, o->unit_stride[u])) return -1;
-    memcpy(dst, slot, o->n[u] * sizeof(float));
+/* A blocking write of elements [lo, lo + n) of a unit's `total`: whole blocks of
+ * STRATA_TIER_IO_ALIGN elements, or the array's last piece (core/update_tier.h). */
+static int check_io_range(const char *what, int u, size_t lo, size_t n, size_t total) {
+    if (lo % STRATA_TIER_IO_ALIGN || lo + n > total || (n % STRATA_TIER_IO_ALIGN && lo + n != total))
+        return strata_fail("offload: %s of unit %d: elements [%zu, %zu) of %zu are not whole %zu-element blocks", what,
+                           u, lo, lo + n, total, STRATA_TIER_IO_ALIGN);
     return 0;
 }
 
-static int offload_write_state(strata_update_tier *t, int u, int kind, const float *src) {
+/* Elements [lo, lo + n) of a block of `stride` bytes at file offset `off` holding `total`
+ * elements of es bytes, written from src through the pinned, aligned `slot`: O_DIRECT
+ * writes whole 4 KiB blocks, so the last piece of the array is padded with zeros up to
+ * the stride. lo is a multiple of STRATA_TIER_IO_ALIGN (check_io_range). */
+static int write_block_range(offload_tier *o, size_t off, size_t stride, size_t total, size_t es, size_t lo, size_t n,
+                             const void *src, void *slot) {
+    size_t bytes = n * es, start = lo * es;
+    size_t span = lo + n == total ? stride - start : bytes;
+    memcpy(slot, src, bytes);
+    memset((char *)slot + bytes, 0, span - bytes);
+    return strata_nvme_write(o->store, off + start, slot, span);
+}
+
+static int offload_read_state(strata_update_tier *t, int u, int kind, size_t lo, size_t n, float *dst) {
     offload_tier *o = offload_of(t);
+    if (lo + n > o->n[u])
+        return strata_fail("offload: reading unit %d: elements [%zu, %zu) of %zu", u, lo, lo + n, o->n[u]);
     if (!o->on_nvme[u]) {
-        memcpy(o->state[u][kind], src, o->n[u] * sizeof(float));
+        memcpy(dst, o->state[u][kind] + lo, n * sizeof(float));
+        return 0;
+    }
+    /* through a pinned slot: O_DIRECT needs whole aligned blocks, the caller's buffer is
+     * neither; the blocks that hold the range lie within the unit's stride, which the slot
+     * holds */
+    if (drain_prefetch(o)) return -1;
+    float *slot = o->slot_state[0][kind];
+    size_t first = lo * sizeof(float) / NVME_ALIGN * NVME_ALIGN;
+    size_t end = strata_round_up((lo + n) * sizeof(float), NVME_ALIGN);
+    if (strata_nvme_read(o->store, state_offset(o, u, kind) + first, slot, end - first)) return -1;
+    memcpy(dst, (char *)slot + (lo * sizeof(float) - first), n * sizeof(float));
+    return 0;
+}
+
+static int offload_write_state(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const float *src) {
+    offload_tier *o = offload_of(t);
+    if (check_io_range("writing state", u, lo, n, o->n[u])) return -1;
+    if (!o->on_nvme[u]) {
+        memcpy(o->state[u][kind] + lo, src, n * sizeof(float));
         return 0;
     }
     if (drain_prefetch(o)) return -1; /* its slot is reused, and its unit may be the one written */
-    float *slot = o->slot_state[0][kind];
-    memcpy(slot, src, o->n[u] * sizeof(float));
-    memset((char *)slot + o->n[u] * sizeof(float), 0, o->unit_stride[u] - o->n[u] * sizeof(float));
-    return strata_nvme_write(o->store, state_offset(o, u, kind), slot, o->unit_stride[u]);
+    return write_block_range(o, state_offset(o, u, kind), o->unit_stride[u], o->n[u], sizeof(float), lo, n, src,
+                             o->slot_state[0][kind]);
 }
 
-static int offload_write_params(strata_update_tier *t, int u, const void *src) {
+static int offload_write_params(strata_update_tier *t, int u, size_t lo, size_t n, const void *src) {
     offload_tier *o = offload_of(t);
     STRATA_ASSERT(o->params_nvme);
-    memcpy(o->param_io, src, o->n[u] * o->es);
-    memset((char *)o->param_io + o->n[u] * o->es, 0, o->param_stride[u] - o->n[u] * o->es);
-    return strata_nvme_write(o->store, o->param_off[u], o->param_io, o->param_stride[u]);
+    if (check_io_range("writing parameters", u, lo, n, o->n[u])) return -1;
+    return write_block_range(o, o->param_off[u], o->param_stride[u], o->n[u], o->es, lo, n, src, o->param_io);
 }
 
 static strata_stream *offload_param_stream(strata_update_tier *t) { return offload_of(t)->param_in; }

@@ -14,8 +14,9 @@
  * lands at the start of the buffer) reduces into a scratch block, or in the per-block
  * form roots its own block's reduce in place.
  *
- * On device memory (which this MPI cannot read) the worker stages every piece through
- * a pinned buffer allocated at open; see "staged" below. */
+ * On device memory (which this MPI cannot read), and between several ranks on host
+ * memory, the worker stages every piece through a pinned buffer allocated at open; see
+ * "staged" below and setup_stage. */
 #include "shard/comm.h"
 
 #include <limits.h>
@@ -576,18 +577,24 @@ static int setup_mpi(strata_comm *c) {
     return 0;
 }
 
-/* Staging is on wherever MPI may be handed memory it cannot read: device memory that is
- * not host memory. STRATA_COMM_STAGE=1 turns it on for the CPU too (CI proves the path
- * that way), =0 off (an MPI that reads device memory itself). */
+/* Staging is on wherever MPI may be handed memory it cannot read (device memory that is
+ * not host memory), and between several ranks on host memory too: handed a whole unit,
+ * MPI's collectives allocate temporaries as large as the message (Open MPI 4.1 on host
+ * buffers: an all-reduce a copy of it on every rank, a reduce-scatter up to W+1 blocks
+ * on the rank that roots it, plus our scratch block; docs/benchmarks.md measures it),
+ * memory no plan counts; staged, MPI sees pieces of the staging buffer, which the plan
+ * counts (strata_comm_pinned_bytes). STRATA_COMM_STAGE=1 stages always, =0 never (an MPI
+ * that reads device memory itself; host buffers read directly). */
+#define COMM_STAGE_BYTES ((size_t)16 << 20)
 static int setup_stage(strata_comm *c) {
-    int on = !c->d->caps.host_memory;
+    int on = !c->d->caps.host_memory || c->world > 1;
     const char *env = getenv("STRATA_COMM_STAGE");
     if (env) {
         if (strcmp(env, "0") && strcmp(env, "1"))
             return strata_fail("STRATA_COMM_STAGE=\"%s\": expected 0 or 1", env);
         on = env[0] == '1';
     }
-    size_t bytes = (size_t)16 << 20;
+    size_t bytes = COMM_STAGE_BYTES;
     if (env_size("STRATA_COMM_STAGE_BYTES", 8LL * (c->world + 1), 1LL << 30, &bytes)) return -1;
     if (!on) return 0;
     c->stage_stream = strata_stream_create(c->d, "comm-stage", STRATA_STREAM_DEVICE);
@@ -720,6 +727,18 @@ int strata_comm_world(const strata_comm *c) { return c->world; }
 const char *strata_comm_backend_name(const strata_comm *c) { return c->ops->name; }
 strata_stream *strata_comm_stream(const strata_comm *c) { return c->stream; }
 size_t strata_comm_pinned_bytes(const strata_comm *c) { return c->stage_bytes; }
+
+size_t strata_comm_planned_pinned_bytes(const strata_config *cfg, int world, int gpu) {
+    if (world <= 1 || cfg->comm.backend == STRATA_COMM_NCCL) return 0;
+    /* comm.backend auto on GPUs is NCCL where built with it (unless ranks share a GPU,
+     * which only opening finds) */
+    if (gpu && cfg->comm.backend == STRATA_COMM_AUTO && strata_nccl_available()) return 0;
+    const char *env = getenv("STRATA_COMM_STAGE");
+    if (env && !strcmp(env, "0")) return 0;
+    size_t bytes = COMM_STAGE_BYTES;
+    if (env_size("STRATA_COMM_STAGE_BYTES", 8LL * (world + 1), 1LL << 30, &bytes)) bytes = COMM_STAGE_BYTES;
+    return bytes;
+}
 
 int strata_comm_task_records(const strata_comm *c) {
     strata_comm *m = (strata_comm *)c; /* the lock is not part of the logical state */

@@ -69,6 +69,10 @@ strata_stream *strata_comm_stream(const strata_comm *c);
 /* Pinned host bytes the comm holds (the mpi backend's staging buffer, else 0), allocated
  * at open: the memory plan counts them. */
 size_t strata_comm_pinned_bytes(const strata_comm *c);
+/* The same for a plan made before any comm is open: what a comm for cfg at `world` ranks
+ * (on GPUs when `gpu`) will hold. MPI between several ranks stages; one rank, or NCCL,
+ * holds none. */
+size_t strata_comm_planned_pinned_bytes(const strata_config *cfg, int world, int gpu);
 /* Host records of queued collectives made so far; they are reused, so once the deepest
  * queue of a run has been reached, steps make none. */
 int strata_comm_task_records(const strata_comm *c);

@@ -13,6 +13,11 @@
 #include "core/optim.h"
 
 #define PAD_ALIGN 64 /* elements; shards start on 256-byte boundaries for fp32 */
+/* The planned buffer that checkpoints, loads, initialisation and the publishing of
+ * offloaded master weights go through, a chunk at a time: at most this large (smaller
+ * when the largest optimizer range is), so saving a model of any size needs no memory
+ * beyond the plan. */
+#define IO_STAGING_MAX_BYTES ((size_t)64 << 20)
 
 /* ---- what a stage means ---- */
 
@@ -198,6 +203,13 @@ struct strata_engine {
     strata_prof *prof; /* STRATA_PROFILE=kernels (strata_engine_profile_kernels), else NULL */
     strata_stop_query stop; /* strata_engine_set_stop; NULL: nothing asks the engine to stop */
 
+    /* pinned (plan_io): the chunk every save, load, init and host-side publish moves
+     * through; io_chunk elements, a multiple of 2 * STRATA_TIER_IO_ALIGN, so a chunk and
+     * each of its halves (publish_params: fp32 in one, converted in the other) start on
+     * the update tier's write boundaries */
+    float *io_buf;
+    size_t io_chunk;
+
     /* the step's own buffers and timings */
     strata_event *ev_compute;  /* "compute so far", for the collective stream to wait on */
     double *norm_sum;          /* device: the rank's sum of squared gradients */
@@ -336,6 +348,21 @@ static void plan_reduction(strata_engine *e) {
     }
 }
 
+/* Phase 3b: the staging buffer of checkpoint and parameter I/O. Everything that moves
+ * optimizer state between the host and wherever it lives, outside a step, goes through
+ * it in chunks, so no save, load or init allocates in proportion to the model. */
+static void plan_io(strata_engine *e) {
+    const size_t align = 2 * STRATA_TIER_IO_ALIGN;
+    size_t most = strata_round_up(e->max_opt_n, align); /* no chunk need be longer than a range */
+    size_t cap = IO_STAGING_MAX_BYTES / sizeof(float) / align * align;
+    /* test-only: a smaller cap, so small models cross chunk boundaries (read once, here) */
+    const char *test_cap = getenv("STRATA_TEST_IO_CHUNK");
+    if (test_cap && atoll(test_cap) > 0) cap = strata_round_up((size_t)atoll(test_cap), align);
+    e->io_chunk = most < cap ? most : cap;
+    reserve_kind(e, STRATA_MEM_PINNED, STRATA_CAT_CHECKPOINT, "checkpoint_io", -1, e->io_chunk * sizeof(float),
+                 (void **)&e->io_buf);
+}
+
 /* Phase 4: the micro-step's schedule: the embedding, the blocks, the head forward; the
  * head, the blocks in reverse, the embedding backward. Under params_sharded each
  * operation but the embedding's reads one gather, numbered in schedule order. */
@@ -439,6 +466,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     set_up(e);
     plan_state(e);
     plan_reduction(e);
+    plan_io(e);
     build_schedule(e);
     if (e->z.params_sharded) plan_ring(e);
     size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
@@ -745,36 +773,42 @@ static int wait_params_ready(strata_engine *e, int u) {
 
 /* ---- parameters ---- */
 
+/* Unit u's master weights in the tier's memory, converted on the host a chunk at a time
+ * (the staging buffer's first half holds fp32, its second the compute dtype) and copied
+ * to where forward reads them, or written back to the tier (offload.params: nvme). */
+static int publish_from_tier(strata_engine *e, int u) {
+    strata_update_tier *tier = e->off.tier;
+    size_t half = e->io_chunk / 2, n = opt_n(e, u);
+    float *host = e->io_buf;
+    void *conv = e->io_buf + half;
+    for (size_t c = 0; c < n; c += half) {
+        size_t len = n - c < half ? n - c : half;
+        if (tier->ops->read_state(tier, u, STRATA_STATE_MASTER, c, len, host)) return -1;
+        strata_kernels_cpu.convert(NULL, conv, e->dtype, host, STRATA_F32, len);
+        if (e->ring.from_nvme) {
+            if (tier->ops->write_params(tier, u, c, len, conv)) return -1;
+            continue;
+        }
+        STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, (char *)param_dest(e, u) + c * e->es, conv, len * e->es));
+        STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute)); /* the buffer is reused next chunk */
+    }
+    return 0;
+}
+
 /* Publishes the master weights as the compute-dtype parameters forward reads: convert
  * this rank's part, then (gather_updates) all-gather the full buffers. */
 static int publish_params(strata_engine *e) {
-    strata_update_tier *tier = e->off.tier;
-    float *host = tier ? strata_xmalloc(e->max_opt_n * sizeof(float)) : NULL;
-    void *conv = tier ? strata_xmalloc(e->max_opt_n * e->es) : NULL;
-    int rc = 0;
-    for (int u = 0; u < e->U && !rc; u++) {
-        size_t n = opt_n(e, u);
-        if (!in_tier(e, u)) {
-            e->dev->k->convert(e->dev->compute, param_dest(e, u), e->dtype, e->master[u], STRATA_F32, n);
-        } else { /* the master weights are in the tier's memory: convert on the host, copy over */
-            if ((rc = tier->ops->read_state(tier, u, STRATA_STATE_MASTER, host))) break;
-            strata_kernels_cpu.convert(NULL, conv, e->dtype, host, STRATA_F32, n);
-            if (e->ring.from_nvme) {
-                rc = tier->ops->write_params(tier, u, conv);
-                continue;
-            }
-            STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, param_dest(e, u), conv, n * e->es), rc, out);
-            STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, out); /* conv is reused next unit */
-        }
+    for (int u = 0; u < e->U; u++) {
+        if (!in_tier(e, u))
+            e->dev->k->convert(e->dev->compute, param_dest(e, u), e->dtype, e->master[u], STRATA_F32, opt_n(e, u));
+        else if (publish_from_tier(e, u))
+            return -1;
         if (e->z.gather_updates &&
             (comm_after_compute(e) || strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)))
-            rc = -1;
+            return -1;
     }
-    if (!rc) STRATA_TRY_GOTO(strata_stream_sync(e->dev, comm_stream(e)), rc, out);
-out:
-    free(host);
-    free(conv);
-    return rc;
+    STRATA_TRY(strata_stream_sync(e->dev, comm_stream(e)));
+    return 0;
 }
 
 /* The seeded random init as a parameter source. */
@@ -785,27 +819,36 @@ static int seeded_init(void *ctx, const strata_model *m, int u, size_t lo, size_
 
 int strata_engine_init_params(strata_engine *e, uint64_t seed) { return strata_engine_init_from(e, seeded_init, &seed); }
 
-int strata_engine_init_from(strata_engine *e, strata_param_source source, void *ctx) {
+/* Unit u's initial state from `source`, a chunk at a time through the staging buffer:
+ * the master weights as the source gives them, Adam's moments zero. */
+static int init_unit(strata_engine *e, int u, strata_param_source source, void *ctx) {
     strata_update_tier *tier = e->off.tier;
-    float *host = strata_xmalloc(e->max_opt_n * sizeof(float));
-    int rc = tier_open(e);
-    for (int u = 0; u < e->U && !rc; u++) {
-        size_t lo = opt_lo(e, u), n = opt_n(e, u);
-        if ((rc = source(ctx, e->m, u, lo, lo + n, host))) break;
+    size_t lo = opt_lo(e, u), n = opt_n(e, u);
+    float *host = e->io_buf;
+    if (!in_tier(e, u)) {
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4));
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4));
+    }
+    for (size_t c = 0; c < n; c += e->io_chunk) {
+        size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
+        if (source(ctx, e->m, u, lo + c, lo + c + len, host)) return -1; /* its message names the source */
         if (in_tier(e, u)) {
-            rc = tier->ops->write_state(tier, u, STRATA_STATE_MASTER, host);
-            memset(host, 0, n * sizeof(float));
-            if (!rc) rc = tier->ops->write_state(tier, u, STRATA_STATE_M, host);
-            if (!rc) rc = tier->ops->write_state(tier, u, STRATA_STATE_V, host);
+            if (tier->ops->write_state(tier, u, STRATA_STATE_MASTER, c, len, host)) return -1;
+            memset(host, 0, len * sizeof(float));
+            if (tier->ops->write_state(tier, u, STRATA_STATE_M, c, len, host) ||
+                tier->ops->write_state(tier, u, STRATA_STATE_V, c, len, host))
+                return -1;
             continue;
         }
-        STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, e->master[u], host, n * 4), rc, agree);
-        STRATA_TRY_GOTO(strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4), rc, agree);
-        STRATA_TRY_GOTO(strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4), rc, agree);
-        STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, agree); /* host is reused next unit */
+        STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, e->master[u] + c, host, len * 4));
+        STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute)); /* the buffer is reused next chunk */
     }
-agree:
-    free(host);
+    return 0;
+}
+
+int strata_engine_init_from(strata_engine *e, strata_param_source source, void *ctx) {
+    int rc = tier_open(e);
+    for (int u = 0; u < e->U && !rc; u++) rc = init_unit(e, u, source, ctx);
     /* a source may fail on one rank only (its shard's file): every rank stops together */
     double failed = rc != 0;
     char err[1024];
@@ -1211,46 +1254,41 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
 
 /* ---- checkpoints ---- */
 
-/* Host copies of this rank's standard shards (the optimizer state may live on a GPU). */
-static float *copy_standard_shards(strata_engine *e, const float *(*ptrs)[STRATA_CKPT_KINDS]) {
+/* This rank's standard shards into the writer, unit by unit and kind by kind, a chunk at a
+ * time through the staging buffer from wherever the state lives (the device, or the
+ * tier's pinned memory or NVMe file). */
+static int write_shards(strata_engine *e, strata_ckpt_writer *w, const strata_param_layout *L) {
     strata_update_tier *tier = e->off.tier;
-    size_t total = 0;
-    for (int u = 0; u < e->U; u++) total += 3 * e->shard[u];
-    float *host = strata_xmalloc(total * sizeof(float));
-    float *p = host;
-    float *tmp = tier ? strata_xmalloc(e->max_opt_n * sizeof(float)) : NULL;
-    int rc = 0;
+    float *host = e->io_buf;
     for (int u = 0; u < e->U; u++) {
-        /* the standard shard's place in this rank's optimizer range */
-        size_t lo = e->z.opt_sharded ? 0 : (size_t)e->rank * e->shard[u], S = e->shard[u];
-        if (in_tier(e, u)) { /* state in the tier's memory: read it, keep the standard shard */
-            for (int k = 0; k < 3; k++) {
-                if (tier->ops->read_state(tier, u, k, tmp)) {
-                    free(tmp);
-                    free(host);
-                    return NULL;
+        size_t a, b, lo = opt_lo(e, u); /* the standard shard's real elements; where the range starts */
+        strata_ckpt_rank_range(L, u, e->rank, e->world, &a, &b);
+        const float *src[3] = {e->master[u], e->mom1[u], e->mom2[u]};
+        for (int k = 0; k < 3; k++)
+            for (size_t c = a; c < b; c += e->io_chunk) {
+                size_t len = b - c < e->io_chunk ? b - c : e->io_chunk;
+                if (in_tier(e, u)) {
+                    if (tier->ops->read_state(tier, u, k, c - lo, len, host)) return -1;
+                } else {
+                    STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, host, src[k] + (c - lo), len * 4));
+                    STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute));
                 }
-                memcpy(p, tmp + lo, S * 4);
-                ptrs[u][k] = p;
-                p += S;
+                if (strata_ckpt_writer_put(w, u, k, host, len)) return -1;
             }
-            continue;
-        }
-        float *src[3] = {e->master[u] + lo, e->mom1[u] + lo, e->mom2[u] + lo};
-        for (int k = 0; k < 3; k++) {
-            STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, p, src[k], S * 4), rc, out);
-            ptrs[u][k] = p;
-            p += S;
-        }
     }
-    STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, out);
-out:
-    free(tmp);
-    if (rc) {
-        free(host);
-        return NULL;
+    return 0;
+}
+
+/* This rank's files of the checkpoint in tmp. */
+static int save_rank(strata_engine *e, const char *tmp) {
+    strata_param_layout layout = strata_model_layout(e->m, e->padded);
+    strata_ckpt_writer *w = strata_ckpt_writer_open(tmp, &layout, e->rank, e->world);
+    if (!w) return -1;
+    if (write_shards(e, w, &layout)) {
+        strata_ckpt_writer_abort(w);
+        return -1;
     }
-    return host;
+    return strata_ckpt_writer_close(w);
 }
 
 int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_meta *meta,
@@ -1260,25 +1298,14 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     double failed = 0;
     if (strata_ckpt_tmp_dir(tmp, sizeof tmp, run_dir, step)) failed = 1;
     if (!failed && finish_updates(e)) failed = 1;
-    const float *(*ptrs)[STRATA_CKPT_KINDS] = strata_xcalloc(e->U, sizeof *ptrs);
-    float *host = NULL;
-    strata_param_layout layout = strata_model_layout(e->m, e->padded);
-    if (!failed) {
-        host = copy_standard_shards(e, ptrs);
-        if (!host) failed = 1;
-    }
-    if (!failed) {
-        if (strata_ckpt_write_rank(tmp, &layout, e->rank, e->world, (const float *const(*)[STRATA_CKPT_KINDS])ptrs))
-            failed = 1;
-    }
+    if (!failed && save_rank(e, tmp)) failed = 1;
     char err[1024] = "";
     if (failed) snprintf(err, sizeof err, "%s", strata_error());
-    free(host);
-    free(ptrs);
     /* every rank's files are on disk (or someone failed) before rank 0 commits */
     if (strata_allreduce_host_f64(e->comm, &failed, 1)) return -1;
     if (failed) return strata_fail("checkpoint of step %lld not written: %s", (long long)step,
                                    err[0] ? err : "another rank failed to write its shard");
+    strata_param_layout layout = strata_model_layout(e->m, e->padded);
     double commit_failed = 0;
     if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, meta, e->cfg->run.keep, final_dir, final_len)) {
         commit_failed = 1;
@@ -1290,28 +1317,32 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     return 0;
 }
 
+/* Unit u's optimizer range from the checkpoint, a chunk at a time through the staging
+ * buffer, to wherever the state lives. */
+static int load_unit(strata_engine *e, strata_ckpt *ck, int u) {
+    size_t lo = opt_lo(e, u), n = opt_n(e, u);
+    float *host = e->io_buf;
+    float *dst[3] = {e->master[u], e->mom1[u], e->mom2[u]};
+    for (int k = 0; k < 3; k++)
+        for (size_t c = 0; c < n; c += e->io_chunk) {
+            size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
+            if (strata_ckpt_read_range(ck, u, k, lo + c, lo + c + len, host)) return -1;
+            if (in_tier(e, u)) {
+                if (e->off.tier->ops->write_state(e->off.tier, u, k, c, len, host)) return -1;
+                continue;
+            }
+            STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, dst[k] + c, host, len * 4));
+            STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute)); /* the buffer is reused next chunk */
+        }
+    return 0;
+}
+
 int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
     strata_param_layout layout = strata_model_layout(e->m, e->padded);
     if (strata_ckpt_check_layout(ck, &layout)) return -1;
     if (tier_open(e) || finish_updates(e)) return -1;
-    float *host = strata_xmalloc(e->max_opt_n * sizeof(float));
     int rc = 0;
-    for (int u = 0; u < e->U && !rc; u++) {
-        size_t lo = opt_lo(e, u), n = opt_n(e, u);
-        float *dst[3] = {e->master[u], e->mom1[u], e->mom2[u]};
-        for (int k = 0; k < 3 && !rc; k++) {
-            rc = strata_ckpt_read_range(ck, u, k, lo, lo + n, host);
-            if (rc) break;
-            if (in_tier(e, u)) {
-                rc = e->off.tier->ops->write_state(e->off.tier, u, k, host);
-                continue;
-            }
-            STRATA_TRY_GOTO(strata_memcpy_async(e->dev, e->dev->compute, dst[k], host, n * 4), rc, agree);
-            STRATA_TRY_GOTO(strata_stream_sync(e->dev, e->dev->compute), rc, agree); /* host is reused next */
-        }
-    }
-agree:
-    free(host);
+    for (int u = 0; u < e->U && !rc; u++) rc = load_unit(e, ck, u);
     /* every rank must agree it loaded before anyone trains */
     double failed = rc != 0;
     char err[1024];

@@ -320,6 +320,136 @@ static void test_round_trip(const char *root) {
     free_model(&m);
 }
 
+/* The whole contents of a file into buf (at most cap bytes); its length, or -1. */
+static long slurp(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return (long)n;
+}
+
+/* Whether dir_a/name and dir_b/name hold the same bytes. */
+static int same_file(const char *dir_a, const char *dir_b, const char *name) {
+    static char a[65536], b[65536];
+    char pa[4200], pb[4200];
+    snprintf(pa, sizeof pa, "%s/%s", dir_a, name);
+    snprintf(pb, sizeof pb, "%s/%s", dir_b, name);
+    long na = slurp(pa, a, sizeof a), nb = slurp(pb, b, sizeof b);
+    return na >= 0 && na == nb && !memcmp(a, b, (size_t)na);
+}
+
+/* Rank r's files fed to a strata_ckpt_writer in pieces of 1..max_piece elements (a piece
+ * never spans two parts, as the writer requires; it may span segments). */
+static int write_in_pieces(const char *dir, model *m, int r, int world, uint64_t seed, size_t max_piece) {
+    strata_ckpt_writer *w = strata_ckpt_writer_open(dir, &m->L, r, world);
+    if (!w) return -1;
+    for (int u = 0; u < m->n_units; u++) {
+        size_t a, b;
+        strata_ckpt_rank_range(&m->L, u, r, world, &a, &b);
+        for (int k = 0; a < b && k < STRATA_CKPT_KINDS; k++)
+            for (size_t c = a; c < b;) {
+                size_t n = 1 + (seed = mix(seed)) % max_piece;
+                if (n > b - c) n = b - c;
+                if (strata_ckpt_writer_put(w, u, k, m->data[u][k] + c, n) != 0) {
+                    strata_ckpt_writer_abort(w);
+                    return -1;
+                }
+                c += n;
+            }
+    }
+    return strata_ckpt_writer_close(w);
+}
+
+/* Data fed piece by piece makes the very files whole shards make (the same bytes, the same
+ * index with the same CRCs); a piece out of order, too long, or a writer closed early is
+ * refused naming the part that comes next. */
+static void test_writer_pieces(const char *root) {
+    model m;
+    small_model(&m, 12);
+    char whole[1024], pieces[1024];
+    snprintf(whole, sizeof whole, "%s/pieces_whole", root);
+    snprintf(pieces, sizeof pieces, "%s/pieces", root);
+    mkdir(whole, 0755);
+    mkdir(pieces, 0755);
+    int same = 1;
+    for (int world = 1; world <= 4 && same; world++)
+        for (int r = 0; r < world && same; r++)
+            for (size_t max_piece = 1; max_piece <= 64 && same; max_piece *= 4) {
+                const float *shards[MAX_U][STRATA_CKPT_KINDS];
+                for (int u = 0; u < m.n_units; u++)
+                    for (int k = 0; k < STRATA_CKPT_KINDS; k++)
+                        shards[u][k] = m.data[u][k] + (size_t)r * (m.padded[u] / (size_t)world);
+                char bin[32], idx[32];
+                snprintf(bin, sizeof bin, "rank%05d.bin", r);
+                snprintf(idx, sizeof idx, "rank%05d.yaml", r);
+                same = strata_ckpt_write_rank(whole, &m.L, r, world, (const float *const (*)[STRATA_CKPT_KINDS])shards) == 0 &&
+                       write_in_pieces(pieces, &m, r, world, 77 + max_piece, max_piece) == 0 &&
+                       same_file(whole, pieces, bin) && same_file(whole, pieces, idx);
+                if (!same) printf("      differs at world %d rank %d, pieces of up to %zu: %s\n", world, r, max_piece,
+                                  strata_error());
+            }
+    CHECK(same, "worlds 1-4, every rank: pieces of 1..64 elements make the files whole shards make, byte for byte");
+
+    char want[4300];
+    strata_ckpt_writer *w = strata_ckpt_writer_open(pieces, &m.L, 0, 2);
+    CHECK(w != NULL, "open a writer for rank 0 of 2");
+    if (!w) return;
+    /* unit 0: 138 elements padded to 180; rank 0 of 2 holds [0, 90), rank 1 [90, 138) */
+    size_t a, b;
+    strata_ckpt_rank_range(&m.L, 0, 0, 2, &a, &b);
+    size_t a1, b1;
+    strata_ckpt_rank_range(&m.L, 0, 1, 2, &a1, &b1);
+    CHECK(a == 0 && b == 90 && a1 == 90 && b1 == 138, "rank_range: of unit 0, rank 0 of 2 holds [0, 90), rank 1 [90, 138)");
+    snprintf(want, sizeof want, "%s/rank00000.bin: unit 0 (m) given where unit 0 (param) elements [0, 90) come next",
+             pieces);
+    CHECK_ERR(strata_ckpt_writer_put(w, 0, STRATA_CKPT_M, m.data[0][1], 10) != 0, want, "a kind out of order is refused");
+    snprintf(want, sizeof want, "%s/rank00000.bin: unit 0 (param): 91 elements given at element 0, where the part ends at 90",
+             pieces);
+    CHECK_ERR(strata_ckpt_writer_put(w, 0, STRATA_CKPT_PARAM, m.data[0][0], 91) != 0, want,
+              "a piece past its part's end is refused");
+    CHECK(strata_ckpt_writer_put(w, 0, STRATA_CKPT_PARAM, m.data[0][0], 25) == 0, "25 elements of unit 0's param");
+    snprintf(want, sizeof want, "%s/rank00000.bin: closed before unit 0 (param) elements [25, 90) were written", pieces);
+    CHECK_ERR(strata_ckpt_writer_close(w) != 0, want, "closing before every part was fed fails naming what is missing");
+    free_model(&m);
+}
+
+/* A part of a segment larger than the reader's scratch is checked by streaming the whole
+ * segment through it: the part reads back bitwise, and damage anywhere in the segment,
+ * far from the part, is still found. */
+static void test_partial_read_large_segment(const char *root) {
+    char run[1024], dir[4096], p[4200];
+    snprintf(run, sizeof run, "%s/large", root);
+    model m;
+    big_model(&m, 21);
+    CHECK(save(run, &m, 1, 3, "", 0) == 0, "save a checkpoint whose segments are 11 MB");
+    snprintf(dir, sizeof dir, "%s/ckpt/step_00000003", run);
+    strata_ckpt *ck = strata_ckpt_open(dir);
+    static float buf[300000];
+    CHECK(ck && strata_ckpt_read_range(ck, 0, STRATA_CKPT_M, 1000000, 1300000, buf) == 0 &&
+              range_matches(&m, 0, STRATA_CKPT_M, 1000000, 1300000, buf),
+          "300000 elements from the middle of big.a (m), unverified before, read back bitwise");
+    strata_ckpt_close(ck);
+    /* the last byte of big.a (v): segments in file order are a, b of each kind */
+    segloc segs[16];
+    int ns = oracle_segments(&m, 0, 1, segs), hit = -1;
+    for (int i = 0; i < ns; i++)
+        if (segs[i].tensor == 0 && segs[i].kind == STRATA_CKPT_V) hit = i;
+    snprintf(p, sizeof p, "%s/rank00000.bin", dir);
+    int fd = open(p, O_RDWR);
+    unsigned char byte = 0;
+    off_t at = (off_t)(segs[hit].offset + segs[hit].bytes - 1);
+    CHECK(fd >= 0 && pread(fd, &byte, 1, at) == 1, "read the last byte of big.a (v)");
+    byte ^= 1;
+    CHECK(pwrite(fd, &byte, 1, at) == 1, "flip a bit of it");
+    close(fd);
+    ck = strata_ckpt_open(dir);
+    CHECK(ck && strata_ckpt_read_range(ck, 0, STRATA_CKPT_V, 5, 10, buf) != 0 && strstr(strata_error(), "big.a (v): checksum mismatch"),
+          "a read of elements [5, 10) finds the damage at the segment's end: %s", strata_error());
+    strata_ckpt_close(ck);
+    free_model(&m);
+}
+
 static void test_config_text(const char *root) {
     static const char *const texts[] = {
         "# Strata run config: \"quoted\", 'single' and key: value\n"
@@ -846,6 +976,8 @@ int main(void) {
     }
     double t0 = strata_now_ms();
     test_round_trip(root);
+    test_writer_pieces(root);
+    test_partial_read_large_segment(root);
     test_config_text(root);
     test_retention_and_resolve(root);
     test_corruption(root);

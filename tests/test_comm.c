@@ -3,8 +3,9 @@
  * Small-integer sums are exact in fp32, so results are compared with ==. Under mpirun
  * the same checks also run on comms that stage every buffer through pinned memory
  * (STRATA_COMM_STAGE=1, the path device buffers take), with staging buffers small
- * enough to need many chunks; STRATA_COMM_STAGE=1 in the environment stages the main
- * comm too. Then the backend choice from a config, and the reuse of task records.
+ * enough to need many chunks; the main comm stages as the mpi backend does by default
+ * (with several ranks), or as STRATA_COMM_STAGE=0/1 in the environment says. Then the
+ * backend choice from a config, and the reuse of task records.
  *
  * STRATA_TEST_COMM_WATCHDOG=1 turns it into the watchdog check that tests/e2e_comm.sh
  * runs: rank 0 never joins a barrier and the other ranks must abort the job. */
@@ -494,7 +495,8 @@ int main(int argc, char **argv) {
           strata_comm_backend_name(c));
     CHECK(local >= 0 && local < W, "local rank %d", local);
     const char *stage_env = getenv("STRATA_COMM_STAGE");
-    int staged = strata_mpi_active() && stage_env && !strcmp(stage_env, "1");
+    /* staged by default between several ranks (setup_stage in shard/comm.c) */
+    int staged = strata_mpi_active() && (stage_env ? !strcmp(stage_env, "1") : W > 1);
     CHECK((strata_comm_pinned_bytes(c) > 0) == staged, "the main comm %s (%zu pinned bytes)",
           staged ? "stages through pinned memory" : "reads buffers directly", strata_comm_pinned_bytes(c));
 
