@@ -188,6 +188,10 @@ static const key_spec schema[] = {
     INT_("run", "keep", run.keep, 0, 1000000, "3", "checkpoints kept; 0 = all"),
     BOOL_("run", "checkpoint_at_end", run.checkpoint_at_end, "true",
           "write a checkpoint after the last step (benchmarks turn it off)"),
+    BOOL_("run", "tensorboard", run.tensorboard, "true",
+          "rank 0 writes TensorBoard event files beside metrics.jsonl (`tensorboard --logdir runs`)"),
+    STR("run", "tensorboard_dir", run.tensorboard_dir, "", 0,
+        "directory of the run's TensorBoard events (one run's: a fresh run replaces them); empty = run.dir"),
 
     INT_("zero", "stage", zero.stage, 0, 3, "0", "0 none, 1 optimizer state, 2 + gradients, 3 + parameters"),
     DBL("zero", "reduce_bucket_mb", zero.reduce_bucket_mb, 0, 1e6, "25", F_MIN_EXCL,

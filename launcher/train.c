@@ -21,6 +21,7 @@
 #include "io/data.h"
 #include "io/files.h"
 #include "io/pretrained.h"
+#include "io/tensorboard.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 #include "offload/nvme.h"
@@ -138,6 +139,9 @@ typedef struct trainer {
     char nvme_live[1024];   /* swap files of running processes in offload.nvme_path, for the plan's message */
     char metrics_path[STRATA_PATH_MAX + 32];
     long metrics_good_bytes; /* metrics.jsonl's length after its last complete line */
+    strata_tb_writer *tb;    /* rank 0: the TensorBoard events (run.tensorboard), or NULL */
+    char record_failed[STRATA_PATH_MAX + 160]; /* rank 0: which of the step's records could not be written */
+    strata_plan plan;        /* the plan this run allocated, for its records (metrics.jsonl's first row, the events) */
     strata_offload_split split; /* the offload split and its floor (launcher/offload_report.h) */
     int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
     int stopped;        /* the ranks agreed to stop on a signal (it may have reached another rank only) */
@@ -554,6 +558,7 @@ static int build_and_plan(trainer *t) {
     t->planned_pinned = plan.need[STRATA_TIER_PINNED];
     t->planned_nvme = plan.need[STRATA_TIER_NVME];
     t->planned_runtime = plan.runtime_bytes;
+    t->plan = plan;
     if (t->rank == 0) {
         const strata_model_shape *s = &t->m.shape;
         int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
@@ -640,8 +645,32 @@ static void restore_state(trainer *t) {
     }
 }
 
-/* metrics.jsonl (cut back to the resumed step) and the run's tokenizer, in run.dir
- * (claim_run_dir made it): rank 0's. */
+/* The TensorBoard events (run.tensorboard; in run.tensorboard_dir, else run.dir), cut back
+ * to the resumed step as metrics.jsonl is (io/tensorboard.h), and the memory plan as text
+ * at the step this run starts from (TensorBoard's text plugin renders it as Markdown). */
+static int open_events(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    const char *dir = cfg->run.tensorboard_dir[0] ? cfg->run.tensorboard_dir : cfg->run.dir;
+    if (strata_tb_open(&t->tb, dir, t->cli.resume ? t->start : -1)) return -1;
+    char *plan = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&plan, &len);
+    if (!m) return strata_fail("the memory plan's text: out of host memory");
+    fprintf(m, "The memory plan of rank 0, from step %lld%s%s:\n\n```\n", (long long)t->start,
+            t->auto_change[0] ? "; memory.auto chose " : "", t->auto_change);
+    strata_plan_print(&t->plan, m);
+    fprintf(m, "```\n");
+    if (fclose(m) != 0) {
+        free(plan);
+        return strata_fail("the memory plan's text: out of host memory");
+    }
+    int rc = strata_tb_write_text(t->tb, t->start, "memory_plan", plan);
+    free(plan);
+    return rc;
+}
+
+/* metrics.jsonl (cut back to the resumed step), the TensorBoard events and the run's
+ * tokenizer, in run.dir (claim_run_dir made it): rank 0's. */
 static void open_run_dir(trainer *t) {
     const strata_config *cfg = &t->cfg;
     if (t->rank != 0) return;
@@ -655,6 +684,7 @@ static void open_run_dir(trainer *t) {
     if (!t->metrics) { strata_fail("%s: %s", path, strerror(errno)); fatal(t, "opening metrics"); }
     struct stat st;
     t->metrics_good_bytes = fstat(fileno(t->metrics), &st) == 0 && S_ISREG(st.st_mode) ? (long)st.st_size : 0;
+    if (cfg->run.tensorboard && open_events(t)) fatal(t, "opening the TensorBoard events");
     if (t->tokenizer && strata_run_tokenizer_record(cfg, t->tokenizer)) fatal(t, "recording the tokenizer");
 }
 
@@ -708,8 +738,50 @@ static int metrics_failed(trainer *t, int e) {
     return strata_fail("writing %s failed: %s (errno %d)", t->metrics_path, strerror(e), e);
 }
 
-/* One line of metrics.jsonl per step (rank 0): the step's figures, memory against the plan.
- * Every write is checked and the line flushed; 0 or -1 + error. */
+/* A step's record as it is made: metrics.jsonl's line, and the scalars of its event. */
+typedef struct step_record {
+    FILE *line;
+    strata_tb_scalar tb[64];
+    int n_tb;
+} step_record;
+
+/* `, "key": value` into the line, printed with fmt; with a tag, the same number (as
+ * printed, so both files say the same) becomes the event's scalar `tag`. */
+static void figure(step_record *r, const char *key, const char *tag, const char *fmt, double v) {
+    char num[32];
+    snprintf(num, sizeof num, fmt, v);
+    fprintf(r->line, ", \"%s\": %s", key, num);
+    if (!tag) return;
+    STRATA_ASSERT(r->n_tb < (int)(sizeof r->tb / sizeof r->tb[0]));
+    r->tb[r->n_tb].tag = tag;
+    r->tb[r->n_tb].value = (float)strtod(num, NULL);
+    r->n_tb++;
+}
+
+/* The plan this run allocated, once per run (its first row): bytes per tier and category
+ * (the five of `strata plan`'s table), each tier's capacity (0: unknown) and the device's
+ * runtime row. metrics.jsonl's rows carry what a step measured; what the plan holds and
+ * what each tier can hold are fixed for the life of a run, so they are written once, in
+ * the row a resume starts from, and `strata plot` draws memory against them. */
+static void write_plan(FILE *m, const strata_plan *p) {
+    static const char *const tiers[STRATA_TIERS] = {"device", "pinned", "host", "nvme"};
+    fprintf(m, ", \"plan\": {\"world\": %d, \"stage\": %d", p->world, p->stage);
+    for (int i = 0; i < STRATA_TIERS; i++) {
+        size_t buffers = 0;
+        for (int c = STRATA_CAT_COMM; c < STRATA_CAT_COUNT; c++) buffers += p->bytes[i][c];
+        fprintf(m, ", \"%s\": {\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"activations\": %zu, "
+                "\"buffers\": %zu, ", tiers[i], p->bytes[i][STRATA_CAT_PARAMS], p->bytes[i][STRATA_CAT_GRADS],
+                p->bytes[i][STRATA_CAT_OPTIMIZER], p->bytes[i][STRATA_CAT_ACTIVATIONS], buffers);
+        if (i == STRATA_TIER_DEVICE) fprintf(m, "\"runtime\": %zu, ", p->runtime_bytes);
+        fprintf(m, "\"capacity\": %zu}", p->capacity[i]);
+    }
+    fprintf(m, "}");
+}
+
+/* One line of metrics.jsonl per step (rank 0): the step's figures, memory against the plan;
+ * and the same figures as one event of the TensorBoard events. Every write is checked and
+ * the line flushed; an event that cannot be written takes the step's line back too, so
+ * both records end at the same step. 0 or -1 + error, t->record_failed naming the file. */
 static int write_metrics(trainer *t, const step_figures *f) {
     const strata_step_result *r = &f->r;
     double tok_s = t->tokens_per_step / (f->ms / 1e3);
@@ -717,33 +789,51 @@ static int write_metrics(trainer *t, const step_figures *f) {
     size_t used = device_used(t), predicted = t->planned_device + t->planned_runtime, rss = rss_bytes();
     if (rss > t->rss_peak) t->rss_peak = rss;
     if (used > t->device_used_peak) t->device_used_peak = used;
+    snprintf(t->record_failed, sizeof t->record_failed, "metrics.jsonl");
     /* the line is made in memory and written at once, so the write's errno is its own */
     char *text = NULL;
     size_t len = 0;
-    FILE *m = open_memstream(&text, &len);
+    step_record rec = {.line = open_memstream(&text, &len)};
+    FILE *m = rec.line;
     if (!m) return strata_fail("metrics: out of host memory for a line");
-    fprintf(m, "{\"step\": %lld, \"loss\": %.9g, ", (long long)f->done, r->loss);
-    if (f->eval_now) fprintf(m, "\"val_loss\": %.9g, ", f->val_loss);
-    fprintf(m, "\"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-            "\"tflops\": %.3f, \"tokens\": %.0f, \"peak_mem_bytes\": %zu, \"mem_params\": %zu, \"mem_grads\": %zu, "
-            "\"mem_optimizer\": %zu, \"mem_activations\": %zu, \"mem_buffers\": %zu, \"plan_device_bytes\": %zu, "
-            "\"rss_bytes\": %zu, \"plan_pinned_bytes\": %zu, \"pinned_bytes\": %zu, \"comm_bytes\": %llu, \"compute_ms\": %.3f, \"comm_wait_ms\": %.3f, "
-            "\"offload_wait_ms\": %.3f, \"data_ms\": %.3f",
-            r->lr, r->grad_norm, tok_s, f->ms, tok_s * strata_model_flops_per_token(&t->m, strata_config_seq_len(&t->cfg)) / 1e12,
-            t->tokens_seen, t->dev->mem[STRATA_MEM_DEVICE].peak_bytes,
-            mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers, t->planned_device, rss,
-            t->planned_pinned, t->dev->mem[STRATA_MEM_PINNED].live_bytes, (unsigned long long)f->comm_bytes,
-            f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms, r->comm_wait_ms, r->offload_wait_ms, r->data_ms);
+    fprintf(m, "{\"step\": %lld", (long long)f->done);
+    figure(&rec, "loss", "loss/train", "%.9g", r->loss);
+    if (f->eval_now) figure(&rec, "val_loss", "loss/val", "%.9g", f->val_loss);
+    figure(&rec, "lr", "optim/lr", "%.9g", r->lr);
+    figure(&rec, "grad_norm", "optim/grad_norm", "%.9g", r->grad_norm);
+    figure(&rec, "tokens_per_s", "speed/tokens_per_s", "%.1f", tok_s);
+    figure(&rec, "step_ms", "speed/step_ms", "%.3f", f->ms);
+    figure(&rec, "tflops", "speed/tflops", "%.3f",
+           tok_s * strata_model_flops_per_token(&t->m, strata_config_seq_len(&t->cfg)) / 1e12);
+    figure(&rec, "tokens", "progress/tokens", "%.0f", t->tokens_seen);
+    figure(&rec, "peak_mem_bytes", "memory/peak_mem_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_DEVICE].peak_bytes);
+    figure(&rec, "mem_params", "memory/mem_params", "%.0f", (double)mem.params);
+    figure(&rec, "mem_grads", "memory/mem_grads", "%.0f", (double)mem.grads);
+    figure(&rec, "mem_optimizer", "memory/mem_optimizer", "%.0f", (double)mem.optimizer);
+    figure(&rec, "mem_activations", "memory/mem_activations", "%.0f", (double)mem.activations);
+    figure(&rec, "mem_buffers", "memory/mem_buffers", "%.0f", (double)mem.buffers);
+    figure(&rec, "plan_device_bytes", "memory/plan_device_bytes", "%.0f", (double)t->planned_device);
+    figure(&rec, "rss_bytes", "memory/rss_bytes", "%.0f", (double)rss);
+    figure(&rec, "plan_pinned_bytes", "memory/plan_pinned_bytes", "%.0f", (double)t->planned_pinned);
+    figure(&rec, "pinned_bytes", "memory/pinned_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_PINNED].live_bytes);
+    figure(&rec, "comm_bytes", "comm/comm_bytes", "%.0f", (double)f->comm_bytes);
+    figure(&rec, "compute_ms", "time/compute_ms", "%.3f", f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms);
+    figure(&rec, "comm_wait_ms", "time/comm_wait_ms", "%.3f", r->comm_wait_ms);
+    figure(&rec, "offload_wait_ms", "time/offload_wait_ms", "%.3f", r->offload_wait_ms);
+    figure(&rec, "data_ms", "time/data_ms", "%.3f", r->data_ms);
     /* the device as nvidia-smi sees it (CUDA) against the plan's prediction of it */
-    fprintf(m, ", \"device_used_bytes\": %zu, \"device_used_peak_bytes\": %zu, "
-            "\"plan_device_total_bytes\": %zu, \"device_used_vs_plan_pct\": %.3f",
-            used, t->device_used_peak, predicted, percent_off(t->device_used_peak, predicted));
+    figure(&rec, "device_used_bytes", "memory/device_used_bytes", "%.0f", (double)used);
+    figure(&rec, "device_used_peak_bytes", "memory/device_used_peak_bytes", "%.0f", (double)t->device_used_peak);
+    figure(&rec, "plan_device_total_bytes", "memory/plan_device_total_bytes", "%.0f", (double)predicted);
+    figure(&rec, "device_used_vs_plan_pct", "memory/device_used_vs_plan_pct", "%.3f",
+           percent_off(t->device_used_peak, predicted));
+    if (f->done == t->start + 1) write_plan(m, &t->plan);
     if (t->auto_change[0] && f->done == t->start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, m);
     if (r->have_split) { /* the offload split: this rank's, the previous step's update (see strata_step_result) */
-        fprintf(m, ", \"compute_busy_ms\": %.3f, \"offload_gather_h2d_bytes\": %llu", r->compute_ms,
-                (unsigned long long)r->gather_h2d_bytes);
-#define SPLIT_SECONDS_(f) fprintf(m, ", \"offload_" #f "\": %.6f", r->tier.f);
-#define SPLIT_COUNTS_(f) fprintf(m, ", \"offload_" #f "\": %llu", (unsigned long long)r->tier.f);
+        figure(&rec, "compute_busy_ms", "offload/compute_busy_ms", "%.3f", r->compute_ms);
+        figure(&rec, "offload_gather_h2d_bytes", "offload/offload_gather_h2d_bytes", "%.0f", (double)r->gather_h2d_bytes);
+#define SPLIT_SECONDS_(f) figure(&rec, "offload_" #f, "offload/offload_" #f, "%.6f", r->tier.f);
+#define SPLIT_COUNTS_(f) figure(&rec, "offload_" #f, "offload/offload_" #f, "%.0f", (double)r->tier.f);
         STRATA_TIER_SECONDS(SPLIT_SECONDS_)
         STRATA_TIER_COUNTS(SPLIT_COUNTS_)
 #undef SPLIT_SECONDS_
@@ -759,6 +849,18 @@ static int write_metrics(trainer *t, const step_figures *f) {
     int e = errno ? errno : EIO;
     free(text);
     if (bad) return metrics_failed(t, e);
+    if (t->tb && strata_tb_write_scalars(t->tb, f->done, rec.tb, rec.n_tb)) {
+        snprintf(t->record_failed, sizeof t->record_failed, "the TensorBoard events (%s)", strata_tb_path(t->tb));
+        char why[1200];
+        snprintf(why, sizeof why, "%s", strata_error());
+        /* the line just written goes too: both records end at the previous step */
+        if (ftruncate(fileno(t->metrics), (off_t)t->metrics_good_bytes) != 0 ||
+            fseek(t->metrics, t->metrics_good_bytes, SEEK_SET) != 0)
+            STRATA_WARN("train", "%s: cannot take back step %lld's line: %s", t->metrics_path, (long long)f->done,
+                        strerror(errno));
+        return strata_fail("%s (metrics.jsonl's line of this step is taken back, so both end at step %lld)", why,
+                           (long long)f->done - 1);
+    }
     t->metrics_good_bytes += (long)len;
     return 0;
 }
@@ -779,9 +881,10 @@ static int nonfinite_step(trainer *t, int64_t step, const strata_step_result *r,
     return STRATA_EXIT_ERROR;
 }
 
-/* metrics.jsonl could not be written (rank 0 said why): every rank saves what is intact
- * (this may fail too on a full disk; the last good checkpoint is never touched), then
- * the run ends with exit 1. Every rank comes here together. */
+/* metrics.jsonl or the TensorBoard events could not be written (rank 0 said why, and which
+ * in t->record_failed): every rank saves what is intact (this may fail too on a full disk;
+ * the last good checkpoint is never touched), then the run ends with exit 1. Every rank
+ * comes here together. */
 static int metrics_stop(trainer *t, int64_t done, double loss, int64_t last_saved) {
     char dir[STRATA_PATH_MAX] = "";
     strata_signals_doing(STRATA_DOING_SAVE);
@@ -789,12 +892,13 @@ static int metrics_stop(trainer *t, int64_t done, double loss, int64_t last_save
     if (saved) strata_signals_saved(done);
     if (t->rank != 0) return STRATA_EXIT_ERROR;
     if (saved)
-        STRATA_ERROR("train", "stopped after step %lld because metrics.jsonl could not be written; step %lld is "
-                     "saved in %s. Free space, then resume with --resume latest.", (long long)done, (long long)done, dir);
+        STRATA_ERROR("train", "stopped after step %lld because %s could not be written; step %lld is "
+                     "saved in %s. Free space, then resume with --resume latest.", (long long)done, t->record_failed,
+                     (long long)done, dir);
     else
-        STRATA_ERROR("train", "stopped after step %lld because metrics.jsonl could not be written, and the checkpoint "
+        STRATA_ERROR("train", "stopped after step %lld because %s could not be written, and the checkpoint "
                      "of this step failed too (%s). %s Free space, then resume with --resume latest.",
-                     (long long)done, strata_error(),
+                     (long long)done, t->record_failed, strata_error(),
                      last_saved >= 0 ? "The last good checkpoint is intact." : "No checkpoint had been written yet.");
     return STRATA_EXIT_ERROR;
 }
@@ -836,7 +940,7 @@ static int train_loop(trainer *t) {
                     STRATA_INFO("train", "validation of step %lld abandoned: a stop was asked for", (long long)f.done);
             }
         }
-        /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics */
+        /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics or events */
         double agree[2] = {0, 0};
         /* asked to stop: the progress line waits until the stop checkpoint is written, since
          * a terminal that is gone or blocked must not stand before it */
@@ -882,6 +986,12 @@ static int train_loop(trainer *t) {
             strata_log(STRATA_LOG_ERROR, "train", "%s; the checkpoints are intact", strata_error());
             return STRATA_EXIT_ERROR;
         }
+    }
+    strata_tb_writer *tb = t->tb;
+    t->tb = NULL;
+    if (strata_tb_close(tb)) {
+        strata_log(STRATA_LOG_ERROR, "train", "%s; the checkpoints are intact", strata_error());
+        return STRATA_EXIT_ERROR;
     }
     return STRATA_EXIT_OK;
 }
@@ -973,6 +1083,7 @@ static void close_trainer(trainer *t) {
     strata_out_set_hook(NULL, NULL);
     if (t->term_log) (void)fclose(t->term_log); /* every line was flushed as it was written */
     if (t->metrics) fclose(t->metrics); /* only on a path that already failed */
+    STRATA_IGNORE(strata_tb_close(t->tb)); /* likewise: every record was written whole, or cut back */
     if (t->lock_fd >= 0) close(t->lock_fd); /* lets go of run.dir */
     if (t->engine) strata_unbuild(t->engine, &t->arena, &t->m);
     if (t->have_train) strata_loader_close(&t->train);
