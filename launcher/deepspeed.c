@@ -210,10 +210,9 @@ static const rule top_rules[] = {
     {"wall_clock_breakdown", FEATURE, "Strata writes step, compute, communication and offload times to metrics.jsonl"},
     {"memory_breakdown", FEATURE, "`strata plan` prints the memory plan; metrics.jsonl has memory per category"},
     {"flops_profiler", FEATURE, "metrics.jsonl has tflops per step"},
-    {"tensorboard", FEATURE, "Strata writes metrics.jsonl; `strata plot` draws it"},
-    {"wandb", FEATURE, "Strata writes metrics.jsonl; `strata plot` draws it"},
-    {"csv_monitor", FEATURE, "Strata writes metrics.jsonl; `strata plot` draws it"},
-    {"comet", FEATURE, "Strata writes metrics.jsonl; `strata plot` draws it"},
+    {"wandb", FEATURE, "Strata writes metrics.jsonl and TensorBoard events (run.tensorboard); `strata plot` draws them"},
+    {"csv_monitor", FEATURE, "Strata writes metrics.jsonl and TensorBoard events (run.tensorboard); `strata plot` draws them"},
+    {"comet", FEATURE, "Strata writes metrics.jsonl and TensorBoard events (run.tensorboard); `strata plot` draws them"},
     {"comms_logger", FEATURE, "metrics.jsonl has the communication bytes of every step"},
     {"dump_state", FEATURE, "`strata config` prints the effective config"},
     {"timers", TUNE, "Strata times every step in metrics.jsonl"},
@@ -370,6 +369,43 @@ static int aio_section(conv *c, const strata_json *a) {
             note(c, key, "not an aio key Strata knows; ignored");
         }
     }
+    return 0;
+}
+
+/* DeepSpeed's TensorBoard monitor writes to os.path.join(output_path, job_name) (job_name
+ * "DeepSpeedJobName" unless set; enabled false unless set): the same directory becomes
+ * run.tensorboard_dir. With neither path key, Strata's default, run.dir beside
+ * metrics.jsonl, stands, and the note says where DeepSpeed would have written. */
+static int tensorboard_section(conv *c, const strata_json *t) {
+    if (get_object(c, "tensorboard", t)) return -1;
+    int on = 0, have_on = 0, r;
+    const char *path = NULL, *job = NULL;
+    for (size_t i = 0; i < t->len; i++) {
+        const strata_json_member *m = &t->members[i];
+        char key[160];
+        snprintf(key, sizeof key, "tensorboard.%s", m->key);
+        if (!strcmp(m->key, "enabled")) r = get_bool(c, key, &m->value, &on), have_on = r == 0;
+        else if (!strcmp(m->key, "output_path")) r = get_string(c, key, &m->value, &path);
+        else if (!strcmp(m->key, "job_name")) r = get_string(c, key, &m->value, &job);
+        else r = 0, note(c, key, "not a tensorboard key Strata knows; ignored");
+        if (r < 0) return -1;
+    }
+    put(c, "run", "tensorboard", have_on ? "tensorboard.enabled" : "tensorboard.enabled absent: DeepSpeed's default is off",
+        "%s", on ? "true" : "false");
+    if (!on) return 0;
+    if (!path && !job) {
+        note(c, "tensorboard.output_path", "absent: DeepSpeed writes to ./DeepSpeedJobName; Strata writes beside "
+             "metrics.jsonl in run.dir (set run.tensorboard_dir for another directory)");
+        return 0;
+    }
+    char dir[STRATA_PATH_MAX + 8];
+    const char *name = job ? job : "DeepSpeedJobName";
+    size_t n = path ? strlen(path) : 0;
+    if (!n) snprintf(dir, sizeof dir, "%s", name);
+    else snprintf(dir, sizeof dir, "%s%s%s", path, path[n - 1] == '/' ? "" : "/", name);
+    put(c, "run", "tensorboard_dir", job ? "tensorboard.output_path/job_name, where DeepSpeed writes"
+                                         : "tensorboard.output_path/DeepSpeedJobName (the default job_name), where DeepSpeed writes",
+        "%s", dir);
     return 0;
 }
 
@@ -538,6 +574,7 @@ static int walk(conv *c, const strata_json *root) {
         else if (!strcmp(k, "scheduler")) c->scheduler = v;
         else if (!strcmp(k, "gradient_clipping")) c->clip = v;
         else if (!strcmp(k, "aio")) r = aio_section(c, v);
+        else if (!strcmp(k, "tensorboard")) r = tensorboard_section(c, v);
         else if (!strcmp(k, "bf16") || !strcmp(k, "bfloat16")) {
             if (get_object(c, k, v)) return -1;
             const strata_json *e = strata_json_get(v, "enabled");
@@ -678,8 +715,8 @@ static void print_yaml(const conv *c, FILE *f, const char *base) {
     fprintf(f, "# (strata config --from-deepspeed). It has no model or data: %s.\n",
             base ? "they come from the base config" : "add them, or rerun with --base CONFIG");
     if (base) fprintf(f, "base: %s\n", base);
-    static const char *const order[] = {"train", "optim", "zero", "offload"};
-    for (int s = 0; s < 4; s++) {
+    static const char *const order[] = {"train", "optim", "zero", "offload", "run"};
+    for (int s = 0; s < 5; s++) {
         int any = 0;
         for (int i = 0; i < c->n_keys; i++) {
             const out_key *k = &c->keys[i];
@@ -687,7 +724,7 @@ static void print_yaml(const conv *c, FILE *f, const char *base) {
             if (!any) fprintf(f, "\n%s:\n", order[s]);
             any = 1;
             char line[STRATA_PATH_MAX + 64];
-            int quote = !strcmp(k->key, "nvme_path");
+            int quote = !strcmp(k->key, "nvme_path") || !strcmp(k->key, "tensorboard_dir");
             int w = snprintf(line, sizeof line, "  %s: %s%s%s", k->key, quote ? "\"" : "", k->value, quote ? "\"" : "");
             fprintf(f, "%s%*s# %s\n", line, w < 34 ? 34 - w : 2, "", k->from);
         }

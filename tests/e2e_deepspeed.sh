@@ -48,19 +48,21 @@ cp out.txt zero3.yaml
 for line in "stage: 3" "optimizer: nvme" "params: cpu" 'nvme_path: "/local_nvme"' "buffer_count: 6" "block_kb: 256" \
             "queue_depth: 16" "overlap_comm: true" "micro_batch: 4" "grad_accum: 8" "dtype: bf16" \
             "grad_reduce_dtype: bf16" "lr: 3e-05" "beta2: 0.95" "weight_decay: 0.1" "schedule: cosine" \
-            "min_lr: 3e-06" "warmup_steps: 100" "steps: 2000" "grad_clip: 0.5" "log_every: 50" "reduce_bucket_mb: 1907"; do
+            "min_lr: 3e-06" "warmup_steps: 100" "steps: 2000" "grad_clip: 0.5" "log_every: 50" "reduce_bucket_mb: 1907" \
+            "tensorboard: true" 'tensorboard_dir: "tb/DeepSpeedJobName"'; do
   grep -q "^  $line " zero3.yaml || fail "the YAML should carry '$line': $(cat zero3.yaml)"
 done
 grep -q "grad_accum: 8 .*# train_batch_size / (micro-batch x world 2)" zero3.yaml || fail "grad_accum should say where it came from"
 for key in "zero_optimization.offload_param.max_in_cpu" "zero_optimization.stage3_max_live_parameters" \
-           "zero_optimization.stage3_gather_16bit_weights_on_model_save" "aio.thread_count" "tensorboard" \
+           "zero_optimization.stage3_gather_16bit_weights_on_model_save" "aio.thread_count" \
            "my_own_key: not a DeepSpeed key" 'gradient_accumulation_steps: "auto"' "zero_optimization.reduce_bucket_size"; do
   grep -q "^#   $key" zero3.yaml || fail "the YAML should name '$key' as not carried over: $(cat zero3.yaml)"
   grep -q "not carried over: $key" err.txt || fail "stderr should name '$key'"
 done
 # the YAML loads, on its base, to those settings
 "$S" config zero3.yaml > effective.yaml || fail "the printed YAML should load: $(cat effective.yaml)"
-for line in "n_layer: 12" "stage: 3" "optimizer: nvme" "params: cpu" "micro_batch: 4" "grad_accum: 8" "schedule: cosine"; do
+for line in "n_layer: 12" "stage: 3" "optimizer: nvme" "params: cpu" "micro_batch: 4" "grad_accum: 8" "schedule: cosine" \
+            "tensorboard: true" 'tensorboard_dir: "tb/DeepSpeedJobName"'; do
   grep -q "^  $line " effective.yaml || fail "the effective config should have '$line'"
 done
 pass "a ZeRO-3 NVMe/CPU-offload DeepSpeed config becomes YAML that loads on its base; $(grep -c '^#   ' zero3.yaml) keys named as not carried over"
@@ -75,6 +77,21 @@ done
 grep -q "^#   fp16: Strata has no fp16 loss scaling" out.txt || fail "fp16 should be named: $(cat out.txt)"
 grep -q "grad_clip: 0 .*DeepSpeed's default: no clipping" out.txt || fail "the clipping default should say why"
 pass "DeepSpeed's defaults are written out where Strata's differ; fp16 is named with its bf16 alternative"
+
+# the TensorBoard monitor: events go where DeepSpeed's would (output_path/job_name); off when
+# DeepSpeed's is; with no path, Strata's run.dir stands and the note says where DeepSpeed writes
+echo '{"tensorboard": {"enabled": true, "output_path": "logs/", "job_name": "bert"}}' > tb.json
+[ "$(code "$S" config --from-deepspeed tb.json)" = 0 ] || fail "tensorboard config: $(cat err.txt)"
+grep -q '^  tensorboard: true .*# tensorboard.enabled$' out.txt && grep -q '^  tensorboard_dir: "logs/bert" .*# tensorboard.output_path/job_name' out.txt ||
+  fail "output_path/job_name should become run.tensorboard_dir: $(cat out.txt)"
+echo '{"tensorboard": {"output_path": "logs"}}' > tb.json
+[ "$(code "$S" config --from-deepspeed tb.json)" = 0 ] && grep -q "^  tensorboard: false .*DeepSpeed's default is off" out.txt &&
+  ! grep -q "^  tensorboard_dir" out.txt || fail "a monitor that is not enabled should be off: $(cat out.txt)"
+echo '{"tensorboard": {"enabled": true, "flush_secs": 5}}' > tb.json
+[ "$(code "$S" config --from-deepspeed tb.json)" = 0 ] && ! grep -q "^  tensorboard_dir" out.txt &&
+  grep -q "^#   tensorboard.output_path: absent: DeepSpeed writes to ./DeepSpeedJobName; Strata writes beside metrics.jsonl" out.txt &&
+  grep -q "^#   tensorboard.flush_secs: not a tensorboard key Strata knows" out.txt || fail "enabled without a path: $(cat out.txt)"
+pass "tensorboard.output_path/job_name becomes run.tensorboard_dir; off stays off; no path keeps run.dir, named"
 
 # ZeRO-Offload++'s partial offload: offload_optimizer.ratio becomes offload.optimizer_ratio
 echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1,
