@@ -101,10 +101,13 @@ static const struct {
      "  --tokenizer T        tokenizer.json, a model directory, or llm.c's tokenizer .bin (decoding only);\n"
      "                       default: the tokenizer.json the run recorded in its run directory\n"},
     {"plot",
-     "usage: strata plot RUNDIR [--out FILE]\n"
+     "usage: strata plot RUNDIR... [--out FILE]\n"
      "\n"
-     "Draws train loss, validation loss and the learning rate of RUNDIR/metrics.jsonl as an SVG\n"
-     "(default RUNDIR/plot.svg).\n"},
+     "Draws RUNDIR/metrics.jsonl as one self-contained SVG: train and validation loss with the\n"
+     "learning rate, tokens/s and step time, the gradient norm, and memory per tier by category\n"
+     "as planned, against each tier's capacity and the peak measured. Several runs are overlaid,\n"
+     "one colour each, with a legend (at most 16). Default output: RUNDIR/plot.svg for one run,\n"
+     "./plot.svg for several.\n"},
     {"bench",
      "usage: strata bench io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N] [--device cpu|cuda]\n"
      "\n"

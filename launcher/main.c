@@ -150,24 +150,26 @@ static int cmd_bench(int argc, char **argv) {
 }
 
 static int cmd_plot(int argc, char **argv) {
-    const char *dir = NULL, *out = NULL;
+    const char *dirs[16], *out = NULL;
+    int n = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else if (argv[i][0] != '-' && !dir) dir = argv[i];
+        else if (argv[i][0] != '-' && n < 16) dirs[n++] = argv[i];
         else {
-            fprintf(stderr, "usage: strata plot RUNDIR [--out FILE]\n");
+            fprintf(stderr, "%s", argv[i][0] == '-' ? "usage: strata plot RUNDIR... [--out FILE]\n"
+                                                    : "strata plot: at most 16 runs at once\n");
             return STRATA_EXIT_USAGE;
         }
     }
-    if (!dir) {
-        fprintf(stderr, "usage: strata plot RUNDIR [--out FILE]\n");
+    if (!n) {
+        fprintf(stderr, "usage: strata plot RUNDIR... [--out FILE]\n");
         return STRATA_EXIT_USAGE;
     }
-    if (strata_plot_run(dir, out)) {
+    if (strata_plot_runs(dirs, n, out)) {
         fprintf(stderr, "strata plot: %s\n", strata_error());
         return STRATA_EXIT_ERROR;
     }
-    printf("wrote %s\n", out ? out : "plot.svg in the run directory");
+    printf("wrote %s\n", out ? out : n == 1 ? "plot.svg in the run directory" : "plot.svg");
     return STRATA_EXIT_OK;
 }
 
@@ -203,7 +205,8 @@ static const struct command {
     {"plan", strata_cmd_plan, "[CONFIG] [--world N] [--set ...]", "print the memory plan per rank without training"},
     {"sample", strata_cmd_sample, "CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]",
      "generate text from a checkpoint"},
-    {"plot", cmd_plot, "RUNDIR [--out FILE]", "draw loss and learning rate as an SVG"},
+    {"plot", cmd_plot, "RUNDIR... [--out FILE]",
+     "draw loss, lr, speed, gradient norm and memory against the plan as an SVG; several runs overlaid"},
     {"bench", cmd_bench, "io [--nvme-dir DIR] [--block-kb N] [--queue-depth N] [--mb N]",
      "pinned/pageable host<->device and O_DIRECT io_uring bandwidth: the offload floors"},
     {"export", strata_cmd_export, "CKPT|RUNDIR --out DIR|FILE.safetensors",
