@@ -29,6 +29,8 @@ small_disk() {
   # metrics.jsonl fills the disk mid-line; the checkpoint attempt fails too, the last good
   # one (step 8) stays; once space is free a resume cleans up and finishes every step once.
   # 40 steps: the free space a resume needs to rewrite metrics holds about as many rows again.
+  # The TensorBoard events stay off here, so metrics.jsonl alone fills the disk (their own
+  # full disk is e2e_tensorboard.sh's).
   "$S" train tiny.yaml --set run.dir=runs/ref40 --set train.steps=40 > /dev/null
   mkdir -p small/r/ckpt && cp -r runs/ref40/ckpt/step_00000008 small/r/ckpt/ && echo step_00000008 > small/r/ckpt/latest
   head -8 runs/ref40/metrics.jsonl > small/r/metrics.jsonl
@@ -37,7 +39,8 @@ small_disk() {
   dd if=/dev/zero of=small/spacer bs=4096 count=$pages 2> /dev/null
   dd if=/dev/zero of=small/fill bs=4096 2> /dev/null || true # until the disk is full
   rm small/spacer # room for the resume's rewrite of metrics, then a few rows more
-  set +e; out=$("$S" train tiny.yaml --set run.dir=small/r --set train.steps=40 --set run.checkpoint_every=100 --resume latest 2>&1); rc=$?; set -e
+  set +e; out=$("$S" train tiny.yaml --set run.dir=small/r --set train.steps=40 --set run.checkpoint_every=100 \
+    --set run.tensorboard=false --resume latest 2>&1); rc=$?; set -e
   [ $rc -eq 1 ] || fail "full disk: exit $rc, expected 1: $(grep -v '^ ' <<<"$out" | tail -5)"
   grep -q "writing small/r/metrics.jsonl failed: No space left on device (errno 28)" <<<"$out" || fail "full disk message: $(grep -v "^ " <<<"$out")"
   grep -q "and the checkpoint of this step failed too" <<<"$out" || fail "full disk: the checkpoint attempt is not reported: $out"
@@ -47,7 +50,8 @@ small_disk() {
   metrics_ok small/r/metrics.jsonl "$stopped"
   pass "full disk at step $((stopped + 1)): exit 1 naming metrics.jsonl and ENOSPC; the checkpoint attempt failed, step 8 intact, metrics whole to step $stopped"
   rm small/fill
-  "$S" train tiny.yaml --set run.dir=small/r --set train.steps=40 --set run.keep=1 --resume latest > resumed.log 2>&1 ||
+  "$S" train tiny.yaml --set run.dir=small/r --set train.steps=40 --set run.keep=1 --set run.tensorboard=false \
+    --resume latest > resumed.log 2>&1 ||
     fail "resume after freeing space: $(tail -3 resumed.log)"
   grep -q "removed 1 unfinished checkpoint that a run killed while saving left in small/r/ckpt: step_0*$((stopped + 1)).tmp" resumed.log ||
     fail "the failed save's step_N.tmp was not cleaned, saying so: $(grep -i ckpt resumed.log)"

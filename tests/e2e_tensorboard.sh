@@ -4,8 +4,8 @@
 # and values as metrics.jsonl's rows, and the memory plan is there as text, for a run with
 # validation, one without, one with its optimizer offloaded, events in a directory of
 # their own, a run resumed after a clean end, a run SIGKILLed with its last record torn
-# (TensorBoard reads up to it; the resume drops it and every step is there once), and
-# events on a full disk (exit 1 after a checkpoint, both records ending at the same step;
+# (TensorBoard reads up to it; the resume drops it and every step is there once), two
+# ranks under mpirun (rank 0 writes them), and events on a full disk (exit 1 after a checkpoint, both records ending at the same step;
 # a tmpfs where one can be mounted). The Python is $STRATA_PYTHON, else
 # launcher/python-env.sh's venv, else python3; exits 77 (skip), saying so, when none of
 # them has `tensorboard`.
@@ -133,6 +133,18 @@ grep -q "\[tb\] $ev: byte [0-9]* starts [a-z ]* cut short (a run killed while wr
   fail "the torn record is not named: $(grep '\[tb\]' kill2.log)"
 check runs/kill runs/kill/metrics.jsonl
 pass "SIGKILL at step $rows with a torn last record: TensorBoard reads to step $last; resumed at $saved, every step once to $((saved + 6))"
+
+# --- two ranks: rank 0 writes the events of the job
+if command -v mpirun > /dev/null; then
+  MPI=(mpirun --oversubscribe -x OMP_NUM_THREADS=1)
+  [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+  "${MPI[@]}" -np 2 "$S" train tiny.yaml --set run.dir=runs/mpi --set zero.stage=1 > mpi.log 2>&1 || fail "two ranks: $(tail -3 mpi.log)"
+  [ "$(events_of runs/mpi | wc -l)" = 1 ] || fail "two ranks should write one events file: $(ls runs/mpi)"
+  check runs/mpi runs/mpi/metrics.jsonl
+  pass "under mpirun -np 2 at ZeRO stage 1: one events file, rank 0's, as metrics.jsonl says"
+else
+  echo "note: mpirun not found: the two-rank check is skipped"
+fi
 
 # --- a full disk: where a tmpfs can be mounted, as root or in a user namespace
 mkdir small
