@@ -540,7 +540,7 @@ static double byte_unit(double max, const char **name) {
 #define BAR_H 14
 #define BAR_GAP 6
 #define MEM_TIER_PAD 40 /* a tier's title and its byte axis */
-#define MEM_R (PLOT_R - 120) /* the bars' right end; each bar's total and capacity to its right */
+#define MEM_R (PLOT_R - 150) /* the bars' right end; each bar's total and capacity to its right */
 
 /* Bytes per category and tier as planned, one stacked bar per run, against each run's
  * capacity of that tier (a solid line; named at the bar's end when it lies far beyond the
