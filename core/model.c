@@ -262,7 +262,7 @@ static void block_forward(strata_model *m, int u) {
     void *x = m->resid[l];
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C));
     TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, 0)); /* (B,T,3C) */
-    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, C, NH));                  /* (B,T,C) */
+    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, NH, NH, C / NH));         /* (B,T,C) */
     TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, m->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, 0));
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, m->scratch_btc, (size_t)BT * C));
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C));
@@ -314,7 +314,7 @@ static void block_backward(strata_model *m, int u) {
     TIMED(MATMUL_FC, k->matmul_backward(s, m->dbtc, G(u, FC_W), G(u, FC_B), m->dfch, a->ln2, P(u, FC_W), BT, C, 4 * C, 0));
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN2_W), G(u, LN2_B), m->dbtc, a->resid2, P(u, LN2_W), a->ln2_mean, a->ln2_rstd, BT, C));
     TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, m->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, 0));
-    TIMED(ATTENTION, k->attention_backward(s, m->dqkv, m->dbtc, a->qkv, a->atty, a->att_lse, B, T, C, NH));
+    TIMED(ATTENTION, k->attention_backward(s, m->dqkv, m->dbtc, a->qkv, a->atty, a->att_lse, B, T, NH, NH, C / NH));
     TIMED(MATMUL_QKV, k->matmul_backward(s, m->dbtc, G(u, QKV_W), G(u, QKV_B), m->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, 0));
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), m->dbtc, m->resid[l], P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
 }

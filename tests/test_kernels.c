@@ -488,7 +488,7 @@ static void test_attention(int B, int T, int C, int NH, double amp)
     float *qkv = randf(nq, -amp, amp), *out = filled(no, 99.0f), *lse = filled(nl, 99.0f);
     attn_ctx c = {B, T, C, NH, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
     double *rlse = malloc(nl * sizeof(double));
-    K->attention_forward(S, out, lse, qkv, B, T, C, NH);
+    K->attention_forward(S, out, lse, qkv, B, T, NH, NH, C / NH);
     ref_attention(c.out, rlse, c.qkv, B, T, C, NH);
     snprintf(name, sizeof name, "attention_forward out %s", tag);
     check_fwd(name, out, c.out, no);
@@ -496,7 +496,7 @@ static void test_attention(int B, int T, int C, int NH, double amp)
     check_fwd(name, lse, rlse, nl);
 
     float *R = f64_to_f32(c.R, no), *dqkv = filled(nq, 99.0f);
-    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, C, NH);
+    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, NH, NH, C / NH);
     double *g = fd_grad(attn_loss, &c, c.qkv, nq);
     snprintf(name, sizeof name, "attention_backward dqkv (=) %s", tag);
     check_grad(name, dqkv, NULL, g, nq);
@@ -854,11 +854,11 @@ static void test_attention_determinism(void)
     for (int run = 0; run < 3; run++) {
         set_threads(run == 0 ? 1 : 2);
         float *o = filled(no, 0.0f);
-        K->attention_forward(S, o, lse, qkv, B, T, C, NH);
+        K->attention_forward(S, o, lse, qkv, B, T, NH, NH, C / NH);
         if (run == 0) memcpy(out, o, no * sizeof(float));
         same_a &= bitwise_equal(o, out, no);
         dq[run] = filled(nq, 7.0f);
-        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, C, NH);
+        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, NH, NH, C / NH);
         free(o);
     }
     same_a &= bitwise_equal(dq[0], dq[1], nq) && bitwise_equal(dq[0], dq[2], nq);

@@ -778,25 +778,26 @@ static inline int attn_first(int u, int t0)
     return u > t0 ? u - t0 : 0;
 }
 
-/* st (nk, QB) = k[0..nk) @ q[t0..t0+nq)^T: unscaled scores, transposed */
+/* st (nk, QB) = k[0..nk) @ q[t0..t0+nq)^T: unscaled scores, transposed; q and k rows are
+ * W elements apart (a qkv row) */
 static void attn_scores_t(attn_scratch *w, const float *q, const float *k, int t0, int nq,
-                          int nk, int C3, int hs)
+                          int nk, int W, int hs)
 {
     gemm_args g = {
         .M = nk, .N = nq, .K = hs,
-        .a = k, .a_rs = (size_t)C3, .a_cs = 1,
-        .b = q + (size_t)t0 * C3, .b_rs = 1, .b_cs = (size_t)C3,
+        .a = k, .a_rs = (size_t)W, .a_cs = 1,
+        .b = q + (size_t)t0 * W, .b_rs = 1, .b_cs = (size_t)W,
         .c = w->st, .ldc = QB,
     };
     gemm_block(&g, 0, nk, 0, nq, &w->g);
 }
 
 static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, const void *qkv_,
-                                  int B, int T, int C, int NH)
+                                  int B, int T, int NH, int NKV, int hs)
 {
     float *out = out_;
     const float *qkv = qkv_;
-    int hs = C / NH, C3 = 3 * C;
+    int C = NH * hs, W = (NH + 2 * NKV) * hs, group = NH / NKV;
     float scale = (float)(1.0 / sqrt((double)hs));
 #pragma omp parallel if (B * NH > 1 && (long)T * C > 4096)
     {
@@ -804,14 +805,15 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
         attn_scratch_init(&w, T, 0);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
+            int b = bh / NH, h = bh % NH, kv = h / group;
+            const float *row0 = qkv + (size_t)b * T * W;
+            const float *q = row0 + (size_t)h * hs;
+            const float *k = row0 + (size_t)(NH + kv) * hs, *v = row0 + (size_t)(NH + NKV + kv) * hs;
             float *o = out + (size_t)b * T * C + (size_t)h * hs;
             float *l = lse + (size_t)bh * T;
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
-                attn_scores_t(&w, q, k, t0, nq, nk, C3, hs);
+                attn_scores_t(&w, q, k, t0, nq, nk, W, hs);
                 float mx[QB], inv[QB];
                 double sum[QB];
                 for (int i = 0; i < nq; i++) {
@@ -846,7 +848,7 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
                 gemm_args g = {
                     .M = nq, .N = hs, .K = nk,
                     .a = w.st, .a_rs = 1, .a_cs = QB,
-                    .b = v, .b_rs = (size_t)C3, .b_cs = 1,
+                    .b = v, .b_rs = (size_t)W, .b_cs = 1,
                     .c = o + (size_t)t0 * C, .ldc = (size_t)C,
                 };
                 gemm_block(&g, 0, nq, 0, hs, &w.g);
@@ -857,82 +859,89 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
 
 static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *dout_,
                                    const void *qkv_, const void *out_, const float *lse, int B,
-                                   int T, int C, int NH)
+                                   int T, int NH, int NKV, int hs)
 {
     float *dqkv = dqkv_;
     const float *dout = dout_, *qkv = qkv_, *out = out_;
-    int hs = C / NH, C3 = 3 * C;
+    int C = NH * hs, W = (NH + 2 * NKV) * hs, group = NH / NKV;
     float scale = (float)(1.0 / sqrt((double)hs));
-#pragma omp parallel if (B * NH > 1 && (long)T * C > 4096)
+    /* one task per (batch, key/value head): its query heads in order, so dK and dV, which
+     * the group shares, have one writer and a fixed order of additions */
+#pragma omp parallel if (B * NKV > 1 && (long)T * C > 4096)
     {
         attn_scratch w;
         attn_scratch_init(&w, T, 1);
 #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-            size_t ooff = (size_t)b * T * C + (size_t)h * hs;
-            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-            const float *o = out + ooff, *dout_bh = dout + ooff;
-            const float *l = lse + (size_t)bh * T;
+        for (int bkv = 0; bkv < B * NKV; bkv++) {
+            int b = bkv / NKV, kv = bkv % NKV;
+            size_t row0 = (size_t)b * T * W;
+            const float *k = qkv + row0 + (size_t)(NH + kv) * hs, *v = qkv + row0 + (size_t)(NH + NKV + kv) * hs;
+            float *dk = dqkv + row0 + (size_t)(NH + kv) * hs, *dv = dqkv + row0 + (size_t)(NH + NKV + kv) * hs;
             for (int t = 0; t < T; t++) { /* dK and dV accumulate below */
-                memset(dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-                memset(dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+                memset(dk + (size_t)t * W, 0, (size_t)hs * sizeof(float));
+                memset(dv + (size_t)t * W, 0, (size_t)hs * sizeof(float));
             }
-            for (int t0 = 0; t0 < T; t0 += QB) {
-                int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
-                const float *dob = dout_bh + (size_t)t0 * C;
-                /* probabilities from the saved log-sum-exp */
-                attn_scores_t(&w, q, k, t0, nq, nk, C3, hs);
-                for (int u = 0; u < nk; u++) {
-                    float *row = w.st + (size_t)u * QB;
-                    int lo = attn_first(u, t0);
-                    for (int i = 0; i < lo; i++) row[i] = 0.0f;
-                    for (int i = lo; i < nq; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
+            for (int h = kv * group; h < (kv + 1) * group; h++) {
+                int bh = b * NH + h;
+                size_t ooff = (size_t)b * T * C + (size_t)h * hs;
+                const float *q = qkv + row0 + (size_t)h * hs;
+                float *dq = dqkv + row0 + (size_t)h * hs;
+                const float *o = out + ooff, *dout_bh = dout + ooff;
+                const float *l = lse + (size_t)bh * T;
+                for (int t0 = 0; t0 < T; t0 += QB) {
+                    int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
+                    const float *dob = dout_bh + (size_t)t0 * C;
+                    /* probabilities from the saved log-sum-exp */
+                    attn_scores_t(&w, q, k, t0, nq, nk, W, hs);
+                    for (int u = 0; u < nk; u++) {
+                        float *row = w.st + (size_t)u * QB;
+                        int lo = attn_first(u, t0);
+                        for (int i = 0; i < lo; i++) row[i] = 0.0f;
+                        for (int i = lo; i < nq; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
+                    }
+                    /* dp^T (nk, nq) = v[0..nk) @ dout block^T */
+                    gemm_args gdp = {
+                        .M = nk, .N = nq, .K = hs,
+                        .a = v, .a_rs = (size_t)W, .a_cs = 1,
+                        .b = dob, .b_rs = 1, .b_cs = (size_t)C,
+                        .c = w.dpt, .ldc = QB,
+                    };
+                    gemm_block(&gdp, 0, nk, 0, nq, &w.g);
+                    /* dv[0..nk) += p^T @ dout block */
+                    gemm_args gdv = {
+                        .M = nk, .N = hs, .K = nq,
+                        .a = w.st, .a_rs = QB, .a_cs = 1,
+                        .b = dob, .b_rs = (size_t)C, .b_cs = 1,
+                        .c = dv, .ldc = (size_t)W, .accumulate = 1,
+                    };
+                    gemm_block(&gdv, 0, nk, 0, hs, &w.g);
+                    /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
+                    float D[QB];
+                    for (int i = 0; i < nq; i++)
+                        D[i] = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C, (size_t)hs);
+                    for (int u = 0; u < nk; u++) {
+                        float *row = w.st + (size_t)u * QB;
+                        const float *dpr = w.dpt + (size_t)u * QB;
+                        for (int i = attn_first(u, t0); i < nq; i++)
+                            row[i] = scale * row[i] * (dpr[i] - D[i]);
+                    }
+                    /* dq block (=) ds (nq, nk) @ k[0..nk) */
+                    gemm_args gdq = {
+                        .M = nq, .N = hs, .K = nk,
+                        .a = w.st, .a_rs = 1, .a_cs = QB,
+                        .b = k, .b_rs = (size_t)W, .b_cs = 1,
+                        .c = dq + (size_t)t0 * W, .ldc = (size_t)W,
+                    };
+                    gemm_block(&gdq, 0, nq, 0, hs, &w.g);
+                    /* dk[0..nk) += ds^T @ q block */
+                    gemm_args gdk = {
+                        .M = nk, .N = hs, .K = nq,
+                        .a = w.st, .a_rs = QB, .a_cs = 1,
+                        .b = q + (size_t)t0 * W, .b_rs = (size_t)W, .b_cs = 1,
+                        .c = dk, .ldc = (size_t)W, .accumulate = 1,
+                    };
+                    gemm_block(&gdk, 0, nk, 0, hs, &w.g);
                 }
-                /* dp^T (nk, nq) = v[0..nk) @ dout block^T */
-                gemm_args gdp = {
-                    .M = nk, .N = nq, .K = hs,
-                    .a = v, .a_rs = (size_t)C3, .a_cs = 1,
-                    .b = dob, .b_rs = 1, .b_cs = (size_t)C,
-                    .c = w.dpt, .ldc = QB,
-                };
-                gemm_block(&gdp, 0, nk, 0, nq, &w.g);
-                /* dv[0..nk) += p^T @ dout block */
-                gemm_args gdv = {
-                    .M = nk, .N = hs, .K = nq,
-                    .a = w.st, .a_rs = QB, .a_cs = 1,
-                    .b = dob, .b_rs = (size_t)C, .b_cs = 1,
-                    .c = dv, .ldc = (size_t)C3, .accumulate = 1,
-                };
-                gemm_block(&gdv, 0, nk, 0, hs, &w.g);
-                /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
-                float D[QB];
-                for (int i = 0; i < nq; i++)
-                    D[i] = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C, (size_t)hs);
-                for (int u = 0; u < nk; u++) {
-                    float *row = w.st + (size_t)u * QB;
-                    const float *dpr = w.dpt + (size_t)u * QB;
-                    for (int i = attn_first(u, t0); i < nq; i++)
-                        row[i] = scale * row[i] * (dpr[i] - D[i]);
-                }
-                /* dq block (=) ds (nq, nk) @ k[0..nk) */
-                gemm_args gdq = {
-                    .M = nq, .N = hs, .K = nk,
-                    .a = w.st, .a_rs = 1, .a_cs = QB,
-                    .b = k, .b_rs = (size_t)C3, .b_cs = 1,
-                    .c = dq + (size_t)t0 * C3, .ldc = (size_t)C3,
-                };
-                gemm_block(&gdq, 0, nq, 0, hs, &w.g);
-                /* dk[0..nk) += ds^T @ q block */
-                gemm_args gdk = {
-                    .M = nk, .N = hs, .K = nq,
-                    .a = w.st, .a_rs = QB, .a_cs = 1,
-                    .b = q + (size_t)t0 * C3, .b_rs = (size_t)C3, .b_cs = 1,
-                    .c = dk, .ldc = (size_t)C3, .accumulate = 1,
-                };
-                gemm_block(&gdk, 0, nk, 0, hs, &w.g);
             }
         }
     }
