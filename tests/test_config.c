@@ -50,8 +50,8 @@ static const bad_case bad_cases[] = {
      "bad.yaml:10: key 'train.steps': must be between 1 and 1000000000000, got 99999999999999999999"},
     {"uint64: negative seed", HEAD TRAIN "  seed: -1\n", NULL,
      "bad.yaml:11: key 'train.seed': must be between 0 and 18446744073709551615, got -1"},
-    {"vocab above uint16", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 70000\n",
-     NULL, "bad.yaml:6: key 'model.vocab_size': must be between 1 and 65536, got 70000"},
+    {"vocab above the bound", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 2000000\n",
+     NULL, "bad.yaml:6: key 'model.vocab_size': must be between 1 and 1048576, got 2000000"},
     {"double: not a number", HEAD TRAIN "optim:\n  lr: fast\n", NULL,
      "bad.yaml:12: key 'optim.lr': expected a number, got 'fast'"},
     {"double: nan", HEAD TRAIN "optim:\n  eps: nan\n", NULL, "bad.yaml:12: key 'optim.eps': expected a number, got 'nan'"},
@@ -573,8 +573,8 @@ static void test_init_from_bounds(void) {
     } cases[] = {
         {"{\"model_type\": \"gpt2\", \"n_layer\": 100000000, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, "
          "\"vocab_size\": 256}", "n_layer", "n_layer", 100000000, "between 1 and 1024"},
-        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, \"vocab_size\": 70000}", "vocab_size",
-         "vocab_size", 70000, "between 1 and 65536"},
+        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, \"vocab_size\": 2000000}", "vocab_size",
+         "vocab_size", 2000000, "between 1 and 1048576"},
         {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_ctx\": 2000000, \"vocab_size\": 256}", "seq_len",
          "n_positions", 2000000, "between 1 and 1048576"},
         {"{\"n_layer\": 2, \"n_head\": 4096, \"n_embd\": 8192, \"n_positions\": 16, \"vocab_size\": 256}", "n_head",

@@ -319,7 +319,7 @@ static void test_refusals(void) {
         {",\"n_layer\":1,\"activation_function\":\"gelu\"", "\"activation_function\" is \"gelu\""},
         {",\"n_layer\":1,\"layer_norm_epsilon\":1e-06", "\"layer_norm_epsilon\" is 1e-06"},
         {",\"n_layer\":1,\"tie_word_embeddings\":false", "\"tie_word_embeddings\" is false"},
-        {",\"n_layer\":1,\"model_type\":\"llama\"", "\"model_type\" is \"llama\""},
+        {",\"n_layer\":1,\"model_type\":\"bloom\"", "\"model_type\" is \"bloom\""},
         {",\"n_layer\":1,\"n_inner\":16", "\"n_inner\" must be null or 4 * n_embd (32)"},
         {",\"n_layer\":1,\"add_cross_attention\":true", "\"add_cross_attention\" is true"},
         {",\"n_layer\":1,\"scale_attn_by_inverse_layer_idx\":true", "scale_attn_by_inverse_layer_idx"},
@@ -389,7 +389,8 @@ static void test_config(void) {
 int main(void) {
     snprintf(root, sizeof root, "/tmp/strata-test-pretrained-XXXXXX");
     if (!mkdtemp(root)) return 1;
-    strata_model_shape shape = {L, NH, C, P, V, 128, 0.02f};
+    strata_model_shape shape = {.n_layer = L, .n_head = NH, .n_embd = C, .max_seq_len = P, .vocab_size = V,
+                                .padded_vocab_size = 128, .init_std = 0.02f};
     strata_model_init(&model, &shape);
     test_layouts();
     test_nonfinite();
