@@ -1294,6 +1294,21 @@ strata_model_shape strata_config_model_shape(const strata_config *c) {
     };
 }
 
+void strata_config_model_describe(const strata_config *c, char *out, size_t n) {
+    if (c->model.arch == STRATA_ARCH_GPT2) {
+        snprintf(out, n, "%d layers, %d heads, %d channels, vocab %d", c->model.n_layer, c->model.n_head, c->model.n_embd,
+                 c->model.vocab_size);
+        return;
+    }
+    char theta[64];
+    format_double(c->model.rope_theta, theta, sizeof theta);
+    snprintf(out, n, "%s: %d layers, %d heads (%d key/value) of %d, %d channels, MLP %d, vocab %d, RoPE %stheta %s%s%s%s",
+             strata_config_hf_model_type(c), c->model.n_layer, c->model.n_head, c->model.n_kv_head, c->model.head_dim,
+             c->model.n_embd, c->model.intermediate_size, c->model.vocab_size,
+             c->model.rope_scaling == STRATA_ROPE_LLAMA3 ? "llama3 " : "", theta, c->model.qkv_bias ? ", q/k/v biases" : "",
+             c->model.qk_norm ? ", q/k norms" : "", c->model.tie_embeddings ? ", tied" : "");
+}
+
 const char *strata_config_hf_model_type(const strata_config *c) {
     if (c->model.hf_model_type != STRATA_HF_AUTO) return hf_type_names[c->model.hf_model_type];
     if (c->model.arch == STRATA_ARCH_GPT2) return "gpt2";

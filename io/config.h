@@ -190,6 +190,10 @@ strata_model_shape strata_config_model_shape(const strata_config *c);
 int strata_config_seq_len(const strata_config *c);     /* train.seq_len or model.seq_len */
 int strata_config_padded_vocab(const strata_config *c); /* Vp */
 
+/* The model in words: "12 layers, 12 heads, 768 channels, vocab 50257" for GPT-2;
+ * "llama: 16 layers, 32 heads (8 key/value) of 64, 2048 channels, MLP 8192, vocab 128256,
+ * RoPE llama3 theta 500000, tied" for the Llama family. */
+void strata_config_model_describe(const strata_config *c, char *out, size_t n);
 /* model.hf_model_type with auto resolved: "gpt2", "llama", "mistral", "qwen2", "qwen3". */
 const char *strata_config_hf_model_type(const strata_config *c);
 

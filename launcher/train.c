@@ -555,10 +555,11 @@ static int build_and_plan(trainer *t) {
     t->planned_nvme = plan.need[STRATA_TIER_NVME];
     t->planned_runtime = plan.runtime_bytes;
     if (t->rank == 0) {
-        const strata_model_shape *s = &t->m.shape;
         int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
-        STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
-                    s->n_layer, s->n_head, s->n_embd, s->vocab_size, s->padded_vocab_size, strata_model_num_params(&t->m));
+        char desc[256];
+        strata_config_model_describe(cfg, desc, sizeof desc);
+        STRATA_INFO("train", "model: %s (padded %d), %zu parameters", desc, t->m.shape.padded_vocab_size,
+                    strata_model_num_params(&t->m));
         STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A,
                     t->world, (long long)B * T * A * t->world);
         strata_plan_print(&plan, stdout);
