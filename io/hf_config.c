@@ -165,16 +165,16 @@ static int read_rope(const strata_json *r, const char *path, strata_hf_shape *s)
     if (!(s->rope_theta > 0))
         return strata_fail("%s: \"rope_theta\" is %g; RoPE's base must be positive", path, s->rope_theta);
     s->rope_type = STRATA_ROPE_DEFAULT;
-    if (!scaling) return 0;
-    const char *type = NULL;
-    if (string_key(scaling, "rope_type", path, &type) || (!type && string_key(scaling, "type", path, &type))) return -1;
     double partial;
-    if (number_key(scaling, "partial_rotary_factor", 1.0, path, &partial) ||
-        number_key(r, "partial_rotary_factor", partial, path, &partial))
+    if (number_key(r, "partial_rotary_factor", 1.0, path, &partial) ||
+        (scaling && number_key(scaling, "partial_rotary_factor", partial, path, &partial)))
         return -1;
     if (partial != 1.0)
         return strata_fail("%s: \"partial_rotary_factor\" is %g; Strata's RoPE turns every dimension of a head", path,
                            partial);
+    if (!scaling) return 0;
+    const char *type = NULL;
+    if (string_key(scaling, "rope_type", path, &type) || (!type && string_key(scaling, "type", path, &type))) return -1;
     if (!type || !strcmp(type, "default")) return 0;
     if (strcmp(type, "llama3"))
         return strata_fail("%s: %s's \"rope_type\" is \"%.40s\"; Strata computes RoPE's default frequencies and Llama "

@@ -61,7 +61,7 @@ static int llama_model(void) {
 
 static const char *model_yaml(void) {
     if (llama_model())
-        return "{arch: llama, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 64, intermediate_size: 96, seq_len: 16, "
+        return "{arch: llama, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 64, intermediate_size: 256, seq_len: 16, "
                "vocab_size: 256, tie_embeddings: false, qk_norm: true}";
     return "{n_layer: 4, n_head: 2, n_embd: 64, seq_len: 16, vocab_size: 256}";
 }
