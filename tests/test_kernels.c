@@ -192,7 +192,7 @@ static void ref_encoder(double *out, const int32_t *tok, const double *wte, cons
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
                 out[((size_t)b * T + t) * C + c] =
-                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+                    wte[(size_t)tok[b * T + t] * C + c] + (wpe ? wpe[(size_t)t * C + c] : 0.0);
 }
 
 static void ref_layernorm(double *out, double *mean, double *rstd, const double *inp,
@@ -312,6 +312,30 @@ static void test_encoder(void)
     check_grad("encoder_backward dwpe (+=, rows >= T kept)", dwpe, dwpe0, g_wpe, (size_t)maxT * C);
     free(wte), free(wpe), free(out), free(c.wte), free(c.wpe), free(c.out), free((void *)c.R);
     free(R), free(dwte0), free(dwpe0), free(dwte), free(dwpe), free(g_wte), free(g_wpe);
+}
+
+/* wpe NULL (the Llama family): out is the token's embedding row, bit for bit, and the
+ * backward fills dwte alone */
+static void test_encoder_no_positions(void)
+{
+    int B = 2, T = 5, C = 24, V = 11;
+    int32_t tok[10] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 9};
+    size_t no = (size_t)B * T * C;
+    float *wte = randf((size_t)V * C, -1, 1), *out = filled(no, 99.0f);
+    enc_ctx c = {B, T, C, tok, to_f64(wte, (size_t)V * C), NULL, malloc(no * sizeof(double)), rand_f64(no)};
+    K->encoder_forward(S, out, tok, wte, NULL, B, T, C);
+    int same = 1;
+    for (int i = 0; i < B * T; i++) same &= bitwise_equal(out + (size_t)i * C, wte + (size_t)tok[i] * C, (size_t)C);
+    printf("%-44s %s\n", "encoder_forward wpe NULL: the wte rows", same ? "same bits" : "DIFFER");
+    CHECK(same, "encoder_forward with wpe NULL differs from the embedding rows");
+
+    float *R = f64_to_f32(c.R, no);
+    float *dwte0 = randf((size_t)V * C, -1, 1), *dwte = copyf(dwte0, (size_t)V * C);
+    K->encoder_backward(S, dwte, NULL, R, tok, B, T, C);
+    double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
+    check_grad("encoder_backward dwte (+=), dwpe NULL", dwte, dwte0, g_wte, (size_t)V * C);
+    free(wte), free(out), free(c.wte), free(c.out), free((void *)c.R), free(R), free(dwte0), free(dwte);
+    free(g_wte);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -910,6 +934,7 @@ int main(void)
         printf("ThreadSanitizer build: kernels run on one thread, 1-vs-2-thread checks compare 1 with 1\n");
     }
     test_encoder();
+    test_encoder_no_positions();
     test_layernorm(10, 8);
     test_layernorm(3, 37);
     /* every matrix product on the hand-written kernel, then on the BLAS (when built with

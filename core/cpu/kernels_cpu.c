@@ -578,8 +578,13 @@ static void cpu_encoder_forward(strata_stream *s, void *out_, const int32_t *tok
     const float *wte = wte_, *wpe = wpe_;
 #pragma omp parallel for schedule(static) if ((long)B * T * C > PAR_MIN)
     for (long bt = 0; bt < (long)B * T; bt++) {
-        const float *e = wte + (size_t)tok[bt] * C, *p = wpe + (size_t)(bt % T) * C;
+        const float *e = wte + (size_t)tok[bt] * C;
         float *o = out + (size_t)bt * C;
+        if (!wpe) { /* the Llama family: positions enter through the rotation of q and k */
+            memcpy(o, e, (size_t)C * sizeof(float));
+            continue;
+        }
+        const float *p = wpe + (size_t)(bt % T) * C;
         for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }
@@ -600,6 +605,10 @@ static void cpu_encoder_backward(strata_stream *s, float *dwte, float *dwpe, con
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tok[(size_t)b * T + t] * C;
+                if (!dwpe) {
+                    for (int c = c0; c < c1; c++) we[c] += d[c];
+                    continue;
+                }
                 float *wp = dwpe + (size_t)t * C;
                 for (int c = c0; c < c1; c++) {
                     we[c] += d[c];
