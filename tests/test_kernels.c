@@ -224,36 +224,79 @@ static void ref_matmul(double *out, const double *inp, const double *w, const do
         }
 }
 
-static void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C,
-                          int NH)
+/* Grouped-query causal attention: a qkv row holds q (NH heads), k (NKV), v (NKV); query head
+ * h uses key/value head h / (NH/NKV). Each row's probabilities are formed once. */
+static void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int NH,
+                          int NKV, int hs)
 {
-    int hs = C / NH;
+    int W = (NH + 2 * NKV) * hs, C = NH * hs, group = NH / NKV;
     double scale = 1.0 / sqrt((double)hs);
-    double *sc = malloc((size_t)T * sizeof(double));
+    double *p = malloc((size_t)T * sizeof(double));
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++) {
+            const double *k0 = qkv + (size_t)b * T * W + (size_t)(NH + h / group) * hs;
+            const double *v0 = k0 + (size_t)NKV * hs;
             for (int t = 0; t < T; t++) {
-                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                const double *q = qkv + ((size_t)b * T + t) * W + (size_t)h * hs;
                 double mx = -INFINITY;
                 for (int u = 0; u <= t; u++) {
-                    const double *k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
                     double s = 0.0;
-                    for (int d = 0; d < hs; d++) s += q[d] * k[d];
-                    sc[u] = s * scale;
-                    mx = sc[u] > mx ? sc[u] : mx;
+                    for (int d = 0; d < hs; d++) s += q[d] * k0[(size_t)u * W + d];
+                    p[u] = s * scale;
+                    mx = p[u] > mx ? p[u] : mx;
                 }
                 double sum = 0.0;
-                for (int u = 0; u <= t; u++) sum += exp(sc[u] - mx);
-                double *o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int d = 0; d < hs; d++) {
-                    double acc = 0.0;
-                    for (int u = 0; u <= t; u++)
-                        acc += exp(sc[u] - mx) / sum * qkv[((size_t)b * T + u) * 3 * C + 2 * C + h * hs + d];
-                    o[d] = acc;
-                }
+                for (int u = 0; u <= t; u++) sum += p[u] = exp(p[u] - mx);
+                double *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) o[d] = 0.0;
+                for (int u = 0; u <= t; u++)
+                    for (int d = 0; d < hs; d++) o[d] += p[u] / sum * v0[(size_t)u * W + d];
                 if (lse) lse[((size_t)b * NH + h) * T + t] = mx + log(sum);
             }
-    free(sc);
+        }
+    free(p);
+}
+
+/* dqkv (=) of L = sum(out * dout), by the exact formulas in double: with p the row's
+ * probabilities and dp[u] = dout . v[u], ds = p * (dp - sum(p * dp)); dq = scale ds @ k,
+ * dk += scale ds^T q, dv += p^T dout, the key/value gradients summed over the group */
+static void ref_attention_grad(double *dqkv, const double *dout, const double *qkv, int B, int T,
+                               int NH, int NKV, int hs)
+{
+    int W = (NH + 2 * NKV) * hs, C = NH * hs, group = NH / NKV;
+    double scale = 1.0 / sqrt((double)hs);
+    double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
+    memset(dqkv, 0, (size_t)B * T * W * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            size_t koff = (size_t)b * T * W + (size_t)(NH + h / group) * hs, voff = koff + (size_t)NKV * hs;
+            for (int t = 0; t < T; t++) {
+                size_t qoff = ((size_t)b * T + t) * W + (size_t)h * hs;
+                const double *q = qkv + qoff, *d = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+                double mx = -INFINITY, sum = 0.0, D = 0.0;
+                for (int u = 0; u <= t; u++) {
+                    double s = 0.0, e = 0.0;
+                    for (int j = 0; j < hs; j++) {
+                        s += q[j] * qkv[koff + (size_t)u * W + j];
+                        e += d[j] * qkv[voff + (size_t)u * W + j];
+                    }
+                    p[u] = s * scale;
+                    dp[u] = e;
+                    mx = p[u] > mx ? p[u] : mx;
+                }
+                for (int u = 0; u <= t; u++) sum += p[u] = exp(p[u] - mx);
+                for (int u = 0; u <= t; u++) D += (p[u] /= sum) * dp[u];
+                for (int u = 0; u <= t; u++) {
+                    double ds = p[u] * (dp[u] - D) * scale;
+                    for (int j = 0; j < hs; j++) {
+                        dqkv[qoff + j] += ds * qkv[koff + (size_t)u * W + j];
+                        dqkv[koff + (size_t)u * W + j] += ds * q[j];
+                        dqkv[voff + (size_t)u * W + j] += p[u] * d[j];
+                    }
+                }
+            }
+        }
+    free(p), free(dp);
 }
 
 static void ref_crossentropy(double *losses, const double *logits, const int32_t *tgt, int N,
@@ -492,7 +535,7 @@ static void test_matmul(int M, int Kd, int N, int w_nk, int has_bias, int gelu)
 /* attention                                                                            */
 
 typedef struct attn_ctx {
-    int B, T, C, NH;
+    int B, T, NH, NKV, hs;
     double *qkv, *out;
     const double *R;
 } attn_ctx;
@@ -500,32 +543,138 @@ typedef struct attn_ctx {
 static double attn_loss(void *p)
 {
     attn_ctx *c = p;
-    ref_attention(c->out, NULL, c->qkv, c->B, c->T, c->C, c->NH);
-    return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
+    ref_attention(c->out, NULL, c->qkv, c->B, c->T, c->NH, c->NKV, c->hs);
+    return dot(c->out, c->R, (size_t)c->B * c->T * c->NH * c->hs);
 }
 
-static void test_attention(int B, int T, int C, int NH, double amp)
+/* central differences of loss() at m coordinates of x spread over the q, k and v parts of
+ * qkv rows (W wide, with NH, NKV heads of hs); idx receives the coordinates */
+static double *fd_grad_qkv_sample(loss_fn loss, void *ctx, double *x, size_t rows, int NH, int NKV,
+                                  int hs, size_t *idx, int m)
 {
-    char tag[64], name[128];
-    snprintf(tag, sizeof tag, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    size_t W = (size_t)(NH + 2 * NKV) * hs;
+    double *g = malloc((size_t)m * sizeof(double));
+    for (int i = 0; i < m; i++) {
+        size_t row = (size_t)(rnd() * rows), part = (size_t)i % 3;
+        size_t heads = part == 0 ? (size_t)NH : (size_t)NKV;
+        size_t base = part == 0 ? 0 : part == 1 ? (size_t)NH * hs : (size_t)(NH + NKV) * hs;
+        idx[i] = row * W + base + (size_t)(rnd() * heads) * hs + (size_t)(rnd() * hs);
+        double v = x[idx[i]];
+        x[idx[i]] = v + FD_EPS;
+        double lp = loss(ctx);
+        x[idx[i]] = v - FD_EPS;
+        double lm = loss(ctx);
+        x[idx[i]] = v;
+        g[i] = (lp - lm) / (2.0 * FD_EPS);
+    }
+    return g;
+}
+
+/* Forward against the double reference (out and lse); the backward against the exact
+ * gradient in double, and against finite differences: of every coordinate when fd_points
+ * is 0 (the double gradient is then checked against them too, so it is an oracle the
+ * larger shapes can trust), else of fd_points sampled ones. */
+static void test_attention(int B, int T, int NH, int NKV, int hs, double amp, int fd_points)
+{
+    char tag[80], name[160];
+    snprintf(tag, sizeof tag, "B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
+    int W = (NH + 2 * NKV) * hs, C = NH * hs;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = randf(nq, -amp, amp), *out = filled(no, 99.0f), *lse = filled(nl, 99.0f);
-    attn_ctx c = {B, T, C, NH, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
+    attn_ctx c = {B, T, NH, NKV, hs, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
     double *rlse = malloc(nl * sizeof(double));
-    K->attention_forward(S, out, lse, qkv, B, T, NH, NH, C / NH);
-    ref_attention(c.out, rlse, c.qkv, B, T, C, NH);
+    K->attention_forward(S, out, lse, qkv, B, T, NH, NKV, hs);
+    ref_attention(c.out, rlse, c.qkv, B, T, NH, NKV, hs);
     snprintf(name, sizeof name, "attention_forward out %s", tag);
     check_fwd(name, out, c.out, no);
     snprintf(name, sizeof name, "attention_forward lse %s", tag);
     check_fwd(name, lse, rlse, nl);
 
     float *R = f64_to_f32(c.R, no), *dqkv = filled(nq, 99.0f);
-    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, NH, NH, C / NH);
-    double *g = fd_grad(attn_loss, &c, c.qkv, nq);
+    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, NH, NKV, hs);
+    double *exact = malloc(nq * sizeof(double));
+    ref_attention_grad(exact, c.R, c.qkv, B, T, NH, NKV, hs);
     snprintf(name, sizeof name, "attention_backward dqkv (=) %s", tag);
-    check_grad(name, dqkv, NULL, g, nq);
+    check_grad_vs(name, dqkv, NULL, exact, nq, "double formula");
+    if (fd_points == 0) {
+        double *g = fd_grad(attn_loss, &c, c.qkv, nq);
+        check_grad(name, dqkv, NULL, g, nq);
+        float *exact_f = f64_to_f32(exact, nq);
+        double e = max_rel_err(exact_f, NULL, g, nq, 1e-2);
+        printf("%-44s max rel err %.2e vs finite differences\n", "  (the double formula itself)", e);
+        CHECK(e < 1e-6, "%s: the double gradient formula is off by %.3e from finite differences", tag, e);
+        free(g), free(exact_f);
+    } else {
+        size_t *idx = malloc((size_t)fd_points * sizeof(size_t));
+        double *g = fd_grad_qkv_sample(attn_loss, &c, c.qkv, (size_t)B * T, NH, NKV, hs, idx, fd_points);
+        float *got = malloc((size_t)fd_points * sizeof(float));
+        for (int i = 0; i < fd_points; i++) got[i] = dqkv[idx[i]];
+        /* the floor: a hundredth of the largest exact gradient, as the full checks use */
+        double mx = 0.0, err = 0.0;
+        for (size_t i = 0; i < nq; i++) mx = fabs(exact[i]) > mx ? fabs(exact[i]) : mx;
+        for (int i = 0; i < fd_points; i++) {
+            double e = fabs(got[i] - g[i]) / (fabs(g[i]) + 1e-2 * mx);
+            if (!(e <= err)) err = e;
+        }
+        snprintf(name, sizeof name, "  %d sampled coordinates", fd_points);
+        printf("%-44s max rel err %.2e vs finite differences\n", name, err);
+        CHECK(err < 1e-4, "%s: gradient error %.3e vs finite differences at sampled coordinates", tag, err);
+        free(idx), free(g), free(got);
+    }
     free(qkv), free(out), free(lse), free(c.qkv), free(c.out), free((void *)c.R), free(rlse);
-    free(R), free(dqkv), free(g);
+    free(R), free(dqkv), free(exact);
+}
+
+/* Grouped-query attention is multi-head attention whose key/value heads are repeated for
+ * every query head of their group: the forward (out, lse) and dq are the same bits as that
+ * multi-head call's (each query head's arithmetic is the same), and dk, dv are the sums over
+ * the group of its per-head gradients (not bitwise: the grouped call adds the heads' terms
+ * into one accumulator). */
+static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, int hs)
+{
+    char name[128];
+    int W = (NH + 2 * NKV) * hs, Wm = 3 * NH * hs, C = NH * hs, group = NH / NKV;
+    size_t rows = (size_t)B * T, no = rows * C, nl = (size_t)B * NH * T;
+    float *qkv = randf(rows * W, -1.5, 1.5), *mha = malloc(rows * Wm * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        const float *src = qkv + r * W;
+        float *dst = mha + r * Wm;
+        memcpy(dst, src, (size_t)C * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            memcpy(dst + C + (size_t)h * hs, src + C + (size_t)(h / group) * hs, (size_t)hs * sizeof(float));
+            memcpy(dst + 2 * C + (size_t)h * hs, src + C + (size_t)(NKV + h / group) * hs,
+                   (size_t)hs * sizeof(float));
+        }
+    }
+    float *o1 = filled(no, 9.0f), *o2 = filled(no, 8.0f), *l1 = filled(nl, 9.0f), *l2 = filled(nl, 8.0f);
+    float *d = randf(no, -1, 1), *g1 = filled(rows * W, 9.0f), *g2 = filled(rows * Wm, 8.0f);
+    K->attention_forward(S, o1, l1, qkv, B, T, NH, NKV, hs);
+    K->attention_forward(S, o2, l2, mha, B, T, NH, NH, hs);
+    K->attention_backward(S, g1, d, qkv, o1, l1, B, T, NH, NKV, hs);
+    K->attention_backward(S, g2, d, mha, o2, l2, B, T, NH, NH, hs);
+    int fwd = bitwise_equal(o1, o2, no) && bitwise_equal(l1, l2, nl), dq = 1;
+    double *kv_want = calloc(rows * 2 * NKV * hs, sizeof(double));
+    float *kv_got = malloc(rows * 2 * NKV * hs * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        dq &= bitwise_equal(g1 + r * W, g2 + r * Wm, (size_t)C);
+        memcpy(kv_got + r * 2 * NKV * hs, g1 + r * W + C, (size_t)2 * NKV * hs * sizeof(float));
+        for (int h = 0; h < NH; h++)
+            for (int j = 0; j < hs; j++) {
+                kv_want[r * 2 * NKV * hs + (size_t)(h / group) * hs + j] += g2[r * Wm + C + (size_t)h * hs + j];
+                kv_want[r * 2 * NKV * hs + (size_t)(NKV + h / group) * hs + j] +=
+                    g2[r * Wm + 2 * C + (size_t)h * hs + j];
+            }
+    }
+    snprintf(name, sizeof name, "GQA NH=%d NKV=%d hs=%d T=%d as repeated MHA", NH, NKV, hs, T);
+    printf("%-44s out, lse %s; dq %s\n", name, fwd ? "same bits" : "DIFFER", dq ? "same bits" : "DIFFER");
+    CHECK(fwd, "%s: the forward differs from multi-head attention on repeated k, v", name);
+    CHECK(dq, "%s: dq differs from multi-head attention's on repeated k, v", name);
+    snprintf(name, sizeof name, "  dk, dv vs the group's per-head sums");
+    double e = max_rel_err(kv_got, NULL, kv_want, rows * 2 * NKV * hs, 1e-2);
+    printf("%-44s max rel err %.2e\n", name, e);
+    CHECK(e < 1e-4, "GQA dk, dv differ by %.3e from the sums of the repeated heads' gradients", e);
+    free(qkv), free(mha), free(o1), free(o2), free(l1), free(l2), free(d), free(g1), free(g2);
+    free(kv_want), free(kv_got);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -868,26 +1017,28 @@ static void test_matmul_determinism(int M, int Kd, int N)
     free(inp), free(w), free(dout), free(bias);
 }
 
-static void test_attention_determinism(void)
+static void test_attention_determinism(int NH, int NKV, int hs)
 {
-    int B = 2, T = 80, C = 64, NH = 4;
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    int B = 2, T = 80, C = NH * hs, W = (NH + 2 * NKV) * hs;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
     float *qkv = randf(nq, -1, 1), *out = filled(no, 0.0f), *lse = filled((size_t)B * NH * T, 0.0f);
     float *d = randf(no, -1, 1), *dq[3];
     int same_a = 1;
     for (int run = 0; run < 3; run++) {
         set_threads(run == 0 ? 1 : 2);
         float *o = filled(no, 0.0f);
-        K->attention_forward(S, o, lse, qkv, B, T, NH, NH, C / NH);
+        K->attention_forward(S, o, lse, qkv, B, T, NH, NKV, hs);
         if (run == 0) memcpy(out, o, no * sizeof(float));
         same_a &= bitwise_equal(o, out, no);
         dq[run] = filled(nq, 7.0f);
-        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, NH, NH, C / NH);
+        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, NH, NKV, hs);
         free(o);
     }
     same_a &= bitwise_equal(dq[0], dq[1], nq) && bitwise_equal(dq[0], dq[2], nq);
-    printf("%-44s %s\n", "attention fwd/bwd bitwise, 1 vs 2 threads", same_a ? "ok" : "FAIL");
-    CHECK(same_a, "attention depends on the thread count");
+    char name[96];
+    snprintf(name, sizeof name, "attention NH=%d NKV=%d bitwise, 1 vs 2 threads", NH, NKV);
+    printf("%-44s %s\n", name, same_a ? "ok" : "FAIL");
+    CHECK(same_a, "attention NH=%d NKV=%d depends on the thread count", NH, NKV);
     set_threads(g_threads0);
     free(qkv), free(out), free(lse), free(d);
     for (int run = 0; run < 3; run++) free(dq[run]);
@@ -958,12 +1109,28 @@ int main(void)
         test_matmul(70, 300, 150, 1, 0, 0);
         test_matmul(300, 96, 600, 0, 1, 1); /* auto: BLAS forward, BLAS dinp, hand dW */
         test_matmul(300, 600, 128, 1, 0, 0); /* auto: head-like, BLAS forward */
+        /* the Llama family's projections: (out, in) weights, q/k/v with a bias */
+        test_matmul(19, 13, 37, 1, 1, 0);
+        test_matmul(70, 64, 96, 1, 1, 0);
+        test_matmul(300, 96, 600, 1, 1, 0);
         test_matmul_determinism(200, 192, 300);
         test_matmul_determinism(520, 300, 700); /* large enough to split across threads */
     }
     strata_cpu_gemm_select(-1);
-    test_attention(2, 5, 8, 2, 1.0);
-    test_attention(1, 70, 8, 2, 2.0); /* crosses the query block */
+    /* multi-head (GPT-2), then grouped-query: every coordinate by finite differences on
+     * small shapes, sampled ones at the Llama family's head sizes (T not a multiple of the
+     * 64-query block among them) */
+    test_attention(2, 5, 2, 2, 4, 1.0, 0);
+    test_attention(1, 70, 2, 2, 4, 2.0, 0); /* crosses the query block */
+    test_attention(2, 5, 8, 2, 4, 1.0, 0);
+    test_attention(1, 9, 8, 1, 8, 1.5, 0);
+    test_attention(1, 70, 4, 2, 4, 2.0, 0);
+    test_attention(2, 200, 8, 2, 64, 1.0, 24);
+    test_attention(1, 70, 8, 1, 64, 1.0, 24);
+    test_attention(1, 130, 8, 2, 128, 0.7, 24);
+    test_attention(1, 256, 8, 1, 128, 0.7, 12);
+    test_attention_gqa_is_repeated_mha(2, 70, 8, 2, 64);
+    test_attention_gqa_is_repeated_mha(1, 130, 8, 1, 128);
     test_gelu();
     test_residual();
     test_crossentropy();
@@ -971,7 +1138,8 @@ int main(void)
     test_adamw();
     test_sumsq();
     test_convert();
-    test_attention_determinism();
+    test_attention_determinism(4, 4, 16);
+    test_attention_determinism(8, 2, 64);
     double small_ms = time_matmul(16 * 128, 128, 512, 0.0);
     time_matmul(2048, 768, 3072, small_ms * (768.0 * 3072) / (128.0 * 512));
     if (failures) {
