@@ -116,8 +116,9 @@ size_t strata_pretrained_elements_read(const strata_pretrained *p) { return p->e
  * ("h.3.attn.bias", "h.3.attn.masked_bias") and Llama's RoPE frequencies
  * ("layers.3.self_attn.rotary_emb.inv_freq"), names without their prefix. */
 static int is_buffer(const char *n) {
+    static const char rope[] = ".rotary_emb.inv_freq";
     size_t len = strlen(n);
-    if (len > 21 && !strcmp(n + len - 21, ".rotary_emb.inv_freq")) return 1;
+    if (len > sizeof rope - 1 && !strcmp(n + len - (sizeof rope - 1), rope)) return 1;
     if (strncmp(n, "h.", 2)) return 0;
     const char *dot = strchr(n + 2, '.');
     return dot && (!strcmp(dot, ".attn.bias") || !strcmp(dot, ".attn.masked_bias"));
@@ -147,7 +148,7 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 }
 
 static const char *family_name(const strata_model *m) {
-    return m->shape.arch == STRATA_ARCH_LLAMA ? "Llama-family model" : "GPT-2";
+    return m->shape.arch == STRATA_ARCH_LLAMA ? "Llama-family" : "GPT-2";
 }
 
 /* Opens every file and finds, for each tensor of the model, the file tensor holding it
@@ -174,8 +175,9 @@ static int match_tensors(strata_pretrained *p, const file_list *fl, const strata
                 if (!strcmp(bare(m->tensors[j].name), n)) k = j;
             if (k < 0)
                 return strata_fail("%s: tensor \"%s\" is not a parameter of Strata's %s with %d layers (is the file "
-                                   "a %s model of this shape?)", st->path, t->name, family_name(m), m->shape.n_layer,
-                                   family_name(m));
+                                   "a %s model of this shape?)", st->path, t->name,
+                                   m->shape.arch == STRATA_ARCH_LLAMA ? "Llama-family model" : "GPT-2",
+                                   m->shape.n_layer, family_name(m));
             if (p->src[k])
                 return strata_fail("tensor %s is in the weights twice: \"%s\" in %s and \"%s\" in %s", m->tensors[k].name,
                                    p->src[k]->name, p->files[p->src_file[k]].path, t->name, st->path);
