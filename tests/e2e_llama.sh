@@ -5,7 +5,9 @@
 #    stages 0-3 against world 1, every offload tier bitwise against no offload, the ZeRO
 #    memory and communication formulas;
 #  - a Llama checkpoint saved at world 3 stage 3 resumes at world 2 stage 1 with the next
-#    loss of the world-3 run that kept going; sample, plan and dump-grads run on it;
+#    loss of the world-3 run that kept going; sample, plan and dump-grads run on it; its
+#    export (sharded) read by init_from at world 2 stage 3 (parameter and optimizer shards
+#    on the device, in pinned memory, on NVMe) gives the next loss bit for bit;
 #  - config.json of what the model does not compute is refused by name (exit 2): another
 #    activation, RoPE type, Llama's attention_bias, MLP biases, mixture-of-experts, a sliding
 #    window shorter than model.seq_len;
@@ -88,6 +90,37 @@ grep -q '"model_type": "llama"' hf/config.json && grep -q '"LlamaForCausalLM"' h
   grep -q '"tie_word_embeddings": false' hf/config.json && grep -q '"rope_theta": 500000' hf/config.json &&
   grep -q PreTrainedTokenizerFast hf/tokenizer_config.json || fail "export's config.json: $(cat hf/config.json)"
 pass "export writes LlamaForCausalLM's config.json and a PreTrainedTokenizerFast tokenizer_config.json"
+
+# --- export -> init_from at world 2 stage 3, shards on the device, in pinned memory, on NVMe:
+# the loss of the run the export came from, next step, bit for bit (one global batch of 2
+# sequences of 16 + 1 bytes, so every step sees the same tokens)
+if [ ${#MPI[@]} -gt 0 ]; then
+  printf 'Pretrained Llama in, fine-tuned out....' | head -c 40 > tiny.txt
+  "$S" prepare --text tiny.txt --out tdata --val-fraction 0 > /dev/null
+  cat > t.yaml <<'YAML'
+device: cpu
+model: {arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, intermediate_size: 48, seq_len: 16,
+        vocab_size: 256, tie_embeddings: false, qkv_bias: true}
+data: {train: "tdata/train_*.bin", val: "", shuffle: false}
+train: {steps: 3, micro_batch: 1, eval_every: 0, sample_tokens: 0}
+optim: {lr: 1.0e-2, warmup_steps: 0}
+run: {dir: runs/t, checkpoint_every: 3, keep: 0}
+zero: {stage: 3}
+YAML
+  "${MPI[@]}" -np 2 "$S" train t.yaml > t.log
+  "$S" export runs/t --out hft --max-shard-size 20KB > /dev/null
+  "${MPI[@]}" -np 2 "$S" train t.yaml --set train.steps=4 --resume latest > t4.log
+  ref=$(loss_at runs/t 4)
+  mkdir -p swap
+  for off in none cpu nvme; do
+    extra=()
+    [ $off != none ] && extra=(--set offload.optimizer=$off --set offload.params=$off --set "offload.nvme_path=$W/swap")
+    "${MPI[@]}" -np 2 "$S" train t.yaml --set model.init_from=hft --set run.dir=runs/ft_$off --set train.steps=1 \
+      "${extra[@]}" > ft_$off.log 2>&1 || { tail -5 ft_$off.log; fail "init_from at world 2, offload $off"; }
+    [ "$(loss_at runs/ft_$off 1)" = "$ref" ] || fail "world 2 stage 3 offload $off: init_from's loss $(loss_at runs/ft_$off 1) vs the run's $ref"
+  done
+  pass "export (sharded) -> init_from at world 2 stage 3 (shards on the device, pinned, NVMe): the run's next loss bit for bit ($ref)"
+fi
 
 # --- init_from of what the model does not compute: refused by name, exit 2
 mkdir -p bad
