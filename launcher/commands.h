@@ -21,8 +21,9 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
                            strata_opened_ckpt *o);
 
 /* What export's and dump-grads' files share. */
-/* The metadata transformers' GPT2Config needs, and where it came from: "format": "pt",
- * "strata.checkpoint", "strata.step", "strata.n_layer", ..., "strata.config" (the YAML). */
+/* The metadata safetensors readers need, and where it came from: "format": "pt",
+ * "strata.checkpoint", "strata.step", "strata.arch", "strata.n_layer", ..., "strata.config"
+ * (the YAML). */
 void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o);
 /* Declares the model's tensor ti (F32) as prefix + its Hugging Face name, with its real
  * rows: the embedding and an untied LM head lose their padding rows
