@@ -362,6 +362,12 @@ static int load_config(trainer *t) {
     const char *where = NULL; /* names the config in the message, for what it leads to */
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) goto refuse;
     where = cfg->path[0] ? cfg->path : "<built-in>";
+    /* said now, not after the plan is allocated: the loader would refuse it at open */
+    if (cfg->model.vocab_size > 65536) {
+        strata_fail("model.vocab_size is %d, but token shards hold uint16 tokens (io/data.h: at most 65536), so no "
+                    "data can train it yet; plan, sample and export take any vocabulary", cfg->model.vocab_size);
+        goto refuse;
+    }
     if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
     where = NULL;
     if ((t->kernel_profile = kernel_profile_choice()) < 0) goto refuse;
