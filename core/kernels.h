@@ -1,4 +1,5 @@
-/* core/kernels.h: the math a GPT-2 step needs, as a table each backend fills in.
+/* core/kernels.h: the math a step of either model family needs (GPT-2; the Llama family:
+ * RMSNorm, rotary positions, SwiGLU, grouped-query attention), as a table each backend fills in.
  * core/cpu/kernels_cpu.c is the fp32 OpenMP reference (the oracle); core/cuda/kernels_cuda.cu
  * computes in bf16 with fp32 accumulation. The model calls only through this table.
  *
@@ -10,7 +11,8 @@
  *    micro-batches add up and the tied embedding gets both of its contributions.
  *  - LayerNorm statistics, attention log-sum-exp and losses are fp32.
  *  - Shapes are given as (rows, cols), row-major; B batch, T time, C channels,
- *    NH heads, hs = C/NH, V vocabulary, Vp padded vocabulary (V <= Vp).
+ *    NH query heads, NKV key/value heads, hs the head size (C/NH for GPT-2), V
+ *    vocabulary, Vp padded vocabulary (V <= Vp), I the SwiGLU MLP's width.
  *  - "dinp (+=)" accumulates into dinp; "dinp (=)" overwrites it. */
 #ifndef STRATA_KERNELS_H
 #define STRATA_KERNELS_H
@@ -31,10 +33,12 @@ typedef struct strata_adamw_args {
 } strata_adamw_args;
 
 struct strata_kernels {
-    /* out (B,T,C) = wte[tok[b,t]] (V,C) + wpe[t] (maxT,C) */
+    /* out (B,T,C) = wte[tok[b,t]] (V,C) + wpe[t] (maxT,C); wpe NULL: no learned positions
+     * (the Llama family rotates q and k instead) */
     void (*encoder_forward)(strata_stream *s, void *out, const int32_t *tok, const void *wte,
                             const void *wpe, int B, int T, int C);
-    /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over b of dout[b,t] */
+    /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over b of dout[b,t] (skipped when
+     * dwpe is NULL) */
     void (*encoder_backward)(strata_stream *s, float *dwte, float *dwpe, const void *dout,
                              const int32_t *tok, int B, int T, int C);
 
@@ -59,15 +63,20 @@ struct strata_kernels {
                             const void *dout, const void *inp, const void *w, int M, int K,
                             int N, int w_nk);
 
-    /* Causal self-attention. qkv (B,T,3C) holds q, k, v as C-wide blocks, each split into
-     * NH heads of hs (Hugging Face's c_attn order). out (B,T,C) = softmax(q k^T / sqrt(hs))
-     * v per head; lse (B,NH,T) saves each row's log-sum-exp of the scaled scores so the
-     * backward never needs a stored T x T matrix. */
+    /* Causal self-attention with NH query heads and NKV key/value heads (NH a multiple of
+     * NKV: grouped-query attention; NKV == NH is multi-head, GPT-2's), each of hs. A qkv row
+     * (B,T,(NH+2NKV)hs) holds q (NH heads), then k (NKV), then v (NKV), as GPT-2's c_attn
+     * and the Llama family's fused q|k|v projection write them; query head h attends with
+     * key/value head h / (NH/NKV). out (B,T,NH*hs) = softmax(q k^T / sqrt(hs)) v per head;
+     * lse (B,NH,T) saves each row's log-sum-exp of the scaled scores so the backward never
+     * needs a stored T x T matrix. */
     void (*attention_forward)(strata_stream *s, void *out, float *lse, const void *qkv, int B,
-                              int T, int C, int NH);
-    /* dqkv (B,T,3C) (=) from dout (B,T,C), given the forward's qkv, out and lse. */
+                              int T, int NH, int NKV, int hs);
+    /* dqkv (B,T,(NH+2NKV)hs) (=) from dout (B,T,NH*hs), given the forward's qkv, out and lse;
+     * a key/value head's gradient sums over the query heads that share it. */
     void (*attention_backward)(strata_stream *s, void *dqkv, const void *dout, const void *qkv,
-                               const void *out, const float *lse, int B, int T, int C, int NH);
+                               const void *out, const float *lse, int B, int T, int NH, int NKV,
+                               int hs);
 
     /* GELU, tanh approximation: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
     void (*gelu_forward)(strata_stream *s, void *out, const void *inp, size_t n);
@@ -111,6 +120,36 @@ struct strata_kernels {
                     strata_dtype src_dtype, size_t n);
     /* x *= scale (fp32) */
     void (*scale_f32)(strata_stream *s, float *x, float scale, size_t n);
+
+    /* ---- what the Llama family adds ---- */
+
+    /* RMSNorm over vectors of C, `heads` of them side by side at the start of each of N
+     * rows that lie ld elements apart (heads 1, ld C: a plain (N,C) tensor; heads NH, C hs,
+     * ld the qkv row: the per-head q or k norm of Qwen3). out (same layout as inp) =
+     * inp * rstd * w, rstd = 1 / sqrt(mean(inp^2) + eps) (fp32, N*heads, saved for the
+     * backward); w (C) is shared by every head. */
+    void (*rmsnorm_forward)(strata_stream *s, void *out, float *rstd, const void *inp, const void *w,
+                            int N, int heads, int C, int ld, float eps);
+    /* dinp (+=, inp's layout), dw (C) (+=), from dout (out's layout) */
+    void (*rmsnorm_backward)(strata_stream *s, void *dinp, float *dw, const void *dout, const void *inp,
+                             const void *w, const float *rstd, int N, int heads, int C, int ld);
+
+    /* Rotary positions, in place, in Hugging Face's rotate_half layout: `heads` heads of hs
+     * at the start of each (B,T) row, rows ld elements apart; in every head, element i < hs/2
+     * and element i + hs/2 turn by the angle t * inv_freq[i] (fp32: (float)t times the fp32
+     * inverse frequency, its cosine and sine in fp32, as transformers computes them), t the
+     * row's position. inv_freq (hs/2, fp32, device memory) carries the base and any llama3
+     * scaling. The backward turns the gradient by -angle (the rotation's transpose). */
+    void (*rope_forward)(strata_stream *s, void *x, const float *inv_freq, int B, int T, int heads, int hs,
+                         int ld);
+    void (*rope_backward)(strata_stream *s, void *dx, const float *inv_freq, int B, int T, int heads, int hs,
+                          int ld);
+
+    /* SwiGLU: out (N,I) = silu(gu[:, :I]) * gu[:, I:], gu (N,2I) the fused gate|up product;
+     * silu(x) = x / (1 + exp(-x)) */
+    void (*swiglu_forward)(strata_stream *s, void *out, const void *gu, int N, int I);
+    /* dgu (N,2I) (=) from dout (N,I) and the forward's gu */
+    void (*swiglu_backward)(strata_stream *s, void *dgu, const void *dout, const void *gu, int N, int I);
 };
 
 extern const strata_kernels strata_kernels_cpu;

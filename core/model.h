@@ -1,14 +1,21 @@
-/* core/model.h: GPT-2 as a list of units, each with one flat parameter buffer.
+/* core/model.h: the model as a list of units, each with one flat parameter buffer, for
+ * either family Strata computes (model.arch): GPT-2 (core/model_gpt2.c) and the Llama
+ * family (core/model_llama.c: Llama 2/3, Mistral, Qwen2/2.5, Qwen3).
  *
- * Units, in forward order:
- *   unit 0        embed: transformer.wte.weight (Vp,C; rows V..Vp-1 stay zero),
- *                        transformer.wpe.weight (maxT,C)
- *   unit 1..L     block l = u-1: ln_1 (w,b), attn.c_attn (w (C,3C), b), attn.c_proj (w (C,C), b),
- *                        ln_2 (w,b), mlp.c_fc (w (C,4C), b), mlp.c_proj (w (4C,C), b)
- *   unit L+1      head: transformer.ln_f (w,b); the LM head is tied to wte, so the head
- *                        also READS unit 0's parameters and ADDS to unit 0's gradient.
- * Tensor names are Hugging Face GPT-2's and weights use its Conv1D (in, out) layout, so an
- * export needs no renaming or transposing table.
+ * Units, in forward order, in both families:
+ *   unit 0        embed: the token embedding (Vp,C; rows V..Vp-1 stay zero), and GPT-2's
+ *                        learned positions
+ *   unit 1..L     block l = u-1
+ *   unit L+1      head: the final norm, and an LM head of its own when it is not tied; a tied
+ *                        head READS unit 0's parameters and ADDS to unit 0's gradient.
+ * Tensor names are Hugging Face's (GPT-2's Conv1D (in, out) layout; the Llama family's
+ * nn.Linear (out, in)), so exports and model.init_from need no renaming table. Each family
+ * file lists its tensors and shapes.
+ *
+ * The family-specific parts (the tensor tables, the activations and their plan, forward and
+ * backward of a unit, the init rule, FLOPs) are a table of functions each family fills in
+ * (core/model_family.h); this interface and core/model.c are all the engine, the tiers and
+ * the checkpoint code see, so none of them knows which family it runs.
  *
  * The model owns activations only. Parameters and gradients belong to whoever schedules
  * the units (shard/engine.c): before running unit u it points m->params[u] (compute dtype)
@@ -49,11 +56,29 @@ typedef struct strata_param_layout {
     const strata_param_tensor *tensors;
 } strata_param_layout;
 
+typedef enum { STRATA_ARCH_GPT2 = 0, STRATA_ARCH_LLAMA = 1 } strata_arch;
+/* RoPE's inverse frequencies: the plain ones (theta^(-2i/hd)), or Llama 3.1's rescaling of
+ * the long wavelengths (transformers' rope_type "llama3") */
+typedef enum { STRATA_ROPE_DEFAULT = 0, STRATA_ROPE_LLAMA3 = 1 } strata_rope_type;
+
 typedef struct strata_model_shape {
     int n_layer, n_head, n_embd;
-    int max_seq_len; /* rows of wpe */
+    int max_seq_len; /* GPT-2: rows of wpe; the Llama family: the longest context planned */
     int vocab_size, padded_vocab_size;
     float init_std;
+    /* the family, and what only the Llama family reads (GPT-2 leaves them 0) */
+    int arch;              /* strata_arch */
+    int n_kv_head;         /* NKV key/value heads; n_head a multiple of it (0: n_head) */
+    int head_dim;          /* hd; may differ from n_embd / n_head (0: n_embd / n_head) */
+    int intermediate_size; /* I, the SwiGLU MLP's width */
+    double rope_theta;     /* RoPE's base */
+    int rope_type;         /* strata_rope_type */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int rope_original_context; /* llama3: original_max_position_embeddings */
+    float rms_norm_eps;
+    int tie_embeddings; /* the LM head reads the token embedding (GPT-2: always) */
+    int qkv_bias;       /* q, k and v projections have biases (Qwen2) */
+    int qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
 } strata_model_shape;
 
 enum { STRATA_UNIT_EMBED = 0, STRATA_UNIT_BLOCK = 1, STRATA_UNIT_HEAD = 2 };
@@ -66,22 +91,11 @@ typedef struct strata_unit {
     int n_tensors;
 } strata_unit;
 
-/* Activations of one block (B,T,...) — the shapes in the comments of model.c. */
-typedef struct strata_block_acts {
-    void *ln1;      /* (B,T,C) */
-    float *ln1_mean, *ln1_rstd; /* (B,T) */
-    void *qkv;      /* (B,T,3C) */
-    void *atty;     /* (B,T,C) attention output before c_proj */
-    float *att_lse; /* (B,NH,T) */
-    void *resid2;   /* (B,T,C) x + attn(ln1(x)) */
-    void *ln2;      /* (B,T,C) */
-    float *ln2_mean, *ln2_rstd;
-    void *fch;      /* (B,T,4C) c_fc pre-activation */
-    void *fch_gelu; /* (B,T,4C) */
-} strata_block_acts;
+struct strata_model_family; /* core/model_family.h */
 
 typedef struct strata_model {
     strata_model_shape shape;
+    const struct strata_model_family *family; /* chosen by shape.arch */
     strata_device *dev;
     int B, T;                    /* the batch the activations were planned for */
     int cur_B, cur_T;            /* the batch being run (<= B, T; sampling runs B=1, short T) */
@@ -93,39 +107,47 @@ typedef struct strata_model {
     int n_tensors;
     strata_param_tensor *tensors; /* names, shapes, unit offsets */
     unsigned char *decay;        /* per tensor: 1 for 2-D weights (weight decay applies) */
+    unsigned char *vocab_rows;   /* per tensor: 1 when it has a row per padded vocabulary entry
+                                    (the embedding, an untied LM head): rows >= V are padding */
 
     void **params;   /* per unit, set by the engine before running it */
     float **grads;   /* per unit, set by the engine before running its backward */
 
-    /* activations (arena) */
+    /* activations both families have (arena) */
     void **resid;             /* L+1 residual streams (B,T,C); resid[0] = embeddings */
-    strata_block_acts *acts;  /* per block; blocks recomputed in backward share `recompute` */
-    strata_block_acts recompute;
-    void *scratch_btc;        /* (B,T,C) c_proj outputs before the residual add */
-    void *lnf;                /* (B,T,C) */
-    float *lnf_mean, *lnf_rstd;
     void *logits;             /* (B,T,Vp); holds dlogits after a training forward */
     float *losses;            /* (B,T) */
     float *loss_sum;          /* (1) accumulated mean loss of the step */
-    /* gradient buffers for backward (arena) */
     void *dresid;             /* (B,T,C) gradient of the residual stream being walked */
-    void *dbtc;               /* (B,T,C) */
-    void *dbtc2;              /* (B,T,C) */
-    void *dqkv;               /* (B,T,3C) */
-    void *dfch;               /* (B,T,4C) */
     int32_t *inputs, *targets; /* (B,T) on the device */
+    /* the family's own activations, gradient buffers and constants (arena): a struct only
+     * its file knows (GPT-2's gpt2_acts, the Llama family's llama_acts) */
+    void *acts;
+    int constants_ready;      /* the family's constants (RoPE's frequencies) are on the device */
     /* the kernel profile (core/profile.h), set by the engine for the span of a profiled
      * training step; NULL otherwise (eval, sampling, and every run without STRATA_PROFILE) */
     struct strata_prof *prof;
 } strata_model;
 
-/* Builds the unit and tensor tables (no memory for parameters). */
+/* Builds the unit and tensor tables of shape->arch's family (no memory for parameters). */
 void strata_model_init(strata_model *m, const strata_model_shape *shape);
+/* "gpt2" or "llama" */
+const char *strata_model_family_name(const strata_model *m);
 void strata_model_free(strata_model *m);
 size_t strata_model_num_params(const strata_model *m); /* real parameters (V rows, not Vp) */
-/* Training FLOPs per token at context T (forward + backward, the usual 6N + 12 L C T with
- * N the parameters that multiply: blocks and the tied head; embeddings are lookups). */
+/* Rows of tensor ti that hold the model's values: vocab_size for the tensors with a row per
+ * padded vocabulary entry, shape[0] for every other (1-D tensors: their length). */
+int64_t strata_model_real_rows(const strata_model *m, int ti);
+/* Training FLOPs per token at context T (forward + backward, the usual 6N + 12 L H T with
+ * N the parameters that multiply: blocks and the head; embeddings are lookups; H the width
+ * of the attention's queries, n_head * head size). */
 double strata_model_flops_per_token(const strata_model *m, int T);
+/* RoPE's inverse frequencies of a Llama-family shape (head_dim / 2 floats), as
+ * transformers computes them in fp32 (core/model_llama.c). */
+void strata_model_rope_inv_freq(const strata_model_shape *s, float *inv_freq);
+/* The most kernel calls one micro-step's forward and backward time under the kernel
+ * profile (core/profile.h). */
+int strata_model_timed_calls(const strata_model *m);
 /* The layout checkpoints use; unit_padded supplied by the engine. */
 strata_param_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
 
@@ -142,7 +164,9 @@ void strata_model_init_params(const strata_model *m, int u, uint64_t seed, size_
 /* Uploads a micro-batch's tokens (host int32 (B,T)) to the device buffers: the one way
  * into m->inputs and m->targets, so the one place ids are checked. An input outside
  * [0, vocab_size) or a target >= vocab_size (negative: ignored) is refused, naming the id,
- * its row and position, before anything is copied: 0, or -1 with strata_error() set. */
+ * its row and position, before anything is copied: 0, or -1 with strata_error() set. The
+ * first call also uploads the family's constants (the Llama family's RoPE frequencies),
+ * so every forward comes after one. */
 int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets);
 
 /* Forward of one unit. The head computes the loss: losses (B,T), *loss_sum += mean over
@@ -150,7 +174,7 @@ int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t
  * dloss (the weight of one token in the step's mean loss). */
 void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, float loss_scale);
 /* Backward of one unit, in reverse order (head first). Accumulates into m->grads[u]
- * (and m->grads[0] for the head's tied weight). 0, or -1 when a device call failed (a
+ * (and m->grads[0] for a tied head's weight). 0, or -1 when a device call failed (a
  * kernel's own failure is a recorded device fault, core/common.h). */
 int strata_model_backward_unit(strata_model *m, int u);
 

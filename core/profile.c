@@ -8,8 +8,8 @@
 #include "core/common.h"
 
 static const char *const group_names[STRATA_PROF_GROUPS] = {
-    "embedding", "layernorm", "matmul qkv", "attention", "matmul attn-proj", "residual", "matmul fc",
-    "gelu", "matmul fc-proj", "classifier", "cross-entropy", "adamw", "collectives wait",
+    "embedding", "layernorm", "rmsnorm", "matmul qkv", "rope", "attention", "matmul attn-proj", "residual",
+    "matmul fc", "gelu", "swiglu", "matmul fc-proj", "classifier", "cross-entropy", "adamw", "collectives wait",
 };
 static const char *const phase_names[STRATA_PROF_PHASES] = {"forward", "backward", "recompute", "update"};
 

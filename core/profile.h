@@ -24,14 +24,17 @@
 typedef enum strata_prof_group {
     STRATA_PROF_EMBEDDING = 0,
     STRATA_PROF_LAYERNORM,
-    STRATA_PROF_MATMUL_QKV,      /* attn.c_attn */
+    STRATA_PROF_RMSNORM,         /* the Llama family's norms, the q/k norms included */
+    STRATA_PROF_MATMUL_QKV,      /* attn.c_attn; self_attn.q|k|v_proj */
+    STRATA_PROF_ROPE,            /* rotary positions on q and k */
     STRATA_PROF_ATTENTION,
-    STRATA_PROF_MATMUL_ATTPROJ,  /* attn.c_proj */
+    STRATA_PROF_MATMUL_ATTPROJ,  /* attn.c_proj; self_attn.o_proj */
     STRATA_PROF_RESIDUAL,
-    STRATA_PROF_MATMUL_FC,       /* mlp.c_fc (forward: bias + GELU fused in) */
+    STRATA_PROF_MATMUL_FC,       /* mlp.c_fc (forward: bias + GELU fused in); mlp.gate|up_proj */
     STRATA_PROF_GELU,
-    STRATA_PROF_MATMUL_FCPROJ,   /* mlp.c_proj */
-    STRATA_PROF_CLASSIFIER,      /* the tied LM head */
+    STRATA_PROF_SWIGLU,
+    STRATA_PROF_MATMUL_FCPROJ,   /* mlp.c_proj; mlp.down_proj */
+    STRATA_PROF_CLASSIFIER,      /* the LM head */
     STRATA_PROF_CROSSENTROPY,    /* softmax cross-entropy and the loss sum */
     STRATA_PROF_ADAMW,
     STRATA_PROF_COMM_WAIT,       /* compute standing still for collectives */

@@ -101,7 +101,7 @@ typedef struct key_spec {
 static const char *const sections[] = {"model", "data",    "train", "optim", "run",
                                        "zero",  "comm",    "offload", "memory"};
 static const char *const section_help[] = {
-    "the GPT-2 shape",
+    "the model: its family and shape",
     "token shards in llm.c's format (uint16 tokens)",
     "the training loop",
     "AdamW and the learning-rate schedule",
@@ -118,6 +118,9 @@ static const char *const dtype_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
+static const char *const arch_names[] = {"gpt2", "llama", NULL};
+static const char *const rope_names[] = {"none", "llama3", NULL};
+static const char *const hf_type_names[] = {"auto", "gpt2", "llama", "mistral", "qwen2", "qwen3", NULL};
 
 #define OFF(field) offsetof(strata_config, field)
 #define ROW(sec, key, type, field, lo, hi, names, def, flags, help) \
@@ -134,18 +137,47 @@ static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
 static const key_spec schema[] = {
     ENUM_("", "device", device, backend_names, "auto", "where kernels run; auto = cuda if a GPU is found"),
 
+    ENUM_("model", "arch", model.arch, arch_names, "gpt2",
+          "the model family: gpt2, or llama (Llama 2/3, Mistral, Qwen2/2.5, Qwen3)"),
     REQ_INT("model", "n_layer", model.n_layer, 1, 1024, "transformer blocks"),
-    REQ_INT("model", "n_head", model.n_head, 1, 1024, "attention heads; must divide n_embd"),
+    REQ_INT("model", "n_head", model.n_head, 1, 1024, "attention (query) heads; must divide n_embd unless head_dim is set"),
     REQ_INT("model", "n_embd", model.n_embd, 1, 65536, "channels C"),
-    REQ_INT("model", "seq_len", model.seq_len, 1, 1048576, "maximum context T (rows of wpe)"),
-    REQ_INT("model", "vocab_size", model.vocab_size, 1, 65536,
-            "V; at most 65536 since tokens are uint16 (256 byte-level, 50257 GPT-2 BPE)"),
+    REQ_INT("model", "seq_len", model.seq_len, 1, 1048576,
+            "maximum context T (gpt2: rows of wpe; llama: up to max_position_embeddings)"),
+    REQ_INT("model", "vocab_size", model.vocab_size, 1, 1048576,
+            "V (256 byte-level, 50257 GPT-2 BPE); token shards hold uint16 tokens, so training data needs V <= 65536"),
     INT_("model", "padded_vocab_size", model.padded_vocab_size, 0, 1048576, "0",
          "Vp >= V; 0 = V rounded up to a multiple of 128"),
     DBL("model", "init_std", model.init_std, 0, 1, "0.02", F_FLOAT, "std of the normal weight init"),
     STR("model", "init_from", model.init_from, "", 0,
-        "Hugging Face GPT-2 directory or .safetensors file to start from; the shape keys left out come from its "
-        "config.json"),
+        "Hugging Face model directory (GPT-2 or the Llama family) or .safetensors file to start from; the model keys "
+        "left out come from its config.json"),
+    INT_("model", "n_kv_head", model.n_kv_head, 0, 1024, "0",
+         "llama: key/value heads (grouped-query attention), dividing n_head; 0 = n_head"),
+    INT_("model", "head_dim", model.head_dim, 0, 65536, "0", "llama: head size, even; 0 = n_embd / n_head"),
+    INT_("model", "intermediate_size", model.intermediate_size, 0, 1048576, "0",
+         "llama: the SwiGLU MLP's width [required for llama]; gpt2's is 4 * n_embd"),
+    DBL("model", "rope_theta", model.rope_theta, 0, 1e12, "10000", F_MIN_EXCL, "llama: RoPE's base"),
+    ENUM_("model", "rope_scaling", model.rope_scaling, rope_names, "none",
+          "llama: none, or llama3 (Llama 3.1's rescaled frequencies: the four keys below)"),
+    DBL("model", "rope_factor", model.rope_factor, 0, 1e6, "8", F_MIN_EXCL, "llama3 RoPE: factor"),
+    DBL("model", "rope_low_freq_factor", model.rope_low_freq_factor, 0, 1e6, "1", F_MIN_EXCL,
+        "llama3 RoPE: low_freq_factor"),
+    DBL("model", "rope_high_freq_factor", model.rope_high_freq_factor, 0, 1e6, "4", F_MIN_EXCL,
+        "llama3 RoPE: high_freq_factor (greater than low_freq_factor)"),
+    INT_("model", "rope_original_context", model.rope_original_context, 1, 16777216, "8192",
+         "llama3 RoPE: original_max_position_embeddings"),
+    DBL("model", "rms_norm_eps", model.rms_norm_eps, 0, 1, "1e-6", F_MIN_EXCL | F_MAX_EXCL | F_FLOAT,
+        "llama: RMSNorm's epsilon"),
+    BOOL_("model", "tie_embeddings", model.tie_embeddings, "true",
+          "the LM head reads the token embedding (gpt2: always); false: lm_head.weight of its own"),
+    BOOL_("model", "qkv_bias", model.qkv_bias, "false", "llama: biases on q, k and v (Qwen2)"),
+    BOOL_("model", "qk_norm", model.qk_norm, "false", "llama: per-head RMSNorm of q and k before RoPE (Qwen3)"),
+    INT_("model", "max_position_embeddings", model.max_position_embeddings, 0, 16777216, "0",
+         "llama: the context the weights were made for (export's config.json says it); 0 = seq_len"),
+    ENUM_("model", "hf_model_type", model.hf_model_type, hf_type_names, "auto",
+          "the Hugging Face model_type export writes; auto = gpt2, or for llama qwen3 with qk_norm, qwen2 with qkv_bias, "
+          "llama otherwise"),
 
     STR("data", "train", data.train, NULL, F_REQUIRED | F_NONEMPTY, "glob of training token shards"),
     STR("data", "val", data.val, "", 0, "glob of validation shards; empty = no validation"),
@@ -795,11 +827,92 @@ int strata_config_set(strata_config *c, const char *assignment) {
 
 /* ---- cross-key rules ---- */
 
+/* The Llama family's keys a GPT-2 config must leave as they are (or say GPT-2's own
+ * value where it has one). */
+static const char *const llama_only_keys[] = {
+    "model.rope_theta", "model.rope_scaling", "model.rope_factor", "model.rope_low_freq_factor",
+    "model.rope_high_freq_factor", "model.rope_original_context", "model.rms_norm_eps", "model.qkv_bias",
+    "model.qk_norm",
+};
+
+static int key_named(const char *full);
+
+static int check_gpt2(const strata_config *c, const char *name) {
+    const int C = c->model.n_embd, NH = c->model.n_head;
+    if (c->model.n_kv_head != 0 && c->model.n_kv_head != NH)
+        return strata_fail("%s: model.n_kv_head (%d) must be 0 or model.n_head (%d): GPT-2 has one key/value head per "
+                           "query head (grouped-query attention is model.arch llama's)", name, c->model.n_kv_head, NH);
+    if (c->model.head_dim != 0 && c->model.head_dim != C / NH)
+        return strata_fail("%s: model.head_dim (%d) must be 0 or model.n_embd / model.n_head (%d) for model.arch gpt2",
+                           name, c->model.head_dim, C / NH);
+    if (c->model.intermediate_size != 0 && c->model.intermediate_size != 4 * C)
+        return strata_fail("%s: model.intermediate_size (%d) must be 0 or 4 * model.n_embd (%d): GPT-2's MLP is 4 * "
+                           "n_embd wide", name, c->model.intermediate_size, 4 * C);
+    if (!c->model.tie_embeddings)
+        return strata_fail("%s: model.tie_embeddings is false, but GPT-2's LM head is tied to the token embedding", name);
+    if (c->model.hf_model_type != STRATA_HF_AUTO && c->model.hf_model_type != STRATA_HF_GPT2)
+        return strata_fail("%s: model.hf_model_type is %s, but model.arch is gpt2 (auto or gpt2)", name,
+                           hf_type_names[c->model.hf_model_type]);
+    if (c->model.max_position_embeddings != 0 && c->model.max_position_embeddings != c->model.seq_len)
+        return strata_fail("%s: model.max_position_embeddings (%d) must be 0 for model.arch gpt2 (model.seq_len is its "
+                           "wpe's rows)", name, c->model.max_position_embeddings);
+    strata_config d;
+    strata_config_defaults(&d);
+    for (size_t i = 0; i < sizeof llama_only_keys / sizeof llama_only_keys[0]; i++) {
+        const key_spec *k = &schema[key_named(llama_only_keys[i])];
+        char a[128], b[128];
+        value_text(c, k, a, sizeof a);
+        value_text(&d, k, b, sizeof b);
+        if (strcmp(a, b))
+            return strata_fail("%s: %s is %s, but it applies to model.arch llama only (this model is gpt2)", name,
+                               llama_only_keys[i], a);
+    }
+    return 0;
+}
+
+static int check_llama(const strata_config *c, const char *name) {
+    const int NH = c->model.n_head, NKV = c->model.n_kv_head ? c->model.n_kv_head : NH;
+    if (!c->model.head_dim && c->model.n_embd % NH)
+        return strata_fail("%s: model.n_embd (%d) must be divisible by model.n_head (%d), or model.head_dim set", name,
+                           c->model.n_embd, NH);
+    const int hd = c->model.head_dim ? c->model.head_dim : c->model.n_embd / NH;
+    if (NH % NKV)
+        return strata_fail("%s: model.n_head (%d) must be a multiple of model.n_kv_head (%d): each key/value head serves "
+                           "a group of query heads", name, NH, NKV);
+    if (hd % 2)
+        return strata_fail("%s: model.head_dim (%d) must be even: RoPE turns the two halves of a head together", name, hd);
+    if (c->model.intermediate_size < 1)
+        return strata_fail("%s: model.intermediate_size is required for model.arch llama (the SwiGLU MLP's width)", name);
+    if (c->model.rope_scaling == STRATA_ROPE_LLAMA3 && !(c->model.rope_high_freq_factor > c->model.rope_low_freq_factor)) {
+        char lo[64], hi[64];
+        format_double(c->model.rope_low_freq_factor, lo, sizeof lo);
+        format_double(c->model.rope_high_freq_factor, hi, sizeof hi);
+        return strata_fail("%s: model.rope_high_freq_factor (%s) must be greater than model.rope_low_freq_factor (%s)",
+                           name, hi, lo);
+    }
+    if (c->model.max_position_embeddings > 0 && c->model.seq_len > c->model.max_position_embeddings)
+        return strata_fail("%s: model.seq_len (%d) must not exceed model.max_position_embeddings (%d), the context the "
+                           "weights were made for", name, c->model.seq_len, c->model.max_position_embeddings);
+    int t = c->model.hf_model_type, bias = c->model.qkv_bias, norm = c->model.qk_norm;
+    if (t == STRATA_HF_GPT2) return strata_fail("%s: model.hf_model_type is gpt2, but model.arch is llama", name);
+    if ((t == STRATA_HF_LLAMA || t == STRATA_HF_MISTRAL) && (bias || norm))
+        return strata_fail("%s: model.hf_model_type %s has neither q/k/v biases nor q/k norms, but model.%s is true "
+                           "(qwen2 has the biases, qwen3 the norms)", name, hf_type_names[t], bias ? "qkv_bias" : "qk_norm");
+    if (t == STRATA_HF_QWEN2 && (!bias || norm))
+        return strata_fail("%s: model.hf_model_type qwen2 has q/k/v biases and no q/k norms: model.qkv_bias must be true "
+                           "and model.qk_norm false", name);
+    if (t == STRATA_HF_QWEN3 && (bias || !norm))
+        return strata_fail("%s: model.hf_model_type qwen3 has q/k norms and no q/k/v biases: model.qk_norm must be true "
+                           "and model.qkv_bias false", name);
+    return 0;
+}
+
 int strata_config_check(const strata_config *c, const char *name) {
     if (c->model.n_head < 1) return strata_fail("%s: model.n_head (%d) must be at least 1", name, c->model.n_head);
-    if (c->model.n_embd % c->model.n_head)
+    if (c->model.arch == STRATA_ARCH_GPT2 && c->model.n_embd % c->model.n_head)
         return strata_fail("%s: model.n_embd (%d) must be divisible by model.n_head (%d)", name, c->model.n_embd,
                            c->model.n_head);
+    if (c->model.arch == STRATA_ARCH_GPT2 ? check_gpt2(c, name) : check_llama(c, name)) return -1;
     if (c->train.seq_len > c->model.seq_len)
         return strata_fail("%s: train.seq_len (%d) must not exceed model.seq_len (%d)", name, c->train.seq_len,
                            c->model.seq_len);
@@ -854,10 +967,14 @@ int strata_config_check(const strata_config *c, const char *name) {
 
 /* The keys the weights' meaning depends on: a checkpoint trained under one value means
  * something else under another. Most change a tensor's shape (the checkpoint's layout
- * check would catch those, less plainly); the head count changes none. A model family
- * with more such keys (n_kv_head, head_dim, rope, the norm) adds its rows here. */
+ * check would catch those, less plainly); the head counts, RoPE's frequencies and the
+ * norms' epsilon change none. model.seq_len is GPT-2's wpe; with rotary positions the
+ * Llama family may run at any context. */
 static const char *const model_meaning_keys[] = {
-    "model.n_layer", "model.n_head", "model.n_embd", "model.seq_len", "model.vocab_size",
+    "model.arch", "model.n_layer", "model.n_head", "model.n_embd", "model.seq_len", "model.vocab_size",
+    "model.n_kv_head", "model.head_dim", "model.intermediate_size", "model.rope_theta", "model.rope_scaling",
+    "model.rope_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_context",
+    "model.rms_norm_eps", "model.tie_embeddings", "model.qkv_bias", "model.qk_norm",
 };
 
 static int key_named(const char *full) {
@@ -876,6 +993,9 @@ static int in_list(const char *name, const char *const *list) {
 
 int strata_config_check_same_model(const strata_config *saved, const char *saved_name, const strata_config *now) {
     for (size_t i = 0; i < sizeof model_meaning_keys / sizeof model_meaning_keys[0]; i++) {
+        if (!strcmp(model_meaning_keys[i], "model.seq_len") && saved->model.arch == STRATA_ARCH_LLAMA &&
+            now->model.arch == STRATA_ARCH_LLAMA)
+            continue;
         int idx = key_named(model_meaning_keys[i]);
         STRATA_ASSERT(idx >= 0);
         char a[STRATA_PATH_MAX + 64], b[STRATA_PATH_MAX + 64];
@@ -925,39 +1045,124 @@ uint32_t strata_config_digest(const strata_config *c, const char *const *skip) {
 
 /* ---- loading ---- */
 
-/* model.n_layer, n_head, n_embd, seq_len, vocab_size from c->model.init_from: keys the
- * YAML left out (set[i] == 0, in that order) are filled in, within the schema's bounds as
- * if the YAML had said them; a key the YAML set must agree, or the error names both values
- * and where they came from. `name` is the config file. */
-static int shape_from_init_from(strata_config *c, const int set[5], const char *name) {
+/* One model key that model.init_from's config.json gives: the key, the config.json key it
+ * comes from (for messages), its value as YAML text ("" when the file does not say). */
+typedef struct hf_key {
+    const char *key, *hf_key;
+    char text[64];
+} hf_key;
+
+/* The model keys init_from's config.json gives, in schema order. */
+static int hf_keys_of(const strata_hf_shape *s, hf_key *k) {
+    int n = 0, llama = s->arch == STRATA_ARCH_LLAMA;
+#define KEY(key_, hf_, ...) (k[n] = (hf_key){key_, hf_, ""}, snprintf(k[n].text, sizeof k[n].text, __VA_ARGS__), n++)
+#define INT_KEY(key_, hf_, v) ((v) > 0 ? KEY(key_, hf_, "%d", v) : KEY(key_, hf_, "%s", ""))
+    KEY("arch", "model_type", "%s", llama ? "llama" : "gpt2");
+    INT_KEY("n_layer", llama ? "num_hidden_layers" : "n_layer", s->n_layer);
+    INT_KEY("n_head", llama ? "num_attention_heads" : "n_head", s->n_head);
+    INT_KEY("n_embd", llama ? "hidden_size" : "n_embd", s->n_embd);
+    if (!llama) INT_KEY("seq_len", "n_positions", s->n_positions); /* wpe's rows: exactly */
+    INT_KEY("vocab_size", "vocab_size", s->vocab_size);
+    if (llama) {
+        INT_KEY("n_kv_head", "num_key_value_heads", s->n_kv_head);
+        INT_KEY("head_dim", "head_dim", s->head_dim);
+        INT_KEY("intermediate_size", "intermediate_size", s->intermediate_size);
+        KEY("rope_theta", "rope_theta", "%.17g", s->rope_theta);
+        KEY("rope_scaling", "rope_type", "%s", s->rope_type == STRATA_ROPE_LLAMA3 ? "llama3" : "none");
+        if (s->rope_type == STRATA_ROPE_LLAMA3) {
+            KEY("rope_factor", "factor", "%.17g", s->rope_factor);
+            KEY("rope_low_freq_factor", "low_freq_factor", "%.17g", s->rope_low_freq_factor);
+            KEY("rope_high_freq_factor", "high_freq_factor", "%.17g", s->rope_high_freq_factor);
+            INT_KEY("rope_original_context", "original_max_position_embeddings", s->rope_original_context);
+        }
+        KEY("rms_norm_eps", "rms_norm_eps", "%.17g", s->rms_norm_eps);
+        KEY("tie_embeddings", "tie_word_embeddings", "%s", s->tie_embeddings ? "true" : "false");
+        KEY("qkv_bias", "model_type", "%s", s->qkv_bias ? "true" : "false");
+        KEY("qk_norm", "model_type", "%s", s->qk_norm ? "true" : "false");
+        INT_KEY("max_position_embeddings", "max_position_embeddings", s->n_positions);
+        KEY("hf_model_type", "model_type", "%s", s->model_type);
+    }
+#undef INT_KEY
+#undef KEY
+    return n;
+}
+
+/* The model keys from c->model.init_from's config.json: keys the YAML left out (neither
+ * in the file, a base, nor --set) are filled in, within the schema's bounds as if the YAML
+ * had said them; a key the YAML set must agree, or the error names both values and where
+ * they came from. The Llama family's model.seq_len, left out, is the checkpoint's
+ * max_position_embeddings; set, it may be anything up to it. A sliding window shorter than
+ * model.seq_len is refused. `name` is the config file. */
+static int shape_from_init_from(strata_config *c, load_state *st, const char *name) {
     strata_hf_shape s;
     if (strata_hf_shape_read(c->model.init_from, &s)) return strata_fail_wrap("%s", name);
-    int *yaml[5] = {&c->model.n_layer, &c->model.n_head, &c->model.n_embd, &c->model.seq_len, &c->model.vocab_size};
-    const int hf[5] = {s.n_layer, s.n_head, s.n_embd, s.n_positions, s.vocab_size};
-    static const char *const keys[5] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
-    static const char *const hf_keys[5] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
-    for (int i = 0; i < 5; i++) {
-        if (hf[i] <= 0) {
-            if (!set[i])
+    hf_key keys[32];
+    int n = hf_keys_of(&s, keys);
+    for (int i = 0; i < n; i++) {
+        int idx = find_key("model", keys[i].key);
+        STRATA_ASSERT(idx >= 0);
+        const key_spec *k = &schema[idx];
+        int set = st->key_line[idx] != 0 || st->from_base[idx];
+        st->from_base[idx] = 1; /* given from here on, one way or the other */
+        if (!keys[i].text[0]) {
+            if (!set && (k->flags & F_REQUIRED))
                 return strata_fail("%s: missing required key 'model.%s' (model.init_from %s does not give %s)", name,
-                                   keys[i], s.source, hf_keys[i]);
+                                   keys[i].key, s.source, keys[i].hf_key);
             continue;
         }
-        const key_spec *k = &schema[find_key("model", keys[i])];
-        if (!set[i] && !in_range(k, hf[i])) {
-            char range[192];
-            range_text(k, range, sizeof range);
-            return strata_fail("%s: model.init_from's %s has %s %d, but model.%s must be %s", name, s.source,
-                               hf_keys[i], hf[i], keys[i], range);
+        char where[STRATA_PATH_MAX + 64];
+        snprintf(where, sizeof where, "model.init_from's %s", s.source);
+        if (!set) {
+            if ((k->type == K_INT || k->type == K_DOUBLE) && !in_range(k, strtod(keys[i].text, NULL))) {
+                char range[192];
+                range_text(k, range, sizeof range);
+                return strata_fail("%s: model.init_from's %s has %s %s, but model.%s must be %s", name, s.source,
+                                   keys[i].hf_key, keys[i].text, keys[i].key, range);
+            }
+            if (set_value(c, k, keys[i].text, where)) return strata_fail_wrap("%s", name);
+            continue;
         }
-        if (!set[i]) *yaml[i] = hf[i];
-        else if (*yaml[i] != hf[i])
-            return strata_fail("%s: model.%s is %d, but model.init_from's %s has %s %d (leave model.%s out to take "
-                               "it from there)", name, keys[i], *yaml[i], s.source, hf_keys[i], hf[i], keys[i]);
+        /* as the key would print (10000 -> 10000.0), or as the file says when out of bounds */
+        strata_config hf = *c;
+        char a[128], b[128];
+        value_text(c, k, a, sizeof a);
+        if (set_value(&hf, k, keys[i].text, where) == 0) value_text(&hf, k, b, sizeof b);
+        else snprintf(b, sizeof b, "%s", keys[i].text);
+        if (strcmp(a, b))
+            return strata_fail("%s: model.%s is %s, but model.init_from's %s has %s %s (leave model.%s out to take it "
+                               "from there)", name, keys[i].key, a, s.source, keys[i].hf_key, b, keys[i].key);
+    }
+    if (s.arch == STRATA_ARCH_LLAMA) {
+        int idx = find_key("model", "seq_len");
+        if (!(st->key_line[idx] != 0 || st->from_base[idx])) {
+            const key_spec *k = &schema[idx];
+            if (!in_range(k, s.n_positions)) {
+                char range[192];
+                range_text(k, range, sizeof range);
+                return strata_fail("%s: model.init_from's %s has max_position_embeddings %d, but model.seq_len must be %s "
+                                   "(set model.seq_len, the context to train at)", name, s.source, s.n_positions, range);
+            }
+            c->model.seq_len = s.n_positions;
+        }
+        st->from_base[idx] = 1;
+        if (s.sliding_window > 0 && s.sliding_window < c->model.seq_len)
+            return strata_fail("%s: model.init_from's %s has sliding_window %d, shorter than model.seq_len %d: Strata's "
+                               "attention sees the whole causal context, the same as the window only up to its length "
+                               "(set model.seq_len to at most %d)", name, s.source, s.sliding_window, c->model.seq_len,
+                               s.sliding_window);
     }
     return 0;
 }
 
+/* The Llama family's keys whose 0 means "as the other keys say", resolved so that the
+ * config a run records says them. */
+static void resolve_llama(strata_config *c) {
+    if (c->model.arch != STRATA_ARCH_LLAMA) return;
+    if (!c->model.n_kv_head) c->model.n_kv_head = c->model.n_head;
+    if (!c->model.head_dim && c->model.n_head > 0 && c->model.n_embd % c->model.n_head == 0)
+        c->model.head_dim = c->model.n_embd / c->model.n_head;
+    if (!c->model.max_position_embeddings) c->model.max_position_embeddings = c->model.seq_len;
+}
 
 static int load_text(strata_config *c, const char *name, const char *path_field, const char *text, size_t len,
                      const char *const *sets, int n_sets) {
@@ -969,17 +1174,8 @@ static int load_text(strata_config *c, const char *name, const char *path_field,
     if (parse_yaml(&tmp, &st, name, text, len)) return -1;
     for (int i = 0; i < n_sets; i++)
         if (apply_set(&tmp, &st, sets[i])) return -1;
-    if (tmp.model.init_from[0]) {
-        /* pretrained weights: the shape keys the YAML leaves out come from their config.json */
-        static const char *const shape_keys[5] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
-        int idx[5], set[5];
-        for (int i = 0; i < 5; i++) {
-            idx[i] = find_key("model", shape_keys[i]);
-            set[i] = st.key_line[idx[i]] != 0 || st.from_base[idx[i]];
-        }
-        if (shape_from_init_from(&tmp, set, name)) return -1;
-        for (int i = 0; i < 5; i++) st.from_base[idx[i]] = 1;
-    }
+    /* pretrained weights: the model keys the YAML leaves out come from their config.json */
+    if (tmp.model.init_from[0] && shape_from_init_from(&tmp, &st, name)) return -1;
     for (int i = 0; i < N_KEYS; i++) {
         if ((schema[i].flags & F_REQUIRED) && st.key_line[i] == 0 && !st.from_base[i]) {
             char full[96];
@@ -987,6 +1183,7 @@ static int load_text(strata_config *c, const char *name, const char *path_field,
             return strata_fail("%s: missing required key '%s'", name, full);
         }
     }
+    resolve_llama(&tmp);
     if (strata_config_check(&tmp, name)) return -1;
     *c = tmp;
     return 0;
@@ -1075,8 +1272,51 @@ int strata_config_write(const strata_config *c, FILE *f, int with_comments) {
 int strata_config_seq_len(const strata_config *c) { return c->train.seq_len > 0 ? c->train.seq_len : c->model.seq_len; }
 
 strata_model_shape strata_config_model_shape(const strata_config *c) {
-    return (strata_model_shape){c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.seq_len,
-                                c->model.vocab_size, strata_config_padded_vocab(c), (float)c->model.init_std};
+    const int llama = c->model.arch == STRATA_ARCH_LLAMA;
+    return (strata_model_shape){
+        .n_layer = c->model.n_layer,
+        .n_head = c->model.n_head,
+        .n_embd = c->model.n_embd,
+        .max_seq_len = c->model.seq_len,
+        .vocab_size = c->model.vocab_size,
+        .padded_vocab_size = strata_config_padded_vocab(c),
+        .init_std = (float)c->model.init_std,
+        .arch = c->model.arch,
+        .n_kv_head = llama ? c->model.n_kv_head : 0,
+        .head_dim = llama ? c->model.head_dim : 0,
+        .intermediate_size = llama ? c->model.intermediate_size : 0,
+        .rope_theta = c->model.rope_theta,
+        .rope_type = c->model.rope_scaling,
+        .rope_factor = c->model.rope_factor,
+        .rope_low_freq_factor = c->model.rope_low_freq_factor,
+        .rope_high_freq_factor = c->model.rope_high_freq_factor,
+        .rope_original_context = c->model.rope_original_context,
+        .rms_norm_eps = (float)c->model.rms_norm_eps,
+        .tie_embeddings = c->model.tie_embeddings,
+        .qkv_bias = c->model.qkv_bias,
+        .qk_norm = c->model.qk_norm,
+    };
+}
+
+void strata_config_model_describe(const strata_config *c, char *out, size_t n) {
+    if (c->model.arch == STRATA_ARCH_GPT2) {
+        snprintf(out, n, "%d layers, %d heads, %d channels, vocab %d", c->model.n_layer, c->model.n_head, c->model.n_embd,
+                 c->model.vocab_size);
+        return;
+    }
+    char theta[64];
+    format_double(c->model.rope_theta, theta, sizeof theta);
+    snprintf(out, n, "%s: %d layers, %d heads (%d key/value) of %d, %d channels, MLP %d, vocab %d, RoPE %stheta %s%s%s%s",
+             strata_config_hf_model_type(c), c->model.n_layer, c->model.n_head, c->model.n_kv_head, c->model.head_dim,
+             c->model.n_embd, c->model.intermediate_size, c->model.vocab_size,
+             c->model.rope_scaling == STRATA_ROPE_LLAMA3 ? "llama3 " : "", theta, c->model.qkv_bias ? ", q/k/v biases" : "",
+             c->model.qk_norm ? ", q/k norms" : "", c->model.tie_embeddings ? ", tied" : "");
+}
+
+const char *strata_config_hf_model_type(const strata_config *c) {
+    if (c->model.hf_model_type != STRATA_HF_AUTO) return hf_type_names[c->model.hf_model_type];
+    if (c->model.arch == STRATA_ARCH_GPT2) return "gpt2";
+    return c->model.qk_norm ? "qwen3" : c->model.qkv_bias ? "qwen2" : "llama";
 }
 
 int strata_config_padded_vocab(const strata_config *c) {

@@ -25,6 +25,12 @@ typedef enum { STRATA_COMM_AUTO = 0, STRATA_COMM_MPI, STRATA_COMM_NCCL } strata_
 #define STRATA_AUTO (-1.0)
 
 typedef enum { STRATA_OFFLOAD_NONE = 0, STRATA_OFFLOAD_CPU, STRATA_OFFLOAD_NVME } strata_offload_choice;
+/* model.hf_model_type: the Hugging Face model_type export writes (with its architecture);
+ * auto = gpt2 for GPT-2, and for the Llama family qwen3 with qk_norm, qwen2 with qkv_bias,
+ * llama otherwise */
+typedef enum {
+    STRATA_HF_AUTO = 0, STRATA_HF_GPT2, STRATA_HF_LLAMA, STRATA_HF_MISTRAL, STRATA_HF_QWEN2, STRATA_HF_QWEN3
+} strata_hf_model_type;
 
 typedef struct strata_config {
     char path[STRATA_PATH_MAX]; /* the YAML file it came from ("" for built-in) */
@@ -32,12 +38,26 @@ typedef struct strata_config {
     strata_backend_choice device; /* top-level `device: auto|cpu|cuda` */
 
     struct {
+        int arch;              /* strata_arch: gpt2 | llama */
         int n_layer, n_head, n_embd;
-        int seq_len;           /* maximum context T (rows of wpe) */
+        int seq_len;           /* maximum context T (GPT-2: rows of wpe) */
         int vocab_size;        /* V: 256 for byte-level, 50257 for GPT-2 BPE */
         int padded_vocab_size; /* Vp >= V; 0 = V rounded up to a multiple of 128 */
         double init_std;
         char init_from[STRATA_PATH_MAX]; /* Hugging Face weights to start from; "" = random init */
+        /* the Llama family's (GPT-2 keeps their defaults); a loaded llama config has
+         * n_kv_head, head_dim and max_position_embeddings resolved (never 0) */
+        int n_kv_head;         /* 0 = n_head */
+        int head_dim;          /* 0 = n_embd / n_head */
+        int intermediate_size; /* the SwiGLU MLP's width */
+        double rope_theta;
+        int rope_scaling;      /* strata_rope_type: none | llama3 */
+        double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+        int rope_original_context;
+        double rms_norm_eps;
+        int tie_embeddings, qkv_bias, qk_norm;
+        int max_position_embeddings; /* the context the weights were made for; 0 = seq_len */
+        int hf_model_type;     /* strata_hf_model_type: what export names the model as */
     } model;
 
     struct {
@@ -171,6 +191,13 @@ strata_model_shape strata_config_model_shape(const strata_config *c);
 /* Derived values. */
 int strata_config_seq_len(const strata_config *c);     /* train.seq_len or model.seq_len */
 int strata_config_padded_vocab(const strata_config *c); /* Vp */
+
+/* The model in words: "12 layers, 12 heads, 768 channels, vocab 50257" for GPT-2;
+ * "llama: 16 layers, 32 heads (8 key/value) of 64, 2048 channels, MLP 8192, vocab 128256,
+ * RoPE llama3 theta 500000, tied" for the Llama family. */
+void strata_config_model_describe(const strata_config *c, char *out, size_t n);
+/* model.hf_model_type with auto resolved: "gpt2", "llama", "mistral", "qwen2", "qwen3". */
+const char *strata_config_hf_model_type(const strata_config *c);
 
 /* Names of enum values, for logs and printing. */
 const char *strata_schedule_name(strata_schedule s);

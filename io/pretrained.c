@@ -1,6 +1,6 @@
-/* io/pretrained.c: Hugging Face GPT-2 weights (one safetensors file or a sharded
- * directory) read into the model's units by element range. See io/pretrained.h for what
- * is accepted and refused. */
+/* io/pretrained.c: Hugging Face weights of either family (one safetensors file or a
+ * sharded directory) read into the model's units by element range. See io/pretrained.h
+ * for what is accepted and refused. */
 #include "io/pretrained.h"
 
 #include <math.h>
@@ -15,7 +15,7 @@
 #include "io/text.h"
 
 #define MAX_INDEX_BYTES ((size_t)16 << 20) /* model.safetensors.index.json: a line per tensor */
-#define PREFIX "transformer."
+#define LM_HEAD "lm_head.weight"
 
 /* ---- where the files are ---- */
 
@@ -94,9 +94,8 @@ struct strata_pretrained {
     strata_safetensors *files;
     const strata_st_tensor **src;    /* per model tensor: where it is */
     int *src_file;
-    const strata_st_tensor *lm_head; /* NULL when absent */
+    const strata_st_tensor *lm_head; /* a tied model's: NULL when absent */
     int lm_head_file;
-    size_t v_rows;                   /* real vocabulary rows of wte */
     size_t elements_read;            /* from the files, by this process */
     char desc[256];
 };
@@ -113,21 +112,43 @@ void strata_pretrained_close(strata_pretrained *p) {
 const char *strata_pretrained_describe(const strata_pretrained *p) { return p->desc; }
 size_t strata_pretrained_elements_read(const strata_pretrained *p) { return p->elements_read; }
 
-/* "h.3.attn.bias" / "h.3.attn.masked_bias": the causal-mask buffers old files carry. */
-static int is_mask_buffer(const char *n) {
+/* Buffers old files carry that are no parameters: GPT-2's causal-mask buffers
+ * ("h.3.attn.bias", "h.3.attn.masked_bias") and Llama's RoPE frequencies
+ * ("layers.3.self_attn.rotary_emb.inv_freq"), names without their prefix. */
+static int is_buffer(const char *n) {
+    static const char rope[] = ".rotary_emb.inv_freq";
+    size_t len = strlen(n);
+    if (len > sizeof rope - 1 && !strcmp(n + len - (sizeof rope - 1), rope)) return 1;
     if (strncmp(n, "h.", 2)) return 0;
     const char *dot = strchr(n + 2, '.');
     return dot && (!strcmp(dot, ".attn.bias") || !strcmp(dot, ".attn.masked_bias"));
 }
 
+/* A name without the prefix of the whole model's class ("transformer." of
+ * GPT2LMHeadModel, "model." of LlamaForCausalLM and the like): GPT2Model and LlamaModel
+ * save theirs without it. */
 static const char *bare(const char *name) {
-    return !strncmp(name, PREFIX, strlen(PREFIX)) ? name + strlen(PREFIX) : name;
+    static const char *const prefixes[] = {"transformer.", "model."};
+    for (int i = 0; i < 2; i++)
+        if (!strncmp(name, prefixes[i], strlen(prefixes[i]))) return name + strlen(prefixes[i]);
+    return name;
+}
+
+/* The model's tensor called lm_head.weight (an untied head), or -1. */
+static int own_lm_head(const strata_model *m) {
+    for (int j = 0; j < m->n_tensors; j++)
+        if (!strcmp(m->tensors[j].name, LM_HEAD)) return j;
+    return -1;
 }
 
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t o = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && o < n; i++) o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+static const char *family_name(const strata_model *m) {
+    return m->shape.arch == STRATA_ARCH_LLAMA ? "Llama-family" : "GPT-2";
 }
 
 /* Opens every file and finds, for each tensor of the model, the file tensor holding it
@@ -141,8 +162,8 @@ static int match_tensors(strata_pretrained *p, const file_list *fl, const strata
         for (int i = 0; i < st->n_tensors; i++) {
             const strata_st_tensor *t = &st->tensors[i];
             const char *n = bare(t->name);
-            if (is_mask_buffer(n)) continue;
-            if (!strcmp(t->name, "lm_head.weight")) {
+            if (is_buffer(n)) continue;
+            if (!strcmp(t->name, LM_HEAD) && own_lm_head(m) < 0) { /* a tied head's copy */
                 if (p->lm_head)
                     return strata_fail("lm_head.weight is in both %s and %s", p->files[p->lm_head_file].path, st->path);
                 p->lm_head = t;
@@ -153,8 +174,10 @@ static int match_tensors(strata_pretrained *p, const file_list *fl, const strata
             for (int j = 0; j < m->n_tensors; j++)
                 if (!strcmp(bare(m->tensors[j].name), n)) k = j;
             if (k < 0)
-                return strata_fail("%s: tensor \"%s\" is not a parameter of Strata's GPT-2 with %d layers (is the file "
-                                   "a GPT-2 model of this shape?)", st->path, t->name, m->shape.n_layer);
+                return strata_fail("%s: tensor \"%s\" is not a parameter of Strata's %s with %d layers (is the file "
+                                   "a %s model of this shape?)", st->path, t->name,
+                                   m->shape.arch == STRATA_ARCH_LLAMA ? "Llama-family model" : "GPT-2",
+                                   m->shape.n_layer, family_name(m));
             if (p->src[k])
                 return strata_fail("tensor %s is in the weights twice: \"%s\" in %s and \"%s\" in %s", m->tensors[k].name,
                                    p->src[k]->name, p->files[p->src_file[k]].path, t->name, st->path);
@@ -179,15 +202,20 @@ static int check_index(const strata_pretrained *p, const file_list *fl, const st
     return 0;
 }
 
-/* Every parameter is present, with the model's shape (wte: vocab_size rows; Strata pads
- * to Vp) in a dtype Strata converts; lm_head, when present, has wte's shape. */
+/* Every parameter is present, with the model's shape (the embedding and an untied head:
+ * vocab_size rows; Strata pads to Vp) in a dtype Strata converts; a tied model's
+ * lm_head, when present, has the embedding's shape. */
 static int check_tensors(const strata_pretrained *p, const strata_model *m) {
     for (int k = 0; k < m->n_tensors; k++) {
         const strata_param_tensor *mt = &m->tensors[k];
         const strata_st_tensor *t = p->src[k];
-        if (!t) return strata_fail("model.init_from '%s': no tensor %s (or %s)", p->init_from, mt->name, bare(mt->name));
-        int64_t want[2] = {mt->shape[0], mt->shape[1]};
-        if (k == 0) want[0] = m->shape.vocab_size;
+        if (!t) {
+            if (!strcmp(mt->name, LM_HEAD))
+                return strata_fail("model.init_from '%s': no tensor lm_head.weight, but model.tie_embeddings is false "
+                                   "(a tied model's head is its token embedding: set it true)", p->init_from);
+            return strata_fail("model.init_from '%s': no tensor %s (or %s)", p->init_from, mt->name, bare(mt->name));
+        }
+        int64_t want[2] = {strata_model_real_rows(m, k), mt->shape[1]};
         int same = t->ndim == mt->ndim;
         for (int d = 0; same && d < mt->ndim; d++) same = t->shape[d] == want[d];
         if (!same) {
@@ -204,7 +232,7 @@ static int check_tensors(const strata_pretrained *p, const strata_model *m) {
     }
     const strata_st_tensor *w = p->src[0];
     if (p->lm_head && (p->lm_head->ndim != 2 || p->lm_head->shape[0] != w->shape[0] || p->lm_head->shape[1] != w->shape[1]))
-        return strata_fail("%s: lm_head.weight's shape differs from %s's; Strata's LM head is tied to the token "
+        return strata_fail("%s: lm_head.weight's shape differs from %s's, but the model's LM head is tied to the token "
                            "embedding", p->files[p->lm_head_file].path, w->name);
     return 0;
 }
@@ -230,7 +258,6 @@ strata_pretrained *strata_pretrained_open(const char *init_from, const strata_mo
         p->files = strata_xcalloc((size_t)fl.n, sizeof *p->files);
         p->src = strata_xcalloc((size_t)m->n_tensors, sizeof *p->src);
         p->src_file = strata_xcalloc((size_t)m->n_tensors, sizeof *p->src_file);
-        p->v_rows = (size_t)m->shape.vocab_size;
         rc = match_tensors(p, &fl, m) || check_index(p, &fl, &index) || check_tensors(p, m) ? -1 : 0;
         if (!rc) describe(p, m, &fl);
     }
@@ -275,7 +302,7 @@ int strata_pretrained_read(void *ctx, const strata_model *m, int u, size_t lo, s
         size_t b = mt->offset + mt->numel < hi ? mt->offset + mt->numel : hi;
         if (a >= b) continue;
         size_t ta = a - mt->offset, tb = b - mt->offset; /* within the tensor */
-        size_t real = k == 0 ? p->v_rows * (size_t)m->shape.n_embd : mt->numel; /* wte: rows >= V are padding */
+        size_t real = (size_t)strata_model_real_rows(m, k) * (mt->ndim > 1 ? (size_t)mt->shape[1] : 1); /* rows >= V: padding */
         size_t rb = tb < real ? tb : real;
         float *out = dst + (a - lo);
         if (ta < rb) rc = strata_safetensors_read_f32(&p->files[p->src_file[k]], p->src[k], ta, rb, out);
@@ -288,8 +315,9 @@ int strata_pretrained_read(void *ctx, const strata_model *m, int u, size_t lo, s
             rc = strata_safetensors_read_f32(&p->files[p->lm_head_file], p->lm_head, ta, rb, check);
             for (size_t e = 0; !rc && e < rb - ta; e++)
                 if (memcmp(&check[e], &out[e], sizeof(float)))
-                    rc = strata_fail("%s: lm_head.weight differs from %s at element %zu (%g vs %g): Strata's LM head is "
-                                     "tied to the token embedding, so untied weights cannot be loaded",
+                    rc = strata_fail("%s: lm_head.weight differs from %s at element %zu (%g vs %g): the model's LM head "
+                                     "is tied to the token embedding (model.tie_embeddings), so untied weights cannot be "
+                                     "loaded into it",
                                      p->files[p->lm_head_file].path, p->src[0]->name, ta + e, check[e], out[e]);
             free(check);
             check = NULL;

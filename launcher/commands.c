@@ -48,14 +48,13 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
     return STRATA_EXIT_OK;
 }
 
-#define WTE_NAME "transformer.wte.weight"
-
 void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o) {
     const strata_config *c = &o->cfg;
     const strata_ckpt_meta *meta = strata_ckpt_get_meta(o->ck);
     strata_st_out_meta(w, "format", "pt");
     strata_st_out_meta(w, "strata.checkpoint", o->dir);
     strata_st_out_meta_int(w, "strata.step", (long long)meta->step);
+    strata_st_out_meta(w, "strata.arch", c->model.arch == STRATA_ARCH_LLAMA ? "llama" : "gpt2");
     strata_st_out_meta_int(w, "strata.n_layer", c->model.n_layer);
     strata_st_out_meta_int(w, "strata.n_head", c->model.n_head);
     strata_st_out_meta_int(w, "strata.n_embd", c->model.n_embd);
@@ -65,12 +64,9 @@ void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o
     strata_st_out_meta(w, "strata.config", meta->config_yaml);
 }
 
-int64_t strata_st_out_rows(const strata_param_tensor *t, int vocab_size) {
-    return strcmp(t->name, WTE_NAME) == 0 ? vocab_size : t->shape[0];
-}
-
-void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_param_tensor *t, int vocab_size) {
+void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_model *m, int ti) {
+    const strata_param_tensor *t = &m->tensors[ti];
     char name[sizeof w->t[0].name];
     snprintf(name, sizeof name, "%s%s", prefix, t->name);
-    strata_st_out_add(w, name, "F32", t->ndim, strata_st_out_rows(t, vocab_size), t->ndim > 1 ? t->shape[1] : 0, 0);
+    strata_st_out_add(w, name, "F32", t->ndim, strata_model_real_rows(m, ti), t->ndim > 1 ? t->shape[1] : 0, 0);
 }

@@ -21,13 +21,14 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
                            strata_opened_ckpt *o);
 
 /* What export's and dump-grads' files share. */
-/* The metadata transformers' GPT2Config needs, and where it came from: "format": "pt",
- * "strata.checkpoint", "strata.step", "strata.n_layer", ..., "strata.config" (the YAML). */
+/* The metadata safetensors readers need, and where it came from: "format": "pt",
+ * "strata.checkpoint", "strata.step", "strata.arch", "strata.n_layer", ..., "strata.config"
+ * (the YAML). */
 void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o);
-/* Rows a parameter has in an exported file: wte loses its padding rows. */
-int64_t strata_st_out_rows(const strata_param_tensor *t, int vocab_size);
-/* Declares parameter t (F32) as prefix + its Hugging Face name. */
-void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_param_tensor *t, int vocab_size);
+/* Declares the model's tensor ti (F32) as prefix + its Hugging Face name, with its real
+ * rows: the embedding and an untied LM head lose their padding rows
+ * (strata_model_real_rows). */
+void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_model *m, int ti);
 
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank);
 int strata_cmd_plan(int argc, char **argv);

@@ -39,7 +39,7 @@ typedef struct dump_batch {
     int32_t *inputs, *targets; /* (B,T) */
     float *logits;             /* (B,T,Vp) as copied; (B,T,V) once compacted */
     float **grads_host;        /* per unit, padded as the engine pads it */
-    float loss, pad_max;       /* pad_max: the largest |gradient| in wte's padding rows */
+    float loss, pad_max;       /* pad_max: the largest |gradient| in the vocabulary's padding rows */
     float **grads;             /* device: per unit */
     float *logits_f32;         /* device: the logits as fp32 */
     int n_units;
@@ -195,13 +195,17 @@ static int forward_backward(dump_batch *b, strata_model *m, const size_t *padded
     return 0;
 }
 
-/* Checks the results and puts them in the file's shapes: rows V..Vp-1 of wte never meet
- * a token or a target, so their gradient must be exactly 0 (pad_max says how far it is);
- * the logits lose their padding columns. */
-static void check_and_compact(dump_batch *b, int n_embd) {
+/* Checks the results and puts them in the file's shapes: rows V..Vp-1 of the embedding
+ * (and of an untied LM head) never meet a token or a target, so their gradient must be
+ * exactly 0 (pad_max says how far it is); the logits lose their padding columns. */
+static void check_and_compact(dump_batch *b, const strata_model *m) {
     if (!isfinite(b->loss)) STRATA_WARN("export", "loss is %g: the checkpoint or the data is broken", b->loss);
-    for (size_t i = (size_t)b->V * n_embd; i < (size_t)b->Vp * n_embd; i++)
-        b->pad_max = fmaxf(b->pad_max, fabsf(b->grads_host[0][i]));
+    for (int ti = 0; ti < m->n_tensors; ti++) {
+        const strata_param_tensor *t = &m->tensors[ti];
+        size_t cols = t->ndim > 1 ? (size_t)t->shape[1] : 1;
+        const float *g = b->grads_host[t->unit] + t->offset;
+        for (size_t i = (size_t)strata_model_real_rows(m, ti) * cols; i < t->numel; i++) b->pad_max = fmaxf(b->pad_max, fabsf(g[i]));
+    }
     for (size_t r = 0; r < (size_t)b->B * b->T; r++)
         memmove(b->logits + r * b->V, b->logits + r * b->Vp, (size_t)b->V * sizeof(float));
 }
@@ -221,7 +225,7 @@ static int write_dump(const char *out, const strata_opened_ckpt *o, const strata
     strata_st_out_add(&w, "logits", "F32", 3, b->B, b->T, b->V);
     strata_st_out_add(&w, "inputs", "I32", 2, b->B, b->T, 0);
     strata_st_out_add(&w, "targets", "I32", 2, b->B, b->T, 0);
-    for (int i = 0; i < m->n_tensors; i++) strata_st_out_add_param(&w, "grad.", &m->tensors[i], b->V);
+    for (int i = 0; i < m->n_tensors; i++) strata_st_out_add_param(&w, "grad.", m, i);
     int rc = strata_st_out_begin(&w) || strata_st_out_write(&w, 0, &b->loss) || strata_st_out_write(&w, 1, b->logits) ||
              strata_st_out_write(&w, 2, b->inputs) || strata_st_out_write(&w, 3, b->targets);
     for (int i = 0; i < m->n_tensors && !rc; i++) {
@@ -252,7 +256,7 @@ int strata_cmd_dump_grads(int argc, char **argv) {
     if (read_batch(&b, a.data, o.cfg.train.seed) || alloc_device(&b, m, padded) ||
         forward_backward(&b, m, padded, a.data))
         goto done;
-    check_and_compact(&b, m->shape.n_embd);
+    check_and_compact(&b, m);
     if (write_dump(a.out, &o, m, &b)) goto done;
     printf("wrote %s: loss %.6f over %d x %d tokens, %d gradients (step %lld)\n", a.out, b.loss, b.B, b.T,
            m->n_tensors, (long long)strata_ckpt_get_meta(o.ck)->step);

@@ -54,7 +54,7 @@ static int write_weights(const strata_opened_ckpt *o, const strata_model *m, con
     strata_st_out w;
     strata_st_out_init(&w, path);
     strata_st_out_checkpoint_meta(&w, o);
-    for (int i = t0; i < t1; i++) strata_st_out_add_param(&w, "", &m->tensors[i], m->shape.vocab_size);
+    for (int i = t0; i < t1; i++) strata_st_out_add_param(&w, "", m, i);
     int rc = strata_st_out_begin(&w);
     for (int i = t0; i < t1 && !rc; i++) {
         const strata_param_tensor *t = &m->tensors[i];
@@ -74,20 +74,60 @@ static void sb_token_id(strata_sbuf *b, int id) {
     else strata_sbuf_putn(b, "null", 4);
 }
 
+/* What transformers' GPT2Config needs; no dropout, since Strata trains without it. */
+static void gpt2_config(strata_sbuf *b, const strata_config *c, const char *std) {
+    strata_sbuf_printf(b, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n");
+    strata_sbuf_printf(b, "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", c->model.vocab_size,
+                       c->model.seq_len, c->model.seq_len);
+    strata_sbuf_printf(b, "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n",
+                       c->model.n_embd, c->model.n_layer, c->model.n_head);
+    strata_sbuf_printf(b, "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n");
+    strata_sbuf_printf(b, "  \"initializer_range\": %s,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n", std);
+    strata_sbuf_printf(b, "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": true,\n  \"use_cache\": true,\n");
+}
+
+/* The Llama family's config.json under the model_type the run keeps (model.hf_model_type),
+ * in transformers 4.x's words (rope_theta, rope_scaling), which 5.x reads too; no dropout,
+ * no sliding window, no biases but Qwen2's (which its model_type implies). */
+static void llama_config(strata_sbuf *b, const strata_config *c, const char *std) {
+    static const struct { const char *type, *arch; } archs[] = {
+        {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
+        {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
+    };
+    const char *type = strata_config_hf_model_type(c), *arch = archs[0].arch;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(archs[i].type, type)) arch = archs[i].arch;
+    strata_sbuf_printf(b, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", arch, type);
+    strata_sbuf_printf(b, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n",
+                       c->model.vocab_size, c->model.n_embd, c->model.intermediate_size);
+    strata_sbuf_printf(b, "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n",
+                       c->model.n_layer, c->model.n_head, c->model.n_kv_head);
+    strata_sbuf_printf(b, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %d,\n",
+                       c->model.head_dim, c->model.max_position_embeddings);
+    strata_sbuf_printf(b, "  \"initializer_range\": %s,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.17g,\n", std,
+                       c->model.rms_norm_eps, c->model.rope_theta);
+    if (c->model.rope_scaling == STRATA_ROPE_LLAMA3)
+        strata_sbuf_printf(b, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+                              "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d},\n",
+                           c->model.rope_factor, c->model.rope_low_freq_factor, c->model.rope_high_freq_factor,
+                           c->model.rope_original_context);
+    else strata_sbuf_printf(b, "  \"rope_scaling\": null,\n");
+    if (!strcmp(type, "llama") || !strcmp(type, "qwen3")) strata_sbuf_printf(b, "  \"attention_bias\": false,\n");
+    if (!strcmp(type, "llama")) strata_sbuf_printf(b, "  \"mlp_bias\": false,\n");
+    if (!strcmp(type, "mistral")) strata_sbuf_printf(b, "  \"sliding_window\": null,\n");
+    if (!strcmp(type, "qwen2") || !strcmp(type, "qwen3"))
+        strata_sbuf_printf(b, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n");
+    strata_sbuf_printf(b, "  \"attention_dropout\": 0.0,\n  \"tie_word_embeddings\": %s,\n  \"use_cache\": true,\n",
+                       c->model.tie_embeddings ? "true" : "false");
+}
+
 static int write_configs(const char *dir, const strata_config *c, int eot) {
     char path[STRATA_PATH_MAX + 64];
     char std[64];
     snprintf(std, sizeof std, "%.9g", c->model.init_std);
     strata_sbuf b = {0};
-    /* what transformers' GPT2Config needs; no dropout, since Strata trains without it */
-    strata_sbuf_printf(&b, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n");
-    strata_sbuf_printf(&b, "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", c->model.vocab_size,
-              c->model.seq_len, c->model.seq_len);
-    strata_sbuf_printf(&b, "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n", c->model.n_embd,
-              c->model.n_layer, c->model.n_head);
-    strata_sbuf_printf(&b, "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n");
-    strata_sbuf_printf(&b, "  \"initializer_range\": %s,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n", std);
-    strata_sbuf_printf(&b, "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": true,\n  \"use_cache\": true,\n");
+    if (c->model.arch == STRATA_ARCH_LLAMA) llama_config(&b, c, std);
+    else gpt2_config(&b, c, std);
     strata_sbuf_printf(&b, "  \"torch_dtype\": \"float32\",\n  \"bos_token_id\": ");
     sb_token_id(&b, eot);
     strata_sbuf_printf(&b, ",\n  \"eos_token_id\": ");
@@ -107,14 +147,17 @@ static int write_configs(const char *dir, const strata_config *c, int eot) {
     return rc;
 }
 
-/* tokenizer.json (as trained with), vocab.json + merges.txt (for GPT-2's original
- * tokenizer class) and tokenizer_config.json. */
-static int write_tokenizer(const char *dir, const strata_bpe *tk, int eot, int max_len) {
+/* tokenizer.json (as trained with), and tokenizer_config.json: for GPT-2 also vocab.json
+ * + merges.txt (its original tokenizer class); the Llama family's directory names the
+ * class that reads tokenizer.json alone (PreTrainedTokenizerFast): GPT2Tokenizer is not
+ * what a Llama, Mistral or Qwen model's AutoTokenizer should build. */
+static int write_tokenizer(const char *dir, const strata_bpe *tk, int eot, int max_len, int gpt2) {
     char path[STRATA_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (strata_bpe_save(tk, path) || strata_bpe_save_vocab_merges(tk, dir)) return -1;
+    if (strata_bpe_save(tk, path) || (gpt2 && strata_bpe_save_vocab_merges(tk, dir))) return -1;
     strata_sbuf b = {0};
-    strata_sbuf_printf(&b, "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": %d,\n", max_len);
+    strata_sbuf_printf(&b, "{\n  \"tokenizer_class\": \"%s\",\n  \"model_max_length\": %d,\n",
+                       gpt2 ? "GPT2Tokenizer" : "PreTrainedTokenizerFast", max_len);
     strata_sbuf_printf(&b, "  \"add_prefix_space\": %s,\n  \"add_bos_token\": false,\n", strata_bpe_add_prefix_space(tk) ? "true" : "false");
     static const char *const roles[] = {"bos_token", "eos_token", "unk_token"};
     for (int i = 0; i < 3; i++) {
@@ -160,7 +203,7 @@ static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const 
     uint64_t in_shard = 0, total = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const strata_param_tensor *t = &m->tensors[i];
-        uint64_t bytes = (uint64_t)strata_st_out_rows(t, m->shape.vocab_size) * (t->ndim > 1 ? (uint64_t)t->shape[1] : 1) * 4;
+        uint64_t bytes = (uint64_t)strata_model_real_rows(m, i) * (t->ndim > 1 ? (uint64_t)t->shape[1] : 1) * 4;
         if (n == 0 || (in_shard + bytes > max_shard && in_shard > 0)) {
             first[n++] = i;
             in_shard = 0;
@@ -203,7 +246,8 @@ static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const 
     int eot = tk ? strata_bpe_special_id(tk, "<|endoftext|>") : -1;
     if (eot >= o->cfg.model.vocab_size) eot = -1;
     rc = write_configs(dir, &o->cfg, eot);
-    if (!rc && tk) rc = write_tokenizer(dir, tk, eot, o->cfg.model.seq_len);
+    int gpt2 = o->cfg.model.arch == STRATA_ARCH_GPT2;
+    if (!rc && tk) rc = write_tokenizer(dir, tk, eot, gpt2 ? o->cfg.model.seq_len : o->cfg.model.max_position_embeddings, gpt2);
     if (!tk)
         STRATA_WARN("export", "the run recorded no tokenizer (its data came without tokenizer.json), so %s has none: "
                     "copy the tokenizer files of the data in yourself", dir);

@@ -46,9 +46,10 @@ static const struct {
      "  --allow-new-tokenizer\n"
      "                       resume on data of another tokenizer (earlier checkpoints keep theirs)\n"
      "\n"
-     "model.init_from: DIR|FILE.safetensors starts from Hugging Face GPT-2 weights (the shape keys\n"
-     "left out of the config come from its config.json). Exit codes: 0 ok, 1 run-time failure,\n"
-     "2 bad command line or config, 3 the plan does not fit, 4 the device ran out of memory mid-run.\n"},
+     "model.init_from: DIR|FILE.safetensors starts from Hugging Face weights: GPT-2, or the Llama family\n"
+     "(Llama, Mistral, Qwen2, Qwen3); the model keys left out of the config come from its config.json.\n"
+     "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 the plan does not fit,\n"
+     "4 the device ran out of memory mid-run.\n"},
     {"prepare",
      "usage: strata prepare --text FILE... --out DIR [--tokenizer DIR|tokenizer.json]\n"
      "                      [--val-fraction F] [--shard-tokens N]\n"
@@ -117,11 +118,13 @@ static const struct {
      "usage: strata export CKPT|RUNDIR --out DIR [--max-shard-size SIZE]\n"
      "       strata export CKPT|RUNDIR --out FILE.safetensors\n"
      "\n"
-     "Writes the fp32 weights under Hugging Face GPT-2 names. --out DIR (created) is a directory\n"
-     "`GPT2LMHeadModel.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load unchanged:\n"
-     "config.json, generation_config.json, model.safetensors (or model-0000K-of-0000N.safetensors\n"
-     "shards with model.safetensors.index.json past --max-shard-size, default 5GB), and the tokenizer\n"
-     "the run trained with (tokenizer.json, vocab.json, merges.txt, tokenizer_config.json).\n"
+     "Writes the fp32 weights under Hugging Face's names for the model's family. --out DIR (created)\n"
+     "is a directory `AutoModelForCausalLM.from_pretrained(DIR)` (GPT2LMHeadModel, LlamaForCausalLM,\n"
+     "MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM, as model.hf_model_type says) and\n"
+     "`AutoTokenizer.from_pretrained(DIR)` load unchanged: config.json, generation_config.json,\n"
+     "model.safetensors (or model-0000K-of-0000N.safetensors shards with model.safetensors.index.json\n"
+     "past --max-shard-size, default 5GB), and the tokenizer the run trained with (tokenizer.json and\n"
+     "tokenizer_config.json; for GPT-2 also vocab.json and merges.txt).\n"
      "--out FILE.safetensors writes the weights alone.\n"
      "\n"
      "  --max-shard-size SIZE  largest weights file, e.g. 5GB, 500MB, 2GiB (default 5GB)\n"},

@@ -33,8 +33,9 @@ int strata_cmd_plan(int argc, char **argv) {
     strata_model_shape shape = strata_config_model_shape(&cfg);
     strata_model m;
     strata_model_init(&m, &shape);
-    printf("model: %d layers, %d heads, %d channels, vocab %d, %zu parameters; batch %d x %d x %d accumulation\n",
-           shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, strata_model_num_params(&m),
+    char desc[256];
+    strata_config_model_describe(&cfg, desc, sizeof desc);
+    printf("model: %s, %zu parameters; batch %d x %d x %d accumulation\n", desc, strata_model_num_params(&m),
            cfg.train.micro_batch, strata_config_seq_len(&cfg), cfg.train.grad_accum);
     strata_model_free(&m);
     strata_plan_print(&p, stdout);

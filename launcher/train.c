@@ -366,6 +366,12 @@ static int load_config(trainer *t) {
     const char *where = NULL; /* names the config in the message, for what it leads to */
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) goto refuse;
     where = cfg->path[0] ? cfg->path : "<built-in>";
+    /* said now, not after the plan is allocated: the loader would refuse it at open */
+    if (cfg->model.vocab_size > 65536) {
+        strata_fail("model.vocab_size is %d, but token shards hold uint16 tokens (io/data.h: at most 65536), so no "
+                    "data can train it yet; plan, sample and export take any vocabulary", cfg->model.vocab_size);
+        goto refuse;
+    }
     if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
     where = NULL;
     if ((t->kernel_profile = kernel_profile_choice()) < 0) goto refuse;
@@ -560,10 +566,11 @@ static int build_and_plan(trainer *t) {
     t->planned_runtime = plan.runtime_bytes;
     t->plan = plan;
     if (t->rank == 0) {
-        const strata_model_shape *s = &t->m.shape;
         int B = cfg->train.micro_batch, T = strata_config_seq_len(cfg), A = cfg->train.grad_accum;
-        STRATA_INFO("train", "model: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters",
-                    s->n_layer, s->n_head, s->n_embd, s->vocab_size, s->padded_vocab_size, strata_model_num_params(&t->m));
+        char desc[256];
+        strata_config_model_describe(cfg, desc, sizeof desc);
+        STRATA_INFO("train", "model: %s (padded %d), %zu parameters", desc, t->m.shape.padded_vocab_size,
+                    strata_model_num_params(&t->m));
         STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A,
                     t->world, (long long)B * T * A * t->world);
         strata_plan_print(&plan, stdout);

@@ -1172,10 +1172,10 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
 
 int strata_engine_profile_kernels(strata_engine *e) {
     STRATA_ASSERT(e->dev && !e->prof);
-    /* timed calls a step can make: per micro-step the forward's 9 per block + 4, the
-     * backward's 8 per block + 3, a recompute's 9 per block, and up to 4 waits per
-     * unit op; then the update's AdamW segments (at most a unit's tensors) and waits */
-    int L = e->m->shape.n_layer, cap = e->A * (26 * L + 11 + 4 * e->sched.n_ops) + 8;
+    /* timed calls a step can make: per micro-step the model's forward and backward
+     * (strata_model_timed_calls) and up to 4 waits per unit op; then the update's AdamW
+     * segments (at most a unit's tensors) and waits */
+    int cap = e->A * (strata_model_timed_calls(e->m) + 4 * e->sched.n_ops) + 8;
     for (int u = 0; u < e->U; u++) cap += e->m->units[u].n_tensors + 1;
     e->prof = strata_prof_create(e->dev, cap);
     return e->prof ? 0 : -1;

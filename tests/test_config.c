@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/model.h"
 #include "io/config.h"
 #include "tests/check.h"
 
@@ -20,6 +21,11 @@
     "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n" \
     "data:\n  train: \"t_*.bin\"\n"
 #define TRAIN "train:\n  steps: 10\n" /* lines 9-10 after HEAD */
+/* A Llama-family model section, open for more keys */
+#define LLAMA "model:\n  arch: llama\n  n_layer: 2\n  n_head: 4\n  n_embd: 16\n  seq_len: 16\n  vocab_size: 256\n"
+#define DATA_TRAIN "data: {train: x}\ntrain: {steps: 1}\n"
+/* HEAD's model section alone, open for more keys */
+#define GPT2 "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n"
 
 typedef struct bad_case {
     const char *what;
@@ -50,8 +56,8 @@ static const bad_case bad_cases[] = {
      "bad.yaml:10: key 'train.steps': must be between 1 and 1000000000000, got 99999999999999999999"},
     {"uint64: negative seed", HEAD TRAIN "  seed: -1\n", NULL,
      "bad.yaml:11: key 'train.seed': must be between 0 and 18446744073709551615, got -1"},
-    {"vocab above uint16", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 70000\n",
-     NULL, "bad.yaml:6: key 'model.vocab_size': must be between 1 and 65536, got 70000"},
+    {"vocab above the bound", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 2000000\n",
+     NULL, "bad.yaml:6: key 'model.vocab_size': must be between 1 and 1048576, got 2000000"},
     {"double: not a number", HEAD TRAIN "optim:\n  lr: fast\n", NULL,
      "bad.yaml:12: key 'optim.lr': expected a number, got 'fast'"},
     {"double: nan", HEAD TRAIN "optim:\n  eps: nan\n", NULL, "bad.yaml:12: key 'optim.eps': expected a number, got 'nan'"},
@@ -155,6 +161,39 @@ static const bad_case bad_cases[] = {
     /* a quoted \0 would cut the value short unseen (found by tests/fuzz/fuzz_config) */
     {"NUL byte in a quoted value", HEAD "  val: \"v\\0al\"\n" TRAIN, NULL,
      "bad.yaml:9: 'v...' holds a NUL byte, which no key or value may"},
+    /* the model families' keys */
+    {"llama without an MLP width", LLAMA "data: {train: x}\ntrain: {steps: 1}\n", NULL,
+     "bad.yaml: model.intermediate_size is required for model.arch llama (the SwiGLU MLP's width)"},
+    {"query heads not a multiple of key/value heads", LLAMA "  intermediate_size: 32\n  n_kv_head: 3\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.n_head (4) must be a multiple of model.n_kv_head (3): each key/value head serves a group of "
+     "query heads"},
+    {"odd head size", LLAMA "  intermediate_size: 32\n  head_dim: 5\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.head_dim (5) must be even: RoPE turns the two halves of a head together"},
+    {"llama channels not divisible by heads", "model: {arch: llama, n_layer: 2, n_head: 4, n_embd: 18, seq_len: 16, "
+     "vocab_size: 256, intermediate_size: 32}\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.n_embd (18) must be divisible by model.n_head (4), or model.head_dim set"},
+    {"context past the checkpoint's", LLAMA "  intermediate_size: 32\n  max_position_embeddings: 8\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.seq_len (16) must not exceed model.max_position_embeddings (8), the context the weights were "
+     "made for"},
+    {"llama3 RoPE with low >= high", LLAMA "  intermediate_size: 32\n  rope_scaling: llama3\n  rope_high_freq_factor: 1\n"
+     DATA_TRAIN, NULL, "bad.yaml: model.rope_high_freq_factor (1) must be greater than model.rope_low_freq_factor (1)"},
+    {"qwen2 without its biases", LLAMA "  intermediate_size: 32\n  hf_model_type: qwen2\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.hf_model_type qwen2 has q/k/v biases and no q/k norms: model.qkv_bias must be true and "
+     "model.qk_norm false"},
+    {"llama named with q/k norms", LLAMA "  intermediate_size: 32\n  hf_model_type: llama\n  qk_norm: true\n" DATA_TRAIN,
+     NULL, "bad.yaml: model.hf_model_type llama has neither q/k/v biases nor q/k norms, but model.qk_norm is true "
+     "(qwen2 has the biases, qwen3 the norms)"},
+    {"unknown family", "model:\n  arch: bert\n", NULL, "bad.yaml:2: key 'model.arch': expected one of gpt2, llama; got 'bert'"},
+    {"gpt2 with grouped-query attention", GPT2 "  n_kv_head: 1\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.n_kv_head (1) must be 0 or model.n_head (2): GPT-2 has one key/value head per query head "
+     "(grouped-query attention is model.arch llama's)"},
+    {"gpt2 with q/k/v biases", GPT2 "  qkv_bias: true\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.qkv_bias is true, but it applies to model.arch llama only (this model is gpt2)"},
+    {"gpt2 with RoPE's base", GPT2 "  rope_theta: 500000\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.rope_theta is 500000.0, but it applies to model.arch llama only (this model is gpt2)"},
+    {"gpt2 untied", GPT2 "  tie_embeddings: false\n" DATA_TRAIN, NULL,
+     "bad.yaml: model.tie_embeddings is false, but GPT-2's LM head is tied to the token embedding"},
+
     /* --set overrides: the file is fine, the override is not. */
     {"--set: not an integer", HEAD TRAIN, "train.steps=x", "--set: key 'train.steps': expected an integer, got 'x'"},
     {"--set: missing '='", HEAD TRAIN, "train.steps", "--set: expected section.key=value, got 'train.steps'"},
@@ -573,8 +612,8 @@ static void test_init_from_bounds(void) {
     } cases[] = {
         {"{\"model_type\": \"gpt2\", \"n_layer\": 100000000, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, "
          "\"vocab_size\": 256}", "n_layer", "n_layer", 100000000, "between 1 and 1024"},
-        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, \"vocab_size\": 70000}", "vocab_size",
-         "vocab_size", 70000, "between 1 and 65536"},
+        {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, \"vocab_size\": 2000000}", "vocab_size",
+         "vocab_size", 2000000, "between 1 and 1048576"},
         {"{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"n_ctx\": 2000000, \"vocab_size\": 256}", "seq_len",
          "n_positions", 2000000, "between 1 and 1048576"},
         {"{\"n_layer\": 2, \"n_head\": 4096, \"n_embd\": 8192, \"n_positions\": 16, \"vocab_size\": 256}", "n_head",
@@ -648,6 +687,209 @@ static void test_diff_and_digest(void) {
     CHECK(strata_config_digest(&a, NULL) != strata_config_digest(&b, NULL), "... which count without the skip list");
 }
 
+/* The Llama family's keys: 0s resolved in the config a run records, the model shape, the
+ * Hugging Face model_type export writes, the description, the round trip. */
+static void test_llama_keys(void) {
+    strata_config c;
+    int rc = strata_config_load_string(&c, "l.yaml", LLAMA "  intermediate_size: 32\n" DATA_TRAIN, NULL, 0);
+    CHECK(rc == 0 && c.model.arch == STRATA_ARCH_LLAMA && c.model.n_kv_head == 4 && c.model.head_dim == 4 &&
+              c.model.max_position_embeddings == 16 && c.model.tie_embeddings && c.model.rope_theta == 10000 &&
+              (float)c.model.rms_norm_eps == 1e-6f && !strcmp(strata_config_hf_model_type(&c), "llama"),
+          "llama defaults: n_kv_head = n_head, head_dim = n_embd / n_head, max_position_embeddings = seq_len (%s)",
+          rc ? strata_error() : "ok");
+    if (rc == 0) round_trip(&c, 1, "llama");
+    strata_model_shape sh = strata_config_model_shape(&c);
+    CHECK(sh.arch == STRATA_ARCH_LLAMA && sh.n_kv_head == 4 && sh.head_dim == 4 && sh.intermediate_size == 32 &&
+              sh.rope_type == STRATA_ROPE_DEFAULT && sh.tie_embeddings && !sh.qkv_bias,
+          "the model shape carries the family's keys");
+    const char *sets[] = {"model.n_kv_head=2", "model.head_dim=6", "model.qkv_bias=true", "model.rope_scaling=llama3",
+                          "model.tie_embeddings=false"};
+    rc = strata_config_load_string(&c, "l.yaml", LLAMA "  intermediate_size: 32\n" DATA_TRAIN, sets, 5);
+    char desc[256] = "";
+    if (rc == 0) strata_config_model_describe(&c, desc, sizeof desc);
+    CHECK(rc == 0 && !strcmp(strata_config_hf_model_type(&c), "qwen2") &&
+              !strcmp(desc, "qwen2: 2 layers, 4 heads (2 key/value) of 6, 16 channels, MLP 32, vocab 256, RoPE llama3 "
+                            "theta 10000, q/k/v biases"),
+          "q/k/v biases are qwen2 unless named otherwise; described as: %s", rc ? strata_error() : desc);
+    const char *norm = "model.qk_norm=true";
+    rc = strata_config_load_string(&c, "l.yaml", LLAMA "  intermediate_size: 32\n" DATA_TRAIN, &norm, 1);
+    CHECK(rc == 0 && !strcmp(strata_config_hf_model_type(&c), "qwen3"), "q/k norms are qwen3");
+    const char *mistral = "model.hf_model_type=mistral";
+    rc = strata_config_load_string(&c, "l.yaml", LLAMA "  intermediate_size: 32\n" DATA_TRAIN, &mistral, 1);
+    CHECK(rc == 0 && !strcmp(strata_config_hf_model_type(&c), "mistral"), "a model_type kept as named");
+    rc = strata_config_load_string(&c, "g.yaml", HEAD TRAIN, NULL, 0);
+    CHECK(rc == 0 && c.model.arch == STRATA_ARCH_GPT2 && c.model.n_kv_head == 0 && c.model.head_dim == 0 &&
+              !strcmp(strata_config_hf_model_type(&c), "gpt2"),
+          "GPT-2 leaves the family's keys as they are");
+
+    /* what a checkpoint's weights mean: RoPE and the norms do, the context of a rotary
+     * model does not (GPT-2's does: it is wpe's rows) */
+    strata_config saved, now;
+    MUST(strata_config_load_string(&saved, "s.yaml", LLAMA "  intermediate_size: 32\n  max_position_embeddings: 64\n"
+                                   DATA_TRAIN, NULL, 0));
+    const char *longer = "model.seq_len=64", *theta = "model.rope_theta=500000", *kv = "model.n_kv_head=2";
+    MUST(strata_config_load_string(&now, "n.yaml", LLAMA "  intermediate_size: 32\n  max_position_embeddings: 64\n"
+                                   DATA_TRAIN, &longer, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) == 0, "llama: another model.seq_len is the same model");
+    MUST(strata_config_load_string(&now, "n.yaml", LLAMA "  intermediate_size: 32\n  max_position_embeddings: 64\n"
+                                   DATA_TRAIN, &theta, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) != 0 &&
+              strstr(strata_error(), "model.rope_theta is 500000.0, but ckpt/step_1 was trained with model.rope_theta 10000.0"),
+          "another rope_theta is refused: %s", strata_error());
+    MUST(strata_config_load_string(&now, "n.yaml", LLAMA "  intermediate_size: 32\n  max_position_embeddings: 64\n"
+                                   DATA_TRAIN, &kv, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) != 0 &&
+              strstr(strata_error(), "model.n_kv_head is 2, but ckpt/step_1 was trained with model.n_kv_head 4"),
+          "another n_kv_head is refused: %s", strata_error());
+    const char *arch = "model.arch=gpt2";
+    MUST(strata_config_load_string(&now, "n.yaml", HEAD TRAIN, &arch, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) != 0 &&
+              strstr(strata_error(), "model.arch is gpt2, but ckpt/step_1 was trained with model.arch llama"),
+          "another family is refused first: %s", strata_error());
+    const char *gpt2_longer = "model.seq_len=32";
+    MUST(strata_config_load_string(&saved, "s.yaml", HEAD TRAIN, NULL, 0));
+    MUST(strata_config_load_string(&now, "n.yaml", HEAD TRAIN, &gpt2_longer, 1));
+    CHECK(strata_config_check_same_model(&saved, "ckpt/step_1", &now) != 0, "gpt2: another model.seq_len is refused");
+}
+
+/* model.init_from of each family's config.json (transformers 5.x's rope_parameters, 4.x's
+ * rope_theta and rope_scaling): every model key the YAML leaves out filled in, a context up
+ * to max_position_embeddings, disagreements and short sliding windows refused by name. */
+static void test_llama_init_from(void) {
+    char dir[64], json[128], yaml[512];
+    snprintf(dir, sizeof dir, "/tmp/strata_test_hf_llama_%d", (int)getpid());
+    snprintf(json, sizeof json, "%s/config.json", dir);
+    mkdir(dir, 0755);
+    write_text(json, "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"num_key_value_heads\": 2, \"head_dim\": 6, \"hidden_size\": 16, \"intermediate_size\": 40, "
+                     "\"vocab_size\": 300, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-05, "
+                     "\"hidden_act\": \"silu\", \"tie_word_embeddings\": false, \"rope_parameters\": {\"rope_type\": "
+                     "\"llama3\", \"rope_theta\": 500000.0, \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                     "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}}");
+    snprintf(yaml, sizeof yaml, "model: {init_from: \"%s\"}\ndata: {train: x}\ntrain: {steps: 1}\n", dir);
+    strata_config c;
+    int rc = strata_config_load_string(&c, "ft.yaml", yaml, NULL, 0);
+    CHECK(rc == 0 && c.model.arch == STRATA_ARCH_LLAMA && c.model.n_layer == 2 && c.model.n_head == 4 &&
+              c.model.n_kv_head == 2 && c.model.head_dim == 6 && c.model.n_embd == 16 && c.model.intermediate_size == 40 &&
+              c.model.vocab_size == 300 && c.model.seq_len == 64 && c.model.max_position_embeddings == 64 &&
+              c.model.rope_theta == 500000 && c.model.rope_scaling == STRATA_ROPE_LLAMA3 && c.model.rope_factor == 8 &&
+              c.model.rope_original_context == 16 && c.model.rms_norm_eps == 1e-5 && !c.model.tie_embeddings &&
+              c.model.hf_model_type == STRATA_HF_LLAMA,
+          "llama config.json (rope_parameters): every model key filled in, seq_len = max_position_embeddings (%s)",
+          rc ? strata_error() : "ok");
+    const char *shorter = "model.seq_len=32", *longer = "model.seq_len=128", *kv = "model.n_kv_head=4";
+    rc = strata_config_load_string(&c, "ft.yaml", yaml, &shorter, 1);
+    CHECK(rc == 0 && c.model.seq_len == 32 && c.model.max_position_embeddings == 64,
+          "a shorter context is the YAML's to choose (%s)", rc ? strata_error() : "ok");
+    rc = strata_config_load_string(&c, "ft.yaml", yaml, &longer, 1);
+    CHECK(rc != 0 && strstr(strata_error(), "model.seq_len (128) must not exceed model.max_position_embeddings (64)"),
+          "a longer one is refused: %s", strata_error());
+    rc = strata_config_load_string(&c, "ft.yaml", yaml, &kv, 1);
+    char want[512];
+    snprintf(want, sizeof want, "ft.yaml: model.n_kv_head is 4, but model.init_from's %s has num_key_value_heads 2 (leave "
+                                "model.n_kv_head out to take it from there)", json);
+    CHECK(rc != 0 && !strcmp(strata_error(), want), "a disagreeing key names both values:\n  want: %s\n  got: %s", want,
+          strata_error());
+
+    write_text(json, "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"num_key_value_heads\": 2, \"hidden_size\": 16, \"intermediate_size\": 40, \"vocab_size\": 300, "
+                     "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
+                     "\"rope_scaling\": null, \"sliding_window\": 8, \"use_sliding_window\": false, "
+                     "\"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}");
+    rc = strata_config_load_string(&c, "ft.yaml", yaml, NULL, 0);
+    CHECK(rc == 0 && c.model.qkv_bias && !c.model.qk_norm && c.model.head_dim == 4 && c.model.tie_embeddings &&
+              c.model.rope_theta == 1e6 && c.model.rope_scaling == STRATA_ROPE_DEFAULT && c.model.hf_model_type == STRATA_HF_QWEN2,
+          "qwen2 config.json (rope_theta, no sliding window in use): q/k/v biases, head_dim from the sizes, tied (%s)",
+          rc ? strata_error() : "ok");
+    write_text(json, "{\"model_type\": \"mistral\", \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"num_key_value_heads\": 2, \"hidden_size\": 16, \"intermediate_size\": 40, \"vocab_size\": 300, "
+                     "\"max_position_embeddings\": 64, \"sliding_window\": 16}");
+    rc = strata_config_load_string(&c, "ft.yaml", yaml, &shorter, 1);
+    CHECK(rc != 0 && strstr(strata_error(), "has sliding_window 16, shorter than model.seq_len 32") &&
+              strstr(strata_error(), "set model.seq_len to at most 16"),
+          "a sliding window shorter than the context is refused: %s", strata_error());
+    const char *within = "model.seq_len=16";
+    rc = strata_config_load_string(&c, "ft.yaml", yaml, &within, 1);
+    CHECK(rc == 0 && c.model.hf_model_type == STRATA_HF_MISTRAL, "... and one as long is the full causal mask (%s)",
+          rc ? strata_error() : "ok");
+    unlink(json);
+    rmdir(dir);
+}
+
+/* configs/llama-3.2-1b.yaml, llama-3.1-8b-offload.yaml and qwen2.5-7b-offload.yaml against
+ * their models' config.json (as Hugging Face serves them), written where init_from would
+ * find them: each loads, round-trips and describes the model with its known size. */
+static void test_llama_shipped_configs(void) {
+    static const struct {
+        const char *file, *config_json, *desc;
+        size_t params;
+    } shipped[] = {
+        {"configs/llama-3.2-1b.yaml",
+         "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+         "\"bos_token_id\": 128000, \"eos_token_id\": 128001, \"head_dim\": 64, \"hidden_act\": \"silu\", "
+         "\"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 8192, \"max_position_embeddings\": "
+         "131072, \"mlp_bias\": false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 16, "
+         "\"num_key_value_heads\": 8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 32.0, "
+         "\"high_freq_factor\": 4.0, \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, "
+         "\"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true, \"torch_dtype\": "
+         "\"bfloat16\", \"transformers_version\": \"4.45.0.dev0\", \"use_cache\": true, \"vocab_size\": 128256}",
+         "llama: 16 layers, 32 heads (8 key/value) of 64, 2048 channels, MLP 8192, vocab 128256, RoPE llama3 theta 500000, tied",
+         1235814400},
+        {"configs/llama-3.1-8b-offload.yaml",
+         "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+         "\"bos_token_id\": 128000, \"eos_token_id\": 128001, \"hidden_act\": \"silu\", \"hidden_size\": 4096, "
+         "\"initializer_range\": 0.02, \"intermediate_size\": 14336, \"max_position_embeddings\": 131072, \"mlp_bias\": "
+         "false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": "
+         "8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, "
+         "\"rope_theta\": 500000.0, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", "
+         "\"transformers_version\": \"4.43.0.dev0\", \"use_cache\": true, \"vocab_size\": 128256}",
+         "llama: 32 layers, 32 heads (8 key/value) of 128, 4096 channels, MLP 14336, vocab 128256, RoPE llama3 theta 500000",
+         8030261248},
+        {"configs/qwen2.5-7b-offload.yaml",
+         "{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0, \"bos_token_id\": 151643, "
+         "\"eos_token_id\": 151643, \"hidden_act\": \"silu\", \"hidden_size\": 3584, \"initializer_range\": 0.02, "
+         "\"intermediate_size\": 18944, \"max_position_embeddings\": 131072, \"max_window_layers\": 28, \"model_type\": "
+         "\"qwen2\", \"num_attention_heads\": 28, \"num_hidden_layers\": 28, \"num_key_value_heads\": 4, \"rms_norm_eps\": "
+         "1e-06, \"rope_theta\": 1000000.0, \"sliding_window\": 131072, \"tie_word_embeddings\": false, \"torch_dtype\": "
+         "\"bfloat16\", \"transformers_version\": \"4.43.1\", \"use_cache\": true, \"use_sliding_window\": false, "
+         "\"vocab_size\": 152064}",
+         "qwen2: 28 layers, 28 heads (4 key/value) of 128, 3584 channels, MLP 18944, vocab 152064, RoPE theta 1000000, "
+         "q/k/v biases",
+         7615616512},
+    };
+    char dir[64], json[128], set[160];
+    snprintf(dir, sizeof dir, "/tmp/strata_test_hf_shipped_%d", (int)getpid());
+    snprintf(json, sizeof json, "%s/config.json", dir);
+    snprintf(set, sizeof set, "model.init_from=%s", dir);
+    mkdir(dir, 0755);
+    const char *sets[] = {set};
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+        write_text(json, shipped[i].config_json);
+        char *path = source_path(shipped[i].file);
+        strata_config c;
+        int rc = strata_config_load(&c, path, sets, 1);
+        CHECK(rc == 0, "%s: %s", shipped[i].file, rc ? strata_error() : "");
+        if (rc) {
+            free(path);
+            continue;
+        }
+        round_trip(&c, 1, shipped[i].file);
+        char desc[256];
+        strata_config_model_describe(&c, desc, sizeof desc);
+        strata_model_shape shape = strata_config_model_shape(&c);
+        strata_model m;
+        strata_model_init(&m, &shape);
+        CHECK(!strcmp(desc, shipped[i].desc) && strata_model_num_params(&m) == shipped[i].params &&
+                  c.model.seq_len <= c.model.max_position_embeddings && c.model.max_position_embeddings == 131072,
+              "%s: %s, %zu parameters", shipped[i].file, desc, strata_model_num_params(&m));
+        strata_model_free(&m);
+        free(path);
+    }
+    unlink(json);
+    rmdir(dir);
+}
+
 static void test_names(void) {
     CHECK(!strcmp(strata_schedule_name(STRATA_SCHEDULE_CONSTANT), "constant"), "schedule name");
     CHECK(!strcmp(strata_offload_name(STRATA_OFFLOAD_NVME), "nvme"), "offload name");
@@ -671,6 +913,9 @@ int main(void) {
     test_diff_and_digest();
     test_builtin_matches_file();
     test_shipped_configs();
+    test_llama_keys();
+    test_llama_init_from();
+    test_llama_shipped_configs();
     test_names();
     printf("%s: %d checks, %d failures\n", failures ? "FAIL" : "PASS", checks, failures);
     return failures ? 1 : 0;

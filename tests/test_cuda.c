@@ -313,12 +313,12 @@ static void test_attention(int impl, int B, int T, int C, int NH, size_t off, fl
     size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = host_rand(n3, in_scale, 1);
     float *out = strata_xmalloc(n1 * 4), *lse = strata_xmalloc(nl * 4);
-    ck->attention_forward(CPU->compute, out, lse, qkv, B, T, C, NH);
+    ck->attention_forward(CPU->compute, out, lse, qkv, B, T, NH, NH, C / NH);
     void *b_qkv, *b_out, *b_dout, *b_dqkv;
     void *d_qkv = up_bf16_off(qkv, n3, off, &b_qkv), *d_out = dalloc_off(n1 * 2, off * 2, &b_out);
     void *d_lse = dalloc(nl * 4);
     double rtol = impl ? ATT_TC_RTOL : BF16_RTOL;
-    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, C, NH);
+    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, NH, NH, C / NH);
     float *g_out = down_bf16(d_out, n1), *g_lse = down_f32(d_lse, nl);
     snprintf(what, sizeof what, "attention_forward out, %s", name);
     close_enough(what, g_out, out, n1, rtol);
@@ -332,8 +332,8 @@ static void test_attention(int impl, int B, int T, int C, int NH, size_t off, fl
     MUST(strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2));
     /* Both backwards read the GPU's forward (out in bf16, as the model stores it): the
      * row term dout . out is sensitive to out's rounding, which is not under test here. */
-    ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, B, T, C, NH);
-    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, B, T, NH, NH, C / NH);
+    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, NH, NH, C / NH);
     float *g_dqkv = down_bf16(d_dqkv, n3);
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
     close_enough(what, g_dqkv, dqkv, n3, rtol);
@@ -379,7 +379,7 @@ static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
     for (int impl = 0; impl < 2; impl++) {
         strata_cuda_attention_select(impl);
         d_out[impl] = dalloc(n1 * 2), d_lse[impl] = dalloc(nl * 4);
-        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, B, T, C, NH);
+        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, B, T, NH, NH, C / NH);
         g_out[impl] = down_bf16(d_out[impl], n1), g_lse[impl] = down_f32(d_lse[impl], nl);
     }
     snprintf(what, sizeof what, "attention_forward out, %s", name);
@@ -392,7 +392,7 @@ static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
         strata_cuda_attention_select(impl);
         d_dqkv[run] = dalloc(n3 * 2);
         MUST(strata_memset_async(G, G->compute, d_dqkv[run], 0x7f, n3 * 2));
-        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, C, NH);
+        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, NH, NH, C / NH);
         if (run < 2) g_dqkv[run] = down_bf16(d_dqkv[run], n3);
     }
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
@@ -609,7 +609,7 @@ static void test_no_alloc_in_step(int att_impl) {
         if (round == 1) memcpy(before, G->mem, sizeof before);
         gk->layernorm_forward(G->compute, ln, mean, rstd, x, bias, bias, BT, C);
         gk->matmul_forward(G->compute, qkv, NULL, ln, w, bias, BT, C, 3 * C, 0);
-        gk->attention_forward(G->compute, att, lse, qkv, B, T, C, NH);
+        gk->attention_forward(G->compute, att, lse, qkv, B, T, NH, NH, C / NH);
         gk->matmul_forward(G->compute, fch, fchg, ln, w, bias, BT, C, 4 * C, 0);
         gk->residual_forward(G->compute, x, x, att, sz[0]);
         gk->matmul_forward(G->compute, logits, NULL, ln, wte, NULL, BT, C, Vp, 1);
@@ -618,7 +618,7 @@ static void test_no_alloc_in_step(int att_impl) {
         gk->matmul_backward(G->compute, ln, dw, NULL, logits, ln, wte, BT, C, Vp, 1);
         gk->matmul_backward(G->compute, ln, dw, db, fch, ln, w, BT, C, 4 * C, 0);
         gk->gelu_backward(G->compute, fch, fch, fchg, sz[2]);
-        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, C, NH);
+        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, NH, NH, C / NH);
         gk->layernorm_backward(G->compute, x, db, db, ln, x, bias, mean, rstd, BT, C);
         gk->sumsq(G->compute, acc, dw, (size_t)C * 4 * C);
         gsync();

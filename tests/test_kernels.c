@@ -5,8 +5,13 @@
  * reference forward, and the fp32 backward with central finite differences of the
  * double reference of L = sum(out * R) for a fixed random R. Destinations are pre-filled
  * with nonzero values so (=) and (+=) semantics are checked too. The rest (AdamW,
- * sumsq, conversions, ...) are compared with exact or double oracles, and matmul and
- * attention backward are checked to be bitwise identical on 1 and 2 threads.
+ * sumsq, conversions, ...) are compared with exact or double oracles, and matmul,
+ * attention and the Llama family's kernels are checked to be bitwise identical on 1 and 2
+ * threads. Attention is grouped-query (NKV key/value heads shared by NH query heads), and
+ * multi-head where NKV == NH; shapes too large for finite differences of every coordinate
+ * take exact gradient formulas in double, themselves checked against finite differences on
+ * small shapes. RMSNorm and the rotary positions are also held bit for bit to the fp32
+ * recipes of transformers' LlamaRMSNorm and apply_rotary_pos_emb.
  * The matmul checks run three times: every product on the hand-written GEMM, every one
  * on BLIS (when the build has it), and as the automatic choice splits them; each time a
  * row's result must also not depend on how many rows the call has.
@@ -192,7 +197,7 @@ static void ref_encoder(double *out, const int32_t *tok, const double *wte, cons
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
                 out[((size_t)b * T + t) * C + c] =
-                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+                    wte[(size_t)tok[b * T + t] * C + c] + (wpe ? wpe[(size_t)t * C + c] : 0.0);
 }
 
 static void ref_layernorm(double *out, double *mean, double *rstd, const double *inp,
@@ -224,36 +229,79 @@ static void ref_matmul(double *out, const double *inp, const double *w, const do
         }
 }
 
-static void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C,
-                          int NH)
+/* Grouped-query causal attention: a qkv row holds q (NH heads), k (NKV), v (NKV); query head
+ * h uses key/value head h / (NH/NKV). Each row's probabilities are formed once. */
+static void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int NH,
+                          int NKV, int hs)
 {
-    int hs = C / NH;
+    int W = (NH + 2 * NKV) * hs, C = NH * hs, group = NH / NKV;
     double scale = 1.0 / sqrt((double)hs);
-    double *sc = malloc((size_t)T * sizeof(double));
+    double *p = malloc((size_t)T * sizeof(double));
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++) {
+            const double *k0 = qkv + (size_t)b * T * W + (size_t)(NH + h / group) * hs;
+            const double *v0 = k0 + (size_t)NKV * hs;
             for (int t = 0; t < T; t++) {
-                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                const double *q = qkv + ((size_t)b * T + t) * W + (size_t)h * hs;
                 double mx = -INFINITY;
                 for (int u = 0; u <= t; u++) {
-                    const double *k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
                     double s = 0.0;
-                    for (int d = 0; d < hs; d++) s += q[d] * k[d];
-                    sc[u] = s * scale;
-                    mx = sc[u] > mx ? sc[u] : mx;
+                    for (int d = 0; d < hs; d++) s += q[d] * k0[(size_t)u * W + d];
+                    p[u] = s * scale;
+                    mx = p[u] > mx ? p[u] : mx;
                 }
                 double sum = 0.0;
-                for (int u = 0; u <= t; u++) sum += exp(sc[u] - mx);
-                double *o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int d = 0; d < hs; d++) {
-                    double acc = 0.0;
-                    for (int u = 0; u <= t; u++)
-                        acc += exp(sc[u] - mx) / sum * qkv[((size_t)b * T + u) * 3 * C + 2 * C + h * hs + d];
-                    o[d] = acc;
-                }
+                for (int u = 0; u <= t; u++) sum += p[u] = exp(p[u] - mx);
+                double *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) o[d] = 0.0;
+                for (int u = 0; u <= t; u++)
+                    for (int d = 0; d < hs; d++) o[d] += p[u] / sum * v0[(size_t)u * W + d];
                 if (lse) lse[((size_t)b * NH + h) * T + t] = mx + log(sum);
             }
-    free(sc);
+        }
+    free(p);
+}
+
+/* dqkv (=) of L = sum(out * dout), by the exact formulas in double: with p the row's
+ * probabilities and dp[u] = dout . v[u], ds = p * (dp - sum(p * dp)); dq = scale ds @ k,
+ * dk += scale ds^T q, dv += p^T dout, the key/value gradients summed over the group */
+static void ref_attention_grad(double *dqkv, const double *dout, const double *qkv, int B, int T,
+                               int NH, int NKV, int hs)
+{
+    int W = (NH + 2 * NKV) * hs, C = NH * hs, group = NH / NKV;
+    double scale = 1.0 / sqrt((double)hs);
+    double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
+    memset(dqkv, 0, (size_t)B * T * W * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            size_t koff = (size_t)b * T * W + (size_t)(NH + h / group) * hs, voff = koff + (size_t)NKV * hs;
+            for (int t = 0; t < T; t++) {
+                size_t qoff = ((size_t)b * T + t) * W + (size_t)h * hs;
+                const double *q = qkv + qoff, *d = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+                double mx = -INFINITY, sum = 0.0, D = 0.0;
+                for (int u = 0; u <= t; u++) {
+                    double s = 0.0, e = 0.0;
+                    for (int j = 0; j < hs; j++) {
+                        s += q[j] * qkv[koff + (size_t)u * W + j];
+                        e += d[j] * qkv[voff + (size_t)u * W + j];
+                    }
+                    p[u] = s * scale;
+                    dp[u] = e;
+                    mx = p[u] > mx ? p[u] : mx;
+                }
+                for (int u = 0; u <= t; u++) sum += p[u] = exp(p[u] - mx);
+                for (int u = 0; u <= t; u++) D += (p[u] /= sum) * dp[u];
+                for (int u = 0; u <= t; u++) {
+                    double ds = p[u] * (dp[u] - D) * scale;
+                    for (int j = 0; j < hs; j++) {
+                        dqkv[qoff + j] += ds * qkv[koff + (size_t)u * W + j];
+                        dqkv[koff + (size_t)u * W + j] += ds * q[j];
+                        dqkv[voff + (size_t)u * W + j] += p[u] * d[j];
+                    }
+                }
+            }
+        }
+    free(p), free(dp);
 }
 
 static void ref_crossentropy(double *losses, const double *logits, const int32_t *tgt, int N,
@@ -312,6 +360,30 @@ static void test_encoder(void)
     check_grad("encoder_backward dwpe (+=, rows >= T kept)", dwpe, dwpe0, g_wpe, (size_t)maxT * C);
     free(wte), free(wpe), free(out), free(c.wte), free(c.wpe), free(c.out), free((void *)c.R);
     free(R), free(dwte0), free(dwpe0), free(dwte), free(dwpe), free(g_wte), free(g_wpe);
+}
+
+/* wpe NULL (the Llama family): out is the token's embedding row, bit for bit, and the
+ * backward fills dwte alone */
+static void test_encoder_no_positions(void)
+{
+    int B = 2, T = 5, C = 24, V = 11;
+    int32_t tok[10] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 9};
+    size_t no = (size_t)B * T * C;
+    float *wte = randf((size_t)V * C, -1, 1), *out = filled(no, 99.0f);
+    enc_ctx c = {B, T, C, tok, to_f64(wte, (size_t)V * C), NULL, malloc(no * sizeof(double)), rand_f64(no)};
+    K->encoder_forward(S, out, tok, wte, NULL, B, T, C);
+    int same = 1;
+    for (int i = 0; i < B * T; i++) same &= bitwise_equal(out + (size_t)i * C, wte + (size_t)tok[i] * C, (size_t)C);
+    printf("%-44s %s\n", "encoder_forward wpe NULL: the wte rows", same ? "same bits" : "DIFFER");
+    CHECK(same, "encoder_forward with wpe NULL differs from the embedding rows");
+
+    float *R = f64_to_f32(c.R, no);
+    float *dwte0 = randf((size_t)V * C, -1, 1), *dwte = copyf(dwte0, (size_t)V * C);
+    K->encoder_backward(S, dwte, NULL, R, tok, B, T, C);
+    double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
+    check_grad("encoder_backward dwte (+=), dwpe NULL", dwte, dwte0, g_wte, (size_t)V * C);
+    free(wte), free(out), free(c.wte), free(c.out), free((void *)c.R), free(R), free(dwte0), free(dwte);
+    free(g_wte);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -468,7 +540,7 @@ static void test_matmul(int M, int Kd, int N, int w_nk, int has_bias, int gelu)
 /* attention                                                                            */
 
 typedef struct attn_ctx {
-    int B, T, C, NH;
+    int B, T, NH, NKV, hs;
     double *qkv, *out;
     const double *R;
 } attn_ctx;
@@ -476,32 +548,138 @@ typedef struct attn_ctx {
 static double attn_loss(void *p)
 {
     attn_ctx *c = p;
-    ref_attention(c->out, NULL, c->qkv, c->B, c->T, c->C, c->NH);
-    return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
+    ref_attention(c->out, NULL, c->qkv, c->B, c->T, c->NH, c->NKV, c->hs);
+    return dot(c->out, c->R, (size_t)c->B * c->T * c->NH * c->hs);
 }
 
-static void test_attention(int B, int T, int C, int NH, double amp)
+/* central differences of loss() at m coordinates of x spread over the q, k and v parts of
+ * qkv rows (W wide, with NH, NKV heads of hs); idx receives the coordinates */
+static double *fd_grad_qkv_sample(loss_fn loss, void *ctx, double *x, size_t rows, int NH, int NKV,
+                                  int hs, size_t *idx, int m)
 {
-    char tag[64], name[128];
-    snprintf(tag, sizeof tag, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    size_t W = (size_t)(NH + 2 * NKV) * hs;
+    double *g = malloc((size_t)m * sizeof(double));
+    for (int i = 0; i < m; i++) {
+        size_t row = (size_t)(rnd() * rows), part = (size_t)i % 3;
+        size_t heads = part == 0 ? (size_t)NH : (size_t)NKV;
+        size_t base = part == 0 ? 0 : part == 1 ? (size_t)NH * hs : (size_t)(NH + NKV) * hs;
+        idx[i] = row * W + base + (size_t)(rnd() * heads) * hs + (size_t)(rnd() * hs);
+        double v = x[idx[i]];
+        x[idx[i]] = v + FD_EPS;
+        double lp = loss(ctx);
+        x[idx[i]] = v - FD_EPS;
+        double lm = loss(ctx);
+        x[idx[i]] = v;
+        g[i] = (lp - lm) / (2.0 * FD_EPS);
+    }
+    return g;
+}
+
+/* Forward against the double reference (out and lse); the backward against the exact
+ * gradient in double, and against finite differences: of every coordinate when fd_points
+ * is 0 (the double gradient is then checked against them too, so it is an oracle the
+ * larger shapes can trust), else of fd_points sampled ones. */
+static void test_attention(int B, int T, int NH, int NKV, int hs, double amp, int fd_points)
+{
+    char tag[80], name[160];
+    snprintf(tag, sizeof tag, "B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
+    int W = (NH + 2 * NKV) * hs, C = NH * hs;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = randf(nq, -amp, amp), *out = filled(no, 99.0f), *lse = filled(nl, 99.0f);
-    attn_ctx c = {B, T, C, NH, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
+    attn_ctx c = {B, T, NH, NKV, hs, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
     double *rlse = malloc(nl * sizeof(double));
-    K->attention_forward(S, out, lse, qkv, B, T, C, NH);
-    ref_attention(c.out, rlse, c.qkv, B, T, C, NH);
+    K->attention_forward(S, out, lse, qkv, B, T, NH, NKV, hs);
+    ref_attention(c.out, rlse, c.qkv, B, T, NH, NKV, hs);
     snprintf(name, sizeof name, "attention_forward out %s", tag);
     check_fwd(name, out, c.out, no);
     snprintf(name, sizeof name, "attention_forward lse %s", tag);
     check_fwd(name, lse, rlse, nl);
 
     float *R = f64_to_f32(c.R, no), *dqkv = filled(nq, 99.0f);
-    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, C, NH);
-    double *g = fd_grad(attn_loss, &c, c.qkv, nq);
+    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, NH, NKV, hs);
+    double *exact = malloc(nq * sizeof(double));
+    ref_attention_grad(exact, c.R, c.qkv, B, T, NH, NKV, hs);
     snprintf(name, sizeof name, "attention_backward dqkv (=) %s", tag);
-    check_grad(name, dqkv, NULL, g, nq);
+    check_grad_vs(name, dqkv, NULL, exact, nq, "double formula");
+    if (fd_points == 0) {
+        double *g = fd_grad(attn_loss, &c, c.qkv, nq);
+        check_grad(name, dqkv, NULL, g, nq);
+        float *exact_f = f64_to_f32(exact, nq);
+        double e = max_rel_err(exact_f, NULL, g, nq, 1e-2);
+        printf("%-44s max rel err %.2e vs finite differences\n", "  (the double formula itself)", e);
+        CHECK(e < 1e-6, "%s: the double gradient formula is off by %.3e from finite differences", tag, e);
+        free(g), free(exact_f);
+    } else {
+        size_t *idx = malloc((size_t)fd_points * sizeof(size_t));
+        double *g = fd_grad_qkv_sample(attn_loss, &c, c.qkv, (size_t)B * T, NH, NKV, hs, idx, fd_points);
+        float *got = malloc((size_t)fd_points * sizeof(float));
+        for (int i = 0; i < fd_points; i++) got[i] = dqkv[idx[i]];
+        /* the floor: a hundredth of the largest exact gradient, as the full checks use */
+        double mx = 0.0, err = 0.0;
+        for (size_t i = 0; i < nq; i++) mx = fabs(exact[i]) > mx ? fabs(exact[i]) : mx;
+        for (int i = 0; i < fd_points; i++) {
+            double e = fabs(got[i] - g[i]) / (fabs(g[i]) + 1e-2 * mx);
+            if (!(e <= err)) err = e;
+        }
+        snprintf(name, sizeof name, "  %d sampled coordinates", fd_points);
+        printf("%-44s max rel err %.2e vs finite differences\n", name, err);
+        CHECK(err < 1e-4, "%s: gradient error %.3e vs finite differences at sampled coordinates", tag, err);
+        free(idx), free(g), free(got);
+    }
     free(qkv), free(out), free(lse), free(c.qkv), free(c.out), free((void *)c.R), free(rlse);
-    free(R), free(dqkv), free(g);
+    free(R), free(dqkv), free(exact);
+}
+
+/* Grouped-query attention is multi-head attention whose key/value heads are repeated for
+ * every query head of their group: the forward (out, lse) and dq are the same bits as that
+ * multi-head call's (each query head's arithmetic is the same), and dk, dv are the sums over
+ * the group of its per-head gradients (not bitwise: the grouped call adds the heads' terms
+ * into one accumulator). */
+static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, int hs)
+{
+    char name[128];
+    int W = (NH + 2 * NKV) * hs, Wm = 3 * NH * hs, C = NH * hs, group = NH / NKV;
+    size_t rows = (size_t)B * T, no = rows * C, nl = (size_t)B * NH * T;
+    float *qkv = randf(rows * W, -1.5, 1.5), *mha = malloc(rows * Wm * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        const float *src = qkv + r * W;
+        float *dst = mha + r * Wm;
+        memcpy(dst, src, (size_t)C * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            memcpy(dst + C + (size_t)h * hs, src + C + (size_t)(h / group) * hs, (size_t)hs * sizeof(float));
+            memcpy(dst + 2 * C + (size_t)h * hs, src + C + (size_t)(NKV + h / group) * hs,
+                   (size_t)hs * sizeof(float));
+        }
+    }
+    float *o1 = filled(no, 9.0f), *o2 = filled(no, 8.0f), *l1 = filled(nl, 9.0f), *l2 = filled(nl, 8.0f);
+    float *d = randf(no, -1, 1), *g1 = filled(rows * W, 9.0f), *g2 = filled(rows * Wm, 8.0f);
+    K->attention_forward(S, o1, l1, qkv, B, T, NH, NKV, hs);
+    K->attention_forward(S, o2, l2, mha, B, T, NH, NH, hs);
+    K->attention_backward(S, g1, d, qkv, o1, l1, B, T, NH, NKV, hs);
+    K->attention_backward(S, g2, d, mha, o2, l2, B, T, NH, NH, hs);
+    int fwd = bitwise_equal(o1, o2, no) && bitwise_equal(l1, l2, nl), dq = 1;
+    double *kv_want = calloc(rows * 2 * NKV * hs, sizeof(double));
+    float *kv_got = malloc(rows * 2 * NKV * hs * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        dq &= bitwise_equal(g1 + r * W, g2 + r * Wm, (size_t)C);
+        memcpy(kv_got + r * 2 * NKV * hs, g1 + r * W + C, (size_t)2 * NKV * hs * sizeof(float));
+        for (int h = 0; h < NH; h++)
+            for (int j = 0; j < hs; j++) {
+                kv_want[r * 2 * NKV * hs + (size_t)(h / group) * hs + j] += g2[r * Wm + C + (size_t)h * hs + j];
+                kv_want[r * 2 * NKV * hs + (size_t)(NKV + h / group) * hs + j] +=
+                    g2[r * Wm + 2 * C + (size_t)h * hs + j];
+            }
+    }
+    snprintf(name, sizeof name, "GQA NH=%d NKV=%d hs=%d T=%d as repeated MHA", NH, NKV, hs, T);
+    printf("%-44s out, lse %s; dq %s\n", name, fwd ? "same bits" : "DIFFER", dq ? "same bits" : "DIFFER");
+    CHECK(fwd, "%s: the forward differs from multi-head attention on repeated k, v", name);
+    CHECK(dq, "%s: dq differs from multi-head attention's on repeated k, v", name);
+    snprintf(name, sizeof name, "  dk, dv vs the group's per-head sums");
+    double e = max_rel_err(kv_got, NULL, kv_want, rows * 2 * NKV * hs, 1e-2);
+    printf("%-44s max rel err %.2e\n", name, e);
+    CHECK(e < 1e-4, "GQA dk, dv differ by %.3e from the sums of the repeated heads' gradients", e);
+    free(qkv), free(mha), free(o1), free(o2), free(l1), free(l2), free(d), free(g1), free(g2);
+    free(kv_want), free(kv_got);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -784,6 +962,360 @@ static void test_convert(void)
 }
 
 /* ---------------------------------------------------------------------------------- */
+/* what the Llama family adds: RMSNorm, rotary positions, SwiGLU                        */
+
+/* vector (n, h) of N x heads at n * ld + h * C; elements between the vectors are not part
+ * of the output (ref leaves them as it finds them) */
+static void ref_rmsnorm(double *out, double *rstd, const double *inp, const double *w, int N,
+                        int heads, int C, int ld, double eps)
+{
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < heads; h++) {
+            size_t off = (size_t)n * ld + (size_t)h * C;
+            const double *x = inp + off;
+            double ms = 0.0;
+            for (int c = 0; c < C; c++) ms += x[c] * x[c];
+            double rs = 1.0 / sqrt(ms / C + eps);
+            for (int c = 0; c < C; c++) out[off + c] = x[c] * rs * w[c];
+            if (rstd) rstd[(size_t)n * heads + h] = rs;
+        }
+}
+
+typedef struct rms_ctx {
+    int N, heads, C, ld;
+    double eps;
+    double *inp, *w, *out;
+    const double *R;
+} rms_ctx;
+
+static double rms_loss(void *p)
+{
+    rms_ctx *c = p;
+    size_t n = (size_t)c->N * c->ld;
+    memset(c->out, 0, n * sizeof(double)); /* the gaps between vectors contribute nothing */
+    ref_rmsnorm(c->out, NULL, c->inp, c->w, c->N, c->heads, c->C, c->ld, c->eps);
+    return dot(c->out, c->R, n);
+}
+
+/* Forward and backward of one layout. ld > heads * C leaves gaps in every row (as the
+ * per-head q and k norms of Qwen3 see a qkv row), which neither direction may touch. Shapes
+ * too large for finite differences take the exact formulas in double. */
+static void test_rmsnorm(int N, int heads, int C, int ld, float eps)
+{
+    char tag[80], name[160];
+    snprintf(tag, sizeof tag, "N=%d heads=%d C=%d ld=%d", N, heads, C, ld);
+    size_t n = (size_t)N * ld, nv = (size_t)N * heads;
+    float *inp = randf(n, -2, 2), *w = randf((size_t)C, 0.5, 1.5);
+    for (size_t i = 0; i < n; i++) inp[i] += 0.5f; /* a nonzero mean, which RMSNorm keeps */
+    float *out = filled(n, 99.0f), *rstd = filled(nv, 99.0f);
+    rms_ctx c = {N, heads, C, ld, (double)eps, to_f64(inp, n), to_f64(w, (size_t)C),
+                 malloc(n * sizeof(double)), rand_f64(n)};
+    double *want = malloc(n * sizeof(double)), *rrstd = malloc(nv * sizeof(double));
+    for (size_t i = 0; i < n; i++) want[i] = 99.0; /* gaps keep what out held */
+    K->rmsnorm_forward(S, out, rstd, inp, w, N, heads, C, ld, eps);
+    ref_rmsnorm(want, rrstd, c.inp, c.w, N, heads, C, ld, c.eps);
+    snprintf(name, sizeof name, "rmsnorm_forward out %s", tag);
+    check_fwd(name, out, want, n);
+    check_fwd("rmsnorm_forward rstd", rstd, rrstd, nv);
+    /* transformers' LlamaRMSNorm in fp32: rsqrt of the fp32 mean of squares plus eps, then
+     * weight * (x * rstd); the mean here is the double mean rounded once */
+    int recipe = 1;
+    for (size_t v = 0; v < nv; v++) {
+        const double *x = c.inp + (v / heads) * ld + (v % heads) * C;
+        double ms = 0.0;
+        for (int k = 0; k < C; k++) ms += x[k] * x[k];
+        float rs = 1.0f / sqrtf((float)(ms / C) + eps);
+        recipe &= rstd[v] == rs;
+        for (int k = 0; k < C; k++) recipe &= out[(v / heads) * ld + (v % heads) * C + k] == w[k] * ((float)x[k] * rs);
+    }
+    printf("%-44s %s\n", "  fp32 recipe of LlamaRMSNorm", recipe ? "same bits" : "DIFFER");
+    CHECK(recipe, "%s: rstd or out is not 1/sqrtf(mean + eps) and w * (x * rstd) in fp32", tag);
+    float *inplace = copyf(inp, n), *rstd2 = filled(nv, 99.0f);
+    for (int r = 0; r < N; r++) /* the gaps hold what out held, so whole rows compare */
+        for (int k = heads * C; k < ld; k++) inplace[(size_t)r * ld + k] = 99.0f;
+    K->rmsnorm_forward(S, inplace, rstd2, inplace, w, N, heads, C, ld, eps);
+    int same = bitwise_equal(inplace, out, n) && bitwise_equal(rstd2, rstd, nv);
+    CHECK(same, "%s: rmsnorm_forward in place (out == inp) differs", tag);
+    free(inplace), free(rstd2);
+
+    float *R = f64_to_f32(c.R, n);
+    float *dinp0 = randf(n, -1, 1), *dw0 = randf((size_t)C, -1, 1);
+    float *dinp = copyf(dinp0, n), *dw = copyf(dw0, (size_t)C);
+    K->rmsnorm_backward(S, dinp, dw, R, inp, w, rstd, N, heads, C, ld);
+    double *g_inp, *g_w;
+    int fd = n + (size_t)C < 4000;
+    if (fd) {
+        g_inp = fd_grad(rms_loss, &c, c.inp, n);
+        g_w = fd_grad(rms_loss, &c, c.w, (size_t)C);
+    } else {
+        g_inp = calloc(n, sizeof(double));
+        g_w = calloc((size_t)C, sizeof(double));
+        for (size_t v = 0; v < nv; v++) {
+            size_t off = (v / heads) * ld + (v % heads) * C;
+            const double *x = c.inp + off, *d = c.R + off;
+            double rs = rrstd[v], s = 0.0;
+            for (int k = 0; k < C; k++) s += c.w[k] * d[k] * x[k];
+            for (int k = 0; k < C; k++) {
+                g_inp[off + k] = rs * c.w[k] * d[k] - x[k] * rs * rs * rs * s / C;
+                g_w[k] += d[k] * x[k] * rs;
+            }
+        }
+    }
+    const char *oracle = fd ? "finite differences" : "double formula";
+    snprintf(name, sizeof name, "rmsnorm_backward dinp (+=) %s", tag);
+    check_grad_vs(name, dinp, dinp0, g_inp, n, oracle);
+    check_grad_vs("rmsnorm_backward dw (+=)", dw, dw0, g_w, (size_t)C, oracle);
+    free(inp), free(w), free(out), free(rstd), free(c.inp), free(c.w), free(c.out), free((void *)c.R);
+    free(want), free(rrstd), free(R), free(dinp0), free(dw0), free(dinp), free(dw), free(g_inp), free(g_w);
+}
+
+/* inv_freq as transformers computes it in fp32: 1 / base^(2i / hs) */
+static float *rope_inv_freq(int hs, float base)
+{
+    float *f = malloc((size_t)(hs / 2) * sizeof(float));
+    for (int i = 0; i < hs / 2; i++) f[i] = 1.0f / powf(base, (float)(2 * i) / (float)hs);
+    return f;
+}
+
+/* x rotated in double by dir * angle, the angle being the fp32 product (float)t * inv_freq[i]
+ * (the kernel's contract); elements outside the heads are left alone */
+static void ref_rope(double *x, const float *inv_freq, int B, int T, int heads, int hs, int ld, int dir)
+{
+    int half = hs / 2;
+    for (int r = 0; r < B * T; r++)
+        for (int h = 0; h < heads; h++) {
+            double *a = x + (size_t)r * ld + (size_t)h * hs, *b = a + half;
+            for (int i = 0; i < half; i++) {
+                double ang = (double)((float)(r % T) * inv_freq[i]), cs = cos(ang), sn = sin(ang) * dir;
+                double x1 = a[i], x2 = b[i];
+                a[i] = x1 * cs - x2 * sn;
+                b[i] = x2 * cs + x1 * sn;
+            }
+        }
+}
+
+typedef struct rope_ctx {
+    int B, T, heads, hs, ld;
+    const float *inv_freq;
+    double *x, *y;
+    const double *R;
+} rope_ctx;
+
+static double rope_loss(void *p)
+{
+    rope_ctx *c = p;
+    size_t n = (size_t)c->B * c->T * c->ld;
+    memcpy(c->y, c->x, n * sizeof(double));
+    ref_rope(c->y, c->inv_freq, c->B, c->T, c->heads, c->hs, c->ld, 1);
+    return dot(c->y, c->R, n);
+}
+
+/* The forward against the double rotation and, bit for bit, against transformers' fp32
+ * formula (q * cos + rotate_half(q) * sin with cosf, sinf of the fp32 angle); forward then
+ * backward gives the input back (a rotation's transpose is its inverse); the backward against
+ * finite differences (small shapes) or the exact transpose in double. Elements past the heads
+ * (the rest of a qkv row) stay as they are in both directions. */
+static void test_rope(int B, int T, int heads, int hs, int ld, float base)
+{
+    char tag[96], name[160];
+    snprintf(tag, sizeof tag, "B=%d T=%d heads=%d hs=%d ld=%d", B, T, heads, hs, ld);
+    int half = hs / 2;
+    size_t n = (size_t)B * T * ld;
+    float *inv = rope_inv_freq(hs, base), *x0 = randf(n, -2, 2), *x = copyf(x0, n);
+    rope_ctx c = {B, T, heads, hs, ld, inv, to_f64(x0, n), malloc(n * sizeof(double)), rand_f64(n)};
+    double *want = to_f64(x0, n);
+    K->rope_forward(S, x, inv, B, T, heads, hs, ld);
+    ref_rope(want, inv, B, T, heads, hs, ld, 1);
+    snprintf(name, sizeof name, "rope_forward %s", tag);
+    check_fwd(name, x, want, n);
+    int exact = 1;
+    for (int r = 0; r < B * T; r++) {
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < half; i++) {
+                size_t a = (size_t)r * ld + (size_t)h * hs + i;
+                float ang = (float)(r % T) * inv[i], cs = cosf(ang), sn = sinf(ang);
+                float q1 = x0[a], q2 = x0[a + half];
+                exact &= x[a] == q1 * cs + (-q2) * sn && x[a + half] == q2 * cs + q1 * sn;
+            }
+        exact &= bitwise_equal(x + (size_t)r * ld + (size_t)heads * hs, x0 + (size_t)r * ld + (size_t)heads * hs,
+                               (size_t)(ld - heads * hs));
+    }
+    printf("%-44s %s\n", "  fp32 formula of apply_rotary_pos_emb", exact ? "same bits" : "DIFFER");
+    CHECK(exact, "%s: not q * cos + rotate_half(q) * sin in fp32, or the rest of the row moved", tag);
+
+    float *back = copyf(x, n);
+    K->rope_backward(S, back, inv, B, T, heads, hs, ld);
+    double *x0d = to_f64(x0, n);
+    /* each turn rounds every element to a few ulps of the row's size, not of its own */
+    double e = max_rel_err(back, NULL, x0d, n, 1.0);
+    printf("%-44s max err %.2e of max |x|\n", "  forward then backward: the input", e);
+    CHECK(e < 1e-6, "%s: backward(forward(x)) is %.3e of max |x| from x", tag, e);
+
+    float *dx = f64_to_f32(c.R, n);
+    K->rope_backward(S, dx, inv, B, T, heads, hs, ld);
+    int fd = n < 4000;
+    double *g;
+    if (fd) {
+        g = fd_grad(rope_loss, &c, c.x, n);
+    } else {
+        g = malloc(n * sizeof(double));
+        memcpy(g, c.R, n * sizeof(double));
+        ref_rope(g, inv, B, T, heads, hs, ld, -1);
+    }
+    snprintf(name, sizeof name, "rope_backward %s", tag);
+    check_grad_vs(name, dx, NULL, g, n, fd ? "finite differences" : "the transpose in double");
+    free(inv), free(x0), free(x), free(c.x), free(c.y), free((void *)c.R), free(want), free(back), free(x0d);
+    free(dx), free(g);
+}
+
+/* The cosines and sines are kept between calls: a call with other inv_freq values at the same
+ * address, fewer positions, more positions, or another head size must not use stale ones. */
+static void test_rope_table_changes(void)
+{
+    int hs = 64, heads = 2, ld = 160, Tmax = 40;
+    size_t n = (size_t)Tmax * ld;
+    float *inv = rope_inv_freq(hs, 10000.0f), *alt = rope_inv_freq(hs, 500000.0f);
+    float *inv128 = rope_inv_freq(128, 10000.0f);
+    struct { const float *f; int T, hs, heads; } calls[] = {
+        {inv, 7, hs, heads}, {alt, 5, hs, heads}, {inv, Tmax, hs, heads}, {inv128, 9, 128, 1}, {inv, 3, hs, heads},
+    };
+    float *freq = malloc((size_t)64 * sizeof(float)); /* one address, its values changing */
+    int ok = 1;
+    for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
+        memcpy(freq, calls[k].f, (size_t)(calls[k].hs / 2) * sizeof(float));
+        float *x0 = randf(n, -1, 1), *x = copyf(x0, n);
+        double *want = to_f64(x0, n);
+        K->rope_forward(S, x, freq, 1, calls[k].T, calls[k].heads, calls[k].hs, ld);
+        ref_rope(want, freq, 1, calls[k].T, calls[k].heads, calls[k].hs, ld, 1);
+        ok &= max_rel_err(x, NULL, want, n, 1e-2) < 1e-5;
+        free(x0), free(x), free(want);
+    }
+    printf("%-44s %s\n", "rope: inv_freq, T and hs changing between calls", ok ? "ok" : "FAIL");
+    CHECK(ok, "rope used cosines and sines of an earlier call's inv_freq, T or hs");
+    free(inv), free(alt), free(inv128), free(freq);
+}
+
+static double ref_silu(double x)
+{
+    return x / (1.0 + exp(-x));
+}
+
+typedef struct swiglu_ctx {
+    int N, I;
+    double *gu;
+    const double *R;
+} swiglu_ctx;
+
+static double swiglu_loss(void *p)
+{
+    swiglu_ctx *c = p;
+    double s = 0.0;
+    for (int n = 0; n < c->N; n++)
+        for (int j = 0; j < c->I; j++) {
+            const double *g = c->gu + (size_t)n * 2 * c->I;
+            s += ref_silu(g[j]) * g[c->I + j] * c->R[(size_t)n * c->I + j];
+        }
+    return s;
+}
+
+/* Forward and backward, the gate holding values where exp(-x) overflows fp32 (|x| > 88) or
+ * is far below its smallest normal, in a row's first lanes and its last; dgu (=) may alias
+ * gu. Large shapes take the exact derivative in double. */
+static void test_swiglu(int N, int I)
+{
+    char tag[64], name[128];
+    snprintf(tag, sizeof tag, "N=%d I=%d", N, I);
+    size_t ni = (size_t)N * I, ng = 2 * ni;
+    float *gu = randf(ng, -6, 6);
+    const float special[] = {0.0f, -0.0f, 1e-6f, -1e-6f, 20.0f, -20.0f, 50.0f, -50.0f,
+                             87.5f, -87.5f, 88.5f, -88.5f, 100.0f, -100.0f, 1000.0f, -3e4f};
+    int ns = (int)(sizeof special / sizeof special[0]);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < ns && k < I; k++) {
+            gu[(size_t)n * 2 * I + (size_t)(k * 7 + n) % I] = special[k];
+            gu[(size_t)n * 2 * I + (size_t)I - 1 - (size_t)k % I] = special[(k + n) % ns];
+        }
+    float *out = filled(ni, 99.0f);
+    swiglu_ctx c = {N, I, to_f64(gu, ng), rand_f64(ni)};
+    double *want = malloc(ni * sizeof(double));
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < I; j++)
+            want[(size_t)n * I + j] = ref_silu(c.gu[(size_t)n * 2 * I + j]) * c.gu[(size_t)n * 2 * I + I + j];
+    K->swiglu_forward(S, out, gu, N, I);
+    snprintf(name, sizeof name, "swiglu_forward %s", tag);
+    check_fwd(name, out, want, ni);
+
+    float *R = f64_to_f32(c.R, ni), *dgu = filled(ng, 99.0f);
+    K->swiglu_backward(S, dgu, R, gu, N, I);
+    int fd = ng < 4000;
+    double *g;
+    if (fd) {
+        g = fd_grad(swiglu_loss, &c, c.gu, ng);
+    } else {
+        g = malloc(ng * sizeof(double));
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < I; j++) {
+                double x = c.gu[(size_t)n * 2 * I + j], u = c.gu[(size_t)n * 2 * I + I + j];
+                double sg = 1.0 / (1.0 + exp(-x)), d = c.R[(size_t)n * I + j];
+                g[(size_t)n * 2 * I + j] = d * u * sg * (1.0 + x * (1.0 - sg));
+                g[(size_t)n * 2 * I + I + j] = d * x * sg;
+            }
+    }
+    snprintf(name, sizeof name, "swiglu_backward dgu (=) %s", tag);
+    check_grad_vs(name, dgu, NULL, g, ng, fd ? "finite differences" : "double formula");
+    int finite = 1;
+    for (size_t i = 0; i < ni; i++) finite &= isfinite(out[i]);
+    for (size_t i = 0; i < ng; i++) finite &= isfinite(dgu[i]);
+    CHECK(finite, "%s: swiglu gave a non-finite value for a finite input", tag);
+    float *alias = copyf(gu, ng);
+    K->swiglu_backward(S, alias, R, alias, N, I);
+    int same = bitwise_equal(alias, dgu, ng);
+    printf("%-44s %s\n", "  finite at |x| up to 3e4; in place (dgu == gu)", finite && same ? "ok" : "FAIL");
+    CHECK(same, "%s: swiglu_backward with dgu == gu differs", tag);
+    free(gu), free(out), free(c.gu), free((void *)c.R), free(want), free(R), free(dgu), free(g), free(alias);
+}
+
+/* the new kernels at sizes that split across threads: 1, 2 and 2 threads give the same bits */
+static void test_llama_determinism(void)
+{
+    int N = 96, C = 512, I = 1376, T = 48, NH = 8, NKV = 2, hs = 64, W = (NH + 2 * NKV) * hs;
+    float *x = randf((size_t)N * C, -2, 2), *w = randf((size_t)C, 0.5, 1.5), *d = randf((size_t)N * C, -1, 1);
+    float *qkv = randf((size_t)N * W, -1, 1), *inv = rope_inv_freq(hs, 10000.0f);
+    float *gu = randf((size_t)N * 2 * I, -5, 5), *dsw = randf((size_t)N * I, -1, 1);
+    float *qk = randf((size_t)N * W, -1, 1), *qd = randf((size_t)N * W, -1, 1);
+    float *r[3][9];
+    for (int run = 0; run < 3; run++) {
+        set_threads(run == 0 ? 1 : 2);
+        float **o = r[run];
+        o[0] = filled((size_t)N * C, 0.0f), o[1] = filled((size_t)N, 0.0f);
+        o[2] = filled((size_t)N * C, 0.5f), o[3] = filled((size_t)C, 0.25f);
+        K->rmsnorm_forward(S, o[0], o[1], x, w, N, 1, C, C, 1e-5f);
+        K->rmsnorm_backward(S, o[2], o[3], d, x, w, o[1], N, 1, C, C);
+        o[4] = copyf(qkv, (size_t)N * W), o[5] = filled((size_t)N * NH, 0.0f);
+        K->rmsnorm_forward(S, o[4], o[5], qkv, w, N, NH, hs, W, 1e-6f); /* per-head q norm */
+        K->rmsnorm_backward(S, o[4], o[3], qd, qkv, w, o[5], N, NH, hs, W);
+        o[6] = copyf(qk, (size_t)N * W);
+        K->rope_forward(S, o[6], inv, N / T, T, NH, hs, W);
+        K->rope_forward(S, o[6] + NH * hs, inv, N / T, T, NKV, hs, W);
+        K->rope_backward(S, o[6], inv, N / T, T, NH + NKV, hs, W);
+        o[7] = filled((size_t)N * I, 0.0f), o[8] = filled((size_t)N * 2 * I, 0.0f);
+        K->swiglu_forward(S, o[7], gu, N, I);
+        K->swiglu_backward(S, o[8], dsw, gu, N, I);
+    }
+    size_t sizes[9] = {(size_t)N * C, (size_t)N, (size_t)N * C, (size_t)C, (size_t)N * W, (size_t)N * NH,
+                       (size_t)N * W, (size_t)N * I, (size_t)N * 2 * I};
+    int same = 1;
+    for (int run = 1; run < 3; run++)
+        for (int k = 0; k < 9; k++) same &= bitwise_equal(r[0][k], r[run][k], sizes[k]);
+    printf("%-44s %s\n", "rmsnorm/rope/swiglu bitwise, 1 vs 2 threads", same ? "ok" : "FAIL");
+    CHECK(same, "rmsnorm, rope or swiglu depends on the thread count");
+    set_threads(g_threads0);
+    for (int run = 0; run < 3; run++)
+        for (int k = 0; k < 9; k++) free(r[run][k]);
+    free(x), free(w), free(d), free(qkv), free(inv), free(gu), free(dsw), free(qk), free(qd);
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* determinism across thread counts                                                     */
 
 /* matmul forward (bias + GELU) and backward at 1, 2, 2 threads: bitwise the same. And a
@@ -844,26 +1376,28 @@ static void test_matmul_determinism(int M, int Kd, int N)
     free(inp), free(w), free(dout), free(bias);
 }
 
-static void test_attention_determinism(void)
+static void test_attention_determinism(int NH, int NKV, int hs)
 {
-    int B = 2, T = 80, C = 64, NH = 4;
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    int B = 2, T = 80, C = NH * hs, W = (NH + 2 * NKV) * hs;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
     float *qkv = randf(nq, -1, 1), *out = filled(no, 0.0f), *lse = filled((size_t)B * NH * T, 0.0f);
     float *d = randf(no, -1, 1), *dq[3];
     int same_a = 1;
     for (int run = 0; run < 3; run++) {
         set_threads(run == 0 ? 1 : 2);
         float *o = filled(no, 0.0f);
-        K->attention_forward(S, o, lse, qkv, B, T, C, NH);
+        K->attention_forward(S, o, lse, qkv, B, T, NH, NKV, hs);
         if (run == 0) memcpy(out, o, no * sizeof(float));
         same_a &= bitwise_equal(o, out, no);
         dq[run] = filled(nq, 7.0f);
-        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, C, NH);
+        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, NH, NKV, hs);
         free(o);
     }
     same_a &= bitwise_equal(dq[0], dq[1], nq) && bitwise_equal(dq[0], dq[2], nq);
-    printf("%-44s %s\n", "attention fwd/bwd bitwise, 1 vs 2 threads", same_a ? "ok" : "FAIL");
-    CHECK(same_a, "attention depends on the thread count");
+    char name[96];
+    snprintf(name, sizeof name, "attention NH=%d NKV=%d bitwise, 1 vs 2 threads", NH, NKV);
+    printf("%-44s %s\n", name, same_a ? "ok" : "FAIL");
+    CHECK(same_a, "attention NH=%d NKV=%d depends on the thread count", NH, NKV);
     set_threads(g_threads0);
     free(qkv), free(out), free(lse), free(d);
     for (int run = 0; run < 3; run++) free(dq[run]);
@@ -910,6 +1444,7 @@ int main(void)
         printf("ThreadSanitizer build: kernels run on one thread, 1-vs-2-thread checks compare 1 with 1\n");
     }
     test_encoder();
+    test_encoder_no_positions();
     test_layernorm(10, 8);
     test_layernorm(3, 37);
     /* every matrix product on the hand-written kernel, then on the BLAS (when built with
@@ -933,12 +1468,42 @@ int main(void)
         test_matmul(70, 300, 150, 1, 0, 0);
         test_matmul(300, 96, 600, 0, 1, 1); /* auto: BLAS forward, BLAS dinp, hand dW */
         test_matmul(300, 600, 128, 1, 0, 0); /* auto: head-like, BLAS forward */
+        /* the Llama family's projections: (out, in) weights, q/k/v with a bias */
+        test_matmul(19, 13, 37, 1, 1, 0);
+        test_matmul(70, 64, 96, 1, 1, 0);
+        test_matmul(300, 96, 600, 1, 1, 0);
         test_matmul_determinism(200, 192, 300);
         test_matmul_determinism(520, 300, 700); /* large enough to split across threads */
     }
     strata_cpu_gemm_select(-1);
-    test_attention(2, 5, 8, 2, 1.0);
-    test_attention(1, 70, 8, 2, 2.0); /* crosses the query block */
+    /* multi-head (GPT-2), then grouped-query: every coordinate by finite differences on
+     * small shapes, sampled ones at the Llama family's head sizes (T not a multiple of the
+     * 64-query block among them) */
+    test_attention(2, 5, 2, 2, 4, 1.0, 0);
+    test_attention(1, 70, 2, 2, 4, 2.0, 0); /* crosses the query block */
+    test_attention(2, 5, 8, 2, 4, 1.0, 0);
+    test_attention(1, 9, 8, 1, 8, 1.5, 0);
+    test_attention(1, 70, 4, 2, 4, 2.0, 0);
+    test_attention(2, 200, 8, 2, 64, 1.0, 24);
+    test_attention(1, 70, 8, 1, 64, 1.0, 24);
+    test_attention(1, 130, 8, 2, 128, 0.7, 24);
+    test_attention(1, 256, 8, 1, 128, 0.7, 12);
+    test_attention_gqa_is_repeated_mha(2, 70, 8, 2, 64);
+    test_attention_gqa_is_repeated_mha(1, 130, 8, 1, 128);
+    /* what the Llama family adds */
+    test_rmsnorm(10, 1, 8, 8, 1e-5f);
+    test_rmsnorm(3, 1, 37, 37, 1e-6f);
+    test_rmsnorm(5, 4, 16, 4 * 16 + 24, 1e-6f); /* per-head norms inside wider rows */
+    test_rmsnorm(64, 1, 512, 512, 1e-5f);       /* large enough to split across threads */
+    test_rmsnorm(97, 8, 64, 12 * 64, 1e-6f);    /* Qwen3's q norm over a qkv row */
+    test_rope(1, 5, 2, 64, 2 * 64 + 40, 10000.0f);
+    test_rope(3, 3, 1, 128, 128 + 64, 1000000.0f); /* 9 rows */
+    test_rope(2, 301, 8, 64, 12 * 64, 10000.0f);   /* q of a qkv row, positions past 256 */
+    test_rope(3, 77, 2, 128, 12 * 128, 500000.0f);
+    test_rope_table_changes();
+    test_swiglu(5, 37);
+    test_swiglu(3, 16);
+    test_swiglu(64, 1000);
     test_gelu();
     test_residual();
     test_crossentropy();
@@ -946,7 +1511,9 @@ int main(void)
     test_adamw();
     test_sumsq();
     test_convert();
-    test_attention_determinism();
+    test_attention_determinism(4, 4, 16);
+    test_attention_determinism(8, 2, 64);
+    test_llama_determinism();
     double small_ms = time_matmul(16 * 128, 128, 512, 0.0);
     time_matmul(2048, 768, 3072, small_ms * (768.0 * 3072) / (128.0 * 512));
     if (failures) {

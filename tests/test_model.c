@@ -1,5 +1,6 @@
-/* tests/test_model.c: the whole model against finite differences, and activation
- * checkpointing against the plain backward (bitwise). */
+/* tests/test_model.c: the whole model of each family against finite differences, activation
+ * checkpointing against the plain backward (bitwise), the tensor tables' names and shapes,
+ * the Llama family's init rule and RoPE frequencies. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +24,27 @@ typedef struct rig {
     int32_t inputs[B * T], targets[B * T];
 } rig;
 
-static void rig_open(rig *r, int ckpt_every) {
+static const strata_model_shape gpt2_shape = {.n_layer = 2, .n_head = 2, .n_embd = 8, .max_seq_len = 8,
+                                              .vocab_size = 11, .padded_vocab_size = 16, .init_std = 0.3f};
+
+/* The Llama family: grouped-query attention, q/k/v biases, an untied head ... */
+static const strata_model_shape llama_gqa = {
+    .n_layer = 2, .n_head = 4, .n_embd = 8, .max_seq_len = 8, .vocab_size = 11, .padded_vocab_size = 16,
+    .init_std = 0.3f, .arch = STRATA_ARCH_LLAMA, .n_kv_head = 2, .head_dim = 2, .intermediate_size = 12,
+    .rope_theta = 10000.0, .rms_norm_eps = 1e-5f, .tie_embeddings = 0, .qkv_bias = 1};
+/* ... and multi-head attention with a head size that is not n_embd / n_head, q/k norms, Llama
+ * 3.1's RoPE scaling and a tied head */
+static const strata_model_shape llama_qk = {
+    .n_layer = 2, .n_head = 2, .n_embd = 8, .max_seq_len = 8, .vocab_size = 11, .padded_vocab_size = 16,
+    .init_std = 0.3f, .arch = STRATA_ARCH_LLAMA, .n_kv_head = 2, .head_dim = 6, .intermediate_size = 10,
+    .rope_theta = 50.0, .rope_type = STRATA_ROPE_LLAMA3, .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
+    .rope_high_freq_factor = 4.0, .rope_original_context = 16, .rms_norm_eps = 1e-6f, .tie_embeddings = 1,
+    .qk_norm = 1};
+
+static void rig_open(rig *r, const strata_model_shape *shape_in, int ckpt_every) {
     memset(r, 0, sizeof *r);
     r->dev = strata_device_open("cpu", 0);
-    strata_model_shape shape = {.n_layer = 2, .n_head = 2, .n_embd = 8, .max_seq_len = 8,
-                                .vocab_size = 11, .padded_vocab_size = 16, .init_std = 0.3f};
+    strata_model_shape shape = *shape_in;
     strata_model_init(&r->m, &shape);
     strata_arena_init(&r->arena, r->dev);
     r->params = calloc(r->m.n_units, sizeof(float *));
@@ -47,8 +64,12 @@ static void rig_open(rig *r, int ckpt_every) {
         r->m.grads[u] = r->grads[u];
     }
     /* padded vocabulary rows stay zero, as in training */
-    for (size_t i = (size_t)shape.vocab_size * shape.n_embd; i < (size_t)shape.padded_vocab_size * shape.n_embd; i++)
-        r->params[0][i] = 0;
+    for (int ti = 0; ti < r->m.n_tensors; ti++) {
+        const strata_param_tensor *t = &r->m.tensors[ti];
+        size_t cols = t->ndim > 1 ? (size_t)t->shape[1] : 1;
+        for (size_t i = (size_t)strata_model_real_rows(&r->m, ti) * cols; i < t->numel; i++)
+            r->params[t->unit][t->offset + i] = 0;
+    }
     for (int i = 0; i < B * T; i++) {
         r->inputs[i] = (int32_t)(strata_hash64(i) % 11);
         r->targets[i] = (int32_t)(strata_hash64(1000 + i) % 11);
@@ -85,44 +106,49 @@ static double train_step(rig *r) {
     return *m->loss_sum;
 }
 
-int main(void) {
-    check_quiet = 1; /* one check per finite-difference probe: print failures only */
-    rig r;
-    rig_open(&r, 0);
-    double loss = train_step(&r);
-    double loss_fwd = loss_of(&r);
-    CHECK(fabs(loss - loss_fwd) < 1e-6, "training forward loss %.9g == eval loss %.9g", loss, loss_fwd);
-    CHECK(loss > 1.5 && loss < 4.0, "initial loss %.4f near ln(11) = 2.40", loss);
+/* Finite differences of the whole model (a few elements of every tensor), zero gradients
+ * in the padding rows, and activation checkpointing bit for bit; leaves r open. */
+static void check_gradients(rig *r, const strata_model_shape *shape, const char *what) {
+    double loss = train_step(r);
+    double loss_fwd = loss_of(r);
+    CHECK(fabs(loss - loss_fwd) < 1e-6, "%s: training forward loss %.9g == eval loss %.9g", what, loss, loss_fwd);
+    CHECK(loss > 1.0 && loss < 5.0, "%s: initial loss %.4f near ln(11) = 2.40", what, loss);
 
-    /* finite differences of the whole model, a few elements of every tensor */
-    strata_model *m = &r.m;
+    strata_model *m = &r->m;
     double worst = 0;
     for (int ti = 0; ti < m->n_tensors; ti++) {
         const strata_param_tensor *t = &m->tensors[ti];
         int picks = t->numel < 6 ? (int)t->numel : 6;
         for (int p = 0; p < picks; p++) {
             size_t e = t->offset + strata_hash64(ti * 100 + p) % t->numel;
-            if (ti == 0 && e / 8 >= 11) continue; /* padded vocabulary row */
-            float *w = &r.params[t->unit][e];
+            if ((int64_t)((e - t->offset) / (t->ndim > 1 ? (size_t)t->shape[1] : 1)) >= strata_model_real_rows(m, ti))
+                continue; /* a padded vocabulary row */
+            float *w = &r->params[t->unit][e];
             float orig = *w, h = 1e-2f;
             *w = orig + h;
-            double lp = loss_of(&r);
+            double lp = loss_of(r);
             *w = orig - h;
-            double lm = loss_of(&r);
+            double lm = loss_of(r);
             *w = orig;
             double fd = (lp - lm) / (2.0 * (double)h);
-            double an = r.grads[t->unit][e];
+            double an = r->grads[t->unit][e];
             double err = fabs(fd - an) / (fabs(fd) + fabs(an) + 1e-3);
             if (err > worst) worst = err;
-            CHECK(err < 2e-2, "%s[%zu]: analytic %.6g vs finite difference %.6g", t->name, e - t->offset, an, fd);
+            CHECK(err < 2e-2, "%s: %s[%zu]: analytic %.6g vs finite difference %.6g", what, t->name, e - t->offset, an, fd);
         }
     }
-    printf("model gradient vs finite differences: worst relative error %.2e\n", worst);
+    CHECK(worst < 2e-2, "%s: model gradient vs finite differences: worst relative error %.2e over %d tensors", what, worst,
+          m->n_tensors);
 
     /* padded vocabulary rows get exactly zero gradient */
     double pad = 0;
-    for (size_t i = 11 * 8; i < 16 * 8; i++) pad += fabs(r.grads[0][i]);
-    CHECK(pad == 0.0, "padded wte rows have zero gradient (sum |g| = %g)", pad);
+    for (int ti = 0; ti < m->n_tensors; ti++) {
+        const strata_param_tensor *t = &m->tensors[ti];
+        size_t cols = t->ndim > 1 ? (size_t)t->shape[1] : 1;
+        for (size_t i = (size_t)strata_model_real_rows(m, ti) * cols; i < t->numel; i++)
+            pad += fabs(r->grads[t->unit][t->offset + i]);
+    }
+    CHECK(pad == 0.0, "%s: padded vocabulary rows have zero gradient (sum |g| = %g)", what, pad);
 
     /* activation checkpointing: same loss and gradients, bit for bit */
     size_t total = 0;
@@ -130,29 +156,138 @@ int main(void) {
     float *g0 = malloc(total * 4);
     size_t o = 0;
     for (int u = 0; u < m->n_units; u++) {
-        memcpy(g0 + o, r.grads[u], m->units[u].numel * 4);
+        memcpy(g0 + o, r->grads[u], m->units[u].numel * 4);
         o += m->units[u].numel;
     }
-    size_t acts_plain = strata_arena_bytes(&r.arena, -1, STRATA_CAT_ACTIVATIONS);
+    size_t acts_plain = strata_arena_bytes(&r->arena, -1, STRATA_CAT_ACTIVATIONS);
     for (int k = 1; k <= 2; k++) {
         rig c;
-        rig_open(&c, k);
+        rig_open(&c, shape, k);
         double lc = train_step(&c);
-        CHECK(memcmp(&lc, &loss, sizeof loss) == 0, "checkpointing every %d: loss %.9g == %.9g bitwise", k, lc, loss);
+        CHECK(memcmp(&lc, &loss, sizeof loss) == 0, "%s: checkpointing every %d: loss %.9g == %.9g bitwise", what, k, lc,
+              loss);
         int same = 1;
         o = 0;
         for (int u = 0; u < m->n_units; u++) {
             same &= memcmp(g0 + o, c.grads[u], m->units[u].numel * 4) == 0;
             o += m->units[u].numel;
         }
-        CHECK(same, "checkpointing every %d: gradients bitwise identical", k);
+        CHECK(same, "%s: checkpointing every %d: gradients bitwise identical", what, k);
         size_t acts = strata_arena_bytes(&c.arena, -1, STRATA_CAT_ACTIVATIONS);
         /* recomputed blocks share one buffer set: with 2 blocks, every:1 recomputes both
          * (one set saved), every:2 recomputes only block 0 (nothing saved) */
-        CHECK(k == 1 ? acts < acts_plain : acts <= acts_plain, "checkpointing every %d: activation memory %zu vs %zu", k, acts, acts_plain);
+        CHECK(k == 1 ? acts < acts_plain : acts <= acts_plain, "%s: checkpointing every %d: activation memory %zu vs %zu",
+              what, k, acts, acts_plain);
         rig_close(&c);
     }
     free(g0);
+}
+
+/* The Llama family's tensor table: Hugging Face's names, nn.Linear's (out, in) shapes, q|k|v
+ * and gate|up adjacent, and the init rule (matrices normal(0, init_std), norms 1, biases 0,
+ * padding rows 0). */
+static void check_llama_layout(void) {
+    strata_model m;
+    strata_model_init(&m, &llama_gqa);
+    static const char *const block0[] = {
+        "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.k_proj.bias",
+        "model.layers.0.self_attn.v_proj.bias", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"};
+    int ok = m.n_units == 4 && m.units[1].n_tensors == 12 && !strcmp(m.tensors[0].name, "model.embed_tokens.weight");
+    for (int i = 0; ok && i < 12; i++) ok = !strcmp(m.tensors[1 + i].name, block0[i]);
+    CHECK(ok, "llama: unit 0 the embedding, block 0's tensors in order, Hugging Face's names");
+    const strata_param_tensor *q = &m.tensors[2], *k = &m.tensors[3], *v = &m.tensors[4], *o = &m.tensors[8];
+    CHECK(q->shape[0] == 8 && q->shape[1] == 8 && k->shape[0] == 4 && v->shape[0] == 4 && k->offset == q->offset + q->numel &&
+              v->offset == k->offset + k->numel && m.tensors[5].offset == v->offset + v->numel && o->shape[0] == 8 &&
+              o->shape[1] == 8,
+          "llama: q (NH hd, C), k and v (NKV hd, C) adjacent, their biases after them, o_proj (C, NH hd)");
+    const strata_param_tensor *gate = &m.tensors[10], *up = &m.tensors[11], *down = &m.tensors[12];
+    CHECK(gate->shape[0] == 12 && up->offset == gate->offset + gate->numel && down->shape[0] == 8 && down->shape[1] == 12,
+          "llama: gate_proj and up_proj (I, C) adjacent, down_proj (C, I)");
+    const strata_param_tensor *norm = &m.tensors[m.n_tensors - 2], *lm = &m.tensors[m.n_tensors - 1];
+    CHECK(!strcmp(norm->name, "model.norm.weight") && !strcmp(lm->name, "lm_head.weight") && lm->shape[0] == 16 &&
+              strata_model_real_rows(&m, m.n_tensors - 1) == 11 && strata_model_real_rows(&m, 0) == 11,
+          "llama: the head unit holds model.norm.weight and an untied lm_head.weight (Vp rows, V real)");
+    CHECK(strata_model_num_params(&m) == (size_t)(m.unit_numel[0] + m.unit_numel[1] + m.unit_numel[2] + m.unit_numel[3]) -
+                                             2 * 5 * 8,
+          "llama: parameters count neither padding rows of the embedding nor of the head");
+    CHECK(!m.decay[1] && m.decay[2] && !m.decay[5], "llama: weight decay on matrices only");
+    /* the init rule */
+    int head = m.n_units - 1;
+    float *w = malloc(m.unit_numel[head] * sizeof(float));
+    strata_model_init_params(&m, head, 3, 0, m.unit_numel[head], w);
+    int norms_one = 1, pad_zero = 1;
+    double sum2 = 0;
+    for (size_t i = 0; i < norm->numel; i++) norms_one &= w[i] == 1.0f;
+    for (size_t i = 0; i < lm->numel; i++) {
+        float x = w[lm->offset + i];
+        if (i >= 11 * 8) pad_zero &= x == 0.0f;
+        else sum2 += (double)x * x;
+    }
+    double std = sqrt(sum2 / (11 * 8));
+    CHECK(norms_one && pad_zero && std > 0.2 && std < 0.4,
+          "llama init: the norm's weight 1, lm_head normal(0, init_std 0.3) (std %.3f), its padding rows 0", std);
+    free(w);
+    float *b = malloc(m.unit_numel[1] * sizeof(float));
+    strata_model_init_params(&m, 1, 3, 0, m.unit_numel[1], b);
+    int bias_zero = 1;
+    for (int i = 5; i <= 7; i++)
+        for (size_t e = 0; e < m.tensors[i].numel; e++) bias_zero &= b[m.tensors[i].offset + e] == 0.0f;
+    CHECK(bias_zero && b[0] == 1.0f && b[q->offset] != 0.0f, "llama init: q/k/v biases 0, input_layernorm 1, q_proj drawn");
+    free(b);
+    strata_model_free(&m);
+}
+
+/* RoPE's inverse frequencies against torch's (transformers 5.x, fp32 on the CPU):
+ *   1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), exactly, and
+ *   _compute_llama3_parameters of theta 500000, head_dim 64, factor 8, low 1, high 4,
+ *   original context 8192 at i = 0, 14 (unscaled), 15, 16, 17 (smoothed), 31 (scaled), to
+ *   1e-6: torch's vectorised pow over 32 frequencies may be an ulp from powf. */
+static void check_rope(void) {
+    strata_model_shape s = llama_gqa;
+    s.n_embd = 32;
+    s.n_head = 4;
+    s.head_dim = 8;
+    float f[32];
+    strata_model_rope_inv_freq(&s, f);
+    static const float want[4] = {1.0f, 0.1f, 0.0099999998f, 0.0010000000f};
+    CHECK(!memcmp(f, want, sizeof want), "rope default: %.9g %.9g %.9g %.9g are torch's", f[0], f[1], f[2], f[3]);
+    s.head_dim = 64;
+    s.rope_theta = 500000.0;
+    s.rope_type = STRATA_ROPE_LLAMA3;
+    s.rope_factor = 8;
+    s.rope_low_freq_factor = 1;
+    s.rope_high_freq_factor = 4;
+    s.rope_original_context = 8192;
+    strata_model_rope_inv_freq(&s, f);
+    static const int at[6] = {0, 14, 15, 16, 17, 31};
+    static const float want3[6] = {1.0f, 0.00321144611f, 0.00137189368f, 0.000524846022f, 0.000178507791f, 3.7673226e-07f};
+    int same = 1;
+    for (int i = 0; i < 6; i++) same &= fabsf(f[at[i]] - want3[i]) <= 1e-6f * want3[i];
+    CHECK(same, "rope llama3: %.9g %.9g %.9g %.9g %.9g %.9g are torch's", f[0], f[14], f[15], f[16], f[17], f[31]);
+}
+
+int main(void) {
+    check_quiet = 1; /* one check per finite-difference probe: print failures only */
+    check_llama_layout();
+    check_rope();
+    static const struct { const strata_model_shape *shape; const char *what; } models[] = {
+        {&llama_gqa, "llama (GQA, q/k/v biases, untied head)"},
+        {&llama_qk, "llama (head_dim 6, q/k norms, llama3 RoPE, tied head)"},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        rig r;
+        rig_open(&r, models[i].shape, 0);
+        check_gradients(&r, models[i].shape, models[i].what);
+        rig_close(&r);
+    }
+    rig r;
+    rig_open(&r, &gpt2_shape, 0);
+    check_gradients(&r, &gpt2_shape, "gpt2");
+    strata_model *m = &r.m;
 
     /* every id into the embedding and the loss is checked before it is copied: an id
      * outside [0, V) is refused with its value and place, the device buffers untouched */

@@ -1,4 +1,5 @@
-/* tests/test_pretrained.c: Hugging Face GPT-2 weights into the model's units. Files are
+/* tests/test_pretrained.c: Hugging Face weights into the model's units (GPT-2's, and the
+ * Llama family's names at the end). Files are
  * written here with known values; every unit is read back in the shards of a world-3
  * partition (padding included) and compared element by element: names with and without
  * "transformer.", the old attention-mask buffers, a tied lm_head.weight (and an untied one,
@@ -319,7 +320,7 @@ static void test_refusals(void) {
         {",\"n_layer\":1,\"activation_function\":\"gelu\"", "\"activation_function\" is \"gelu\""},
         {",\"n_layer\":1,\"layer_norm_epsilon\":1e-06", "\"layer_norm_epsilon\" is 1e-06"},
         {",\"n_layer\":1,\"tie_word_embeddings\":false", "\"tie_word_embeddings\" is false"},
-        {",\"n_layer\":1,\"model_type\":\"llama\"", "\"model_type\" is \"llama\""},
+        {",\"n_layer\":1,\"model_type\":\"bloom\"", "\"model_type\" is \"bloom\""},
         {",\"n_layer\":1,\"n_inner\":16", "\"n_inner\" must be null or 4 * n_embd (32)"},
         {",\"n_layer\":1,\"add_cross_attention\":true", "\"add_cross_attention\" is true"},
         {",\"n_layer\":1,\"scale_attn_by_inverse_layer_idx\":true", "scale_attn_by_inverse_layer_idx"},
@@ -340,6 +341,68 @@ static void test_refusals(void) {
                                                "\"n_inner\":null,\"attn_pdrop\":0.1"));
     CHECK(strata_hf_config_read(p, &s) == 0 && s.n_layer == L && s.n_positions == P,
           "gelu_pytorch_tanh, n_inner null and dropout are accepted (%s)", strata_error());
+}
+
+/* The Llama family's names: LlamaForCausalLM's ("model." + an untied lm_head.weight) and
+ * LlamaModel's (no prefix), with the rotary_emb.inv_freq buffers old files carry, read
+ * into the units; an untied model without lm_head.weight, and a tied one whose file
+ * carries a different lm_head.weight, refused naming why. */
+static void test_llama_names(void) {
+    strata_model_shape shape = {.n_layer = 1, .n_head = 2, .n_embd = C, .max_seq_len = P, .vocab_size = V,
+                                .padded_vocab_size = 16, .init_std = 0.02f, .arch = STRATA_ARCH_LLAMA, .n_kv_head = 1,
+                                .head_dim = 4, .intermediate_size = 12, .rope_theta = 10000.0, .rms_norm_eps = 1e-5f,
+                                .tie_embeddings = 0, .qkv_bias = 1};
+    for (int prefixed = 1; prefixed >= 0; prefixed--) {
+        strata_model m;
+        strata_model_init(&m, &shape);
+        entry es[32];
+        int n = 0;
+        for (int k = 0; k < m.n_tensors; k++) {
+            const strata_param_tensor *t = &m.tensors[k];
+            entry *e = &es[n++];
+            const char *name = t->name;
+            if (!prefixed && !strncmp(name, "model.", 6)) name += 6;
+            snprintf(e->name, sizeof e->name, "%s", name);
+            e->dtype = "F32";
+            e->ndim = t->ndim;
+            e->shape[0] = strata_model_real_rows(&m, k);
+            e->shape[1] = t->shape[1];
+            e->data = malloc(numel(e) * sizeof(float));
+            for (size_t i = 0; i < numel(e); i++) e->data[i] = val(k, i);
+        }
+        es[n] = (entry){"", "F32", 1, {2, 0}, calloc(2, sizeof(float))};
+        snprintf(es[n].name, sizeof es[n].name, "%slayers.0.self_attn.rotary_emb.inv_freq", prefixed ? "model." : "");
+        n++;
+        char dir[64], path[512];
+        snprintf(dir, sizeof dir, "llama%d", prefixed);
+        make_dir(dir, 0);
+        snprintf(path, sizeof path, "%s/model.safetensors", sub(dir));
+        write_st(path, es, n, NULL);
+        strata_pretrained *pt = strata_pretrained_open(sub(dir), &m);
+        int same = pt != NULL;
+        for (int u = 0; same && u < m.n_units; u++) {
+            float *buf = malloc(m.units[u].numel * sizeof(float));
+            same = strata_pretrained_read(pt, &m, u, 0, m.units[u].numel, buf) == 0;
+            for (int i = 0; same && i < m.units[u].n_tensors; i++) {
+                int k = m.units[u].first_tensor + i;
+                const strata_param_tensor *t = &m.tensors[k];
+                size_t real = (size_t)strata_model_real_rows(&m, k) * (t->ndim > 1 ? (size_t)t->shape[1] : 1);
+                for (size_t j = 0; same && j < t->numel; j++) same = buf[t->offset + j] == (j < real ? val(k, j) : 0.0f);
+            }
+            free(buf);
+        }
+        CHECK(same, "llama, %s names, rotary_emb.inv_freq skipped: every unit read, the embedding's and lm_head's "
+              "padding rows 0 (%s)", prefixed ? "LlamaForCausalLM's" : "LlamaModel's", pt ? "" : strata_error());
+        strata_pretrained_close(pt);
+        if (prefixed) {
+            write_st(path, es, n - 2, NULL); /* without lm_head.weight (and the buffer) */
+            CHECK(strata_pretrained_open(sub(dir), &m) == NULL &&
+                      strstr(strata_error(), "no tensor lm_head.weight, but model.tie_embeddings is false"),
+                  "an untied model without lm_head.weight is refused: %s", strata_error());
+        }
+        free_entries(es, n);
+        strata_model_free(&m);
+    }
 }
 
 static void test_config(void) {
@@ -389,12 +452,14 @@ static void test_config(void) {
 int main(void) {
     snprintf(root, sizeof root, "/tmp/strata-test-pretrained-XXXXXX");
     if (!mkdtemp(root)) return 1;
-    strata_model_shape shape = {L, NH, C, P, V, 128, 0.02f};
+    strata_model_shape shape = {.n_layer = L, .n_head = NH, .n_embd = C, .max_seq_len = P, .vocab_size = V,
+                                .padded_vocab_size = 128, .init_std = 0.02f};
     strata_model_init(&model, &shape);
     test_layouts();
     test_nonfinite();
     test_refusals();
     test_config();
+    test_llama_names();
     strata_model_free(&model);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

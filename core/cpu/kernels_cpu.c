@@ -578,8 +578,13 @@ static void cpu_encoder_forward(strata_stream *s, void *out_, const int32_t *tok
     const float *wte = wte_, *wpe = wpe_;
 #pragma omp parallel for schedule(static) if ((long)B * T * C > PAR_MIN)
     for (long bt = 0; bt < (long)B * T; bt++) {
-        const float *e = wte + (size_t)tok[bt] * C, *p = wpe + (size_t)(bt % T) * C;
+        const float *e = wte + (size_t)tok[bt] * C;
         float *o = out + (size_t)bt * C;
+        if (!wpe) { /* the Llama family: positions enter through the rotation of q and k */
+            memcpy(o, e, (size_t)C * sizeof(float));
+            continue;
+        }
+        const float *p = wpe + (size_t)(bt % T) * C;
         for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }
@@ -600,6 +605,10 @@ static void cpu_encoder_backward(strata_stream *s, float *dwte, float *dwpe, con
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tok[(size_t)b * T + t] * C;
+                if (!dwpe) {
+                    for (int c = c0; c < c1; c++) we[c] += d[c];
+                    continue;
+                }
                 float *wp = dwpe + (size_t)t * C;
                 for (int c = c0; c < c1; c++) {
                     we[c] += d[c];
@@ -778,25 +787,26 @@ static inline int attn_first(int u, int t0)
     return u > t0 ? u - t0 : 0;
 }
 
-/* st (nk, QB) = k[0..nk) @ q[t0..t0+nq)^T: unscaled scores, transposed */
+/* st (nk, QB) = k[0..nk) @ q[t0..t0+nq)^T: unscaled scores, transposed; q and k rows are
+ * W elements apart (a qkv row) */
 static void attn_scores_t(attn_scratch *w, const float *q, const float *k, int t0, int nq,
-                          int nk, int C3, int hs)
+                          int nk, int W, int hs)
 {
     gemm_args g = {
         .M = nk, .N = nq, .K = hs,
-        .a = k, .a_rs = (size_t)C3, .a_cs = 1,
-        .b = q + (size_t)t0 * C3, .b_rs = 1, .b_cs = (size_t)C3,
+        .a = k, .a_rs = (size_t)W, .a_cs = 1,
+        .b = q + (size_t)t0 * W, .b_rs = 1, .b_cs = (size_t)W,
         .c = w->st, .ldc = QB,
     };
     gemm_block(&g, 0, nk, 0, nq, &w->g);
 }
 
 static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, const void *qkv_,
-                                  int B, int T, int C, int NH)
+                                  int B, int T, int NH, int NKV, int hs)
 {
     float *out = out_;
     const float *qkv = qkv_;
-    int hs = C / NH, C3 = 3 * C;
+    int C = NH * hs, W = (NH + 2 * NKV) * hs, group = NH / NKV;
     float scale = (float)(1.0 / sqrt((double)hs));
 #pragma omp parallel if (B * NH > 1 && (long)T * C > 4096)
     {
@@ -804,14 +814,15 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
         attn_scratch_init(&w, T, 0);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
+            int b = bh / NH, h = bh % NH, kv = h / group;
+            const float *row0 = qkv + (size_t)b * T * W;
+            const float *q = row0 + (size_t)h * hs;
+            const float *k = row0 + (size_t)(NH + kv) * hs, *v = row0 + (size_t)(NH + NKV + kv) * hs;
             float *o = out + (size_t)b * T * C + (size_t)h * hs;
             float *l = lse + (size_t)bh * T;
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
-                attn_scores_t(&w, q, k, t0, nq, nk, C3, hs);
+                attn_scores_t(&w, q, k, t0, nq, nk, W, hs);
                 float mx[QB], inv[QB];
                 double sum[QB];
                 for (int i = 0; i < nq; i++) {
@@ -846,7 +857,7 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
                 gemm_args g = {
                     .M = nq, .N = hs, .K = nk,
                     .a = w.st, .a_rs = 1, .a_cs = QB,
-                    .b = v, .b_rs = (size_t)C3, .b_cs = 1,
+                    .b = v, .b_rs = (size_t)W, .b_cs = 1,
                     .c = o + (size_t)t0 * C, .ldc = (size_t)C,
                 };
                 gemm_block(&g, 0, nq, 0, hs, &w.g);
@@ -857,82 +868,89 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
 
 static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *dout_,
                                    const void *qkv_, const void *out_, const float *lse, int B,
-                                   int T, int C, int NH)
+                                   int T, int NH, int NKV, int hs)
 {
     float *dqkv = dqkv_;
     const float *dout = dout_, *qkv = qkv_, *out = out_;
-    int hs = C / NH, C3 = 3 * C;
+    int C = NH * hs, W = (NH + 2 * NKV) * hs, group = NH / NKV;
     float scale = (float)(1.0 / sqrt((double)hs));
-#pragma omp parallel if (B * NH > 1 && (long)T * C > 4096)
+    /* one task per (batch, key/value head): its query heads in order, so dK and dV, which
+     * the group shares, have one writer and a fixed order of additions */
+#pragma omp parallel if (B * NKV > 1 && (long)T * C > 4096)
     {
         attn_scratch w;
         attn_scratch_init(&w, T, 1);
 #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-            size_t ooff = (size_t)b * T * C + (size_t)h * hs;
-            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-            const float *o = out + ooff, *dout_bh = dout + ooff;
-            const float *l = lse + (size_t)bh * T;
+        for (int bkv = 0; bkv < B * NKV; bkv++) {
+            int b = bkv / NKV, kv = bkv % NKV;
+            size_t row0 = (size_t)b * T * W;
+            const float *k = qkv + row0 + (size_t)(NH + kv) * hs, *v = qkv + row0 + (size_t)(NH + NKV + kv) * hs;
+            float *dk = dqkv + row0 + (size_t)(NH + kv) * hs, *dv = dqkv + row0 + (size_t)(NH + NKV + kv) * hs;
             for (int t = 0; t < T; t++) { /* dK and dV accumulate below */
-                memset(dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-                memset(dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+                memset(dk + (size_t)t * W, 0, (size_t)hs * sizeof(float));
+                memset(dv + (size_t)t * W, 0, (size_t)hs * sizeof(float));
             }
-            for (int t0 = 0; t0 < T; t0 += QB) {
-                int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
-                const float *dob = dout_bh + (size_t)t0 * C;
-                /* probabilities from the saved log-sum-exp */
-                attn_scores_t(&w, q, k, t0, nq, nk, C3, hs);
-                for (int u = 0; u < nk; u++) {
-                    float *row = w.st + (size_t)u * QB;
-                    int lo = attn_first(u, t0);
-                    for (int i = 0; i < lo; i++) row[i] = 0.0f;
-                    for (int i = lo; i < nq; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
+            for (int h = kv * group; h < (kv + 1) * group; h++) {
+                int bh = b * NH + h;
+                size_t ooff = (size_t)b * T * C + (size_t)h * hs;
+                const float *q = qkv + row0 + (size_t)h * hs;
+                float *dq = dqkv + row0 + (size_t)h * hs;
+                const float *o = out + ooff, *dout_bh = dout + ooff;
+                const float *l = lse + (size_t)bh * T;
+                for (int t0 = 0; t0 < T; t0 += QB) {
+                    int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
+                    const float *dob = dout_bh + (size_t)t0 * C;
+                    /* probabilities from the saved log-sum-exp */
+                    attn_scores_t(&w, q, k, t0, nq, nk, W, hs);
+                    for (int u = 0; u < nk; u++) {
+                        float *row = w.st + (size_t)u * QB;
+                        int lo = attn_first(u, t0);
+                        for (int i = 0; i < lo; i++) row[i] = 0.0f;
+                        for (int i = lo; i < nq; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
+                    }
+                    /* dp^T (nk, nq) = v[0..nk) @ dout block^T */
+                    gemm_args gdp = {
+                        .M = nk, .N = nq, .K = hs,
+                        .a = v, .a_rs = (size_t)W, .a_cs = 1,
+                        .b = dob, .b_rs = 1, .b_cs = (size_t)C,
+                        .c = w.dpt, .ldc = QB,
+                    };
+                    gemm_block(&gdp, 0, nk, 0, nq, &w.g);
+                    /* dv[0..nk) += p^T @ dout block */
+                    gemm_args gdv = {
+                        .M = nk, .N = hs, .K = nq,
+                        .a = w.st, .a_rs = QB, .a_cs = 1,
+                        .b = dob, .b_rs = (size_t)C, .b_cs = 1,
+                        .c = dv, .ldc = (size_t)W, .accumulate = 1,
+                    };
+                    gemm_block(&gdv, 0, nk, 0, hs, &w.g);
+                    /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
+                    float D[QB];
+                    for (int i = 0; i < nq; i++)
+                        D[i] = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C, (size_t)hs);
+                    for (int u = 0; u < nk; u++) {
+                        float *row = w.st + (size_t)u * QB;
+                        const float *dpr = w.dpt + (size_t)u * QB;
+                        for (int i = attn_first(u, t0); i < nq; i++)
+                            row[i] = scale * row[i] * (dpr[i] - D[i]);
+                    }
+                    /* dq block (=) ds (nq, nk) @ k[0..nk) */
+                    gemm_args gdq = {
+                        .M = nq, .N = hs, .K = nk,
+                        .a = w.st, .a_rs = 1, .a_cs = QB,
+                        .b = k, .b_rs = (size_t)W, .b_cs = 1,
+                        .c = dq + (size_t)t0 * W, .ldc = (size_t)W,
+                    };
+                    gemm_block(&gdq, 0, nq, 0, hs, &w.g);
+                    /* dk[0..nk) += ds^T @ q block */
+                    gemm_args gdk = {
+                        .M = nk, .N = hs, .K = nq,
+                        .a = w.st, .a_rs = QB, .a_cs = 1,
+                        .b = q + (size_t)t0 * W, .b_rs = (size_t)W, .b_cs = 1,
+                        .c = dk, .ldc = (size_t)W, .accumulate = 1,
+                    };
+                    gemm_block(&gdk, 0, nk, 0, hs, &w.g);
                 }
-                /* dp^T (nk, nq) = v[0..nk) @ dout block^T */
-                gemm_args gdp = {
-                    .M = nk, .N = nq, .K = hs,
-                    .a = v, .a_rs = (size_t)C3, .a_cs = 1,
-                    .b = dob, .b_rs = 1, .b_cs = (size_t)C,
-                    .c = w.dpt, .ldc = QB,
-                };
-                gemm_block(&gdp, 0, nk, 0, nq, &w.g);
-                /* dv[0..nk) += p^T @ dout block */
-                gemm_args gdv = {
-                    .M = nk, .N = hs, .K = nq,
-                    .a = w.st, .a_rs = QB, .a_cs = 1,
-                    .b = dob, .b_rs = (size_t)C, .b_cs = 1,
-                    .c = dv, .ldc = (size_t)C3, .accumulate = 1,
-                };
-                gemm_block(&gdv, 0, nk, 0, hs, &w.g);
-                /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
-                float D[QB];
-                for (int i = 0; i < nq; i++)
-                    D[i] = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C, (size_t)hs);
-                for (int u = 0; u < nk; u++) {
-                    float *row = w.st + (size_t)u * QB;
-                    const float *dpr = w.dpt + (size_t)u * QB;
-                    for (int i = attn_first(u, t0); i < nq; i++)
-                        row[i] = scale * row[i] * (dpr[i] - D[i]);
-                }
-                /* dq block (=) ds (nq, nk) @ k[0..nk) */
-                gemm_args gdq = {
-                    .M = nq, .N = hs, .K = nk,
-                    .a = w.st, .a_rs = 1, .a_cs = QB,
-                    .b = k, .b_rs = (size_t)C3, .b_cs = 1,
-                    .c = dq + (size_t)t0 * C3, .ldc = (size_t)C3,
-                };
-                gemm_block(&gdq, 0, nq, 0, hs, &w.g);
-                /* dk[0..nk) += ds^T @ q block */
-                gemm_args gdk = {
-                    .M = nk, .N = hs, .K = nq,
-                    .a = w.st, .a_rs = QB, .a_cs = 1,
-                    .b = q + (size_t)t0 * C3, .b_rs = (size_t)C3, .b_cs = 1,
-                    .c = dk, .ldc = (size_t)C3, .accumulate = 1,
-                };
-                gemm_block(&gdk, 0, nk, 0, hs, &w.g);
             }
         }
     }
@@ -1146,6 +1164,231 @@ static void cpu_scale_f32(strata_stream *s, float *x, float scale, size_t n)
     for (size_t i = 0; i < n; i++) x[i] *= scale;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* RMSNorm                                                                               */
+/*
+ * Vector v of the N * heads starts at element (v / heads) * ld + (v % heads) * C, and
+ * rstd[v] is its statistic; elements between vectors are neither read nor written. The
+ * arithmetic follows transformers' LlamaRMSNorm in fp32 (x.pow(2).mean(-1), then
+ * torch.rsqrt(variance + eps), then weight * (x * rstd)): the mean of squares is summed in
+ * double and rounded once to float (PyTorch's fp32 sum lands within an ulp or two of it),
+ * then 1.0f / sqrtf(mean + eps) and w * (x * rstd), one fp32 rounding a step as there.
+ * out may be inp (each vector is read whole before it is written). */
+
+static inline size_t rms_offset(long v, int heads, int C, int ld)
+{
+    return (size_t)(v / heads) * (size_t)ld + (size_t)(v % heads) * (size_t)C;
+}
+
+static void cpu_rmsnorm_forward(strata_stream *s, void *out_, float *rstd, const void *inp_,
+                                const void *w_, int N, int heads, int C, int ld, float eps)
+{
+    float *out = out_;
+    const float *inp = inp_, *w = w_;
+    long nv = (long)N * heads;
+#pragma omp parallel for schedule(static) if (nv * C > PAR_MIN)
+    for (long v = 0; v < nv; v++) {
+        size_t off = rms_offset(v, heads, C, ld);
+        const float *x = inp + off;
+        float *o = out + off;
+        float ms = (float)(dot_f64(x, x, (size_t)C) / C);
+        float rs = 1.0f / sqrtf(ms + eps);
+        for (int c = 0; c < C; c++) o[c] = w[c] * (x[c] * rs);
+        rstd[v] = rs;
+    }
+}
+
+/* With norm = x * rstd and dnorm = w * dout: dinp = rstd * (dnorm - norm * mean(dnorm * norm))
+ * (LayerNorm's backward without the mean terms), dw = sum over vectors of dout * norm. */
+static void cpu_rmsnorm_backward(strata_stream *s, void *dinp_, float *dw, const void *dout_,
+                                 const void *inp_, const void *w_, const float *rstd, int N,
+                                 int heads, int C, int ld)
+{
+    float *dinp = dinp_;
+    const float *dout = dout_, *inp = inp_, *w = w_;
+    long nv = (long)N * heads;
+    int par = nv * C > PAR_MIN;
+#pragma omp parallel for schedule(static) if (par)
+    for (long v = 0; v < nv; v++) {
+        size_t off = rms_offset(v, heads, C, ld);
+        const float *x = inp + off, *d = dout + off;
+        float *di = dinp + off;
+        float rs = rstd[v];
+        double acc[DLANES] = {0};
+        int c = 0;
+        for (; c + DLANES <= C; c += DLANES)
+            for (int l = 0; l < DLANES; l++) acc[l] += (double)(w[c + l] * d[c + l]) * (x[c + l] * rs);
+        double sdn = 0.0;
+        for (int l = 0; l < DLANES; l++) sdn += acc[l];
+        for (; c < C; c++) sdn += (double)(w[c] * d[c]) * (x[c] * rs);
+        float dnmean = (float)(sdn / C);
+        for (c = 0; c < C; c++) di[c] += (w[c] * d[c] - (x[c] * rs) * dnmean) * rs;
+    }
+    /* dw: a thread owns a block of channels and walks the vectors in order */
+    int nblk = (C + CH_BLOCK - 1) / CH_BLOCK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * CH_BLOCK, c1 = c0 + CH_BLOCK < C ? c0 + CH_BLOCK : C;
+        float acc[CH_BLOCK];
+        for (int c = c0; c < c1; c++) acc[c - c0] = dw[c];
+        for (int n = 0; n < N; n++)
+            for (int h = 0; h < heads; h++) {
+                size_t off = (size_t)n * ld + (size_t)h * C;
+                const float *x = inp + off, *d = dout + off;
+                float rs = rstd[(size_t)n * heads + h];
+                for (int c = c0; c < c1; c++) acc[c - c0] += d[c] * (x[c] * rs);
+            }
+        for (int c = c0; c < c1; c++) dw[c] = acc[c - c0];
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Rotary positions                                                                      */
+/*
+ * The angle of position t and pair i is (float)t * inv_freq[i] in fp32 and its cosine and
+ * sine are cosf and sinf of it, as transformers computes cos and sin in fp32 (its
+ * inv_freq @ position_ids is one fp32 product per element); the rotation is then
+ * out[i] = x[i] cos - x[i + hs/2] sin, out[i + hs/2] = x[i + hs/2] cos + x[i] sin, which is
+ * apply_rotary_pos_emb's q * cos + rotate_half(q) * sin, operation for operation.
+ * The angles depend on t and i only, so the (T, hs/2) cosines and sines are a table kept
+ * per calling thread and shared by every rotation of a step (q and k, every layer, both
+ * directions); it is rebuilt when the rows need a later position or inv_freq's values
+ * change, so it never grows inside a step after the first. */
+
+typedef struct rope_table {
+    tls_buf tab;  /* cosines (T, half), then sines (T, half) */
+    tls_buf freq; /* the inv_freq values the table was built from (half) */
+    int T, half;
+} rope_table;
+
+static __thread rope_table tls_rope;
+
+/* the caller thread's table for positions [0, T) of inv_freq (half), built if need be */
+static const float *rope_cos_sin(const float *inv_freq, int T, int half)
+{
+    rope_table *r = &tls_rope;
+    if (r->half == half && r->T >= T && !memcmp(r->freq.p, inv_freq, (size_t)half * sizeof(float)))
+        return r->tab.p;
+    int Tt = r->half == half && r->T > T ? r->T : T; /* keep the positions it had */
+    float *tab = tls_get(&r->tab, 2 * (size_t)Tt * half);
+    float *freq = tls_get(&r->freq, (size_t)half);
+    memcpy(freq, inv_freq, (size_t)half * sizeof(float));
+    float *cs = tab, *sn = tab + (size_t)Tt * half;
+#pragma omp parallel for schedule(static) if ((long)Tt * half > 4096)
+    for (int t = 0; t < Tt; t++)
+        for (int i = 0; i < half; i++) {
+            float a = (float)t * freq[i];
+            cs[(size_t)t * half + i] = cosf(a);
+            sn[(size_t)t * half + i] = sinf(a);
+        }
+    r->T = Tt;
+    r->half = half;
+    return tab;
+}
+
+/* dir 1 turns by +angle (the forward), -1 by -angle (the backward: the transpose) */
+static void rope_turn(float *x, const float *inv_freq, int B, int T, int heads, int hs, int ld, int dir)
+{
+    if (B <= 0 || T <= 0 || heads <= 0 || hs < 2) return;
+    int half = hs / 2;
+    const float *tab = rope_cos_sin(inv_freq, T, half);
+    size_t plane = (size_t)tls_rope.T * half;
+    long rows = (long)B * T;
+#pragma omp parallel for schedule(static) if (rows * heads * hs > PAR_MIN)
+    for (long r = 0; r < rows; r++) {
+        size_t t = (size_t)(r % T);
+        const float *cs = tab + t * half, *sn = tab + plane + t * half;
+        for (int h = 0; h < heads; h++) {
+            float *restrict a = x + (size_t)r * ld + (size_t)h * hs; /* i < hs/2 */
+            float *restrict b = a + half;                           /* i + hs/2 */
+            if (dir > 0)
+                for (int i = 0; i < half; i++) {
+                    float x1 = a[i], x2 = b[i];
+                    a[i] = x1 * cs[i] - x2 * sn[i];
+                    b[i] = x2 * cs[i] + x1 * sn[i];
+                }
+            else
+                for (int i = 0; i < half; i++) {
+                    float y1 = a[i], y2 = b[i];
+                    a[i] = y1 * cs[i] + y2 * sn[i];
+                    b[i] = y2 * cs[i] - y1 * sn[i];
+                }
+        }
+    }
+}
+
+static void cpu_rope_forward(strata_stream *s, void *x, const float *inv_freq, int B, int T, int heads,
+                             int hs, int ld)
+{
+    rope_turn(x, inv_freq, B, T, heads, hs, ld, 1);
+}
+
+static void cpu_rope_backward(strata_stream *s, void *dx, const float *inv_freq, int B, int T, int heads,
+                              int hs, int ld)
+{
+    rope_turn(dx, inv_freq, B, T, heads, hs, ld, -1);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* SwiGLU                                                                                */
+/*
+ * silu(x) = x sigmoid(x), through e = exp(-|x|), which never overflows: sigmoid(x) is
+ * 1 / (1 + e) for x >= 0 and e / (1 + e) below, and 1 - sigmoid(x) the other of the two,
+ * so neither side cancels. e is 0 past |x| = 87 (exp_fast would hold it at 1e-38 there):
+ * silu(-100) is -0, as PyTorch's x / (1 + exp(-x)) gives, and silu(100) is 100. Selects,
+ * not branches, so the loops vectorise. */
+
+static inline float exp_neg_abs(float x)
+{
+    float ax = fabsf(x);
+    return ax > 87.0f ? 0.0f : exp_fast(-ax);
+}
+
+static void cpu_swiglu_forward(strata_stream *s, void *out_, const void *gu_, int N, int I)
+{
+    float *out = out_;
+    const float *gu = gu_;
+#pragma omp parallel for schedule(static) if ((long)N * I > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * I, *u = g + I;
+        float *o = out + (size_t)n * I;
+        for (int j = 0; j < I; j++) {
+            float x = g[j], e = exp_neg_abs(x);
+            float silu = (x >= 0.0f ? x : x * e) / (1.0f + e);
+            o[j] = silu * u[j];
+        }
+    }
+}
+
+/* dgate = dout * up * silu'(gate), silu' = sigmoid (1 + x (1 - sigmoid)); dup = dout * silu.
+ * A row goes in blocks read whole before they are written, so dgu may alias gu. */
+#define SWIGLU_BLOCK 256
+
+static void cpu_swiglu_backward(strata_stream *s, void *dgu_, const void *dout_, const void *gu_, int N,
+                                int I)
+{
+    float *dgu = dgu_;
+    const float *dout = dout_, *gu = gu_;
+#pragma omp parallel for schedule(static) if ((long)N * I > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
+        float *dg = dgu + (size_t)n * 2 * I, *du = dg + I;
+        for (int j0 = 0; j0 < I; j0 += SWIGLU_BLOCK) {
+            int nb = I - j0 < SWIGLU_BLOCK ? I - j0 : SWIGLU_BLOCK;
+            float bg[SWIGLU_BLOCK], bu[SWIGLU_BLOCK];
+            for (int j = 0; j < nb; j++) {
+                float x = g[j0 + j], e = exp_neg_abs(x), r = 1.0f / (1.0f + e);
+                float sig = (x >= 0.0f ? 1.0f : e) * r, sig_c = (x >= 0.0f ? e : 1.0f) * r;
+                float dj = d[j0 + j];
+                bg[j] = dj * u[j0 + j] * (sig * (1.0f + x * sig_c));
+                bu[j] = dj * (x * sig);
+            }
+            memcpy(dg + j0, bg, (size_t)nb * sizeof(float));
+            memcpy(du + j0, bu, (size_t)nb * sizeof(float));
+        }
+    }
+}
+
 const strata_kernels strata_kernels_cpu = {
     .encoder_forward = cpu_encoder_forward,
     .encoder_backward = cpu_encoder_backward,
@@ -1166,4 +1409,10 @@ const strata_kernels strata_kernels_cpu = {
     .accumulate_f32 = cpu_accumulate_f32,
     .convert = cpu_convert,
     .scale_f32 = cpu_scale_f32,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
 };

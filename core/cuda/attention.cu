@@ -63,10 +63,11 @@ static int att_tc_takes(int hs, int T, int C, int NH, const void *p0, const void
 }
 
 void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, const void *qkv, int B,
-                                   int T, int C, int NH) {
+                                   int T, int NH, int NKV, int hs) {
     if (B <= 0 || T <= 0) return;
     cudaStream_t st = strata_cuda_stream_handle(s);
-    int hs = C / NH;
+    if (NKV != NH) strata_panic(__FILE__, __LINE__, "TRANSITIONAL: GQA attention on CUDA (issue 28)");
+    int C = NH * hs;
     if (att_tc_takes(hs, T, C, NH, out, qkv, qkv, out)) {
         strata_cuda_attention_tc_forward(st, out, lse, qkv, B, T, C, NH);
         return;
@@ -75,10 +76,11 @@ void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, cons
 }
 
 void strata_cuda_attention_backward(strata_stream *s, void *dqkv, const void *dout, const void *qkv,
-                                    const void *out, const float *lse, int B, int T, int C, int NH) {
+                                    const void *out, const float *lse, int B, int T, int NH, int NKV, int hs) {
     if (B <= 0 || T <= 0) return;
     cudaStream_t st = strata_cuda_stream_handle(s);
-    int hs = C / NH;
+    if (NKV != NH) strata_panic(__FILE__, __LINE__, "TRANSITIONAL: GQA attention on CUDA (issue 28)");
+    int C = NH * hs;
     if (att_tc_takes(hs, T, C, NH, dqkv, dout, qkv, out)) {
         strata_cuda_attention_tc_backward(st, dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
