@@ -4,6 +4,8 @@
  * and scaling must agree bit for bit. Then the device layer: events ordering DEVICE and
  * HOST streams in both directions (with and without stream memory operations), HOST
  * stream copies, and a kernel sequence that allocates nothing.
+ * `test_cuda llama` runs only what the Llama family added (grouped-query attention,
+ * RMSNorm, rotary positions, SwiGLU, the encoder without wpe) and the no-allocation step.
  * Skips (exit 77) when built without CUDA or when no GPU answers. */
 #include <math.h>
 #include <pthread.h>
@@ -1088,7 +1090,69 @@ static void test_memory(void) {
     CHECK(!bad && strstr(strata_error(), "999"), "opening cuda ordinal 999 fails naming it: %s", strata_error());
 }
 
-int main(void) {
+/* The device layer's waits: host waits, the long-wait report, then GPU-side waits on host
+ * records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below enqueue a device wait before
+ * the gate opens, which only GPU-side waits allow; with stream memory operations, then with
+ * the polling-kernel fallback */
+static void test_device_layer(void) {
+    test_host_waits(G);
+    test_long_wait_report(G);
+
+    setenv("STRATA_CUDA_DEVICE_WAITS", "1", 1);
+    strata_device *dw = strata_device_open("cuda", 0);
+    CHECK(dw != NULL, "open with STRATA_CUDA_DEVICE_WAITS=1: %s", dw ? dw->description : strata_error());
+    if (dw) {
+        test_cross_kind_events(dw, "device waits, memops");
+        test_wait_snapshot(dw, "device waits, memops");
+        strata_device_close(dw);
+    }
+    setenv("STRATA_CUDA_MEMOPS", "0", 1);
+    strata_device *f = strata_device_open("cuda", 0);
+    CHECK(f != NULL, "open with STRATA_CUDA_MEMOPS=0: %s", f ? f->description : strata_error());
+    if (f) {
+        test_cross_kind_events(f, "device waits, fallback");
+        test_wait_snapshot(f, "device waits, fallback");
+        strata_device_close(f);
+    }
+    unsetenv("STRATA_CUDA_MEMOPS");
+    unsetenv("STRATA_CUDA_DEVICE_WAITS");
+}
+
+/* What the Llama family added (issue 28): grouped-query attention on both implementations,
+ * RMSNorm, rotary positions, SwiGLU, the encoder without wpe. `test_cuda llama` runs only
+ * these (and the no-allocation step, which has them too). */
+static void test_llama_family(void) {
+    test_attention_gqa(0);
+    test_attention_gqa(1);
+    test_attention_tc_vs_simt(2, 1024, 8, 2, 64);  /* GQA, groups of 4 */
+    test_attention_tc_vs_simt(1, 1024, 8, 1, 128); /* multi-query */
+    test_attention_tc_vs_simt(3, 200, 32, 8, 128); /* Llama 3 8B's heads, a partial tile */
+    strata_cuda_attention_select(-1);
+    test_encoder_no_wpe();
+    test_rmsnorm(256, 1, 768, 768, 0, 0);         /* a block's norm */
+    test_rmsnorm(33, 1, 100, 100, 0, 1);          /* odd C, in place */
+    test_rmsnorm(16, 1, 4096, 4096, 0, 0);        /* Llama 3 8B's C: 256 dw blocks */
+    test_rmsnorm(64, 8, 64, 12 * 64, 0, 0);       /* per-head q norm in a qkv row (8 + 2 + 2 heads) */
+    test_rmsnorm(64, 2, 64, 12 * 64, 8 * 64, 0);  /* and the k norm after it */
+    test_rmsnorm(50, 12, 128, 16 * 128, 0, 1);    /* 64 lanes over 12 heads: a remainder step */
+    test_rmsnorm(7, 80, 32, 80 * 32 + 16, 16, 0); /* more heads than dw lanes */
+    test_rope(2, 64, 8, 64, 12 * 64, 0, 10000.0f);      /* q heads of a qkv row */
+    test_rope(2, 64, 2, 64, 12 * 64, 8 * 64, 10000.0f); /* k heads after them */
+    test_rope(1, 4096, 2, 128, 4 * 128, 0, 500000.0f);  /* long positions, Llama 3's base */
+    test_rope(3, 50, 3, 96, 3 * 96, 0, 1000000.0f);     /* hs 96: 48 pairs over 32 lanes */
+    test_swiglu(64, 200);
+    test_swiglu(33, 1000);
+    test_swiglu(70000, 8); /* rows past grid.y's 65535 */
+}
+
+/* test_cuda [all|llama]: everything (the default), or only what the Llama family added */
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : "all";
+    if (strcmp(only, "all") && strcmp(only, "llama")) {
+        printf("usage: test_cuda [all|llama]\n");
+        return 2;
+    }
+    int everything = !strcmp(only, "all");
     if (!strata_cuda_available()) {
         printf("skip: no CUDA GPU answers on this machine\n");
         return 77;
@@ -1108,75 +1172,36 @@ int main(void) {
               !strncmp(G->description, "cuda:0 ", 7) && G->caps.gpu && !G->caps.host_memory,
           "open: %s, bf16, a GPU whose memory is not host memory, nothing counted as allocated", G->description);
 
-    test_memory();
-    test_encoder();
-    test_layernorm(256, 768);
-    test_layernorm(33, 100);
-    test_matmul(256, 192, 384, 0, 1, 0);
-    test_matmul(256, 192, 384, 0, 1, 1);
-    test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
-    test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
-    test_matmul(50, 40, 72, 1, 1, 0);
-    test_attention_shapes(0);
-    test_attention_shapes(1);
-    test_attention_gqa(0);
-    test_attention_gqa(1);
-    test_attention_tc_vs_simt(2, 1024, 12, 12, 64); /* GPT-2 124M's heads */
-    test_attention_tc_vs_simt(3, 200, 4, 4, 64);    /* hs 64, a partial last tile */
-    test_attention_tc_vs_simt(1, 1024, 8, 8, 128);  /* hs 128 */
-    test_attention_tc_vs_simt(2, 77, 4, 4, 128);    /* hs 128, a partial tile */
-    test_attention_tc_vs_simt(2, 1024, 8, 2, 64);   /* GQA, groups of 4 */
-    test_attention_tc_vs_simt(1, 1024, 8, 1, 128);  /* multi-query */
-    test_attention_tc_vs_simt(3, 200, 32, 8, 128);  /* Llama 3 8B's heads, a partial tile */
-    strata_cuda_attention_select(-1);
-    test_elementwise(10007, 0);
-    test_elementwise(4099, 1);
-    test_encoder_no_wpe();
-    test_rmsnorm(256, 1, 768, 768, 0, 0);           /* a block's norm */
-    test_rmsnorm(33, 1, 100, 100, 0, 1);            /* odd C, in place */
-    test_rmsnorm(16, 1, 4096, 4096, 0, 0);          /* Llama 3 8B's C: 256 dw blocks */
-    test_rmsnorm(64, 8, 64, 12 * 64, 0, 0);         /* per-head q norm in a qkv row (8 + 2 + 2 heads) */
-    test_rmsnorm(64, 2, 64, 12 * 64, 8 * 64, 0);    /* and the k norm after it */
-    test_rmsnorm(50, 12, 128, 16 * 128, 0, 1);      /* 64 lanes over 12 heads: a remainder step */
-    test_rmsnorm(7, 80, 32, 80 * 32 + 16, 16, 0);   /* more heads than dw lanes */
-    test_rope(2, 64, 8, 64, 12 * 64, 0, 10000.0f);       /* q heads of a qkv row */
-    test_rope(2, 64, 2, 64, 12 * 64, 8 * 64, 10000.0f);  /* k heads after them */
-    test_rope(1, 4096, 2, 128, 4 * 128, 0, 500000.0f);   /* long positions, Llama 3's base */
-    test_rope(3, 50, 3, 96, 3 * 96, 0, 1000000.0f);      /* hs 96: 48 pairs over 32 lanes */
-    test_swiglu(64, 200);
-    test_swiglu(33, 1000);
-    test_swiglu(70000, 8); /* rows past grid.y's 65535 */
-    test_crossentropy(40, 1000, 1024);
-    test_adamw();
-    test_utilities();
+    if (everything) {
+        test_memory();
+        test_encoder();
+        test_layernorm(256, 768);
+        test_layernorm(33, 100);
+        test_matmul(256, 192, 384, 0, 1, 0);
+        test_matmul(256, 192, 384, 0, 1, 1);
+        test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
+        test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
+        test_matmul(50, 40, 72, 1, 1, 0);
+        test_attention_shapes(0);
+        test_attention_shapes(1);
+        test_attention_tc_vs_simt(2, 1024, 12, 12, 64); /* GPT-2 124M's heads */
+        test_attention_tc_vs_simt(3, 200, 4, 4, 64);    /* hs 64, a partial last tile */
+        test_attention_tc_vs_simt(1, 1024, 8, 8, 128);  /* hs 128 */
+        test_attention_tc_vs_simt(2, 77, 4, 4, 128);    /* hs 128, a partial tile */
+        strata_cuda_attention_select(-1);
+        test_elementwise(10007, 0);
+        test_elementwise(4099, 1);
+    }
+    test_llama_family();
+    if (everything) {
+        test_crossentropy(40, 1000, 1024);
+        test_adamw();
+        test_utilities();
+    }
     test_no_alloc_in_step(0);
     test_no_alloc_in_step(1);
     strata_cuda_attention_select(-1);
-    test_host_waits(G);
-    test_long_wait_report(G);
-
-    /* GPU-side waits on host records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below
-     * enqueue a device wait before the gate opens, which only GPU-side waits allow; with
-     * stream memory operations, then with the polling-kernel fallback */
-    setenv("STRATA_CUDA_DEVICE_WAITS", "1", 1);
-    strata_device *dw = strata_device_open("cuda", 0);
-    CHECK(dw != NULL, "open with STRATA_CUDA_DEVICE_WAITS=1: %s", dw ? dw->description : strata_error());
-    if (dw) {
-        test_cross_kind_events(dw, "device waits, memops");
-        test_wait_snapshot(dw, "device waits, memops");
-        strata_device_close(dw);
-    }
-    setenv("STRATA_CUDA_MEMOPS", "0", 1);
-    strata_device *f = strata_device_open("cuda", 0);
-    CHECK(f != NULL, "open with STRATA_CUDA_MEMOPS=0: %s", f ? f->description : strata_error());
-    if (f) {
-        test_cross_kind_events(f, "device waits, fallback");
-        test_wait_snapshot(f, "device waits, fallback");
-        strata_device_close(f);
-    }
-    unsetenv("STRATA_CUDA_MEMOPS");
-    unsetenv("STRATA_CUDA_DEVICE_WAITS");
-
+    if (everything) test_device_layer();
     strata_device_close(G);
     strata_device_close(CPU);
     printf("%s: %d failure%s\n", failures ? "FAILED" : "passed", failures, failures == 1 ? "" : "s");
