@@ -1,8 +1,10 @@
 /* bench/bench_attention.c: causal attention on the GPU, the CUDA-core kernels against the
  * tensor-core ones (STRATA_ATTENTION=tc), forward and backward, at GPT-2 shapes (head
- * size 64). Prints a Markdown table of milliseconds and TFLOP/s per call, counting
- * 4 B NH T^2 hs / 2 FLOPs for the causal forward (two products over half the square) and
- * 2.5 times that for the backward, and how far the tensor-core results are from the
+ * size 64, NKV = NH) and grouped-query ones of the Llama family (NKV < NH: Llama 3 8B's
+ * 32 query heads over 8 key/value heads of 128, Qwen2.5-0.5B's 14 over 2 of 64). Prints a
+ * Markdown table of milliseconds and TFLOP/s per call, counting 4 B NH T^2 hs / 2 FLOPs
+ * for the causal forward (two products over half the square, per query head) and 2.5
+ * times that for the backward, and how far the tensor-core results are from the
  * CUDA-core ones (largest absolute difference over out and dqkv).
  *
  *   bench_attention [iterations]    (default 20 timed calls after 3 warm-up calls)
@@ -22,7 +24,7 @@
 
 typedef struct shape {
     const char *name;
-    int B, T, C, NH;
+    int B, T, NH, NKV, hs;
 } shape;
 
 static strata_device *G;
@@ -97,19 +99,22 @@ int main(int argc, char **argv) {
     if (!G) die("open cuda:0");
     const strata_kernels *k = G->k;
     static const shape shapes[] = {
-        {"GPT-2 124M", 16, 1024, 768, 12},
-        {"GPT-2 1.5B", 8, 1024, 1600, 25},
+        {"GPT-2 124M", 16, 1024, 12, 12, 64},
+        {"GPT-2 1.5B", 8, 1024, 25, 25, 64},
+        {"Llama 3 8B (GQA)", 2, 2048, 32, 8, 128},
+        {"Qwen2.5-0.5B (GQA)", 8, 1024, 14, 2, 64},
     };
+    enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
     static const char *impl_name[2] = {"cuda cores", "tensor cores"};
 
     printf("%s, %d timed calls each\n\n", G->description, iters);
-    printf("| shape | B | T | C | NH | kernels | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
-    double diffs[2][2];
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    printf("| shape | B | T | NH | NKV | hs | kernels | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double diffs[N_SHAPES][2];
+    for (size_t si = 0; si < N_SHAPES; si++) {
         const shape *sh = &shapes[si];
-        int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH, hs = C / NH;
-        size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
+        int B = sh->B, T = sh->T, NH = sh->NH, NKV = sh->NKV, hs = sh->hs;
+        size_t n3 = (size_t)B * T * (NH + 2 * NKV) * hs, n1 = (size_t)B * T * NH * hs, nl = (size_t)B * NH * T;
         void *qkv = up_random_bf16(n3, 1.0f, 0x1234567ull + si), *dout = up_random_bf16(n1, 1.0f, 0x89abcdefull + si);
         void *out[2], *dqkv[2];
         float *lse[2];
@@ -118,21 +123,21 @@ int main(int argc, char **argv) {
             strata_cuda_attention_select(impl);
             out[impl] = dalloc(n1 * 2), dqkv[impl] = dalloc(n3 * 2), lse[impl] = dalloc(nl * 4);
             for (int w = 0; w < 3; w++) {
-                k->attention_forward(G->compute, out[impl], lse[impl], qkv, B, T, NH, NH, C / NH);
-                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], B, T, NH, NH, C / NH);
+                k->attention_forward(G->compute, out[impl], lse[impl], qkv, B, T, NH, NKV, hs);
+                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], B, T, NH, NKV, hs);
             }
             gsync();
             double t0 = strata_now_ms();
             for (int i = 0; i < iters; i++)
-                k->attention_forward(G->compute, out[impl], lse[impl], qkv, B, T, NH, NH, C / NH);
+                k->attention_forward(G->compute, out[impl], lse[impl], qkv, B, T, NH, NKV, hs);
             gsync();
             double t1 = strata_now_ms();
             for (int i = 0; i < iters; i++)
-                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], B, T, NH, NH, C / NH);
+                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], B, T, NH, NKV, hs);
             gsync();
             double t2 = strata_now_ms();
             double fms = (t1 - t0) / iters, bms = (t2 - t1) / iters;
-            printf("| %s | %d | %d | %d | %d | %s | %.3f | %.1f | %.3f | %.1f |\n", sh->name, B, T, C, NH,
+            printf("| %s | %d | %d | %d | %d | %d | %s | %.3f | %.1f | %.3f | %.1f |\n", sh->name, B, T, NH, NKV, hs,
                    impl_name[impl], fms, fwd_flop / (fms * 1e9), bms, bwd_flop / (bms * 1e9));
             fflush(stdout);
         }
@@ -147,7 +152,7 @@ int main(int argc, char **argv) {
         strata_free(G, STRATA_MEM_DEVICE, dout);
     }
     printf("\n| shape | max abs diff out (tc vs cuda cores) | max abs diff dqkv |\n|---|---|---|\n");
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (size_t si = 0; si < N_SHAPES; si++)
         printf("| %s | %.3g | %.3g |\n", shapes[si].name, diffs[si][0], diffs[si][1]);
     strata_cuda_attention_select(-1);
     strata_device_close(G);

@@ -4,6 +4,8 @@
  * and scaling must agree bit for bit. Then the device layer: events ordering DEVICE and
  * HOST streams in both directions (with and without stream memory operations), HOST
  * stream copies, and a kernel sequence that allocates nothing.
+ * `test_cuda llama` runs only what the Llama family added (grouped-query attention,
+ * RMSNorm, rotary positions, SwiGLU, the encoder without wpe) and the no-allocation step.
  * Skips (exit 77) when built without CUDA or when no GPU answers. */
 #include <math.h>
 #include <pthread.h>
@@ -300,25 +302,33 @@ static void *dalloc_off(size_t bytes, size_t off_bytes, void **base) {
     return (char *)*base + off_bytes;
 }
 
-/* One implementation against the CPU oracle. An offset of `off` bf16 elements into each
- * bf16 buffer (1: 2-byte aligned tensors) is a call the tensor-core path must hand to
- * the CUDA-core kernels, since it moves 16 bytes at a time. qkv ~ N(0, in_scale^2): at 8
- * the scaled scores have a standard deviation of 64, so the softmax is nearly one-hot and
- * a row's running max moves by hundreds between key tiles. */
-static void test_attention(int impl, int B, int T, int C, int NH, size_t off, float in_scale) {
-    char name[160], what[240];
-    snprintf(name, sizeof name, "%s, B %d T %d C %d NH %d (hs %d)%s%s", att_impl_name[impl], B, T, C, NH,
-             C / NH, off ? ", misaligned" : "", in_scale != 1.0f ? ", large scores" : "");
+/* "B 2 T 100 NH 8 NKV 2 hs 64": an attention call's shape, for the checks' names */
+static void att_shape_name(char *buf, size_t size, int B, int T, int NH, int NKV, int hs) {
+    if (NKV == NH) snprintf(buf, size, "B %d T %d NH %d hs %d", B, T, NH, hs);
+    else snprintf(buf, size, "B %d T %d NH %d NKV %d hs %d (GQA)", B, T, NH, NKV, hs);
+}
+
+/* One implementation against the CPU oracle. NKV < NH is grouped-query attention: qkv
+ * rows (NH + 2 NKV) hs wide, NH / NKV query heads per key/value head. An offset of `off`
+ * bf16 elements into each bf16 buffer (1: 2-byte aligned tensors) is a call the
+ * tensor-core path must hand to the CUDA-core kernels, since it moves 16 bytes at a time.
+ * qkv ~ N(0, in_scale^2): at 8 the scaled scores have a standard deviation of 64, so the
+ * softmax is nearly one-hot and a row's running max moves by hundreds between key tiles. */
+static void test_attention(int impl, int B, int T, int NH, int NKV, int hs, size_t off, float in_scale) {
+    char name[200], what[280], shape[100];
+    att_shape_name(shape, sizeof shape, B, T, NH, NKV, hs);
+    snprintf(name, sizeof name, "%s, %s%s%s", att_impl_name[impl], shape, off ? ", misaligned" : "",
+             in_scale != 1.0f ? ", large scores" : "");
     strata_cuda_attention_select(impl);
-    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    size_t n3 = (size_t)B * T * (NH + 2 * NKV) * hs, n1 = (size_t)B * T * NH * hs, nl = (size_t)B * NH * T;
     float *qkv = host_rand(n3, in_scale, 1);
     float *out = strata_xmalloc(n1 * 4), *lse = strata_xmalloc(nl * 4);
-    ck->attention_forward(CPU->compute, out, lse, qkv, B, T, NH, NH, C / NH);
+    ck->attention_forward(CPU->compute, out, lse, qkv, B, T, NH, NKV, hs);
     void *b_qkv, *b_out, *b_dout, *b_dqkv;
     void *d_qkv = up_bf16_off(qkv, n3, off, &b_qkv), *d_out = dalloc_off(n1 * 2, off * 2, &b_out);
     void *d_lse = dalloc(nl * 4);
     double rtol = impl ? ATT_TC_RTOL : BF16_RTOL;
-    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, NH, NH, C / NH);
+    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, NH, NKV, hs);
     float *g_out = down_bf16(d_out, n1), *g_lse = down_f32(d_lse, nl);
     snprintf(what, sizeof what, "attention_forward out, %s", name);
     close_enough(what, g_out, out, n1, rtol);
@@ -332,8 +342,8 @@ static void test_attention(int impl, int B, int T, int C, int NH, size_t off, fl
     MUST(strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2));
     /* Both backwards read the GPU's forward (out in bf16, as the model stores it): the
      * row term dout . out is sensitive to out's rounding, which is not under test here. */
-    ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, B, T, NH, NH, C / NH);
-    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, NH, NH, C / NH);
+    ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, B, T, NH, NKV, hs);
+    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, NH, NKV, hs);
     float *g_dqkv = down_bf16(d_dqkv, n3);
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
     close_enough(what, g_dqkv, dqkv, n3, rtol);
@@ -348,14 +358,228 @@ static void test_attention(int impl, int B, int T, int C, int NH, size_t off, fl
 static void test_attention_shapes(int impl) {
     static const int T[] = {1, 17, 64, 100, 256, 1024};
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
-        test_attention(impl, 1 + (int)(i % 2), T[i], 64 * (2 + (int)(i % 3)), 2 + (int)(i % 3), 0, 1.0f); /* hs 64 */
-        test_attention(impl, 2 - (int)(i % 2), T[i], 128 * (2 + (int)(i % 2)), 2 + (int)(i % 2), 0, 1.0f); /* hs 128 */
+        int nh64 = 2 + (int)(i % 3), nh128 = 2 + (int)(i % 2);
+        test_attention(impl, 1 + (int)(i % 2), T[i], nh64, nh64, 64, 0, 1.0f);    /* hs 64 */
+        test_attention(impl, 2 - (int)(i % 2), T[i], nh128, nh128, 128, 0, 1.0f); /* hs 128 */
     }
-    test_attention(impl, 2, 100, 96, 3, 0, 1.0f);  /* hs 32 */
-    test_attention(impl, 2, 70, 64, 4, 0, 1.0f);   /* hs 16 */
-    test_attention(impl, 2, 100, 128, 2, 1, 1.0f); /* hs 64, 2-byte aligned */
-    test_attention(impl, 2, 200, 128, 2, 0, 8.0f); /* hs 64, large scores */
-    test_attention(impl, 1, 200, 256, 2, 0, 8.0f); /* hs 128, large scores */
+    test_attention(impl, 2, 100, 3, 3, 32, 0, 1.0f); /* hs 32 */
+    test_attention(impl, 2, 70, 4, 4, 16, 0, 1.0f);  /* hs 16 */
+    test_attention(impl, 2, 100, 2, 2, 64, 1, 1.0f); /* hs 64, 2-byte aligned */
+    test_attention(impl, 2, 200, 2, 2, 64, 0, 8.0f); /* hs 64, large scores */
+    test_attention(impl, 1, 200, 2, 2, 128, 0, 8.0f); /* hs 128, large scores */
+}
+
+/* Grouped-query attention (the Llama family's) against the oracle: 8 query heads over 2
+ * key/value heads (Llama 3's group of 4) and over 1 (multi-query: one block writes the
+ * only key/value head's gradient, summed over all 8), head sizes 64 and 128 (both
+ * implementations'), one short and one long sequence; then the shapes the tensor cores
+ * hand back to the CUDA cores (a 2-byte aligned call), an odd group (12 over 4, Qwen2.5's
+ * 14 over 2 at hs 64), a partial last tile, and scores large enough to make the softmax
+ * one-hot. */
+static void test_attention_gqa(int impl) {
+    static const int T[] = {128, 1024}, hs[] = {64, 128}, NKV[] = {2, 1};
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 2; k++) test_attention(impl, 1 + (t == 0), T[t], 8, NKV[k], hs[h], 0, 1.0f);
+    test_attention(impl, 2, 100, 8, 2, 64, 1, 1.0f);   /* 2-byte aligned: the CUDA cores */
+    test_attention(impl, 1, 77, 12, 4, 128, 0, 1.0f); /* groups of 3, a partial tile */
+    test_attention(impl, 2, 200, 14, 2, 64, 0, 1.0f); /* Qwen2.5-0.5B's heads */
+    test_attention(impl, 1, 300, 8, 2, 80, 0, 1.0f);  /* hs 80: the CUDA cores only */
+    test_attention(impl, 2, 200, 4, 1, 64, 0, 8.0f);  /* large scores */
+}
+
+/* ---- the Llama family's kernels ---- */
+
+/* Elements of rows (N, ld) outside [at, at + width) of each row that differ from `canvas`:
+ * a kernel that works on part of each row must leave the rest alone. */
+static size_t count_outside_changed(const float *x, const float *canvas, int N, int ld, int at, int width) {
+    size_t bad = 0;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < ld; c++) {
+            size_t i = (size_t)r * ld + c;
+            if ((c < at || c >= at + width) && memcmp(x + i, canvas + i, 4)) bad++;
+        }
+    return bad;
+}
+
+static size_t count_diff_u32(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
+/* No learned positions: encoder_forward with wpe NULL is wte's rows (to the value), and
+ * encoder_backward with dwpe NULL accumulates dwte only. */
+static void test_encoder_no_wpe(void) {
+    int B = 2, T = 40, C = 64, V = 50;
+    size_t BTC = (size_t)B * T * C;
+    float *wte = host_rand((size_t)V * C, 0.5f, 1);
+    int32_t *tok = strata_xmalloc((size_t)B * T * 4);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((unsigned)(i * 7) % 11u); /* repeats */
+    float *out = strata_xmalloc(BTC * 4);
+    ck->encoder_forward(CPU->compute, out, tok, wte, NULL, B, T, C);
+    void *d_wte = up_bf16(wte, (size_t)V * C), *d_tok = up_i32(tok, (size_t)B * T), *d_out = dalloc(BTC * 2);
+    gk->encoder_forward(G->compute, d_out, d_tok, d_wte, NULL, B, T, C);
+    float *g_out = down_bf16(d_out, BTC);
+    size_t differ = 0;
+    for (size_t i = 0; i < BTC; i++) differ += g_out[i] != out[i];
+    CHECK(differ == 0, "encoder_forward, wpe NULL: out is wte's rows (%zu of %zu differ)", differ, BTC);
+
+    float *dout = host_rand(BTC, 1.0f, 1), *dwte = host_rand((size_t)V * C, 1.0f, 0);
+    void *d_dout = up_bf16(dout, BTC), *d_dwte = up_f32(dwte, (size_t)V * C);
+    ck->encoder_backward(CPU->compute, dwte, NULL, dout, tok, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, NULL, d_dout, d_tok, B, T, C);
+    float *g_dwte = down_f32(d_dwte, (size_t)V * C);
+    close_enough("encoder_backward, dwpe NULL: dwte (+=)", g_dwte, dwte, (size_t)V * C, 1e-5);
+    dfree(d_wte), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte);
+    free(wte), free(tok), free(out), free(g_out), free(dout), free(dwte), free(g_dwte);
+}
+
+/* RMSNorm over `heads` vectors of C at element `at` of each of N rows ld apart: heads 1,
+ * ld C is the block's norm; heads NH, C hs, ld the qkv row is Qwen3's per-head q norm (at 0)
+ * and k norm (at NH hs). in_place: out is inp, as a caller may ask. The elements outside
+ * the vectors must come back untouched, and the backward's dw (fp32, summed without
+ * atomics) the same bits on a second run. */
+static void test_rmsnorm(int N, int heads, int C, int ld, int at, int in_place) {
+    char name[120], what[200];
+    snprintf(name, sizeof name, "N %d heads %d C %d ld %d at %d%s", N, heads, C, ld, at, in_place ? ", in place" : "");
+    size_t n = (size_t)N * ld, nv = (size_t)N * heads;
+    int width = heads * C;
+    float eps = 1e-6f;
+    float *inp = host_rand(n, 2.0f, 1), *w = host_rand(C, 1.0f, 1);
+    for (int c = 0; c < C; c++) w[c] = round_bf16(1.0f + 0.5f * w[c]);
+    float *canvas = in_place ? host_copy(inp, n) : host_rand(n, 1.0f, 1);
+    float *out = host_copy(canvas, n), *rstd = strata_xmalloc(nv * 4);
+    ck->rmsnorm_forward(CPU->compute, out + at, rstd, inp + at, w, N, heads, C, ld, eps);
+    void *d_inp = up_bf16(inp, n), *d_w = up_bf16(w, C), *d_rstd = dalloc(nv * 4);
+    void *d_out = in_place ? d_inp : up_bf16(canvas, n);
+    gk->rmsnorm_forward(G->compute, (char *)d_out + (size_t)at * 2, d_rstd, (char *)d_inp + (size_t)at * 2, d_w,
+                        N, heads, C, ld, eps);
+    float *g_out = down_bf16(d_out, n), *g_rstd = down_f32(d_rstd, nv);
+    snprintf(what, sizeof what, "rmsnorm_forward out, %s", name);
+    close_enough(what, g_out, out, n, BF16_RTOL);
+    size_t moved = count_outside_changed(g_out, canvas, N, ld, at, width);
+    CHECK(moved == 0, "rmsnorm_forward leaves the rest of each row alone (%zu changed), %s", moved, name);
+    snprintf(what, sizeof what, "rmsnorm_forward rstd, %s", name);
+    close_enough(what, g_rstd, rstd, nv, 1e-4);
+
+    /* the backward reads the forward's input: in place, that is gone; use inp again */
+    if (in_place) {
+        dfree(d_inp);
+        d_inp = up_bf16(inp, n);
+    }
+    float *dout = host_rand(n, 1.0f, 1), *dinp0 = host_rand(n, 1.0f, 1), *dw0 = host_rand(C, 1.0f, 0);
+    float *dinp = host_copy(dinp0, n), *dw = host_copy(dw0, C);
+    void *d_dout = up_bf16(dout, n), *d_dinp[2], *d_dw[2];
+    float *g_dinp[2], *g_dw[2];
+    ck->rmsnorm_backward(CPU->compute, dinp + at, dw, dout + at, inp + at, w, rstd, N, heads, C, ld);
+    for (int run = 0; run < 2; run++) { /* each backend through its own rstd */
+        d_dinp[run] = up_bf16(dinp0, n), d_dw[run] = up_f32(dw0, C);
+        gk->rmsnorm_backward(G->compute, (char *)d_dinp[run] + (size_t)at * 2, d_dw[run], (char *)d_dout + (size_t)at * 2,
+                             (char *)d_inp + (size_t)at * 2, d_w, d_rstd, N, heads, C, ld);
+        g_dinp[run] = down_bf16(d_dinp[run], n), g_dw[run] = down_f32(d_dw[run], C);
+    }
+    snprintf(what, sizeof what, "rmsnorm_backward dinp (+=), %s", name);
+    close_enough(what, g_dinp[0], dinp, n, BF16_RTOL);
+    moved = count_outside_changed(g_dinp[0], dinp0, N, ld, at, width);
+    CHECK(moved == 0, "rmsnorm_backward leaves the rest of dinp's rows alone (%zu changed), %s", moved, name);
+    snprintf(what, sizeof what, "rmsnorm_backward dw (+=), %s", name);
+    close_enough(what, g_dw[0], dw, C, F32_RTOL);
+    size_t d1 = count_diff_u32(g_dw[0], g_dw[1], C), d2 = count_diff_u32(g_dinp[0], g_dinp[1], n);
+    CHECK(d1 == 0 && d2 == 0, "rmsnorm_backward is deterministic: a second run's dw and dinp differ in %zu and "
+          "%zu elements, %s", d1, d2, name);
+    for (int run = 0; run < 2; run++) {
+        dfree(d_dinp[run]), dfree(d_dw[run]);
+        free(g_dinp[run]), free(g_dw[run]);
+    }
+    if (!in_place) dfree(d_out);
+    dfree(d_inp), dfree(d_w), dfree(d_rstd), dfree(d_dout);
+    free(inp), free(w), free(canvas), free(out), free(rstd), free(g_out), free(g_rstd);
+    free(dout), free(dinp0), free(dw0), free(dinp), free(dw);
+}
+
+/* inv_freq (hs/2) as transformers' default rotary embedding computes it in fp32 */
+static float *rope_inv_freq(int hs, float base) {
+    float *f = strata_xmalloc((size_t)(hs / 2) * sizeof *f);
+    for (int i = 0; i < hs / 2; i++) f[i] = 1.0f / powf(base, (float)(2 * i) / (float)hs);
+    return f;
+}
+
+/* Rotary positions on `heads` heads of hs at element `at` of B*T rows ld apart (the q or
+ * the k part of a qkv row), forward and backward, in place, against the oracle; the rest
+ * of each row untouched; and the backward undoing the forward (the rotation's transpose
+ * is its inverse), up to the two bf16 roundings. T 4096 takes angles past 4000 radians. */
+static void test_rope(int B, int T, int heads, int hs, int ld, int at, float base) {
+    char name[120], what[200];
+    snprintf(name, sizeof name, "B %d T %d heads %d hs %d ld %d at %d base %g", B, T, heads, hs, ld, at, base);
+    int N = B * T, width = heads * hs;
+    size_t n = (size_t)N * ld;
+    float *inv = rope_inv_freq(hs, base);
+    void *d_inv = up_f32(inv, (size_t)(hs / 2));
+    for (int dir = 0; dir < 2; dir++) {
+        float *x = host_rand(n, 1.0f, 1), *xc = host_copy(x, n);
+        void *d_x = up_bf16(x, n);
+        char *gx = (char *)d_x + (size_t)at * 2;
+        if (dir == 0) {
+            ck->rope_forward(CPU->compute, xc + at, inv, B, T, heads, hs, ld);
+            gk->rope_forward(G->compute, gx, d_inv, B, T, heads, hs, ld);
+        } else {
+            ck->rope_backward(CPU->compute, xc + at, inv, B, T, heads, hs, ld);
+            gk->rope_backward(G->compute, gx, d_inv, B, T, heads, hs, ld);
+        }
+        float *g = down_bf16(d_x, n);
+        snprintf(what, sizeof what, "rope_%s in place, %s", dir ? "backward" : "forward", name);
+        close_enough(what, g, xc, n, BF16_RTOL);
+        size_t moved = count_outside_changed(g, x, N, ld, at, width);
+        CHECK(moved == 0, "rope_%s leaves the rest of each row alone (%zu changed), %s", dir ? "backward" : "forward",
+              moved, name);
+        if (dir == 0) { /* then back: x again */
+            gk->rope_backward(G->compute, gx, d_inv, B, T, heads, hs, ld);
+            float *back = down_bf16(d_x, n);
+            snprintf(what, sizeof what, "rope_backward undoes rope_forward, %s", name);
+            close_enough(what, back, x, n, BF16_RTOL);
+            free(back);
+        }
+        dfree(d_x);
+        free(x), free(xc), free(g);
+    }
+    dfree(d_inv);
+    free(inv);
+}
+
+/* SwiGLU on gate|up rows (N, 2I), with gate values far out on both sides (exp(-x)
+ * overflows past 88 if computed naively); the backward both into its own buffer and in
+ * place over gu (each element's gate and up are read before their gradients are written,
+ * so the two agree bit for bit). N past 65535 takes the kernels' row stride. */
+static void test_swiglu(int N, int I) {
+    char name[80], what[160];
+    snprintf(name, sizeof name, "N %d I %d", N, I);
+    size_t n2 = (size_t)N * 2 * I, n1 = (size_t)N * I;
+    float *gu = host_rand(n2, 3.0f, 1);
+    static const float far[] = {100.0f, -100.0f, 90.0f, -90.0f, 20.0f, -20.0f};
+    for (int k = 0; k < (int)(sizeof far / sizeof far[0]) && k < I; k++) gu[k] = far[k]; /* row 0's gates */
+    float *out = strata_xmalloc(n1 * 4);
+    ck->swiglu_forward(CPU->compute, out, gu, N, I);
+    void *d_gu = up_bf16(gu, n2), *d_out = dalloc(n1 * 2);
+    gk->swiglu_forward(G->compute, d_out, d_gu, N, I);
+    float *g_out = down_bf16(d_out, n1);
+    snprintf(what, sizeof what, "swiglu_forward out, %s", name);
+    close_enough(what, g_out, out, n1, BF16_RTOL);
+
+    float *dout = host_rand(n1, 1.0f, 1), *dgu = strata_xmalloc(n2 * 4);
+    ck->swiglu_backward(CPU->compute, dgu, dout, gu, N, I);
+    void *d_dout = up_bf16(dout, n1), *d_dgu = dalloc(n2 * 2);
+    MUST(strata_memset_async(G, G->compute, d_dgu, 0x7f, n2 * 2)); /* dgu (=) */
+    gk->swiglu_backward(G->compute, d_dgu, d_dout, d_gu, N, I);
+    gk->swiglu_backward(G->compute, d_gu, d_dout, d_gu, N, I); /* in place */
+    float *g_dgu = down_bf16(d_dgu, n2), *g_inplace = down_bf16(d_gu, n2);
+    snprintf(what, sizeof what, "swiglu_backward dgu (=), %s", name);
+    close_enough(what, g_dgu, dgu, n2, BF16_RTOL);
+    size_t differ = count_diff_u32(g_inplace, g_dgu, n2);
+    CHECK(differ == 0, "swiglu_backward in place over gu matches it into its own buffer (%zu of %zu differ), %s",
+          differ, n2, name);
+    dfree(d_gu), dfree(d_out), dfree(d_dout), dfree(d_dgu);
+    free(gu), free(out), free(g_out), free(dout), free(dgu), free(g_dgu), free(g_inplace);
 }
 
 static int count_diff_u16(const void *a, const void *b, size_t n) {
@@ -367,11 +591,13 @@ static int count_diff_u16(const void *a, const void *b, size_t n) {
 
 /* The tensor-core kernels against the CUDA-core ones on the same inputs: forward out and
  * lse; then both backwards from the same (CUDA-core) forward. The tensor-core backward
- * has one writer per element and no atomics, so a second run is bit-identical. */
-static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
-    char name[120], what[200];
-    snprintf(name, sizeof name, "tensor vs cuda cores, B %d T %d C %d NH %d (hs %d)", B, T, C, NH, C / NH);
-    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, nl = (size_t)B * NH * T;
+ * has one writer per element and no atomics, so a second run is bit-identical (with
+ * NKV < NH too: one block sums a key/value head's query heads, in order). */
+static void test_attention_tc_vs_simt(int B, int T, int NH, int NKV, int hs) {
+    char name[160], what[240], shape[100];
+    att_shape_name(shape, sizeof shape, B, T, NH, NKV, hs);
+    snprintf(name, sizeof name, "tensor vs cuda cores, %s", shape);
+    size_t n3 = (size_t)B * T * (NH + 2 * NKV) * hs, n1 = (size_t)B * T * NH * hs, nl = (size_t)B * NH * T;
     float *qkv = host_rand(n3, 1.0f, 1), *dout = host_rand(n1, 1.0f, 1);
     void *d_qkv = up_bf16(qkv, n3), *d_dout = up_bf16(dout, n1);
     void *d_out[2], *d_lse[2], *d_dqkv[3];
@@ -379,7 +605,7 @@ static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
     for (int impl = 0; impl < 2; impl++) {
         strata_cuda_attention_select(impl);
         d_out[impl] = dalloc(n1 * 2), d_lse[impl] = dalloc(nl * 4);
-        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, B, T, NH, NH, C / NH);
+        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, B, T, NH, NKV, hs);
         g_out[impl] = down_bf16(d_out[impl], n1), g_lse[impl] = down_f32(d_lse[impl], nl);
     }
     snprintf(what, sizeof what, "attention_forward out, %s", name);
@@ -392,7 +618,7 @@ static void test_attention_tc_vs_simt(int B, int T, int C, int NH) {
         strata_cuda_attention_select(impl);
         d_dqkv[run] = dalloc(n3 * 2);
         MUST(strata_memset_async(G, G->compute, d_dqkv[run], 0x7f, n3 * 2));
-        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, NH, NH, C / NH);
+        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, NH, NKV, hs);
         if (run < 2) g_dqkv[run] = down_bf16(d_dqkv[run], n3);
     }
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
@@ -506,12 +732,6 @@ static void test_crossentropy(int N, int V, int Vp) {
     free(g2), free(g_acc), free(g_logits2);
 }
 
-static size_t count_diff_u32(const float *a, const float *b, size_t n) {
-    size_t d = 0;
-    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
-    return d;
-}
-
 static void test_adamw(void) {
     size_t n = 100003;
     float *master = host_rand(n, 0.2f, 0), *m = host_rand(n, 0.01f, 0), *v = host_rand(n, 1e-4f, 0);
@@ -585,9 +805,10 @@ static void test_utilities(void) {
     free(x), free(h_cpu), free(h_gpu), free(back), free(back_cpu), free(dst), free(g_dst);
 }
 
-/* A GPT-2 block's worth of kernels, forward and backward, twice after a warm-up: the
- * device memory counters must not move (cuBLASLt's workspace was made at open; the
- * tensor-core attention backward keeps its scratch in dqkv). */
+/* A GPT-2 block's worth of kernels, forward and backward, and the Llama family's (RMSNorm,
+ * rotary positions, grouped-query attention, SwiGLU), twice after a warm-up: the device
+ * memory counters must not move (cuBLASLt's workspace was made at open; the tensor-core
+ * attention backward keeps its scratch in dqkv; RMSNorm's dw needs none). */
 static void test_no_alloc_in_step(int att_impl) {
     strata_cuda_attention_select(att_impl);
     int B = 2, T = 64, C = 128, NH = 2, V = 500, Vp = 512, BT = B * T;
@@ -604,6 +825,8 @@ static void test_no_alloc_in_step(int att_impl) {
     MUST(strata_memset_async(G, G->compute, wte, 0, sz[3] * 2));
     MUST(strata_memset_async(G, G->compute, tgt, 0, BT * 4));
     float *mean = stats, *rstd = (float *)stats + BT, *lse = (float *)stats + 2 * BT;
+    void *inv_freq = dalloc((size_t)(C / NH / 2) * 4);
+    MUST(strata_memset_async(G, G->compute, inv_freq, 0, (size_t)(C / NH / 2) * 4));
     strata_mem_counters before[STRATA_MEM_KINDS];
     for (int round = 0; round < 3; round++) {
         if (round == 1) memcpy(before, G->mem, sizeof before);
@@ -621,6 +844,15 @@ static void test_no_alloc_in_step(int att_impl) {
         gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, NH, NH, C / NH);
         gk->layernorm_backward(G->compute, x, db, db, ln, x, bias, mean, rstd, BT, C);
         gk->sumsq(G->compute, acc, dw, (size_t)C * 4 * C);
+        /* the Llama family's: one key/value head, so qkv rows of (NH + 2) hs fit in 3C */
+        gk->rmsnorm_forward(G->compute, ln, rstd, x, bias, BT, 1, C, C, 1e-6f);
+        gk->rope_forward(G->compute, qkv, inv_freq, B, T, NH + 1, C / NH, (NH + 2) * (C / NH));
+        gk->attention_forward(G->compute, att, lse, qkv, B, T, NH, 1, C / NH);
+        gk->swiglu_forward(G->compute, fchg, fch, BT, 2 * C);
+        gk->swiglu_backward(G->compute, fch, fchg, fch, BT, 2 * C);
+        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, NH, 1, C / NH);
+        gk->rope_backward(G->compute, dqkv, inv_freq, B, T, NH + 1, C / NH, (NH + 2) * (C / NH));
+        gk->rmsnorm_backward(G->compute, x, db, ln, x, bias, rstd, BT, 1, C, C);
         gsync();
     }
     int same = 1;
@@ -629,7 +861,7 @@ static void test_no_alloc_in_step(int att_impl) {
     CHECK(same, "two steps of kernels (attention on %s) allocate nothing (device allocs %llu -> %llu)",
           att_impl_name[att_impl], (unsigned long long)before[STRATA_MEM_DEVICE].n_alloc,
           (unsigned long long)G->mem[STRATA_MEM_DEVICE].n_alloc);
-    void *all[] = {x, ln, qkv, att, fch, fchg, wte, logits, w, bias, dw, db, stats, losses, tgt, acc, dqkv};
+    void *all[] = {x, ln, qkv, att, fch, fchg, wte, logits, w, bias, dw, db, stats, losses, tgt, acc, dqkv, inv_freq};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfree(all[i]);
 }
 
@@ -858,7 +1090,75 @@ static void test_memory(void) {
     CHECK(!bad && strstr(strata_error(), "999"), "opening cuda ordinal 999 fails naming it: %s", strata_error());
 }
 
-int main(void) {
+/* The device layer's waits: host waits, the long-wait report, then GPU-side waits on host
+ * records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below enqueue a device wait before
+ * the gate opens, which only GPU-side waits allow; with stream memory operations, then with
+ * the polling-kernel fallback */
+static void test_device_layer(void) {
+    test_host_waits(G);
+    test_long_wait_report(G);
+
+    setenv("STRATA_CUDA_DEVICE_WAITS", "1", 1);
+    strata_device *dw = strata_device_open("cuda", 0);
+    CHECK(dw != NULL, "open with STRATA_CUDA_DEVICE_WAITS=1: %s", dw ? dw->description : strata_error());
+    if (dw) {
+        test_cross_kind_events(dw, "device waits, memops");
+        test_wait_snapshot(dw, "device waits, memops");
+        strata_device_close(dw);
+    }
+    setenv("STRATA_CUDA_MEMOPS", "0", 1);
+    strata_device *f = strata_device_open("cuda", 0);
+    CHECK(f != NULL, "open with STRATA_CUDA_MEMOPS=0: %s", f ? f->description : strata_error());
+    if (f) {
+        test_cross_kind_events(f, "device waits, fallback");
+        test_wait_snapshot(f, "device waits, fallback");
+        strata_device_close(f);
+    }
+    unsetenv("STRATA_CUDA_MEMOPS");
+    unsetenv("STRATA_CUDA_DEVICE_WAITS");
+}
+
+/* What the Llama family added (issue 28): grouped-query attention on both implementations,
+ * RMSNorm, rotary positions, SwiGLU, the encoder without wpe. `test_cuda llama` runs only
+ * these (and the no-allocation step, which has them too). */
+static void test_llama_family(void) {
+    test_attention_gqa(0);
+    test_attention_gqa(1);
+    test_attention_tc_vs_simt(2, 1024, 8, 2, 64);  /* GQA, groups of 4 */
+    test_attention_tc_vs_simt(1, 1024, 8, 1, 128); /* multi-query */
+    test_attention_tc_vs_simt(3, 200, 32, 8, 128); /* Llama 3 8B's heads, a partial tile */
+    strata_cuda_attention_select(-1);
+    /* the oracle's half of the family comes with the CPU kernels (and their encoder
+     * without wpe); a tree without them fails here rather than call NULL */
+    if (!ck->rmsnorm_forward || !ck->rope_forward || !ck->swiglu_forward) {
+        CHECK(0, "the CPU oracle has the Llama family's kernels (RMSNorm, RoPE, SwiGLU)");
+        return;
+    }
+    test_encoder_no_wpe();
+    test_rmsnorm(256, 1, 768, 768, 0, 0);         /* a block's norm */
+    test_rmsnorm(33, 1, 100, 100, 0, 1);          /* odd C, in place */
+    test_rmsnorm(16, 1, 4096, 4096, 0, 0);        /* Llama 3 8B's C: 256 dw blocks */
+    test_rmsnorm(64, 8, 64, 12 * 64, 0, 0);       /* per-head q norm in a qkv row (8 + 2 + 2 heads) */
+    test_rmsnorm(64, 2, 64, 12 * 64, 8 * 64, 0);  /* and the k norm after it */
+    test_rmsnorm(50, 12, 128, 16 * 128, 0, 1);    /* 64 lanes over 12 heads: a remainder step */
+    test_rmsnorm(7, 80, 32, 80 * 32 + 16, 16, 0); /* more heads than dw lanes */
+    test_rope(2, 64, 8, 64, 12 * 64, 0, 10000.0f);      /* q heads of a qkv row */
+    test_rope(2, 64, 2, 64, 12 * 64, 8 * 64, 10000.0f); /* k heads after them */
+    test_rope(1, 4096, 2, 128, 4 * 128, 0, 500000.0f);  /* long positions, Llama 3's base */
+    test_rope(3, 50, 3, 96, 3 * 96, 0, 1000000.0f);     /* hs 96: 48 pairs over 32 lanes */
+    test_swiglu(64, 200);
+    test_swiglu(33, 1000);
+    test_swiglu(70000, 8); /* rows past grid.y's 65535 */
+}
+
+/* test_cuda [all|llama]: everything (the default), or only what the Llama family added */
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : "all";
+    if (strcmp(only, "all") && strcmp(only, "llama")) {
+        printf("usage: test_cuda [all|llama]\n");
+        return 2;
+    }
+    int everything = !strcmp(only, "all");
     if (!strata_cuda_available()) {
         printf("skip: no CUDA GPU answers on this machine\n");
         return 77;
@@ -878,55 +1178,36 @@ int main(void) {
               !strncmp(G->description, "cuda:0 ", 7) && G->caps.gpu && !G->caps.host_memory,
           "open: %s, bf16, a GPU whose memory is not host memory, nothing counted as allocated", G->description);
 
-    test_memory();
-    test_encoder();
-    test_layernorm(256, 768);
-    test_layernorm(33, 100);
-    test_matmul(256, 192, 384, 0, 1, 0);
-    test_matmul(256, 192, 384, 0, 1, 1);
-    test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
-    test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
-    test_matmul(50, 40, 72, 1, 1, 0);
-    test_attention_shapes(0);
-    test_attention_shapes(1);
-    test_attention_tc_vs_simt(2, 1024, 768, 12); /* GPT-2 124M's heads */
-    test_attention_tc_vs_simt(3, 200, 256, 4);   /* hs 64, a partial last tile */
-    test_attention_tc_vs_simt(1, 1024, 1024, 8); /* hs 128 */
-    test_attention_tc_vs_simt(2, 77, 512, 4);    /* hs 128, a partial tile */
-    strata_cuda_attention_select(-1);
-    test_elementwise(10007, 0);
-    test_elementwise(4099, 1);
-    test_crossentropy(40, 1000, 1024);
-    test_adamw();
-    test_utilities();
+    if (everything) {
+        test_memory();
+        test_encoder();
+        test_layernorm(256, 768);
+        test_layernorm(33, 100);
+        test_matmul(256, 192, 384, 0, 1, 0);
+        test_matmul(256, 192, 384, 0, 1, 1);
+        test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
+        test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
+        test_matmul(50, 40, 72, 1, 1, 0);
+        test_attention_shapes(0);
+        test_attention_shapes(1);
+        test_attention_tc_vs_simt(2, 1024, 12, 12, 64); /* GPT-2 124M's heads */
+        test_attention_tc_vs_simt(3, 200, 4, 4, 64);    /* hs 64, a partial last tile */
+        test_attention_tc_vs_simt(1, 1024, 8, 8, 128);  /* hs 128 */
+        test_attention_tc_vs_simt(2, 77, 4, 4, 128);    /* hs 128, a partial tile */
+        strata_cuda_attention_select(-1);
+        test_elementwise(10007, 0);
+        test_elementwise(4099, 1);
+    }
+    test_llama_family();
+    if (everything) {
+        test_crossentropy(40, 1000, 1024);
+        test_adamw();
+        test_utilities();
+    }
     test_no_alloc_in_step(0);
     test_no_alloc_in_step(1);
     strata_cuda_attention_select(-1);
-    test_host_waits(G);
-    test_long_wait_report(G);
-
-    /* GPU-side waits on host records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below
-     * enqueue a device wait before the gate opens, which only GPU-side waits allow; with
-     * stream memory operations, then with the polling-kernel fallback */
-    setenv("STRATA_CUDA_DEVICE_WAITS", "1", 1);
-    strata_device *dw = strata_device_open("cuda", 0);
-    CHECK(dw != NULL, "open with STRATA_CUDA_DEVICE_WAITS=1: %s", dw ? dw->description : strata_error());
-    if (dw) {
-        test_cross_kind_events(dw, "device waits, memops");
-        test_wait_snapshot(dw, "device waits, memops");
-        strata_device_close(dw);
-    }
-    setenv("STRATA_CUDA_MEMOPS", "0", 1);
-    strata_device *f = strata_device_open("cuda", 0);
-    CHECK(f != NULL, "open with STRATA_CUDA_MEMOPS=0: %s", f ? f->description : strata_error());
-    if (f) {
-        test_cross_kind_events(f, "device waits, fallback");
-        test_wait_snapshot(f, "device waits, fallback");
-        strata_device_close(f);
-    }
-    unsetenv("STRATA_CUDA_MEMOPS");
-    unsetenv("STRATA_CUDA_DEVICE_WAITS");
-
+    if (everything) test_device_layer();
     strata_device_close(G);
     strata_device_close(CPU);
     printf("%s: %d failure%s\n", failures ? "FAILED" : "passed", failures, failures == 1 ? "" : "s");

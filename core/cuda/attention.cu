@@ -1,9 +1,11 @@
-/* core/cuda/attention.cu: causal self-attention of core/kernels.h on the GPU, the choice
+/* core/cuda/attention.cu: causal self-attention of core/kernels.h on the GPU (NH query
+ * heads over NKV key/value heads: grouped-query, or multi-head when NKV == NH), the choice
  * between its two implementations and the two entry points core/cuda/kernels_cuda.cu puts
  * into the kernel table (at the bottom of this file). Both implementations compute it
  * without a T x T buffer, save the row log-sum-exp in the forward and recompute the
  * probabilities from it in a backward where every output element has one writer (no
- * atomics, deterministic):
+ * atomics, deterministic; a key/value head's gradient is summed over the query heads that
+ * share it by the one block that writes it):
  *   core/cuda/attention_simt.cu  CUDA cores: online softmax, four threads per query; head
  *                                sizes 16, 32, 64, 80, 96 and 128; the default.
  *   core/cuda/attention_tc.cu    tensor cores: FlashAttention-2 style tiles with mma.sync;
@@ -54,36 +56,41 @@ extern "C" int strata_cuda_attention_select(int impl) {
 }
 
 /* whether the tensor-core kernels take this call: head size, 16-byte aligned bf16 tensors
- * (cp.async and the output stores move 16 bytes), and at most 65535 row tiles (grid.y) */
-static int att_tc_takes(int hs, int T, int C, int NH, const void *p0, const void *p1, const void *p2,
-                        const void *p3) {
-    return att_choice() == ATT_TC && (hs == 64 || hs == 128) && hs * NH == C &&
-           (T + TC_ROWS - 1) / TC_ROWS <= 65535 && aligned16(p0) && aligned16(p1) && aligned16(p2) &&
-           aligned16(p3);
+ * (cp.async and the output stores move 16 bytes; rows of (NH + 2NKV) hs and NH hs elements
+ * keep every row and head 16-byte aligned at these head sizes), and at most 65535 row
+ * tiles (grid.y) */
+static int att_tc_takes(int hs, int T, const void *p0, const void *p1, const void *p2, const void *p3) {
+    return att_choice() == ATT_TC && (hs == 64 || hs == 128) && (T + TC_ROWS - 1) / TC_ROWS <= 65535 &&
+           aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3);
+}
+
+/* query heads in whole groups per key/value head; anything else is a caller's bug */
+static void att_check_heads(const char *what, int NH, int NKV, int hs) {
+    if (NH <= 0 || NKV <= 0 || NH % NKV != 0 || hs <= 0)
+        strata_panic(__FILE__, __LINE__, "%s: %d query heads cannot share %d key/value heads of size %d "
+                     "(NH must be a positive multiple of NKV)", what, NH, NKV, hs);
 }
 
 void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, const void *qkv, int B,
                                    int T, int NH, int NKV, int hs) {
     if (B <= 0 || T <= 0) return;
+    att_check_heads("attention_forward", NH, NKV, hs);
     cudaStream_t st = strata_cuda_stream_handle(s);
-    if (NKV != NH) strata_panic(__FILE__, __LINE__, "TRANSITIONAL: GQA attention on CUDA (issue 28)");
-    int C = NH * hs;
-    if (att_tc_takes(hs, T, C, NH, out, qkv, qkv, out)) {
-        strata_cuda_attention_tc_forward(st, out, lse, qkv, B, T, C, NH);
+    if (att_tc_takes(hs, T, out, qkv, qkv, out)) {
+        strata_cuda_attention_tc_forward(st, out, lse, qkv, B, T, NH, NKV, hs);
         return;
     }
-    strata_cuda_attention_simt_forward(st, out, lse, qkv, B, T, C, NH);
+    strata_cuda_attention_simt_forward(st, out, lse, qkv, B, T, NH, NKV, hs);
 }
 
 void strata_cuda_attention_backward(strata_stream *s, void *dqkv, const void *dout, const void *qkv,
                                     const void *out, const float *lse, int B, int T, int NH, int NKV, int hs) {
     if (B <= 0 || T <= 0) return;
+    att_check_heads("attention_backward", NH, NKV, hs);
     cudaStream_t st = strata_cuda_stream_handle(s);
-    if (NKV != NH) strata_panic(__FILE__, __LINE__, "TRANSITIONAL: GQA attention on CUDA (issue 28)");
-    int C = NH * hs;
-    if (att_tc_takes(hs, T, C, NH, dqkv, dout, qkv, out)) {
-        strata_cuda_attention_tc_backward(st, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    if (att_tc_takes(hs, T, dqkv, dout, qkv, out)) {
+        strata_cuda_attention_tc_backward(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
         return;
     }
-    strata_cuda_attention_simt_backward(st, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    strata_cuda_attention_simt_backward(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
 }

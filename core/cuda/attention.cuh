@@ -14,20 +14,22 @@
 #define TC_ROWS (16 * TC_WARPS)    /* rows a block owns: 64 */
 
 /* The arguments of core/kernels.h's attention_forward and attention_backward, with the
- * stream's cudaStream_t: qkv and dqkv (B,T,3C), out and dout (B,T,C) bf16, lse (B,NH,T)
- * fp32, head size C / NH. The dispatcher has already returned for B or T <= 0. */
+ * stream's cudaStream_t: qkv and dqkv (B,T,(NH+2NKV)hs), out and dout (B,T,NH hs) bf16, lse
+ * (B,NH,T) fp32; NH a multiple of NKV. The dispatcher has checked the shape and returned
+ * for B or T <= 0. */
 
 /* CUDA cores: head sizes 16, 32, 64, 80, 96 and 128; any other is fatal. */
 void strata_cuda_attention_simt_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
-                                        int C, int NH);
+                                        int NH, int NKV, int hs);
 void strata_cuda_attention_simt_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                         const void *out, const float *lse, int B, int T, int C, int NH);
+                                         const void *out, const float *lse, int B, int T, int NH, int NKV,
+                                         int hs);
 
-/* tensor cores: head size 64 or 128 (C = hs NH exactly), 16-byte aligned tensors and at most
- * 65535 row tiles, which the dispatcher has checked */
-void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T, int C,
-                                      int NH);
+/* tensor cores: head size 64 or 128, 16-byte aligned tensors and at most 65535 row tiles,
+ * which the dispatcher has checked */
+void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
+                                      int NH, int NKV, int hs);
 void strata_cuda_attention_tc_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                       const void *out, const float *lse, int B, int T, int C, int NH);
+                                       const void *out, const float *lse, int B, int T, int NH, int NKV, int hs);
 
 #endif

@@ -16,6 +16,9 @@
 /*
  * The same contract as the CUDA-core kernels (attention_simt.cu), computed as
  * FlashAttention-2 style tiles with mma.sync.m16n8k16 (bf16 inputs, fp32 accumulation).
+ * qkv rows are W = (NH + 2 NKV) hs wide: query head h at h hs, its key/value head
+ * kvh = h / (NH / NKV) at (NH + kvh) hs and (NH + NKV + kvh) hs; out and dout rows NH hs.
+ * Blocks compute their base pointers once; the tile loops are the same for every NKV.
  * A block is TC_WARPS = 4 warps and each warp owns 16 rows (queries in the forward and dQ
  * kernels, keys in the dK/dV kernel), so a row's softmax state and accumulators live in
  * one warp's registers and row reductions are shuffles within a quad of lanes. Tiles of
@@ -52,9 +55,11 @@
  *   1. attn_tc_bwd_d_kernel: D = dout . out per (row, head), fp32, stored in the first
  *      4 bytes of that row's dq slot of dqkv: dq is written last (kernel 3), so the slot
  *      is free scratch until then and the backward needs no buffer of its own;
- *   2. attn_tc_bwd_dkv_kernel: a block takes 64 keys and streams the query tiles at or
- *      after them: S^T = K Q^T, P^T = exp2(S^T qscale - lse log2 e), dV += P^T dO,
- *      dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += scale dS^T Q;
+ *   2. attn_tc_bwd_dkv_kernel: a block takes 64 keys of one key/value head and streams
+ *      the query tiles at or after them of each query head of its group in turn:
+ *      S^T = K Q^T, P^T = exp2(S^T qscale - lse log2 e), dV += P^T dO, dP^T = V dO^T,
+ *      dS^T = P^T (dP^T - D), dK += scale dS^T Q (dK, dV sum over the group's heads in
+ *      registers and are stored once);
  *   3. attn_tc_bwd_dq_kernel: a block takes 64 queries, reads their D (before anything
  *      overwrites it: only this block writes these dq slots, at its very end) and streams
  *      key tiles: S, P, dP = dO V^T, dS as above, dQ += scale dS K.
@@ -192,28 +197,30 @@ __device__ __forceinline__ void tc_store_rows(bf16 *dst, size_t ld, int row0, in
     }
 }
 
-/* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C); grid (B*NH, ceil(T/64)), 128 threads,
+/* out (B,T,NH hs), lse (B,NH,T) from qkv (B,T,W); grid (B*NH, ceil(T/64)), 128 threads,
  * (TC_ROWS + 4 KT) (HS + TC_PAD) bf16 of dynamic shared memory. */
 template <int HS, int KT>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv,
-                                                                 int T, int C, int NH, float qscale) {
+                                                                 int T, int NH, int NKV, float qscale) {
     constexpr int S = HS + TC_PAD;
     bf16 *qs = (bf16 *)tc_shared; /* [TC_ROWS][S] queries; each warp stages its output rows here */
     bf16 *ks = qs + TC_ROWS * S;  /* [2][KT][S] key tiles */
     bf16 *vs = ks + 2 * KT * S;   /* [2][KT][S] value tiles */
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wq = q0 + warp * 16;               /* this warp's first query */
     const int qrow[2] = {wq + g, wq + g + 8};    /* this lane's two queries */
-    const size_t C3 = 3 * (size_t)C;
-    const bf16 *qg = qkv + (size_t)b * T * C3 + (size_t)h * HS, *kg = qg + C, *vg = qg + 2 * C;
+    const int W = (NH + 2 * NKV) * HS, C = NH * HS; /* qkv and out row widths */
+    const bf16 *rows = qkv + (size_t)b * T * W;
+    const bf16 *qg = rows + (size_t)h * HS, *kg = rows + (size_t)(NH + kvh) * HS,
+               *vg = rows + (size_t)(NH + NKV + kvh) * HS;
     const int nkt = (min(q0 + TC_ROWS, T) + KT - 1) / KT; /* keys 0 .. min(q0 + 63, T - 1) */
 
-    tc_load_rows<HS, TC_ROWS>(qs, qg, C3, q0, T);
+    tc_load_rows<HS, TC_ROWS>(qs, qg, W, q0, T);
     tc_cp_commit();
-    tc_load_rows<HS, KT>(ks, kg, C3, 0, T);
-    tc_load_rows<HS, KT>(vs, vg, C3, 0, T);
+    tc_load_rows<HS, KT>(ks, kg, W, 0, T);
+    tc_load_rows<HS, KT>(vs, vg, W, 0, T);
     tc_cp_commit();
     tc_cp_wait<1>(); /* the queries */
     __syncthreads();
@@ -230,8 +237,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, floa
         const bf16 *kts = ks + (kt & 1) * KT * S, *vts = vs + (kt & 1) * KT * S;
         if (kt + 1 < nkt) { /* the next tile goes into the other buffer, freed last iteration */
             const int nx = (kt + 1) & 1;
-            tc_load_rows<HS, KT>(ks + nx * KT * S, kg, C3, (kt + 1) * KT, T);
-            tc_load_rows<HS, KT>(vs + nx * KT * S, vg, C3, (kt + 1) * KT, T);
+            tc_load_rows<HS, KT>(ks + nx * KT * S, kg, W, (kt + 1) * KT, T);
+            tc_load_rows<HS, KT>(vs + nx * KT * S, vg, W, (kt + 1) * KT, T);
             tc_cp_commit();
             tc_cp_wait<1>(); /* all but the tile just issued */
         } else {
@@ -315,8 +322,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, floa
         f[r] = 1.0f / l[r]; /* l >= 1: the max itself contributes exp2(0) */
     }
     /* the warp's own query rows are free: its fragments were read before the loop */
-    tc_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * HS, (size_t)C, wq, T, qs + warp * 16 * S, o, f,
-                      lane);
+    tc_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * HS, C, wq, T, qs + warp * 16 * S, o, f, lane);
     if (t == 0)
 #pragma unroll
         for (int r = 0; r < 2; r++)
@@ -324,10 +330,12 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, floa
 }
 
 /* Backward 1: D = dout . out for every (b, t, h), fp32, into the first 4 bytes of the
- * dq slot dqkv[b, t, h*HS ..]. HS/8 adjacent lanes share a row, 16 bytes each. */
+ * dq slot dqkv[b, t, h*HS ..] (rows W apart). HS/8 adjacent lanes share a row, 16 bytes
+ * each. */
 template <int HS>
-__global__ void attn_tc_bwd_d_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *out, size_t rows, int C,
-                                     int NH) {
+__global__ void attn_tc_bwd_d_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *out, size_t rows, int NH,
+                                     size_t W) {
+    const size_t C = (size_t)NH * HS;
     constexpr int G = HS / 8;
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, rh = e / G;
     const int c = (int)(e % G);
@@ -345,31 +353,34 @@ __global__ void attn_tc_bwd_d_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *o
     /* every lane reaches the shuffles: groups of G lanes are whole within a warp */
 #pragma unroll
     for (int w = G / 2; w > 0; w >>= 1) d += __shfl_xor_sync(0xffffffffu, d, w);
-    if (rh < rows * NH && c == 0) *(float *)(dqkv + (rh / NH) * 3 * (size_t)C + (rh % NH) * HS) = d;
+    if (rh < rows * NH && c == 0) *(float *)(dqkv + (rh / NH) * W + (rh % NH) * HS) = d;
 }
 
 /* a query tile's lse (in log2 units, +inf past T) and D (0 past T) into shared memory */
 template <int QT>
 __device__ __forceinline__ void tc_load_row_stats(float *ls, float *ds, const float *lseg,
-                                                  const bf16 *dslot, size_t C3, int q0, int T) {
+                                                  const bf16 *dslot, size_t W, int q0, int T) {
     if (threadIdx.x < QT) {
         const int qi = q0 + (int)threadIdx.x;
         float lv = INFINITY, dv = 0.0f;
         if (qi < T) {
             lv = lseg[qi] * LOG2E;
-            dv = *(const float *)(dslot + (size_t)qi * C3);
+            dv = *(const float *)(dslot + (size_t)qi * W);
         }
         ls[threadIdx.x] = lv;
         ds[threadIdx.x] = dv;
     }
 }
 
-/* Backward 2: dK, dV (=) of 64 keys per block; grid (B*NH, ceil(T/64)), 128 threads,
- * (2 TC_ROWS + 4 QT) (HS + TC_PAD) bf16 + 4 QT floats of dynamic shared memory. */
+/* Backward 2: dK, dV (=) of 64 keys of one key/value head per block, summed over the
+ * NH / NKV query heads that share it: the block streams the query tiles at or after its
+ * keys of each of those heads in turn (head order), so a key/value head's gradient has
+ * one writer. Grid (B*NKV, ceil(T/64)), 128 threads, (2 TC_ROWS + 4 QT) (HS + TC_PAD)
+ * bf16 + 4 QT floats of dynamic shared memory. */
 template <int HS, int QT>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv, const bf16 *dout,
                                                                      const bf16 *qkv, const float *lse,
-                                                                     int T, int C, int NH, float scale,
+                                                                     int T, int NH, int NKV, float scale,
                                                                      float qscale) {
     constexpr int S = HS + TC_PAD;
     bf16 *ks = (bf16 *)tc_shared; /* [TC_ROWS][S] this block's keys, then each warp's dK rows */
@@ -378,24 +389,26 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
     bf16 *dos = qs + 2 * QT * S;  /* [2][QT][S] their dout */
     float *ls = (float *)(dos + 2 * QT * S); /* [2][QT] lse * log2 e */
     float *ds = ls + 2 * QT;                 /* [2][QT] D */
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int bk = blockIdx.x, b = bk / NKV, kvh = bk % NKV, group = NH / NKV;
     const int k0 = blockIdx.y * TC_ROWS; /* key tile 0 sees every query: it starts first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wk = k0 + warp * 16;               /* this warp's first key */
     const int krow[2] = {wk + g, wk + g + 8};    /* this lane's two keys */
-    const size_t C3 = 3 * (size_t)C;
-    const bf16 *qg = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const bf16 *dog = dout + (size_t)b * T * C + (size_t)h * HS;
-    bf16 *dg = dqkv + (size_t)b * T * C3 + (size_t)h * HS; /* dq slots (holding D), dk at +C, dv at +2C */
-    const float *lseg = lse + (size_t)bh * T;
-    const int nqt = (T - k0 + QT - 1) / QT; /* queries k0 .. T - 1 */
+    const int W = (NH + 2 * NKV) * HS, C = NH * HS; /* qkv and out row widths */
+    /* this sequence's rows; query head h's q, dq slot (holding D) and dout at h HS in them */
+    const bf16 *qg = qkv + (size_t)b * T * W, *dog = dout + (size_t)b * T * C;
+    bf16 *dg = dqkv + (size_t)b * T * W;
+    const float *lseg = lse + (size_t)b * NH * T; /* query head h's at h T */
+    const size_t koff = (size_t)(NH + kvh) * HS, voff = (size_t)(NH + NKV + kvh) * HS;
+    const int nqt = (T - k0 + QT - 1) / QT; /* queries k0 .. T - 1, per query head */
+    const int h0 = kvh * group;             /* the first query head of the group */
 
-    tc_load_rows<HS, TC_ROWS>(ks, qg + C, C3, k0, T);
-    tc_load_rows<HS, TC_ROWS>(vs, qg + 2 * C, C3, k0, T);
-    tc_load_rows<HS, QT>(qs, qg, C3, k0, T);
-    tc_load_rows<HS, QT>(dos, dog, C, k0, T);
+    tc_load_rows<HS, TC_ROWS>(ks, qg + koff, W, k0, T);
+    tc_load_rows<HS, TC_ROWS>(vs, qg + voff, W, k0, T);
+    tc_load_rows<HS, QT>(qs, qg + (size_t)h0 * HS, W, k0, T);
+    tc_load_rows<HS, QT>(dos, dog + (size_t)h0 * HS, C, k0, T);
     tc_cp_commit();
-    tc_load_row_stats<QT>(ls, ds, lseg, dg, C3, k0, T);
+    tc_load_row_stats<QT>(ls, ds, lseg + (size_t)h0 * T, dg + (size_t)h0 * HS, W, k0, T);
 
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -403,14 +416,20 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
 
-    for (int it = 0; it < nqt; it++) {
-        const int q0 = k0 + it * QT, cur = it & 1;
-        if (it + 1 < nqt) { /* the next tile goes into the other buffers, freed last iteration */
+    /* iteration it holds query head h's queries q0 .. q0 + QT - 1: the group's heads in
+     * turn, each from k0 to T - 1 */
+    int h = h0, q0 = k0;
+    for (int it = 0; it < group * nqt; it++) {
+        const int cur = it & 1;
+        const int last = q0 + QT >= T; /* the head's last tile: the next starts the next head */
+        const int hn = last ? h + 1 : h, qn = last ? k0 : q0 + QT;
+        if (it + 1 < group * nqt) { /* the next tile goes into the other buffers, freed last iteration */
             const int nx = cur ^ 1;
-            tc_load_rows<HS, QT>(qs + nx * QT * S, qg, C3, q0 + QT, T);
-            tc_load_rows<HS, QT>(dos + nx * QT * S, dog, C, q0 + QT, T);
+            tc_load_rows<HS, QT>(qs + nx * QT * S, qg + (size_t)hn * HS, W, qn, T);
+            tc_load_rows<HS, QT>(dos + nx * QT * S, dog + (size_t)hn * HS, C, qn, T);
             tc_cp_commit();
-            tc_load_row_stats<QT>(ls + nx * QT, ds + nx * QT, lseg, dg, C3, q0 + QT, T);
+            tc_load_row_stats<QT>(ls + nx * QT, ds + nx * QT, lseg + (size_t)hn * T, dg + (size_t)hn * HS, W,
+                                  qn, T);
             tc_cp_wait<1>();
         } else {
             tc_cp_wait<0>();
@@ -470,42 +489,46 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
             }
         }
         __syncthreads(); /* the next iteration's copy reuses the other buffers */
+        h = hn;
+        q0 = qn;
     }
 
     /* the warp's own key and value rows are read by no other warp */
     const float fk[2] = {scale, scale}, fv[2] = {1.0f, 1.0f};
-    tc_store_rows<HS>(dg + C, C3, wk, T, ks + warp * 16 * S, dk, fk, lane);
-    tc_store_rows<HS>(dg + 2 * C, C3, wk, T, vs + warp * 16 * S, dv, fv, lane);
+    tc_store_rows<HS>(dg + koff, W, wk, T, ks + warp * 16 * S, dk, fk, lane);
+    tc_store_rows<HS>(dg + voff, W, wk, T, vs + warp * 16 * S, dv, fv, lane);
 }
 
-/* Backward 3: dQ (=) of 64 queries per block; grid (B*NH, ceil(T/64)), 128 threads,
- * (2 TC_ROWS + 4 KT) (HS + TC_PAD) bf16 of dynamic shared memory. */
+/* Backward 3: dQ (=) of 64 queries of one query head per block; grid (B*NH, ceil(T/64)),
+ * 128 threads, (2 TC_ROWS + 4 KT) (HS + TC_PAD) bf16 of dynamic shared memory. */
 template <int HS, int KT>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, const bf16 *dout,
                                                                     const bf16 *qkv, const float *lse,
-                                                                    int T, int C, int NH, float scale,
+                                                                    int T, int NH, int NKV, float scale,
                                                                     float qscale) {
     constexpr int S = HS + TC_PAD;
     bf16 *qs = (bf16 *)tc_shared; /* [TC_ROWS][S] queries, then each warp's dQ rows */
     bf16 *dos = qs + TC_ROWS * S; /* [TC_ROWS][S] their dout */
     bf16 *ks = dos + TC_ROWS * S; /* [2][KT][S] key tiles */
     bf16 *vs = ks + 2 * KT * S;   /* [2][KT][S] value tiles */
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS; /* the longest rows first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wq = q0 + warp * 16;
     const int qrow[2] = {wq + g, wq + g + 8};
-    const size_t C3 = 3 * (size_t)C;
-    const bf16 *qg = qkv + (size_t)b * T * C3 + (size_t)h * HS, *kg = qg + C, *vg = qg + 2 * C;
+    const int W = (NH + 2 * NKV) * HS, C = NH * HS; /* qkv and out row widths */
+    const bf16 *rows = qkv + (size_t)b * T * W;
+    const bf16 *qg = rows + (size_t)h * HS, *kg = rows + (size_t)(NH + kvh) * HS,
+               *vg = rows + (size_t)(NH + NKV + kvh) * HS;
     const bf16 *dog = dout + (size_t)b * T * C + (size_t)h * HS;
-    bf16 *dg = dqkv + (size_t)b * T * C3 + (size_t)h * HS; /* dq slots, holding D until the end */
+    bf16 *dg = dqkv + (size_t)b * T * W + (size_t)h * HS; /* dq slots, holding D until the end */
     const int nkt = (min(q0 + TC_ROWS, T) + KT - 1) / KT;
 
-    tc_load_rows<HS, TC_ROWS>(qs, qg, C3, q0, T);
+    tc_load_rows<HS, TC_ROWS>(qs, qg, W, q0, T);
     tc_load_rows<HS, TC_ROWS>(dos, dog, C, q0, T);
     tc_cp_commit();
-    tc_load_rows<HS, KT>(ks, kg, C3, 0, T);
-    tc_load_rows<HS, KT>(vs, vg, C3, 0, T);
+    tc_load_rows<HS, KT>(ks, kg, W, 0, T);
+    tc_load_rows<HS, KT>(vs, vg, W, 0, T);
     tc_cp_commit();
 
     /* this lane's rows: lse in log2 units (+inf past T, so P is 0 there) and D, read here,
@@ -517,7 +540,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, 
         dd[r] = 0.0f;
         if (qrow[r] < T) {
             l2[r] = lse[(size_t)bh * T + qrow[r]] * LOG2E;
-            dd[r] = *(const float *)(dg + (size_t)qrow[r] * C3);
+            dd[r] = *(const float *)(dg + (size_t)qrow[r] * W);
         }
     }
     tc_cp_wait<1>(); /* the queries and their dout */
@@ -536,8 +559,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, 
         const bf16 *kts = ks + (kt & 1) * KT * S, *vts = vs + (kt & 1) * KT * S;
         if (kt + 1 < nkt) {
             const int nx = (kt + 1) & 1;
-            tc_load_rows<HS, KT>(ks + nx * KT * S, kg, C3, (kt + 1) * KT, T);
-            tc_load_rows<HS, KT>(vs + nx * KT * S, vg, C3, (kt + 1) * KT, T);
+            tc_load_rows<HS, KT>(ks + nx * KT * S, kg, W, (kt + 1) * KT, T);
+            tc_load_rows<HS, KT>(vs + nx * KT * S, vg, W, (kt + 1) * KT, T);
             tc_cp_commit();
             tc_cp_wait<1>();
         } else {
@@ -590,7 +613,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, 
     }
 
     const float f[2] = {scale, scale};
-    tc_store_rows<HS>(dg, C3, wq, T, qs + warp * 16 * S, dq, f, lane);
+    tc_store_rows<HS>(dg, W, wq, T, qs + warp * 16 * S, dq, f, lane);
 }
 
 /* Kernels whose shared memory passes 48 KiB must say so, once per device (the attribute
@@ -606,21 +629,21 @@ static void tc_allow_smem(const void *kernel, int bytes, unsigned *devices_done)
 
 template <int HS, int KT>
 static void attention_tc_forward_hs(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
-                                    int C, int NH) {
+                                    int NH, int NKV) {
     static unsigned smem_done;
     const int bytes = (TC_ROWS + 4 * KT) * (HS + TC_PAD) * (int)sizeof(bf16);
     tc_allow_smem((const void *)attn_tc_fwd_kernel<HS, KT>, bytes, &smem_done);
     const float scale = 1.0f / sqrtf((float)HS);
     dim3 grid(B * NH, (T + TC_ROWS - 1) / TC_ROWS);
-    attn_tc_fwd_kernel<HS, KT><<<grid, TC_THREADS, bytes, st>>>((bf16 *)out, lse, (const bf16 *)qkv, T, C,
-                                                                  NH, scale * LOG2E);
+    attn_tc_fwd_kernel<HS, KT><<<grid, TC_THREADS, bytes, st>>>((bf16 *)out, lse, (const bf16 *)qkv, T, NH,
+                                                                  NKV, scale * LOG2E);
     LAUNCH_CHECK("attention_forward (tensor cores)");
 }
 
 /* T2: the streamed tile of the backward (query tile of dK/dV, key tile of dQ) */
 template <int HS, int T2>
 static void attention_tc_backward_hs(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                     const void *out, const float *lse, int B, int T, int C, int NH) {
+                                     const void *out, const float *lse, int B, int T, int NH, int NKV) {
     static unsigned dkv_done, dq_done;
     const int S = HS + TC_PAD;
     const int dkv_bytes = (2 * TC_ROWS + 4 * T2) * S * (int)sizeof(bf16) + 4 * T2 * (int)sizeof(float);
@@ -628,33 +651,31 @@ static void attention_tc_backward_hs(cudaStream_t st, void *dqkv, const void *do
     tc_allow_smem((const void *)attn_tc_bwd_dkv_kernel<HS, T2>, dkv_bytes, &dkv_done);
     tc_allow_smem((const void *)attn_tc_bwd_dq_kernel<HS, T2>, dq_bytes, &dq_done);
     const float scale = 1.0f / sqrtf((float)HS);
-    const size_t rows = (size_t)B * T, lanes = rows * NH * (HS / 8);
+    const size_t rows = (size_t)B * T, lanes = rows * NH * (HS / 8), W = (size_t)(NH + 2 * NKV) * HS;
     attn_tc_bwd_d_kernel<HS><<<(unsigned)((lanes + 255) / 256), 256, 0, st>>>(
-        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)out, rows, C, NH);
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)out, rows, NH, W);
     LAUNCH_CHECK("attention_backward (tensor cores, D)");
-    dim3 grid(B * NH, (T + TC_ROWS - 1) / TC_ROWS);
-    attn_tc_bwd_dkv_kernel<HS, T2><<<grid, TC_THREADS, dkv_bytes, st>>>(
-        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, T, C, NH, scale, scale * LOG2E);
+    const unsigned tiles = (unsigned)((T + TC_ROWS - 1) / TC_ROWS);
+    attn_tc_bwd_dkv_kernel<HS, T2><<<dim3(B * NKV, tiles), TC_THREADS, dkv_bytes, st>>>(
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, T, NH, NKV, scale, scale * LOG2E);
     LAUNCH_CHECK("attention_backward (tensor cores, dk, dv)");
-    attn_tc_bwd_dq_kernel<HS, T2><<<grid, TC_THREADS, dq_bytes, st>>>(
-        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, T, C, NH, scale, scale * LOG2E);
+    attn_tc_bwd_dq_kernel<HS, T2><<<dim3(B * NH, tiles), TC_THREADS, dq_bytes, st>>>(
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, T, NH, NKV, scale, scale * LOG2E);
     LAUNCH_CHECK("attention_backward (tensor cores, dq)");
 }
 
 } /* namespace */
 
 /* the dispatcher's call once att_tc_takes said yes: head size 64 or 128 */
-void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T, int C,
-                                      int NH) {
-    int hs = C / NH;
-    if (hs == 64) attention_tc_forward_hs<64, 64>(st, out, lse, qkv, B, T, C, NH);
-    else attention_tc_forward_hs<128, 64>(st, out, lse, qkv, B, T, C, NH);
+void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
+                                      int NH, int NKV, int hs) {
+    if (hs == 64) attention_tc_forward_hs<64, 64>(st, out, lse, qkv, B, T, NH, NKV);
+    else attention_tc_forward_hs<128, 64>(st, out, lse, qkv, B, T, NH, NKV);
 }
 
 void strata_cuda_attention_tc_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                       const void *out, const float *lse, int B, int T, int C, int NH) {
-    int hs = C / NH;
+                                       const void *out, const float *lse, int B, int T, int NH, int NKV, int hs) {
     /* hs 128 streams 32-row tiles in the backward: its accumulators need the registers */
-    if (hs == 64) attention_tc_backward_hs<64, 64>(st, dqkv, dout, qkv, out, lse, B, T, C, NH);
-    else attention_tc_backward_hs<128, 32>(st, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    if (hs == 64) attention_tc_backward_hs<64, 64>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV);
+    else attention_tc_backward_hs<128, 32>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV);
 }

@@ -158,12 +158,14 @@ static void cuda_add_inplace(strata_stream *s, void *dst, const void *src, size_
 /* ---------------------------------------------------------------------------------- */
 /* Encoder                                                                               */
 
+/* wpe NULL (the Llama family): out is wte's row, bit for bit */
 __global__ void encoder_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *wte,
                                    const bf16 *wpe, int T, int C, size_t n) {
     GRID_STRIDE(i, n) {
         size_t bt = i / (size_t)C;
         int c = (int)(i % (size_t)C), t = (int)(bt % (size_t)T);
-        out[i] = to_bf16(ld(wte[(size_t)tok[bt] * C + c]) + ld(wpe[(size_t)t * C + c]));
+        bf16 e = wte[(size_t)tok[bt] * C + c];
+        out[i] = wpe ? to_bf16(ld(e) + ld(wpe[(size_t)t * C + c])) : e;
     }
 }
 
@@ -176,7 +178,8 @@ static void cuda_encoder_forward(strata_stream *s, void *out, const int32_t *tok
     LAUNCH_CHECK("encoder_forward");
 }
 
-/* Repeated tokens meet in dwte, and the B rows of a position in dwpe: fp32 atomics. */
+/* Repeated tokens meet in dwte, and the B rows of a position in dwpe: fp32 atomics.
+ * dwpe NULL: no learned positions to train. */
 __global__ void encoder_bwd_kernel(float *dwte, float *dwpe, const bf16 *dout, const int32_t *tok,
                                    int T, int C, size_t n) {
     GRID_STRIDE(i, n) {
@@ -184,7 +187,7 @@ __global__ void encoder_bwd_kernel(float *dwte, float *dwpe, const bf16 *dout, c
         int c = (int)(i % (size_t)C), t = (int)(bt % (size_t)T);
         float d = ld(dout[i]);
         atomicAdd(dwte + (size_t)tok[bt] * C + c, d);
-        atomicAdd(dwpe + (size_t)t * C + c, d);
+        if (dwpe) atomicAdd(dwpe + (size_t)t * C + c, d);
     }
 }
 
@@ -311,6 +314,234 @@ __global__ void colsum_kernel(float *out, const bf16 *x, int M, int N) {
         for (int y = 1; y < 8; y++) acc += part[y][threadIdx.x];
         atomicAdd(out + c, acc);
     }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* RMSNorm: one warp per vector                                                          */
+/*
+ * Vector v of the N * heads starts at (v / heads) * stride + (v % heads) * C (stride is the
+ * header's ld, renamed here: ld() loads a bf16); rstd[v] is its.
+ * As the CPU oracle: rstd = 1 / sqrt(mean(x^2) + eps) (IEEE sqrtf and division: no fast
+ * math here), out = w * (x * rstd). A warp reads its whole vector before it writes any of
+ * it, and a lane writes only the elements it read, so out may alias inp. */
+
+#define RMS_WARPS 8
+
+__device__ __forceinline__ size_t rms_offset(size_t v, int heads, int C, int stride) {
+    return v / (size_t)heads * (size_t)stride + v % (size_t)heads * (size_t)C;
+}
+
+__global__ void rms_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, size_t nv, int heads,
+                               int C, int stride, float eps) {
+    size_t v = (size_t)blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (v >= nv) return; /* the whole warp */
+    size_t off = rms_offset(v, heads, C, stride);
+    const bf16 *x = inp + off;
+    bf16 *o = out + off;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float xv = ld(x[c]);
+        ss += xv * xv;
+    }
+    float rs = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = to_bf16(ld(w[c]) * (ld(x[c]) * rs));
+    if (lane == 0) rstd[v] = rs;
+}
+
+static void cuda_rmsnorm_forward(strata_stream *s, void *out, float *rstd, const void *inp, const void *w,
+                                 int N, int heads, int C, int stride, float eps) {
+    if (N <= 0 || heads <= 0 || C <= 0) return;
+    size_t nv = (size_t)N * heads;
+    rms_fwd_kernel<<<(unsigned)((nv + RMS_WARPS - 1) / RMS_WARPS), RMS_WARPS * 32, 0,
+                     strata_cuda_stream_handle(s)>>>((bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, nv,
+                                                     heads, C, stride, eps);
+    LAUNCH_CHECK("rmsnorm_forward");
+}
+
+/* dinp (+=), one warp per vector: with norm = x rstd and dnorm = w dout,
+ * dinp = rstd (dnorm - norm mean(dnorm norm)), LayerNorm's backward without the mean */
+__global__ void rms_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                                    const float *rstd, size_t nv, int heads, int C, int stride) {
+    size_t v = (size_t)blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (v >= nv) return;
+    size_t off = rms_offset(v, heads, C, stride);
+    const bf16 *x = inp + off, *d = dout + off;
+    bf16 *di = dinp + off;
+    float rs = rstd[v], sdn = 0.0f;
+    for (int c = lane; c < C; c += 32) sdn += (ld(w[c]) * ld(d[c])) * (ld(x[c]) * rs);
+    float dnmean = warp_sum(sdn) / (float)C;
+    for (int c = lane; c < C; c += 32)
+        di[c] = to_bf16(ld(di[c]) + (ld(w[c]) * ld(d[c]) - (ld(x[c]) * rs) * dnmean) * rs);
+}
+
+/* dw (+=) = sum over vectors of dout * norm, without atomics: a block owns RMS_DW_COLS
+ * channels and walks every vector, its RMS_DW_LANES row lanes taking every
+ * RMS_DW_LANES-th vector in order, and their partial sums meet in shared memory in lane
+ * order, so the result is the same on every run. A warp reads two vectors' 16 channels
+ * (two 32-byte segments). The price is parallelism: ceil(C / 16) blocks, few for a
+ * per-head norm (C = hs). A lane steps from vector v = n heads + hd to v + RMS_DW_LANES
+ * by whole rows and a remainder of heads, so the loop divides nothing. */
+#define RMS_DW_COLS 16
+#define RMS_DW_LANES 64 /* 1024 threads */
+
+__global__ void __launch_bounds__(RMS_DW_COLS * RMS_DW_LANES)
+    rms_bwd_dw_kernel(float *dw, const bf16 *dout, const bf16 *inp, const float *rstd, size_t nv, int heads,
+                      int C, int stride) {
+    __shared__ float part[RMS_DW_LANES][RMS_DW_COLS + 1];
+    int col = threadIdx.x % RMS_DW_COLS, lane = threadIdx.x / RMS_DW_COLS;
+    int c = blockIdx.x * RMS_DW_COLS + col;
+    float acc = 0.0f;
+    if (c < C) {
+        const int step_rows = RMS_DW_LANES / heads, step_heads = RMS_DW_LANES % heads;
+        size_t n = (size_t)(lane / heads); /* vector v = n heads + hd */
+        int hd = lane % heads;
+        for (size_t v = lane; v < nv; v += RMS_DW_LANES) {
+            size_t off = n * (size_t)stride + (size_t)hd * C + (size_t)c;
+            acc += ld(dout[off]) * (ld(inp[off]) * rstd[v]);
+            n += step_rows;
+            hd += step_heads;
+            if (hd >= heads) {
+                hd -= heads;
+                n++;
+            }
+        }
+    }
+    part[lane][col] = acc;
+    __syncthreads();
+    if (lane == 0 && c < C) {
+        float sum = 0.0f;
+        for (int l = 0; l < RMS_DW_LANES; l++) sum += part[l][col];
+        dw[c] += sum;
+    }
+}
+
+static void cuda_rmsnorm_backward(strata_stream *s, void *dinp, float *dw, const void *dout, const void *inp,
+                                  const void *w, const float *rstd, int N, int heads, int C, int stride) {
+    if (N <= 0 || heads <= 0 || C <= 0) return;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    size_t nv = (size_t)N * heads;
+    rms_bwd_dinp_kernel<<<(unsigned)((nv + RMS_WARPS - 1) / RMS_WARPS), RMS_WARPS * 32, 0, st>>>(
+        (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, nv, heads, C, stride);
+    LAUNCH_CHECK("rmsnorm_backward (dinp)");
+    rms_bwd_dw_kernel<<<(C + RMS_DW_COLS - 1) / RMS_DW_COLS, RMS_DW_COLS * RMS_DW_LANES, 0, st>>>(
+        dw, (const bf16 *)dout, (const bf16 *)inp, rstd, nv, heads, C, stride);
+    LAUNCH_CHECK("rmsnorm_backward (dw)");
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Rotary positions, in place: a warp per row, a lane per pair, over the row's heads     */
+/*
+ * Pair i of a head is elements i and i + hs/2 (Hugging Face's rotate_half layout); row r
+ * of the B*T is position t = r % T, its angle (float)t * inv_freq[i] in fp32 and its
+ * cosine and sine from sincosf, the accurate one (no fast math here; the CPU oracle uses
+ * cosf and sinf, so the two agree to an ulp or two, not bit for bit). The forward turns
+ * (x1, x2) by +angle: (x1 cos - x2 sin, x2 cos + x1 sin); the backward by -angle, the
+ * rotation's transpose, which is the same with sin negated (exactly). Each thread reads
+ * its two elements before it writes them, so in place is safe. */
+
+#define ROPE_ROWS 8 /* rows per block of (32, ROPE_ROWS) threads */
+
+__global__ void rope_kernel(bf16 *x, const float *inv_freq, size_t rows, int T, int heads, int hs, int stride,
+                            float dir) {
+    const int half = hs / 2;
+    for (size_t r = (size_t)blockIdx.x * ROPE_ROWS + threadIdx.y; r < rows; r += (size_t)gridDim.x * ROPE_ROWS) {
+        const int t = (int)(r % (size_t)T);
+        bf16 *row = x + r * (size_t)stride;
+        for (int i = threadIdx.x; i < half; i += 32) {
+            float sn, cs;
+            sincosf((float)t * inv_freq[i], &sn, &cs);
+            sn *= dir;
+            bf16 *a = row + i;
+            for (int h = 0; h < heads; h++, a += hs) {
+                const float x1 = ld(a[0]), x2 = ld(a[half]);
+                a[0] = to_bf16(x1 * cs - x2 * sn);
+                a[half] = to_bf16(x2 * cs + x1 * sn);
+            }
+        }
+    }
+}
+
+static void rope_launch(strata_stream *s, const char *what, void *x, const float *inv_freq, int B, int T,
+                        int heads, int hs, int stride, float dir) {
+    if (B <= 0 || T <= 0 || heads <= 0 || hs < 2) return;
+    size_t rows = (size_t)B * T;
+    rope_kernel<<<grid_for(rows, ROPE_ROWS), dim3(32, ROPE_ROWS), 0, strata_cuda_stream_handle(s)>>>(
+        (bf16 *)x, inv_freq, rows, T, heads, hs, stride, dir);
+    LAUNCH_CHECK(what);
+}
+
+static void cuda_rope_forward(strata_stream *s, void *x, const float *inv_freq, int B, int T, int heads, int hs,
+                              int stride) {
+    rope_launch(s, "rope_forward", x, inv_freq, B, T, heads, hs, stride, 1.0f);
+}
+
+static void cuda_rope_backward(strata_stream *s, void *dx, const float *inv_freq, int B, int T, int heads, int hs,
+                               int stride) {
+    rope_launch(s, "rope_backward", dx, inv_freq, B, T, heads, hs, stride, -1.0f);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* SwiGLU: a thread per (row, j), gate gu[n, j] and up gu[n, I + j]                      */
+/*
+ * silu(x) = x sigmoid(x) through e = exp(-|x|), which never overflows, as the CPU oracle
+ * computes it: sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) below, 1 - sigmoid(x)
+ * the other of the two. A thread reads gate and up before it writes their gradients, so
+ * dgu may alias gu. */
+
+__device__ __forceinline__ void swiglu_sigmoid(float x, float &sig, float &sig_c) {
+    float e = expf(-fabsf(x)), r = 1.0f / (1.0f + e);
+    sig = (x >= 0.0f ? 1.0f : e) * r;
+    sig_c = (x >= 0.0f ? e : 1.0f) * r; /* 1 - sigmoid(x) */
+}
+
+/* Rows stride over blockIdx.y (at most 65535), columns j over blockIdx.x: no division. */
+#define SWIGLU_ROWS_Y(row, N) for (size_t row = blockIdx.y; row < (size_t)(N); row += gridDim.y)
+#define SWIGLU_COLS_X(j, I) for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < (I); j += gridDim.x * blockDim.x)
+
+__global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, int N, int I) {
+    SWIGLU_ROWS_Y(row, N) {
+        const bf16 *g = gu + row * 2 * (size_t)I, *u = g + I;
+        bf16 *o = out + row * (size_t)I;
+        SWIGLU_COLS_X(j, I) {
+            float x = ld(g[j]), sig, sig_c;
+            swiglu_sigmoid(x, sig, sig_c);
+            o[j] = to_bf16((x * sig) * ld(u[j]));
+        }
+    }
+}
+
+/* dgate = dout * up * silu'(gate), silu' = sigmoid (1 + x (1 - sigmoid)); dup = dout * silu */
+__global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, int N, int I) {
+    SWIGLU_ROWS_Y(row, N) {
+        const bf16 *g = gu + row * 2 * (size_t)I, *u = g + I, *d = dout + row * (size_t)I;
+        bf16 *dg = dgu + row * 2 * (size_t)I, *du = dg + I;
+        SWIGLU_COLS_X(j, I) {
+            float x = ld(g[j]), uj = ld(u[j]), dj = ld(d[j]), sig, sig_c;
+            swiglu_sigmoid(x, sig, sig_c);
+            dg[j] = to_bf16(dj * uj * (sig * (1.0f + x * sig_c)));
+            du[j] = to_bf16(dj * (x * sig));
+        }
+    }
+}
+
+static dim3 swiglu_grid(int N, int I) {
+    return dim3((unsigned)((I + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
+}
+
+static void cuda_swiglu_forward(strata_stream *s, void *out, const void *gu, int N, int I) {
+    if (N <= 0 || I <= 0) return;
+    swiglu_fwd_kernel<<<swiglu_grid(N, I), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        (bf16 *)out, (const bf16 *)gu, N, I);
+    LAUNCH_CHECK("swiglu_forward");
+}
+
+static void cuda_swiglu_backward(strata_stream *s, void *dgu, const void *dout, const void *gu, int N, int I) {
+    if (N <= 0 || I <= 0) return;
+    swiglu_bwd_kernel<<<swiglu_grid(N, I), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, N, I);
+    LAUNCH_CHECK("swiglu_backward");
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -818,25 +1049,32 @@ static void cuda_scale_f32(strata_stream *s, float *x, float scale, size_t n) {
     LAUNCH_CHECK("scale_f32");
 }
 
-/* In the order of struct strata_kernels (C++17 has no designated initialisers). */
+/* Designated, in the order of struct strata_kernels: nvcc's front end rejects an entry out
+ * of order and the host compiler warns about a missing one. */
 extern "C" const strata_kernels strata_kernels_cuda = {
-    cuda_encoder_forward,
-    cuda_encoder_backward,
-    cuda_layernorm_forward,
-    cuda_layernorm_backward,
-    cuda_matmul_forward,
-    cuda_matmul_backward,
-    strata_cuda_attention_forward,
-    strata_cuda_attention_backward,
-    cuda_gelu_forward,
-    cuda_gelu_backward,
-    cuda_residual_forward,
-    cuda_add_inplace,
-    cuda_crossentropy,
-    cuda_loss_accumulate,
-    cuda_adamw,
-    cuda_sumsq,
-    cuda_accumulate_f32,
-    cuda_convert,
-    cuda_scale_f32,
+    .encoder_forward = cuda_encoder_forward,
+    .encoder_backward = cuda_encoder_backward,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .matmul_forward = cuda_matmul_forward,
+    .matmul_backward = cuda_matmul_backward,
+    .attention_forward = strata_cuda_attention_forward,
+    .attention_backward = strata_cuda_attention_backward,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .residual_forward = cuda_residual_forward,
+    .add_inplace = cuda_add_inplace,
+    .crossentropy = cuda_crossentropy,
+    .loss_accumulate = cuda_loss_accumulate,
+    .adamw = cuda_adamw,
+    .sumsq = cuda_sumsq,
+    .accumulate_f32 = cuda_accumulate_f32,
+    .convert = cuda_convert,
+    .scale_f32 = cuda_scale_f32,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .rope_forward = cuda_rope_forward,
+    .rope_backward = cuda_rope_backward,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
 };
