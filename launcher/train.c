@@ -452,13 +452,17 @@ static int open_device(trainer *t, int local_rank) {
     t->dev = strata_device_open(strata_backend_name(cfg), local_rank);
     if (!t->dev) fatal(t, "opening the device");
     /* STRATA_CUDA_UNVERIFIED=1 lets bench/gpu-check.sh exercise these paths on a GPU */
-    if (t->dev->caps.gpu && (cfg->zero.stage >= 2 || t->world > 1) && !getenv("STRATA_CUDA_UNVERIFIED")) {
-        /* Not yet proven on a GPU: stages 2-3 hung in their first GPU test, and several
-         * ranks need NCCL or staged MPI buffers. Refuse rather than risk a hang. */
+    int llama = cfg->model.arch == STRATA_ARCH_LLAMA;
+    if (t->dev->caps.gpu && (cfg->zero.stage >= 2 || t->world > 1 || llama) && !getenv("STRATA_CUDA_UNVERIFIED")) {
+        /* Not yet proven on a GPU: stages 2-3 hung in their first GPU test, several ranks
+         * need NCCL or staged MPI buffers, and the Llama family's CUDA kernels have only
+         * been compiled. Refuse rather than risk a hang or a wrong result. */
         if (t->rank == 0)
             fprintf(stderr, "%s: %s on the CUDA backend is not available in this version (verified on a GPU: "
-                            "zero.stage 0 and 1 at world size 1); use those, or device: cpu\n",
-                    cfg->path[0] ? cfg->path : "<built-in>", t->world > 1 ? "training with several ranks" : "zero.stage 2 and 3");
+                            "GPT-2 at zero.stage 0 and 1, world size 1); use those, or device: cpu\n",
+                    cfg->path[0] ? cfg->path : "<built-in>",
+                    llama ? "the Llama family (model.arch: llama)"
+                    : t->world > 1 ? "training with several ranks" : "zero.stage 2 and 3");
         return STRATA_EXIT_USAGE;
     }
     t->comm = strata_comm_open_config(t->dev, cfg);
