@@ -6,6 +6,7 @@
 # AdamW (bench/torch_cpu_llama.py). Prints a markdown table with both medians and
 # PyTorch / Strata (above 1: Strata is faster).
 #   bench/bench_cpu_llama.sh [BUILD_DIR]     PYTHON=python-with-torch-and-transformers  STEPS=n (default 10)
+#   BATCH=n: sequences per step (default 4)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=$(cd "${1:-$ROOT/build}" && pwd)
@@ -20,7 +21,7 @@ cat "$ROOT"/core/*.c "$ROOT"/core/*.h > corpus.txt
 "$S" prepare --text corpus.txt --out data > /dev/null
 shard=$(ls data/train_*.bin | head -1)
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-L=8 C=512 NH=8 NKV=2 I=1536 T=256 BT=4 V=256
+L=8 C=512 NH=8 NKV=2 I=1536 T=256 BT=${BATCH:-4} V=256
 
 cat > l.yaml <<YAML
 device: cpu

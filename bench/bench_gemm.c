@@ -3,6 +3,7 @@
  * behind the automatic choice in core/cpu/kernels_cpu.c (STRATA_CPU_GEMM=auto): run it on
  * another CPU to see whether that choice holds there.
  *   build/bench/bench_gemm [B*T C Vp]...     (default: the four shapes of bench/bench_cpu.sh)
+ *   build/bench/bench_gemm llama B*T C QKV I Vp   (a Llama-family layer: (out, in) weights)
  * Prints a markdown table of GFLOP/s (best of several runs) for the hand-written kernel
  * (strata), the BLAS (blas) and the automatic choice (auto), per direction. */
 #include <stdio.h>
@@ -55,13 +56,35 @@ static double product_ms(int dir, int M, int Kd, int N, int w_nk, float *inp, fl
     return t > 1e-6 ? t : 1e-6;
 }
 
+typedef struct product {
+    const char *name;
+    int K, N, w_nk;
+} product;
+
+static void run_products(int BT, const product *prods, size_t n_prods);
+
+/* GPT-2's layer: Conv1D (in, out) weights, the tied head (N, K) */
 static void shape(int BT, int C, int Vp)
 {
-    struct { const char *name; int K, N, w_nk; } prods[] = {
+    const product prods[] = {
         {"qkv", C, 3 * C, 0}, {"attn proj", C, C, 0}, {"fc", C, 4 * C, 0}, {"mlp proj", 4 * C, C, 0},
         {"head", C, Vp, 1},
     };
-    for (size_t p = 0; p < sizeof prods / sizeof prods[0]; p++) {
+    run_products(BT, prods, sizeof prods / sizeof prods[0]);
+}
+
+/* a Llama-family layer: every weight (out, in); q|k|v and gate|up fused */
+static void shape_llama(int BT, int C, int QKV, int I, int Vp)
+{
+    const product prods[] = {
+        {"q|k|v", C, QKV, 1}, {"o_proj", C, C, 1}, {"gate|up", C, 2 * I, 1}, {"down", I, C, 1}, {"lm_head", C, Vp, 1},
+    };
+    run_products(BT, prods, sizeof prods / sizeof prods[0]);
+}
+
+static void run_products(int BT, const product *prods, size_t n_prods)
+{
+    for (size_t p = 0; p < n_prods; p++) {
         int M = BT, Kd = prods[p].K, N = prods[p].N, w_nk = prods[p].w_nk;
         float *inp = randf((size_t)M * Kd), *w = randf((size_t)Kd * N), *bias = randf((size_t)N);
         float *out = randf((size_t)M * N), *dinp = randf((size_t)M * Kd), *dw = randf((size_t)Kd * N);
@@ -96,9 +119,13 @@ int main(int argc, char **argv)
            "dW += inp^T @ dout)\n\n", nt);
     printf("| product | M x K x N | fwd strata | fwd blas | fwd auto | dinp strata | dinp blas | dinp auto "
            "| dW strata | dW blas | dW auto |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    if (argc == 7 && !strcmp(argv[1], "llama")) {
+        shape_llama(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+        return 0;
+    }
     if (argc > 1) {
         if ((argc - 1) % 3) {
-            fprintf(stderr, "usage: %s [B*T C Vp]...\n", argv[0]);
+            fprintf(stderr, "usage: %s [B*T C Vp]... | llama B*T C QKV I Vp\n", argv[0]);
             return 2;
         }
         for (int i = 1; i + 2 < argc; i += 3) shape(atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]));

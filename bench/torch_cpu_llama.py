@@ -44,7 +44,7 @@ def main():
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.channels, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                       max_position_embeddings=a.seq, tie_word_embeddings=False, attention_dropout=0.0)
-    model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa", torch_dtype=torch.float32)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
     model.train()
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

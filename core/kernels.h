@@ -22,6 +22,16 @@
 
 #include "core/device.h"
 
+/* How a product's weight W is laid out (matmul_forward/backward's w_nk). Both (N,K) kinds
+ * compute the same product; they are told apart so a backend can pick the product kernel
+ * that is faster for each (the CPU backend's measured choice, core/cpu/kernels_cpu.c). */
+enum {
+    STRATA_W_KN = 0,      /* (K,N): Hugging Face's Conv1D (GPT-2's linear layers) */
+    STRATA_W_NK_TIED = 1, /* (N,K): the embedding (Vp,C) read as a tied LM head */
+    STRATA_W_NK = 2,      /* (N,K): an nn.Linear weight (out, in): the Llama family's
+                           * projections and its untied head */
+};
+
 /* AdamW hyperparameters for one update; bias corrections are precomputed by the caller
  * (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t) so every backend does identical arithmetic. */
 typedef struct strata_adamw_args {
@@ -50,9 +60,9 @@ struct strata_kernels {
                                const void *dout, const void *inp, const void *w,
                                const float *mean, const float *rstd, int N, int C);
 
-    /* out (M,N) = inp (M,K) @ W + bias (N). W is (K,N) when w_nk == 0 (Hugging Face
-     * Conv1D layout) and (N,K) when w_nk == 1 (the tied head reads wte (Vp,C) this way).
-     * bias may be NULL. gelu_out, when not NULL, also receives gelu(out) (M,N): the
+    /* out (M,N) = inp (M,K) @ W + bias (N), W laid out as w_nk says (STRATA_W_*, below):
+     * (K,N) for GPT-2's Conv1D weights, (N,K) for the tied head reading the embedding and
+     * for the Llama family's nn.Linear (out, in) weights. bias may be NULL. gelu_out, when not NULL, also receives gelu(out) (M,N): the
      * fused bias+GELU epilogue of the MLP's first layer (out keeps the pre-activation
      * that GELU's backward needs). */
     void (*matmul_forward)(strata_stream *s, void *out, void *gelu_out, const void *inp,

@@ -186,13 +186,13 @@ static void block_forward(strata_model *m, int u) {
     block_acts *a = acts_of(m, l);
     void *x = m->resid[l];
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C));
-    TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, 0)); /* (B,T,3C) */
+    TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, STRATA_W_KN)); /* (B,T,3C) */
     TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, NH, NH, C / NH));         /* (B,T,C) */
-    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, 0));
+    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, STRATA_W_KN));
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * C));
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C));
-    TIMED(MATMUL_FC, k->matmul_forward(s, a->fch, a->fch_gelu, a->ln2, P(u, FC_W), P(u, FC_B), BT, C, 4 * C, 0)); /* (B,T,4C) */
-    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->fch_gelu, P(u, FCPROJ_W), P(u, FCPROJ_B), BT, 4 * C, C, 0));
+    TIMED(MATMUL_FC, k->matmul_forward(s, a->fch, a->fch_gelu, a->ln2, P(u, FC_W), P(u, FC_B), BT, C, 4 * C, STRATA_W_KN)); /* (B,T,4C) */
+    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->fch_gelu, P(u, FCPROJ_W), P(u, FCPROJ_B), BT, 4 * C, C, STRATA_W_KN));
     TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * C));
 }
 
@@ -212,7 +212,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
         break;
     case STRATA_UNIT_HEAD:
         TIMED(LAYERNORM, k->layernorm_forward(s, g->lnf, g->lnf_mean, g->lnf_rstd, m->resid[L], P(u, LNF_W), P(u, LNF_B), BT, C));
-        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, g->lnf, P(0, WTE), NULL, BT, C, Vp, 1)); /* (B,T,Vp) */
+        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, g->lnf, P(0, WTE), NULL, BT, C, Vp, STRATA_W_NK_TIED)); /* (B,T,Vp) */
         strata_model_loss(m, train, dloss, loss_scale);
         break;
     }
@@ -232,13 +232,13 @@ static void block_backward(strata_model *m, int u) {
     }
     block_acts *a = acts_of(m, l);
     /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. */
-    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dfch, G(u, FCPROJ_W), G(u, FCPROJ_B), m->dresid, a->fch_gelu, P(u, FCPROJ_W), BT, 4 * C, C, 0));
+    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dfch, G(u, FCPROJ_W), G(u, FCPROJ_B), m->dresid, a->fch_gelu, P(u, FCPROJ_W), BT, 4 * C, C, STRATA_W_KN));
     TIMED(GELU, k->gelu_backward(s, g->dfch, a->fch, g->dfch, (size_t)BT * 4 * C));
-    TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, G(u, FC_W), G(u, FC_B), g->dfch, a->ln2, P(u, FC_W), BT, C, 4 * C, 0));
+    TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, G(u, FC_W), G(u, FC_B), g->dfch, a->ln2, P(u, FC_W), BT, C, 4 * C, STRATA_W_KN));
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN2_W), G(u, LN2_B), g->dbtc, a->resid2, P(u, LN2_W), a->ln2_mean, a->ln2_rstd, BT, C));
-    TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, 0));
+    TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, STRATA_W_KN));
     TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->dbtc, a->qkv, a->atty, a->att_lse, B, T, NH, NH, C / NH));
-    TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, G(u, QKV_W), G(u, QKV_B), g->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, 0));
+    TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, G(u, QKV_W), G(u, QKV_B), g->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, STRATA_W_KN));
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), g->dbtc, m->resid[l], P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
 }
 
@@ -252,7 +252,7 @@ static int backward(strata_model *m, int u) {
     switch (m->units[u].kind) {
     case STRATA_UNIT_HEAD:
         /* tied head: dwte (Vp,C) += dlogits^T lnf; dlnf = dlogits wte */
-        TIMED(CLASSIFIER, k->matmul_backward(s, g->dbtc, G(0, WTE), NULL, m->logits, g->lnf, P(0, WTE), BT, C, Vp, 1));
+        TIMED(CLASSIFIER, k->matmul_backward(s, g->dbtc, G(0, WTE), NULL, m->logits, g->lnf, P(0, WTE), BT, C, Vp, STRATA_W_NK_TIED));
         STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * C * es));
         TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), g->dbtc, m->resid[L], P(u, LNF_W), g->lnf_mean, g->lnf_rstd, BT, C));
         break;

@@ -174,6 +174,9 @@ static block_params block_tensors(const strata_model *m, void *base, int u, size
 
 /* The head's LM weight (Vp, C) inside unit buffers of `es`-byte elements: lm_head in the
  * head's own, or the token embedding in unit 0's when tied. */
+/* the head's weight: the embedding read as (Vp, C), or lm_head's own nn.Linear weight */
+static int head_layout(const strata_model *m) { return m->shape.tie_embeddings ? STRATA_W_NK_TIED : STRATA_W_NK; }
+
 static void *head_weight(const strata_model *m, void *head_base, void *embed_base, size_t es) {
     if (m->shape.tie_embeddings) return strata_model_tensor_ptr(m, embed_base, 0, 0, es);
     return strata_model_tensor_ptr(m, head_base, m->shape.n_layer + 1, 1, es);
@@ -343,10 +346,10 @@ static void block_forward(strata_model *m, int u) {
     size_t k_at = (size_t)d.NH * d.hd * es; /* k's heads start there in a q|k|v row */
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln1, a->ln1_rstd, x, p.ln1, BT, 1, d.C, d.C, eps)); /* (B,T,C) */
     if (!m->shape.qk_norm) {
-        TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, 1)); /* (B,T,Q) */
+        TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, STRATA_W_NK)); /* (B,T,Q) */
     } else {
         /* Qwen3: q and k normed per head (the raw projection kept for the backward), v as is */
-        TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv_raw, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, 1));
+        TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv_raw, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, STRATA_W_NK));
         TIMED(RMSNORM, k->convert(s, a->qkv, dt, a->qkv_raw, dt, (size_t)BT * d.Q),
               k->rmsnorm_forward(s, a->qkv, a->q_rstd, a->qkv_raw, p.q_norm, BT, d.NH, d.hd, d.Q, eps),
               k->rmsnorm_forward(s, (char *)a->qkv + k_at, a->k_rstd, (char *)a->qkv_raw + k_at, p.k_norm, BT, d.NKV,
@@ -355,12 +358,12 @@ static void block_forward(strata_model *m, int u) {
     TIMED(ROPE, k->rope_forward(s, a->qkv, g->inv_freq, B, T, d.NH, d.hd, d.Q),
           k->rope_forward(s, (char *)a->qkv + k_at, g->inv_freq, B, T, d.NKV, d.hd, d.Q));
     TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, d.NH, d.NKV, d.hd)); /* (B,T,NH hd) */
-    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, p.o, NULL, BT, d.A, d.C, 1)); /* (B,T,C) */
+    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, p.o, NULL, BT, d.A, d.C, STRATA_W_NK)); /* (B,T,C) */
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * d.C));
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln2, a->ln2_rstd, a->resid2, p.ln2, BT, 1, d.C, d.C, eps));
-    TIMED(MATMUL_FC, k->matmul_forward(s, a->gu, NULL, a->ln2, p.gu, NULL, BT, d.C, 2 * d.I, 1)); /* (B,T,2I) */
+    TIMED(MATMUL_FC, k->matmul_forward(s, a->gu, NULL, a->ln2, p.gu, NULL, BT, d.C, 2 * d.I, STRATA_W_NK)); /* (B,T,2I) */
     TIMED(SWIGLU, k->swiglu_forward(s, a->mlp, a->gu, BT, d.I));                                   /* (B,T,I) */
-    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->mlp, p.down, NULL, BT, d.I, d.C, 1)); /* (B,T,C) */
+    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->mlp, p.down, NULL, BT, d.I, d.C, STRATA_W_NK)); /* (B,T,C) */
     TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * d.C));
 }
 
@@ -383,7 +386,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
         void *w = head_weight(m, m->params[u], m->params[0], es); /* (Vp, C) */
         TIMED(RMSNORM, k->rmsnorm_forward(s, g->lnf, g->lnf_rstd, m->resid[d.L], norm, BT, 1, d.C, d.C,
                                           m->shape.rms_norm_eps));
-        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, g->lnf, w, NULL, BT, d.C, Vp, 1)); /* (B,T,Vp) */
+        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, g->lnf, w, NULL, BT, d.C, Vp, head_layout(m))); /* (B,T,Vp) */
         strata_model_loss(m, train, dloss, loss_scale);
         break;
     }
@@ -408,11 +411,11 @@ static void block_backward(strata_model *m, int u) {
     block_acts *a = acts_of(m, l);
     size_t k_at = (size_t)d.NH * d.hd * es;
     /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. */
-    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dmlp, gr.down, NULL, m->dresid, a->mlp, p.down, BT, d.I, d.C, 1));
+    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dmlp, gr.down, NULL, m->dresid, a->mlp, p.down, BT, d.I, d.C, STRATA_W_NK));
     TIMED(SWIGLU, k->swiglu_backward(s, g->dgu, g->dmlp, a->gu, BT, d.I));
-    TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, gr.gu, NULL, g->dgu, a->ln2, p.gu, BT, d.C, 2 * d.I, 1));
+    TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, gr.gu, NULL, g->dgu, a->ln2, p.gu, BT, d.C, 2 * d.I, STRATA_W_NK));
     TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln2, g->dbtc, a->resid2, p.ln2, a->ln2_rstd, BT, 1, d.C, d.C));
-    TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->datty, gr.o, NULL, m->dresid, a->atty, p.o, BT, d.A, d.C, 1));
+    TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->datty, gr.o, NULL, m->dresid, a->atty, p.o, BT, d.A, d.C, STRATA_W_NK));
     TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->datty, a->qkv, a->atty, a->att_lse, B, T, d.NH, d.NKV, d.hd));
     TIMED(ROPE, k->rope_backward(s, g->dqkv, g->inv_freq, B, T, d.NH, d.hd, d.Q),
           k->rope_backward(s, (char *)g->dqkv + k_at, g->inv_freq, B, T, d.NKV, d.hd, d.Q));
@@ -429,7 +432,7 @@ static void block_backward(strata_model *m, int u) {
                                   (char *)a->qkv_raw + k_at, p.k_norm, a->k_rstd, BT, d.NKV, d.hd, d.Q));
         dqkv = g->dqkv_raw;
     }
-    TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, gr.qkv, gr.qkv_b, dqkv, a->ln1, p.qkv, BT, d.C, d.Q, 1));
+    TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, gr.qkv, gr.qkv_b, dqkv, a->ln1, p.qkv, BT, d.C, d.Q, STRATA_W_NK));
     TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln1, g->dbtc, m->resid[l], p.ln1, a->ln1_rstd, BT, 1, d.C, d.C));
 }
 
@@ -447,7 +450,7 @@ static int backward(strata_model *m, int u) {
         void *w = head_weight(m, m->params[u], m->params[0], es);
         float *dw = head_weight(m, m->grads[u], m->grads[0], sizeof(float));
         /* dw (Vp,C) += dlogits^T lnf; dlnf = dlogits w */
-        TIMED(CLASSIFIER, k->matmul_backward(s, g->dbtc, dw, NULL, m->logits, g->lnf, w, BT, d.C, Vp, 1));
+        TIMED(CLASSIFIER, k->matmul_backward(s, g->dbtc, dw, NULL, m->logits, g->lnf, w, BT, d.C, Vp, head_layout(m)));
         STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * d.C * es));
         TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, dnorm, g->dbtc, m->resid[d.L], norm, g->lnf_rstd, BT, 1, d.C, d.C));
         break;

@@ -215,6 +215,7 @@ typedef struct gemm_args {
     int accumulate;
     float *gelu_out; /* (M,N) with row stride ldc, or NULL: receives gelu(C) */
     int kind;        /* which product of a linear layer, for the BLAS choice: GEMM_* below */
+    int w_layout;    /* the layer's STRATA_W_* (core/kernels.h), for the same choice */
 } gemm_args;
 
 /* the three products of a linear layer; attention's products are none of them (0) */
@@ -535,6 +536,11 @@ static void gemm_blas(const gemm_args *g)
  *    256: 210-215 against 157-201), gemm_strata over more (176-220 against 155-207).
  * A row's forward output and input gradient never depend on the row count (neither rule
  * looks at it), so a sequence's activations are the same bits in any batch.
+ * The Llama family's nn.Linear (out, in) weights (STRATA_W_NK) go to BLIS in every
+ * direction: on its layer shapes (bench/bench_gemm llama) BLIS is as fast or faster on
+ * most products, and in a training step (8 layers, 512 channels, T=256) all of them on
+ * BLIS took 826 ms against 920 ms with the rules above (STRATA_PROFILE=kernels). GPT-2's
+ * products keep the rules above, so its results are the bits they were.
  * Where BLIS has AVX-512 kernels (Intel Skylake-X and later), every linear layer's product
  * goes to it: on such a machine gemm_strata reached 208-223 GFLOP/s against a BLAS's
  * 330-397 (issue 16). Attention's products always stay on gemm_block. */
@@ -544,7 +550,7 @@ static int gemm_blas_takes(const gemm_args *g)
     if (!g->kind) return 0;
     int c = gemm_choice();
     if (c != GEMM_AUTO) return c == GEMM_BLAS;
-    if (gemm_blas_takes_all) return 1;
+    if (gemm_blas_takes_all || g->w_layout == STRATA_W_NK) return 1;
     switch (g->kind) {
     case GEMM_FWD: return (g->K < g->N ? g->K : g->N) <= 128;
     case GEMM_DINP: return 1;
@@ -703,7 +709,7 @@ static void cpu_matmul_forward(strata_stream *s, void *out, void *gelu_out, cons
         .a = inp, .a_rs = (size_t)K, .a_cs = 1,
         .b = w, .b_rs = w_nk ? 1 : (size_t)N, .b_cs = w_nk ? (size_t)K : 1,
         .c = out, .ldc = (size_t)N,
-        .bias = bias, .accumulate = 0, .gelu_out = gelu_out, .kind = GEMM_FWD,
+        .bias = bias, .accumulate = 0, .gelu_out = gelu_out, .kind = GEMM_FWD, .w_layout = w_nk,
     };
     gemm(&g);
 }
@@ -734,7 +740,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = M, .N = K, .K = N,
             .a = dout, .a_rs = (size_t)N, .a_cs = 1,
             .b = w, .b_rs = w_nk ? (size_t)K : 1, .b_cs = w_nk ? 1 : (size_t)N,
-            .c = dinp, .ldc = (size_t)K, .kind = GEMM_DINP,
+            .c = dinp, .ldc = (size_t)K, .kind = GEMM_DINP, .w_layout = w_nk,
         };
         gemm(&g);
     }
@@ -743,7 +749,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = K, .N = N, .K = M,
             .a = inp, .a_rs = 1, .a_cs = (size_t)K,
             .b = dout, .b_rs = (size_t)N, .b_cs = 1,
-            .c = dw, .ldc = (size_t)N, .accumulate = 1, .kind = GEMM_DW,
+            .c = dw, .ldc = (size_t)N, .accumulate = 1, .kind = GEMM_DW, .w_layout = w_nk,
         };
         gemm(&g);
     } else { /* dW (N,K) += dout^T (N,M) @ inp (M,K) */
@@ -751,7 +757,7 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
             .M = N, .N = K, .K = M,
             .a = dout, .a_rs = 1, .a_cs = (size_t)N,
             .b = inp, .b_rs = (size_t)K, .b_cs = 1,
-            .c = dw, .ldc = (size_t)K, .accumulate = 1, .kind = GEMM_DW,
+            .c = dw, .ldc = (size_t)K, .accumulate = 1, .kind = GEMM_DW, .w_layout = w_nk,
         };
         gemm(&g);
     }
