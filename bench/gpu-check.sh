@@ -8,7 +8,8 @@
 #                     GPU probed under a hang watch (~2 min)
 #   matrix-world1     the verification matrix of bench/gpu_matrix.py: world 1, every stage,
 #   matrix-attention  comm backend, offload tier, checkpointing and accumulation; attention
-#   matrix-ranks      kernels and 124M; 2 and 4 ranks on the GPU (~3-6 min each)
+#   matrix-ranks      kernels and 124M; 2 and 4 ranks on the GPU; the Llama family's
+#   matrix-llama      stages, CPU optimizer and tensor-core attention (~2-6 min each)
 #   sanitize          compute-sanitizer memcheck and racecheck (~4 min)
 #   torch             bf16 against transformers (~2 min)
 #   bench, bench15    124M and 1.5B: Strata against the nanoGPT-style PyTorch model eager
@@ -49,9 +50,9 @@
 # GPU_CHECK_STRATA (the binary the parts run) and GPU_CHECK_NEEDS_S (every part's estimate).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ALL_PARTS="check matrix-world1 matrix-attention sanitize torch bench matrix-ranks memory bench15 offload offload7b offload10b"
+ALL_PARTS="check matrix-llama matrix-world1 matrix-attention sanitize torch bench matrix-ranks memory bench15 offload offload7b offload10b"
 # the seconds each part needs to be worth starting (its estimate on the H100)
-declare -A NEEDS=([check]=90 [matrix-world1]=120 [matrix-attention]=120 [matrix-ranks]=150 [sanitize]=180
+declare -A NEEDS=([check]=90 [matrix-llama]=120 [matrix-world1]=120 [matrix-attention]=120 [matrix-ranks]=150 [sanitize]=180
                   [torch]=90 [bench]=300 [bench15]=360 [memory]=240 [offload]=360 [offload7b]=330 [offload10b]=450)
 log() { echo "[gpu-check] $*"; }
 # ---- shared by the main script and by each part: a part runs as this script again
@@ -192,6 +193,7 @@ part_matrix() { # world1 | ranks | attention
 part_matrix-world1() { part_matrix world1; }
 part_matrix-ranks() { part_matrix ranks; }
 part_matrix-attention() { part_matrix attention; }
+part_matrix-llama() { part_matrix llama; }
 
 part_sanitize() {
   # memcheck and racecheck on the kernel tests and on 3 steps at stage 3 with CPU offload

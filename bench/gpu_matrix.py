@@ -52,8 +52,19 @@ SHAPES = {
     "h64-t1024": dict(n_layer=2, n_head=4, n_embd=256, seq_len=1024, vocab_size=256, micro_batch=4),
     "h128-t1024": dict(n_layer=2, n_head=2, n_embd=256, seq_len=1024, vocab_size=256, micro_batch=4),
     "124m": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, vocab_size=50257, micro_batch=16),
+    # the Llama family: grouped-query attention (8 query heads over 2, head size 64, so the
+    # tensor-core attention takes it), SwiGLU, RMSNorm, RoPE, an untied head ...
+    "llama": dict(arch="llama", n_layer=4, n_head=8, n_kv_head=2, n_embd=512, intermediate_size=1024, seq_len=256,
+                  vocab_size=256, tie_embeddings="false", micro_batch=8),
+    # ... and its variations at once: one key/value head of 128 apart from n_embd / n_head,
+    # Qwen2's q/k/v biases, Qwen3's q/k norms, llama3 RoPE scaling, a tied head
+    "llama-x": dict(arch="llama", n_layer=2, n_head=4, n_kv_head=1, head_dim=128, n_embd=256, intermediate_size=512,
+                    seq_len=256, vocab_size=256, qkv_bias="true", qk_norm="true", tie_embeddings="true",
+                    rope_scaling="llama3", rope_original_context=64, micro_batch=8),
 }
 QUICK_SHAPE = dict(n_layer=2, n_head=2, n_embd=32, seq_len=32, vocab_size=256, micro_batch=4)
+QUICK_LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64, seq_len=32,
+                   vocab_size=256, micro_batch=4)
 QUICK_STEPS = 4
 
 
@@ -127,6 +138,25 @@ def parts():
                    sets=["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu"], ref="124m, stage 0",
                    limit_s=240))
     p["attention"] = late_stages_last(att)
+
+    # The Llama family (its CUDA kernels were first built without a GPU): every stage and the
+    # CPU optimizer against stage 0 bit for bit, each against the CPU's fp32 within TOL_CPU,
+    # and the tensor-core attention against the CUDA-core one.
+    lb = "llama, stage 0"
+    ll = [row(lb, shape="llama")]
+    for st in (1, 2, 3):
+        ll.append(row(f"llama, stage {st}", shape="llama", sets=[f"zero.stage={st}"], ref=lb))
+    for st in (0, 3):
+        ll.append(row(f"llama, stage {st}, optimizer cpu", shape="llama", sets=[f"zero.stage={st}", "offload.optimizer=cpu"],
+                      ref=lb))
+    ll.append(row("llama, checkpointing blocks", shape="llama", sets=["train.activation_checkpointing=blocks"], ref=lb))
+    ll.append(row("llama, attention tc", shape="llama", env={"STRATA_ATTENTION": "tc"}, ref=lb, tol=TOL_CPU,
+                  needs_gpu=True))
+    xb = "llama-x, stage 0"
+    ll.append(row(xb, shape="llama-x"))
+    ll.append(row("llama-x, stage 3, optimizer cpu", shape="llama-x", sets=["zero.stage=3", "offload.optimizer=cpu"],
+                  ref=xb))
+    p["llama"] = late_stages_last(ll)
     return p
 
 
@@ -252,7 +282,9 @@ class Runner:
                        stdout=subprocess.DEVNULL)
 
     def shape(self, r):
-        return dict(QUICK_SHAPE) if self.a.quick else dict(SHAPES[r["shape"]])
+        if self.a.quick:
+            return dict(QUICK_LLAMA if SHAPES[r["shape"]].get("arch") == "llama" else QUICK_SHAPE)
+        return dict(SHAPES[r["shape"]])
 
     def config(self, r, device, run_dir):
         s = self.shape(r)
