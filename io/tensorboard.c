@@ -321,8 +321,10 @@ static void free_names(char **names, int n) {
  * with plugin metadata: the resumed run writes its memory plan there again), through tmp;
  * the original is replaced only when something was dropped, and is untouched on any
  * failure. *dropped counts the records left out; *torn says where a torn or corrupt
- * record ended what was kept (-1: none). */
-static int cut_back(const char *path, const char *tmp, int64_t keep, int *dropped, long *torn, const char **why) {
+ * record ended what was kept (-1: none); *last_scalars is raised to the step of the
+ * newest kept Event without plugin metadata (a step's scalars). */
+static int cut_back(const char *path, const char *tmp, int64_t keep, int *dropped, long *torn, const char **why,
+                    int64_t *last_scalars) {
     *dropped = 0;
     *torn = -1;
     FILE *in = fopen(path, "rb");
@@ -349,6 +351,7 @@ static int cut_back(const char *path, const char *tmp, int64_t keep, int *droppe
         if (known && (step > keep || (step == keep && meta))) {
             ++*dropped;
         } else {
+            if (known && !meta && step > *last_scalars) *last_scalars = step;
             rec.len = 0;
             strata_tb_frame(&rec, data.p, data.len);
             if (fwrite(rec.p, 1, rec.len, out) != rec.len) {
@@ -382,6 +385,7 @@ struct strata_tb_writer {
     int fd;
     char path[STRATA_PATH_MAX + 128];
     off_t good_bytes; /* the file's length after its last whole record */
+    int64_t last_kept; /* a resume: the newest step whose scalars the files kept */
     strata_sbuf event, record;
 };
 
@@ -446,7 +450,7 @@ static int resume_files(strata_tb_writer *w, const char *dir, char **names, int 
         int dropped = 0;
         long torn = -1;
         const char *why = "";
-        if (cut_back(path, tmp, resume_step, &dropped, &torn, &why)) return -1;
+        if (cut_back(path, tmp, resume_step, &dropped, &torn, &why, &w->last_kept)) return -1;
         if (torn >= 0)
             STRATA_INFO("tb", "%s: byte %ld starts %s (a run killed while writing it?): the file is kept up to there",
                         path, torn, why);
@@ -490,6 +494,8 @@ int strata_tb_open(strata_tb_writer **out, const char *dir, int64_t resume_step)
 }
 
 const char *strata_tb_path(const strata_tb_writer *w) { return w->path; }
+
+int64_t strata_tb_last_kept(const strata_tb_writer *w) { return w->last_kept; }
 
 int strata_tb_write_scalars(strata_tb_writer *w, int64_t step, const strata_tb_scalar *v, int n) {
     strata_tb_event_scalars(&w->event, wall_clock(), step, v, n);

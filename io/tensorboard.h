@@ -19,7 +19,8 @@
  * name and renamed only where something changes, then appends to the newest. A record
  * cut short by a killed run, or one whose checksum is wrong, ends what is kept of its
  * file (TensorBoard's reader stops there too), so nothing is ever appended after a torn
- * record. A fresh run removes the events files an earlier run left there, as it rewrites
+ * record; the steps it took (up to S) are written again by the trainer from metrics.jsonl
+ * (strata_tb_last_kept says from where). A fresh run removes the events files an earlier run left there, as it rewrites
  * metrics.jsonl.
  *
  * Writes go out a record at a time with write(2), and a write that fails cuts the file
@@ -74,6 +75,10 @@ typedef struct strata_tb_writer strata_tb_writer;
 int strata_tb_open(strata_tb_writer **out, const char *dir, int64_t resume_step);
 /* The file being written, for messages. */
 const char *strata_tb_path(const strata_tb_writer *w);
+/* After a resume's cut-back: the newest step whose scalars the files kept (0: none). Below
+ * the resumed step when a torn record took the last ones; the caller writes them again
+ * from what it kept elsewhere (metrics.jsonl), so no step goes missing. */
+int64_t strata_tb_last_kept(const strata_tb_writer *w);
 /* One Event of a step's scalars, stamped with the wall clock. 0, or -1 + error naming the
  * file and errno, the file cut back to its last whole record. */
 int strata_tb_write_scalars(strata_tb_writer *w, int64_t step, const strata_tb_scalar *v, int n);

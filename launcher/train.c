@@ -20,6 +20,7 @@
 #include "io/config.h"
 #include "io/data.h"
 #include "io/files.h"
+#include "io/json.h"
 #include "io/pretrained.h"
 #include "io/tensorboard.h"
 #include "shard/comm.h"
@@ -656,6 +657,85 @@ static void restore_state(trainer *t) {
     }
 }
 
+/* The TensorBoard tag of each figure of metrics.jsonl's lines: how a step's line becomes
+ * its event, here and when a resume writes lost events again from the lines. */
+static const struct {
+    const char *key, *tag;
+} FIGURE_TAGS[] = {
+    {"loss", "loss/train"}, {"val_loss", "loss/val"}, {"lr", "optim/lr"}, {"grad_norm", "optim/grad_norm"},
+    {"tokens_per_s", "speed/tokens_per_s"}, {"step_ms", "speed/step_ms"}, {"tflops", "speed/tflops"},
+    {"tokens", "progress/tokens"},
+    {"peak_mem_bytes", "memory/peak_mem_bytes"}, {"mem_params", "memory/mem_params"},
+    {"mem_grads", "memory/mem_grads"}, {"mem_optimizer", "memory/mem_optimizer"},
+    {"mem_activations", "memory/mem_activations"}, {"mem_buffers", "memory/mem_buffers"},
+    {"plan_device_bytes", "memory/plan_device_bytes"}, {"rss_bytes", "memory/rss_bytes"},
+    {"plan_pinned_bytes", "memory/plan_pinned_bytes"}, {"pinned_bytes", "memory/pinned_bytes"},
+    {"device_used_bytes", "memory/device_used_bytes"}, {"device_used_peak_bytes", "memory/device_used_peak_bytes"},
+    {"plan_device_total_bytes", "memory/plan_device_total_bytes"},
+    {"device_used_vs_plan_pct", "memory/device_used_vs_plan_pct"},
+    {"comm_bytes", "comm/comm_bytes"},
+    {"compute_ms", "time/compute_ms"}, {"comm_wait_ms", "time/comm_wait_ms"},
+    {"offload_wait_ms", "time/offload_wait_ms"}, {"data_ms", "time/data_ms"},
+    {"compute_busy_ms", "offload/compute_busy_ms"}, {"offload_gather_h2d_bytes", "offload/offload_gather_h2d_bytes"},
+#define SPLIT_TAG_(f) {"offload_" #f, "offload/offload_" #f},
+    STRATA_TIER_SECONDS(SPLIT_TAG_) STRATA_TIER_COUNTS(SPLIT_TAG_)
+#undef SPLIT_TAG_
+};
+
+/* The tag of metrics.jsonl's figure `key`, or NULL for what is no scalar (the plan, memory.auto's choice). */
+static const char *figure_tag(const char *key) {
+    for (size_t i = 0; i < sizeof FIGURE_TAGS / sizeof FIGURE_TAGS[0]; i++)
+        if (!strcmp(FIGURE_TAGS[i].key, key)) return FIGURE_TAGS[i].tag;
+    return NULL;
+}
+
+/* A resume whose events lost their last steps to a torn record (a run killed, or a machine
+ * lost, while writing one) while metrics.jsonl kept them: those steps' events are written
+ * again from metrics.jsonl's lines (cut back to the resumed step already), the same numbers
+ * under the same tags, so TensorBoard shows every step once. A line that is not JSON is
+ * skipped, saying so: an event is not worth a run. */
+static int rewrite_lost_events(trainer *t) {
+    int64_t kept = strata_tb_last_kept(t->tb), first = 0, last = 0;
+    if (kept >= t->start) return 0;
+    FILE *in = fopen(t->metrics_path, "r");
+    if (!in) return errno == ENOENT ? 0 : strata_fail("%s: cannot read: %s", t->metrics_path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int rc = 0, at = 0;
+    while (!rc && (n = getline(&line, &cap, in)) > 0) {
+        at++;
+        char name[sizeof t->metrics_path + 32];
+        snprintf(name, sizeof name, "%s line %d", t->metrics_path, at);
+        strata_json_doc doc;
+        if (strata_json_parse(&doc, line, (size_t)n, name)) {
+            STRATA_WARN("tb", "%s; its event is not written again", strata_error());
+            continue;
+        }
+        const strata_json *step = strata_json_get(&doc.root, "step");
+        if (step && step->type == STRATA_JSON_NUMBER && step->is_int && step->integer > kept &&
+            step->integer <= t->start) {
+            strata_tb_scalar v[64];
+            int nv = 0;
+            for (size_t i = 0; i < doc.root.len && nv < (int)(sizeof v / sizeof v[0]); i++) {
+                const strata_json_member *m = &doc.root.members[i];
+                const char *tag = figure_tag(m->key);
+                if (tag && m->value.type == STRATA_JSON_NUMBER) v[nv++] = (strata_tb_scalar){tag, (float)m->value.number};
+            }
+            rc = strata_tb_write_scalars(t->tb, step->integer, v, nv);
+            if (!first) first = step->integer;
+            last = step->integer;
+        }
+        strata_json_free(&doc);
+    }
+    free(line);
+    (void)fclose(in); /* read-only */
+    if (!rc && first)
+        STRATA_INFO("tb", "steps %lld-%lld written again from %s: a torn record had taken their events",
+                    (long long)first, (long long)last, t->metrics_path);
+    return rc;
+}
+
 /* The TensorBoard events (run.tensorboard; in run.tensorboard_dir, else run.dir), cut back
  * to the resumed step as metrics.jsonl is (io/tensorboard.h), and the memory plan as text
  * at the step this run starts from (TensorBoard's text plugin renders it as Markdown). */
@@ -663,6 +743,7 @@ static int open_events(trainer *t) {
     const strata_config *cfg = &t->cfg;
     const char *dir = cfg->run.tensorboard_dir[0] ? cfg->run.tensorboard_dir : cfg->run.dir;
     if (strata_tb_open(&t->tb, dir, t->cli.resume ? t->start : -1)) return -1;
+    if (t->cli.resume && rewrite_lost_events(t)) return -1;
     char *plan = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&plan, &len);
@@ -756,14 +837,14 @@ typedef struct step_record {
     int n_tb;
 } step_record;
 
-/* `, "key": value` into the line, printed with fmt; with a tag, the same number (as
- * printed, so both files say the same) becomes the event's scalar `tag`. */
-static void figure(step_record *r, const char *key, const char *tag, const char *fmt, double v) {
+/* `, "key": value` into the line, printed with fmt; the same number (as printed, so both
+ * files say the same) becomes the event's scalar under the key's tag. */
+static void figure(step_record *r, const char *key, const char *fmt, double v) {
     char num[32];
     snprintf(num, sizeof num, fmt, v);
     fprintf(r->line, ", \"%s\": %s", key, num);
-    if (!tag) return;
-    STRATA_ASSERT(r->n_tb < (int)(sizeof r->tb / sizeof r->tb[0]));
+    const char *tag = figure_tag(key);
+    STRATA_ASSERT(tag && r->n_tb < (int)(sizeof r->tb / sizeof r->tb[0]));
     r->tb[r->n_tb].tag = tag;
     r->tb[r->n_tb].value = (float)strtod(num, NULL);
     r->n_tb++;
@@ -808,43 +889,43 @@ static int write_metrics(trainer *t, const step_figures *f) {
     FILE *m = rec.line;
     if (!m) return strata_fail("metrics: out of host memory for a line");
     fprintf(m, "{\"step\": %lld", (long long)f->done);
-    figure(&rec, "loss", "loss/train", "%.9g", r->loss);
-    if (f->eval_now) figure(&rec, "val_loss", "loss/val", "%.9g", f->val_loss);
-    figure(&rec, "lr", "optim/lr", "%.9g", r->lr);
-    figure(&rec, "grad_norm", "optim/grad_norm", "%.9g", r->grad_norm);
-    figure(&rec, "tokens_per_s", "speed/tokens_per_s", "%.1f", tok_s);
-    figure(&rec, "step_ms", "speed/step_ms", "%.3f", f->ms);
-    figure(&rec, "tflops", "speed/tflops", "%.3f",
+    figure(&rec, "loss", "%.9g", r->loss);
+    if (f->eval_now) figure(&rec, "val_loss", "%.9g", f->val_loss);
+    figure(&rec, "lr", "%.9g", r->lr);
+    figure(&rec, "grad_norm", "%.9g", r->grad_norm);
+    figure(&rec, "tokens_per_s", "%.1f", tok_s);
+    figure(&rec, "step_ms", "%.3f", f->ms);
+    figure(&rec, "tflops", "%.3f",
            tok_s * strata_model_flops_per_token(&t->m, strata_config_seq_len(&t->cfg)) / 1e12);
-    figure(&rec, "tokens", "progress/tokens", "%.0f", t->tokens_seen);
-    figure(&rec, "peak_mem_bytes", "memory/peak_mem_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_DEVICE].peak_bytes);
-    figure(&rec, "mem_params", "memory/mem_params", "%.0f", (double)mem.params);
-    figure(&rec, "mem_grads", "memory/mem_grads", "%.0f", (double)mem.grads);
-    figure(&rec, "mem_optimizer", "memory/mem_optimizer", "%.0f", (double)mem.optimizer);
-    figure(&rec, "mem_activations", "memory/mem_activations", "%.0f", (double)mem.activations);
-    figure(&rec, "mem_buffers", "memory/mem_buffers", "%.0f", (double)mem.buffers);
-    figure(&rec, "plan_device_bytes", "memory/plan_device_bytes", "%.0f", (double)t->planned_device);
-    figure(&rec, "rss_bytes", "memory/rss_bytes", "%.0f", (double)rss);
-    figure(&rec, "plan_pinned_bytes", "memory/plan_pinned_bytes", "%.0f", (double)t->planned_pinned);
-    figure(&rec, "pinned_bytes", "memory/pinned_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_PINNED].live_bytes);
-    figure(&rec, "comm_bytes", "comm/comm_bytes", "%.0f", (double)f->comm_bytes);
-    figure(&rec, "compute_ms", "time/compute_ms", "%.3f", f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms);
-    figure(&rec, "comm_wait_ms", "time/comm_wait_ms", "%.3f", r->comm_wait_ms);
-    figure(&rec, "offload_wait_ms", "time/offload_wait_ms", "%.3f", r->offload_wait_ms);
-    figure(&rec, "data_ms", "time/data_ms", "%.3f", r->data_ms);
+    figure(&rec, "tokens", "%.0f", t->tokens_seen);
+    figure(&rec, "peak_mem_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_DEVICE].peak_bytes);
+    figure(&rec, "mem_params", "%.0f", (double)mem.params);
+    figure(&rec, "mem_grads", "%.0f", (double)mem.grads);
+    figure(&rec, "mem_optimizer", "%.0f", (double)mem.optimizer);
+    figure(&rec, "mem_activations", "%.0f", (double)mem.activations);
+    figure(&rec, "mem_buffers", "%.0f", (double)mem.buffers);
+    figure(&rec, "plan_device_bytes", "%.0f", (double)t->planned_device);
+    figure(&rec, "rss_bytes", "%.0f", (double)rss);
+    figure(&rec, "plan_pinned_bytes", "%.0f", (double)t->planned_pinned);
+    figure(&rec, "pinned_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_PINNED].live_bytes);
+    figure(&rec, "comm_bytes", "%.0f", (double)f->comm_bytes);
+    figure(&rec, "compute_ms", "%.3f", f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms);
+    figure(&rec, "comm_wait_ms", "%.3f", r->comm_wait_ms);
+    figure(&rec, "offload_wait_ms", "%.3f", r->offload_wait_ms);
+    figure(&rec, "data_ms", "%.3f", r->data_ms);
     /* the device as nvidia-smi sees it (CUDA) against the plan's prediction of it */
-    figure(&rec, "device_used_bytes", "memory/device_used_bytes", "%.0f", (double)used);
-    figure(&rec, "device_used_peak_bytes", "memory/device_used_peak_bytes", "%.0f", (double)t->device_used_peak);
-    figure(&rec, "plan_device_total_bytes", "memory/plan_device_total_bytes", "%.0f", (double)predicted);
-    figure(&rec, "device_used_vs_plan_pct", "memory/device_used_vs_plan_pct", "%.3f",
+    figure(&rec, "device_used_bytes", "%.0f", (double)used);
+    figure(&rec, "device_used_peak_bytes", "%.0f", (double)t->device_used_peak);
+    figure(&rec, "plan_device_total_bytes", "%.0f", (double)predicted);
+    figure(&rec, "device_used_vs_plan_pct", "%.3f",
            percent_off(t->device_used_peak, predicted));
     if (f->done == t->start + 1) write_plan(m, &t->plan);
     if (t->auto_change[0] && f->done == t->start + 1) strata_auto_write_metrics(&t->autosel, t->auto_change, m);
     if (r->have_split) { /* the offload split: this rank's, the previous step's update (see strata_step_result) */
-        figure(&rec, "compute_busy_ms", "offload/compute_busy_ms", "%.3f", r->compute_ms);
-        figure(&rec, "offload_gather_h2d_bytes", "offload/offload_gather_h2d_bytes", "%.0f", (double)r->gather_h2d_bytes);
-#define SPLIT_SECONDS_(f) figure(&rec, "offload_" #f, "offload/offload_" #f, "%.6f", r->tier.f);
-#define SPLIT_COUNTS_(f) figure(&rec, "offload_" #f, "offload/offload_" #f, "%.0f", (double)r->tier.f);
+        figure(&rec, "compute_busy_ms", "%.3f", r->compute_ms);
+        figure(&rec, "offload_gather_h2d_bytes", "%.0f", (double)r->gather_h2d_bytes);
+#define SPLIT_SECONDS_(f) figure(&rec, "offload_" #f, "%.6f", r->tier.f);
+#define SPLIT_COUNTS_(f) figure(&rec, "offload_" #f, "%.0f", (double)r->tier.f);
         STRATA_TIER_SECONDS(SPLIT_SECONDS_)
         STRATA_TIER_COUNTS(SPLIT_COUNTS_)
 #undef SPLIT_SECONDS_

@@ -4,7 +4,8 @@
 # and values as metrics.jsonl's rows, and the memory plan is there as text, for a run with
 # validation, one without, one with its optimizer offloaded, events in a directory of
 # their own, a run resumed after a clean end, a run SIGKILLed with its last record torn
-# (TensorBoard reads up to it; the resume drops it and every step is there once), two
+# (TensorBoard reads up to it; the resume drops it and every step is there once, the
+# checkpoint's own step written again from metrics.jsonl when it was the torn one), two
 # ranks under mpirun (rank 0 writes them), and events on a full disk (exit 1 after a checkpoint, both records ending at the same step;
 # a tmpfs where one can be mounted). The Python is $STRATA_PYTHON, else
 # launcher/python-env.sh's venv, else python3; exits 77 (skip), saying so, when none of
@@ -105,6 +106,15 @@ pass "a fresh run in a used run.dir replaces its events, as it does metrics.json
 [ "$(events_of runs/res | wc -l)" = 1 ] || fail "a resume should append to the run's events file"
 check runs/res runs/res/metrics.jsonl
 pass "resumed at step 8 to 16: steps 1-16 once each, the plan at 0 and at 8"
+
+# --- the checkpoint's own step torn from the events: the resume writes it again from metrics.jsonl
+ev=$(events_of runs/res)
+truncate -s $(($(stat -c %s "$ev") - 7)) "$ev" # step 16's record, the run's last
+"$S" train tiny.yaml --set run.dir=runs/res --set train.steps=20 --resume latest > res3.log 2>&1 || fail "resume: $(tail -3 res3.log)"
+grep -q "\[tb\] steps 16-16 written again from runs/res/metrics.jsonl: a torn record had taken their events" res3.log ||
+  fail "step 16's event is not written again: $(grep '\[tb\]' res3.log)"
+check runs/res runs/res/metrics.jsonl
+pass "step 16's event torn, resumed at 16 to 20: step 16 written again from metrics.jsonl, steps 1-20 once each"
 
 # --- SIGKILLed mid-run with its last record torn; TensorBoard reads up to it; the resume drops it
 "$S" train tiny.yaml --set run.dir=runs/kill --set train.steps=100000 --set train.eval_every=0 > kill.log 2>&1 &
