@@ -34,15 +34,67 @@ static const char *thread_level_name(int level) {
     return "an unknown MPI thread level";
 }
 
+/* Started by a process manager MPI can talk to: mpirun (Open MPI's variables), or srun
+ * with a PMI plugin (--mpi=pmix: PMIX_RANK; --mpi=pmi2: PMI_SIZE). */
 static int launched_by_mpirun(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+/* A non-negative integer environment variable: 1 and *v, or 0 when unset or not one. */
+static int env_count(const char *name, long *v) {
+    const char *s = getenv(name);
+    char *end = NULL;
+    if (!s || !*s) return 0;
+    long x = strtol(s, &end, 10);
+    if (*end || x < 0 || x >= INT_MAX) return 0;
+    *v = x;
+    return 1;
+}
+
+static const char *local_rank_from = "none (world 1)";
+
+const char *strata_mpi_local_rank_source(void) { return local_rank_from; }
+
+/* This rank's index among its node's ranks: Open MPI's mpirun says it
+ * (OMPI_COMM_WORLD_LOCAL_RANK); srun says it (SLURM_LOCALID) for the task it started,
+ * which is this rank only when SLURM_PROCID is this rank and the step's task count the
+ * world (inside an sbatch script, mpirun's ranks inherit the script's own SLURM_LOCALID=0);
+ * any other MPI: the ranks that share this node's memory. */
+static void find_local_rank(int rank, int world, int *local_rank) {
+    long v = 0, procid = -1, tasks = -1;
+    if (env_count("OMPI_COMM_WORLD_LOCAL_RANK", &v)) {
+        *local_rank = (int)v;
+        local_rank_from = "OMPI_COMM_WORLD_LOCAL_RANK";
+        return;
+    }
+    if (env_count("SLURM_LOCALID", &v) && env_count("SLURM_PROCID", &procid) && procid == rank &&
+        (env_count("SLURM_STEP_NUM_TASKS", &tasks) || env_count("SLURM_NTASKS", &tasks)) && tasks == world) {
+        *local_rank = (int)v;
+        local_rank_from = "SLURM_LOCALID";
+        return;
+    }
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, local_rank);
+    MPI_Comm_free(&node);
+    local_rank_from = "MPI_COMM_TYPE_SHARED";
 }
 
 int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_rank) {
     *rank = 0;
     *world = 1;
     *local_rank = 0;
-    if (!launched_by_mpirun()) return 0;
+    if (!launched_by_mpirun()) {
+        long tasks = 0;
+        /* srun without a PMI plugin starts every task as a job of its own: each would
+         * train alone, all in the same run.dir */
+        if ((env_count("SLURM_STEP_NUM_TASKS", &tasks) && tasks > 1) && getenv("SLURM_PROCID"))
+            return strata_fail("srun started %ld tasks, but none of them can reach the others: no MPI process "
+                               "manager interface is in the environment (PMIX_RANK for srun --mpi=pmix, PMI_SIZE "
+                               "for --mpi=pmi2). Launch with `srun --mpi=pmix` (`srun --mpi=list` shows what this "
+                               "Slurm has), or with mpirun inside the allocation", tasks);
+        return 0;
+    }
 
     int initialized = 0, provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&initialized);
@@ -63,18 +115,7 @@ int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_r
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, world);
 
-    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    char *end = NULL;
-    long v = lr ? strtol(lr, &end, 10) : -1;
-    if (lr && end != lr && *end == 0 && v >= 0 && v < INT_MAX) {
-        *local_rank = (int)v;
-    } else {
-        /* Not Open MPI: the ranks sharing this node's memory are this node's ranks. */
-        MPI_Comm node;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, local_rank);
-        MPI_Comm_free(&node);
-    }
+    find_local_rank(*rank, *world, local_rank);
     return 0;
 }
 

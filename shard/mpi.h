@@ -11,10 +11,15 @@
 #include "core/common.h"
 
 /* MPI start-up: call first thing in main. Initialises MPI (with MPI_THREAD_MULTIPLE, at
- * least MPI_THREAD_SERIALIZED required) only when launched by mpirun (OMPI_COMM_WORLD_SIZE
- * or PMI_SIZE in the environment), so plain `strata` runs as world size 1 without MPI.
- * Sets *rank, *world, *local_rank. */
+ * least MPI_THREAD_SERIALIZED required) only when launched by mpirun or by srun with a PMI
+ * plugin (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment), so plain
+ * `strata` runs as world size 1 without MPI; refuses (-1 + error) srun's several tasks
+ * without one, which would each train alone. Sets *rank, *world, *local_rank (Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_RANK, srun's SLURM_LOCALID, else MPI's shared-memory split). */
 int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_rank);
+/* Where the local rank came from: the environment variable, "MPI_COMM_TYPE_SHARED", or
+ * "none (world 1)". */
+const char *strata_mpi_local_rank_source(void);
 void strata_mpi_finalize(void);
 int strata_mpi_active(void);
 /* Ends every rank of the job at once (MPI_Abort when MPI is active, else exit). */
