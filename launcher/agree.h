@@ -3,7 +3,8 @@
  * train.threads, offload.nvme_path, and the data paths, whose content is compared
  * instead), its data (the shard lists of data.train and data.val: names and sizes) and its
  * tokenizer. Ranks that differ would hang in a collective (train.steps), abort inside MPI
- * (model.n_layer, zero.stage) or train on silently (optim.lr). */
+ * (model.n_layer, zero.stage) or train on silently (optim.lr). A rank that sees no shard,
+ * or cannot read one, is named with its host, before step 1. */
 #ifndef STRATA_AGREE_H
 #define STRATA_AGREE_H
 
@@ -16,5 +17,13 @@
  * config differs from rank 0's (rank 0's value first): train.steps 10 vs 12"); -1 + error
  * when the exchange itself failed. World 1 agrees at once. */
 int strata_ranks_agree(const strata_config *cfg, const strata_bpe *tk, int rank, int world);
+
+/* Before that, every rank's own refusal of its config (rc: 0, or the exit code it would
+ * end with; why: its message, the config's path first), gathered: rank 0 prints a reason
+ * every rank gives alike once, as a single rank would, and otherwise each reason with the
+ * ranks and hosts that gave it ("ranks 2, 3 on h2: r.yaml: key 'offload.nvme_path': ...":
+ * a path one host lacks). Returns the largest rc on every rank (0: every rank goes on), or
+ * -1 + error when the exchange itself failed. Needs the ranks' hosts (shard/peers.h). */
+int strata_ranks_refusals(int rc, const char *why, int rank, int world);
 
 #endif

@@ -1,7 +1,8 @@
 /* launcher/signals.h: what a training run does on a signal. SIGINT and SIGTERM ask it to
  * stop (the loop checkpoints and ends once every rank agrees); under mpirun, the signals
- * mpirun sends the survivors when a rank has vanished make a survivor name the lost rank
- * and what it was itself doing, then exit 1 at once (launcher/signals.c says why).
+ * mpirun sends the survivors when a rank has vanished make a survivor name the lost ranks
+ * and their hosts, what it was itself doing and the checkpoint to resume from, then exit 1
+ * at once (launcher/signals.c says why).
  *
  * The training loop tells this module where it is (strata_signals_doing, _step, _saved),
  * so the message written from the handler can say it; nothing else is shared with the
@@ -21,11 +22,13 @@ typedef enum strata_doing {
     STRATA_DOING_FINISH, /* the final optimizer update */
 } strata_doing;
 
-/* Every rank learns every rank's pid, host and pid namespace (a collective over all ranks;
- * at world 1 nothing to do). 0, or -1 with the error set. */
-int strata_signals_exchange_peers(int rank, int world);
+/* Where the run's checkpoints are (run.dir), for the messages; also makes the note a
+ * collective that times out ends with (shard/peers.h) say what this rank was in and the
+ * checkpoint to resume from. */
+void strata_signals_run_dir(const char *dir);
 /* Handles SIGINT and SIGTERM, and at world > 1 SIGCONT (mpirun's first word when a rank
- * has died); ignores SIGPIPE, so a terminal that is gone fails writes instead of ending the
+ * has died; the ranks must have met first, strata_peers_exchange, for the handler to ask
+ * after them); ignores SIGPIPE, so a terminal that is gone fails writes instead of ending the
  * run. A stop request is acted on at the step's end, and within a batch or a token by
  * validation and the final sample; a second signal asks nothing more: the stop is under
  * way, and a checkpoint being written is finished, never cut off. */

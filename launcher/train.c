@@ -25,6 +25,8 @@
 #include "io/tensorboard.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
+#include "shard/mpi.h"
+#include "shard/peers.h"
 #include "offload/nvme.h"
 #include "launcher/auto.h"
 #include "launcher/agree.h"
@@ -113,7 +115,7 @@ static void fmt_eta(char *buf, size_t n, double seconds) {
 typedef struct trainer {
     strata_config cfg;
     strata_cli cli;
-    int rank, world;
+    int rank, world, local_rank;
     strata_device *dev;
     strata_comm *comm;
     strata_model m;
@@ -148,6 +150,7 @@ typedef struct trainer {
     int stopped;        /* the ranks agreed to stop on a signal (it may have reached another rank only) */
     int64_t step_now;   /* the step in progress, 1-based (atomic: the terminal hook may run on any thread) */
     FILE *term_log;     /* rank 0: run.dir/train.log, opened once the terminal is lost (terminal_lost) */
+    char refused[1200]; /* load_config's refusal, said by meet_ranks under mpirun ("" if none) */
 } trainer;
 
 /* A rank that cannot continue ends the whole job at once with its message: the other
@@ -380,15 +383,45 @@ static int load_config(trainer *t) {
     if (strata_plan_check_paths(cfg)) goto refuse;
     return 0;
 refuse:
-    if (t->rank == 0 && where) fprintf(stderr, "%s: %s\n", where, strata_error());
-    else if (t->rank == 0) fprintf(stderr, "%s\n", strata_error());
+    snprintf(t->refused, sizeof t->refused, "%s%s%s", where ? where : "", where ? ": " : "", strata_error());
+    if (t->world == 1) fprintf(stderr, "%s\n", t->refused); /* under mpirun, meet_ranks says it with ranks and hosts */
     return STRATA_EXIT_USAGE;
+}
+
+/* Under mpirun, first of all: every rank learns every rank's pid, host and local rank
+ * (shard/peers.h), and a config that some rank refused (rc, from load_config: a path that
+ * one host lacks) is said once by rank 0, naming the ranks and hosts, and refused on every
+ * rank. Returns an exit code (0: go on). */
+static int meet_ranks(trainer *t, int rc) {
+    if (t->world == 1) return rc;
+    if (strata_peers_exchange(t->rank, t->world, t->local_rank, strata_mpi_local_rank_source()))
+        fatal(t, "exchanging the ranks' pids and hosts");
+    int agreed = strata_ranks_refusals(rc, t->refused, t->rank, t->world);
+    if (agreed < 0) fatal(t, "gathering the ranks' refusals of the config");
+    if (agreed) return agreed;
+    char text[1024];
+    strata_peers_local_clash(text, sizeof text);
+    if (t->rank == 0 && text[0]) STRATA_WARN("train", "%s", text);
+    if (t->rank == 0 && strata_peers_n_hosts() > 1) {
+        size_t o = 0;
+        text[0] = 0;
+        strata_peers_describe_hosts(text, &o, sizeof text);
+        STRATA_INFO("train", "%d ranks on %d hosts: %s", t->world, strata_peers_n_hosts(), text);
+        int far = strata_peers_unreachable(text, sizeof text, 2000);
+        if (far)
+            STRATA_WARN("train", "rank 0 cannot reach %s %s by TCP at the port each rank listens on to show it is "
+                        "alive (a firewall between hosts?): should a host be lost, the survivors could not say which",
+                        far == 1 ? "rank" : "ranks", text);
+    }
+    STRATA_DEBUG("train", "host %s, local rank %d (from %s), device %d", strata_peers_host(t->rank), t->local_rank,
+                 strata_mpi_local_rank_source(), strata_peers_device_index());
+    return 0;
 }
 
 /* Before anything else is opened: rank 0 takes run.dir (launcher/run_dir.h), then tells
  * every rank whether the run may start, so a refusal reaches each of them before any
- * collective; and every rank learns every rank's pid and host (launcher/signals.h).
- * Returns an exit code (0: go on). */
+ * collective; under mpirun every rank must see the same run.dir. Returns an exit code
+ * (0: go on). */
 static int claim_run_dir(trainer *t) {
     int32_t rc = 0;
     char why[2048] = "";
@@ -399,8 +432,10 @@ static int claim_run_dir(trainer *t) {
         if (t->rank == 0) strata_log(STRATA_LOG_ERROR, "train", "%s", why);
         return rc;
     }
-    if (strata_signals_exchange_peers(t->rank, t->world)) fatal(t, "exchanging the ranks' pids");
-    return 0;
+    strata_signals_run_dir(t->cfg.run.dir);
+    if (t->world > 1 && (rc = strata_run_dir_shared(t->cfg.run.dir, t->rank, t->world)) < 0)
+        fatal(t, "checking that every rank sees run.dir");
+    return rc;
 }
 
 /* Under mpirun, every rank's config, data and tokenizer against rank 0's (launcher/agree.h),
@@ -433,7 +468,10 @@ static int reclaim_nvme(trainer *t) {
         return 0;
     size_t live_bytes = 0;
     int32_t rc = strata_nvme_reclaim(cfg->offload.nvme_path, t->nvme_live, sizeof t->nvme_live, &live_bytes) ? STRATA_EXIT_ERROR : 0;
-    if (rc) strata_log(STRATA_LOG_ERROR, "nvme", "offload.nvme_path: %s", strata_error());
+    if (rc && strata_peers_n_hosts() > 1)
+        strata_log(STRATA_LOG_ERROR, "nvme", "offload.nvme_path on host %s: %s", strata_peers_host(t->rank), strata_error());
+    else if (rc)
+        strata_log(STRATA_LOG_ERROR, "nvme", "offload.nvme_path: %s", strata_error());
     else if (t->nvme_live[0] && t->rank == 0) {
         char b[32];
         STRATA_INFO("nvme", "offload.nvme_path also holds swap files of running processes (%s in all): %s",
@@ -450,6 +488,8 @@ static int reclaim_nvme(trainer *t) {
 /* The device and the collectives. Returns an exit code (0: go on). */
 static int open_device(trainer *t, int local_rank) {
     const strata_config *cfg = &t->cfg;
+    /* the launcher's local rank, unless it clashes on this host (meet_ranks warned) */
+    if (t->world > 1) local_rank = strata_peers_device_index();
     t->dev = strata_device_open(strata_backend_name(cfg), local_rank);
     if (!t->dev) fatal(t, "opening the device");
     /* STRATA_CUDA_UNVERIFIED=1 lets bench/gpu-check.sh exercise these paths on a GPU */
@@ -1192,8 +1232,10 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     t->lock_fd = -1;
     t->rank = rank;
     t->world = world;
+    t->local_rank = local_rank;
     int rc = strata_cli_parse(argc, argv, &t->cli, "train", 1, 0);
-    if (rc || (rc = load_config(t)) || (rc = agree_ranks(t)) || (rc = claim_run_dir(t)) || (rc = check_resume(t))) {
+    if (!rc) rc = load_config(t);
+    if ((rc = meet_ranks(t, rc)) || (rc = agree_ranks(t)) || (rc = claim_run_dir(t)) || (rc = check_resume(t))) {
         close_trainer(t);
         return rc;
     }

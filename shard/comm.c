@@ -30,6 +30,7 @@
 
 #include "core/common.h"
 #include "shard/comm_nccl.h"
+#include "shard/peers.h"
 
 /* MPI has no bf16 sum: made with the first mpi comm (below); MPI_Finalize releases it. */
 static MPI_Op bf16_sum_op = MPI_OP_NULL;
@@ -172,8 +173,10 @@ static void task_put(strata_comm *c, coll_task *t) {
 /* ---- mpi backend: runs on the comm stream's worker ---- */
 
 static _Noreturn void coll_abort(const coll_task *t, const char *why) {
-    strata_log(STRATA_LOG_ERROR, "comm", "%s of %llu bytes %s: aborting the job",
-               strata_coll_name(t->kind), (unsigned long long)task_full_bytes(t), why);
+    size_t n = strlen(why);
+    int sentences = n > 0 && why[n - 1] == '.'; /* a report of lost ranks ends in a sentence of its own */
+    strata_log(STRATA_LOG_ERROR, "comm", "%s of %llu bytes %s%s", strata_coll_name(t->kind),
+               (unsigned long long)task_full_bytes(t), why, sentences ? " Aborting the job." : ": aborting the job");
     strata_mpi_enter();
     if (strata_mpi_active()) MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1);
@@ -187,6 +190,13 @@ static void check_mpi(const coll_task *t, int rc, const char *call) {
     char why[MPI_MAX_ERROR_STRING + 64];
     snprintf(why, sizeof why, "failed in %s: %s", call, msg);
     coll_abort(t, why);
+}
+
+/* How long a timed-out collective asks after the other ranks: long enough for a connect
+ * across a slow network, short against the timeout itself. */
+static int peers_wait_ms(double timeout_s) {
+    double ms = timeout_s * 250;
+    return ms < 500 ? 500 : ms > 3000 ? 3000 : (int)ms;
 }
 
 /* Polls until every request is done. Spinning briefly keeps small collectives fast;
@@ -204,9 +214,11 @@ static void wait_requests(const coll_task *t, MPI_Request *req, int n) {
         }
         if (!pending) return;
         if (strata_now_ms() > deadline) {
-            char why[160];
-            snprintf(why, sizeof why, "did not complete within %g s; another rank probably failed",
-                     t->c->timeout_s);
+            /* who is gone, by host, if a probe can tell (shard/peers.h), and the launcher's note */
+            static char why[4096];
+            size_t o = (size_t)snprintf(why, sizeof why, "did not complete within %g s", t->c->timeout_s);
+            if (strata_peers_world() > 1) strata_peers_explain(why, &o, sizeof why, peers_wait_ms(t->c->timeout_s));
+            else strata_peers_puts(why, &o, sizeof why, "; another rank probably failed");
             coll_abort(t, why);
         }
         if (spins > 64) nanosleep(&nap, NULL);

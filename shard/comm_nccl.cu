@@ -23,6 +23,7 @@
 extern "C" {
 #include "shard/comm_nccl.h"
 #include "shard/mpi.h"
+#include "shard/peers.h"
 }
 
 #define WATCH_SLOTS 256
@@ -83,8 +84,13 @@ extern "C" int strata_nccl_gpu_bus_id(int ordinal, char *buf, int n) {
 /* ---- the watchdog ---- */
 
 static _Noreturn void watch_abort(strata_nccl *n, const watch_entry *e, const char *why) {
-    strata_log(STRATA_LOG_ERROR, "comm", "nccl %s of %llu bytes %s: aborting the job", strata_coll_name(e->kind),
-               (unsigned long long)e->bytes, why);
+    /* who is gone, by host, if a probe can tell (shard/peers.h), and the launcher's note */
+    static char lost[4096];
+    size_t o = 0;
+    lost[0] = 0;
+    if (strata_peers_world() > 1) strata_peers_explain(lost, &o, sizeof lost, 2000);
+    strata_log(STRATA_LOG_ERROR, "comm", "nccl %s of %llu bytes %s%s%s", strata_coll_name(e->kind),
+               (unsigned long long)e->bytes, why, lost, o ? " Aborting the job." : ": aborting the job");
     ncclCommAbort(n->comm); /* makes the spinning kernels return, so the process can exit */
     strata_mpi_abort(1);
 }
