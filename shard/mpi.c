@@ -61,23 +61,24 @@ const char *strata_mpi_local_rank_source(void) { return local_rank_from; }
  * world (inside an sbatch script, mpirun's ranks inherit the script's own SLURM_LOCALID=0);
  * any other MPI: the ranks that share this node's memory. */
 static void find_local_rank(int rank, int world, int *local_rank) {
+    /* collective: every rank splits, whatever its environment says, or one would wait */
+    MPI_Comm node;
+    int shared = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &shared);
+    MPI_Comm_free(&node);
     long v = 0, procid = -1, tasks = -1;
     if (env_count("OMPI_COMM_WORLD_LOCAL_RANK", &v)) {
         *local_rank = (int)v;
         local_rank_from = "OMPI_COMM_WORLD_LOCAL_RANK";
-        return;
-    }
-    if (env_count("SLURM_LOCALID", &v) && env_count("SLURM_PROCID", &procid) && procid == rank &&
-        (env_count("SLURM_STEP_NUM_TASKS", &tasks) || env_count("SLURM_NTASKS", &tasks)) && tasks == world) {
+    } else if (env_count("SLURM_LOCALID", &v) && env_count("SLURM_PROCID", &procid) && procid == rank &&
+               (env_count("SLURM_STEP_NUM_TASKS", &tasks) || env_count("SLURM_NTASKS", &tasks)) && tasks == world) {
         *local_rank = (int)v;
         local_rank_from = "SLURM_LOCALID";
-        return;
+    } else {
+        *local_rank = shared;
+        local_rank_from = "MPI_COMM_TYPE_SHARED";
     }
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    MPI_Comm_rank(node, local_rank);
-    MPI_Comm_free(&node);
-    local_rank_from = "MPI_COMM_TYPE_SHARED";
 }
 
 int strata_mpi_init(int *argc, char ***argv, int *rank, int *world, int *local_rank) {
