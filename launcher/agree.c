@@ -216,7 +216,13 @@ int strata_ranks_refusals(int rc, const char *why, int rank, int world) {
         }
     }
     free(all);
+    if (refused && strata_ranks_spoken()) return -1;
     return agreed;
+}
+
+int strata_ranks_spoken(void) {
+    int32_t done = 1;
+    return strata_mpi_bcast(&done, sizeof done, 0);
 }
 
 int strata_ranks_agree(const strata_config *cfg, const strata_bpe *tk, int rank, int world) {
@@ -253,6 +259,7 @@ int strata_ranks_agree(const strata_config *cfg, const strata_bpe *tk, int rank,
     }
     if (differs && rank == 0) report(all, diffs, world);
     rc = differs;
+    if (differs && strata_ranks_spoken()) rc = -1;
 out:
     free(first);
     free(diffs);

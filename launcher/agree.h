@@ -26,4 +26,9 @@ int strata_ranks_agree(const strata_config *cfg, const strata_bpe *tk, int rank,
  * -1 + error when the exchange itself failed. Needs the ranks' hosts (shard/peers.h). */
 int strata_ranks_refusals(int rc, const char *why, int rank, int world);
 
+/* After rank 0 has said why the ranks refuse a run together: every rank waits for it (a
+ * broadcast from rank 0), so none ends the job (MPI_Abort) while rank 0's lines are still
+ * on their way. 0, or -1 + error. */
+int strata_ranks_spoken(void);
+
 #endif

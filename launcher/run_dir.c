@@ -17,6 +17,7 @@
 #include "io/files.h"
 #include "shard/mpi.h"
 #include "shard/peers.h"
+#include "launcher/agree.h"
 
 /* A directory the run writes into (run.dir; run.dir/ckpt, where checkpoints go) is one,
  * or is missing and can be made: a symbolic link loop, a link to nothing, a file or a
@@ -188,5 +189,6 @@ int strata_run_dir_shared(const char *dir, int rank, int world) {
                      "the same path; a node-local disk serves offload.nvme_path, not run.dir");
     free(ranks);
     free(all);
+    if (refused && strata_ranks_spoken()) return -1;
     return refused ? STRATA_EXIT_USAGE : 0;
 }

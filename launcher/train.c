@@ -427,11 +427,10 @@ static int claim_run_dir(trainer *t) {
     char why[2048] = "";
     if (t->rank == 0 && (rc = strata_run_dir_take(t->cfg.run.dir, &t->lock_fd)))
         snprintf(why, sizeof why, "%s", strata_error());
+    if (rc) /* said before the others hear it, so none ends the job before it is out */
+        strata_log(STRATA_LOG_ERROR, "train", "%s", why);
     if (strata_mpi_bcast(&rc, sizeof rc, 0)) fatal(t, "agreeing on the run directory");
-    if (rc) {
-        if (t->rank == 0) strata_log(STRATA_LOG_ERROR, "train", "%s", why);
-        return rc;
-    }
+    if (rc) return rc;
     strata_signals_run_dir(t->cfg.run.dir);
     if (t->world > 1 && (rc = strata_run_dir_shared(t->cfg.run.dir, t->rank, t->world)) < 0)
         fatal(t, "checking that every rank sees run.dir");
