@@ -4,7 +4,7 @@
  * SIGCONT, then SIGTERM about a second later, then SIGKILL, and exits with the dead rank's
  * status (128 + its signal: 137 for SIGKILL); nothing a survivor does changes that status.
  * What a survivor can do is say who is gone and what it was itself doing: on each of those
- * signals it asks after every rank (shard/peers.h: by pid on its own host, by a TCP connect
+ * signals, until the run's last collective is behind it, it asks after every rank (shard/peers.h: by pid on its own host, by a TCP connect
  * elsewhere, within half a second), and if some rank is gone or its host does not answer,
  * it writes their ranks and hosts, what it was in and the checkpoint to resume from, and
  * exits 1 (async-signal-safe calls only) a few seconds later, unless mpirun's SIGKILL ends
@@ -32,7 +32,8 @@ static volatile sig_atomic_t stop_requested;
 static unsigned char *probe_state; /* the handler's two probes' results, world each (NULL at world 1) */
 static volatile sig_atomic_t doing; /* what this rank is in, an index into doing_what */
 static const char *const doing_what[] = {"starting up", "a training step", "validation", "agreeing on the step's end",
-                                         "saving a checkpoint", "the final optimizer update"};
+                                         "saving a checkpoint", "the final optimizer update",
+                                         "the run's end"};
 static volatile int64_t doing_step;   /* 1-based step in progress */
 static volatile int64_t saved_step = -1; /* the last checkpoint this run wrote or resumed from */
 static char run_dir[STRATA_PATH_MAX];    /* where that checkpoint is */
@@ -145,8 +146,12 @@ static _Noreturn void report_lost(void) {
  * blocked while it runs, so the probe's results are never written twice at once. */
 static void on_signal(int sig) {
     int saved_errno = errno;
-    /* a collective that timed out said who is gone already, and is ending the job */
-    if (probe_state && !strata_peers_reported() && strata_peers_probe(probe_state, PROBE_MS) > 0) {
+    /* a collective that timed out said who is gone already, and is ending the job; past the
+     * last collective, the other ranks may have ended as they should, and mpirun, stopping
+     * the job on a Ctrl-C, signals those that are left (across hosts, a host's ranks that
+     * stopped and ended were named lost by the others) */
+    if (probe_state && doing != STRATA_DOING_END && !strata_peers_reported() &&
+        strata_peers_probe(probe_state, PROBE_MS) > 0) {
         /* the ranks of a lost host do not all vanish in the same millisecond: ask again a
          * moment later, and report every rank either probe found lost */
         int world = strata_peers_world();

@@ -1268,6 +1268,9 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && strata_offload_split_report(&t->split, cfg, rank, world))
         fatal(t, "gathering the offload split");
+    /* no collective is left before MPI_Finalize: from here a rank may end before another
+     * (rank 0 still sampling), and a stop signal must not make that one look lost */
+    strata_signals_doing(STRATA_DOING_END);
     if (exit_code == STRATA_EXIT_OK) report_kernel_profile(t);
     int stopping = t->stopped || strata_signals_stop_requested();
     if (exit_code == STRATA_EXIT_OK && !stopping && rank == 0 && cfg->train.sample_tokens > 0 &&

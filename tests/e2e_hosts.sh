@@ -11,7 +11,8 @@
 #    an offload.nvme_path or data shards one host lacks (named with the host, before step 1);
 #  - losing a host: all of h3's ranks killed, or h3's link cut mid-step: every survivor
 #    ends within comm.timeout_s naming h3, its ranks and the checkpoint to resume from, and
-#    the resume runs on two hosts, with the uninterrupted run's losses.
+#    the resume runs on two hosts, with the uninterrupted run's losses; a Ctrl-C to mpirun
+#    while rank 0 alone still samples names nobody lost.
 # Root and iproute2 are needed (skipped otherwise); everything made is removed at the end
 # however the test ends, and every launch runs under `timeout`.
 set -euo pipefail
@@ -101,6 +102,7 @@ for r in 0 1 2 3; do
   grep -q "\[rank $r\] \[train\] host $h, local rank $l (from SLURM_LOCALID), device $l" <<<"$out" ||
     fail "rank $r should take local rank $l from SLURM_LOCALID on $h: $(grep "local rank" <<<"$out")"
 done
+# shellcheck disable=SC2046
 job 60 h1:2,h2:2 4 $(slurm 0 0 b) : $(slurm 1 0 b) : $(slurm 2 0 b) : $(slurm 3 0 b)
 [ $rc -eq 0 ] || fail "a clash of SLURM_LOCALID: exit $rc: $out"
 grep -q "warning: \[train\] on host h1, ranks 0 and 1 both have local rank 0 (from SLURM_LOCALID)" <<<"$out" ||
@@ -134,6 +136,22 @@ grep -q "\[rank 0\] error: \[train\] ranks 2, 3 on h2 and 4, 5 on h3: the data.t
   fail "data shards h2 and h3 lack: not named: $out"
 [ ! -e runs/dt ] || fail "a refused start must not touch run.dir"
 pass "data shards that h2 and h3 cannot see: exit 2 before step 1, naming their ranks and hosts"
+
+# --- Ctrl-C to mpirun during the final sample (rank 0's alone): h1's ranks stop and end,
+# and h2's and h3's, past their last collective and signalled after them, must not name
+# them lost
+timeout 120 ./on h1 mpirun "${HOSTS_MPI[@]}" --host h1:2,h2:2,h3:2 -np 6 "$S" train h.yaml --set run.dir=runs/int \
+  --set train.steps=2 --set train.sample_tokens=1048576 > runs/int.log 2>&1 &
+jobpid=$!
+for _ in $(seq 3000); do grep -aq "^---- sample" runs/int.log && break; kill -0 $jobpid 2> /dev/null || break; sleep 0.01; done
+grep -aq "^---- sample" runs/int.log || fail "no final sample began: $(tail -5 runs/int.log)"
+# shellcheck disable=SC2046 # mpirun on h1, as a Ctrl-C reaches it
+kill -INT $(host_pids h1 mpirun)
+set +e; wait $jobpid; rc=$?; set -e
+[ $rc -ne 124 ] || fail "Ctrl-C to mpirun during the final sample: the job did not end"
+grep -aq "sample ended early: a stop was asked for" runs/int.log || fail "the sample did not stop: $(grep -a '^\[rank' runs/int.log | tail -5)"
+! grep -aq "^\[rank [0-9]*\] error: " runs/int.log || fail "a Ctrl-C named ranks lost: $(grep -a 'error: ' runs/int.log | cut -c1-300)"
+pass "Ctrl-C to mpirun during the final sample: the sample stops, and no rank names another lost (mpirun exits $rc)"
 
 # --- losing a host: a run that would go on for long, checkpointing every 4 steps
 long=(--set train.steps=100000 --set run.checkpoint_every=4)
