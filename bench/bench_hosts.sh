@@ -9,7 +9,7 @@
 #   sudo bench/bench_hosts.sh [BUILD_DIR]      (OUT=dir also writes the table there)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B=${1:-$ROOT/build}
+B=$(cd "${1:-$ROOT/build}" && pwd) # the script works in a directory of its own
 S=$B/strata
 # shellcheck source=tests/netns_hosts.sh
 source "$ROOT/tests/netns_hosts.sh"
