@@ -72,14 +72,18 @@ host_pids() {
 # received bytes of HOST's eth0
 host_rx_bytes() { ip -n "${HOSTS_PREFIX}$1" -s -j link show eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])'; }
 
+# Every step may fail (hosts_up stopped half way, a process already gone): none may end the
+# caller's EXIT trap under set -e, or the namespaces after it would be left and a skip
+# would exit 1.
 hosts_down() {
   [ -n "$HOSTS_PREFIX" ] || return 0
   local ns i
   for i in $(seq "$HOSTS_N") sw; do
     ns=${HOSTS_PREFIX}h$i
     [ "$i" = sw ] && ns=${HOSTS_PREFIX}sw
-    ip netns pids "$ns" 2> /dev/null | xargs -r kill -KILL 2> /dev/null
-    ip netns del "$ns" 2> /dev/null
+    [ -e "/run/netns/$ns" ] || continue
+    { ip netns pids "$ns" 2> /dev/null || true; } | xargs -r kill -KILL 2> /dev/null || true
+    ip netns del "$ns" 2> /dev/null || true
   done
   HOSTS_PREFIX=""
   return 0
