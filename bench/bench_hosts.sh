@@ -3,7 +3,7 @@
 # shared memory between them) and as three hosts of two (TCP over veth links between network
 # namespaces, tests/netns_hosts.sh), ZeRO stages 0, 1 and 3. Per row: ms per step (median
 # of steps 3 on), the bytes the collectives move per rank per step (metrics.jsonl's
-# comm_bytes, ring accounting), and the bytes that crossed the hosts' links per step
+# comm_bytes, ring accounting, and by collective), and the bytes that crossed the hosts' links per step
 # (received on every eth0, from a run of 25 steps less one of 5, over 20). Needs root,
 # iproute2 and Open MPI. Prints a markdown table.
 #   sudo bench/bench_hosts.sh [BUILD_DIR]      (OUT=dir also writes the table there)
@@ -36,19 +36,21 @@ run() { # HOSTS STAGE STEPS
     --set train.steps="$3" > run.log 2>&1 || { tail -5 run.log; exit 1; }
 }
 {
-echo "| layout | stage | ms/step (median) | collective bytes per rank per step | bytes over the links per step (all hosts) |"
-echo "|---|---|---|---|---|"
+echo "| layout | stage | ms/step (median) | collective bytes per rank per step | all-reduce / reduce-scatter / all-gather / broadcast | bytes over the links per step (all hosts) |"
+echo "|---|---|---|---|---|---|"
 for st in 0 1 3; do
   for hosts in h1:6 h1:2,h2:2,h3:2; do
     w0=$(wire); run "$hosts" $st 5; w1=$(wire); run "$hosts" $st 25; w2=$(wire)
     rows=$(tail -n +3 runs/h/metrics.jsonl)
     ms=$(grep -o '"step_ms": [0-9.]*' <<<"$rows" | cut -d' ' -f2 | median)
-    bytes=$(grep -o '"comm_bytes": [0-9]*' <<<"$rows" | tail -1 | cut -d' ' -f2)
+    last() { grep -o "\"$1\": [0-9]*" <<<"$rows" | tail -1 | cut -d' ' -f2; }
+    bytes=$(last comm_bytes)
+    kinds="$(last comm_allreduce_bytes) / $(last comm_reduce_scatter_bytes) / $(last comm_allgather_bytes) / $(last comm_broadcast_bytes)"
     layout="one host, 6 ranks"
     [ "$hosts" = h1:6 ] || layout="3 hosts x 2 ranks"
     link=$(( ((w2 - w1) - (w1 - w0)) / 20 ))
     [ $link -ge 0 ] || link=0 # a stray neighbour-discovery packet on idle links
-    printf "| %s | %d | %.1f | %s | %d |\n" "$layout" $st "$ms" "$bytes" $link
+    printf "| %s | %d | %.1f | %s | %s | %d |\n" "$layout" $st "$ms" "$bytes" "$kinds" $link
   done
 done
 } | tee "${OUT:-.}/bench_hosts.md"

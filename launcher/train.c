@@ -712,7 +712,9 @@ static const struct {
     {"device_used_bytes", "memory/device_used_bytes"}, {"device_used_peak_bytes", "memory/device_used_peak_bytes"},
     {"plan_device_total_bytes", "memory/plan_device_total_bytes"},
     {"device_used_vs_plan_pct", "memory/device_used_vs_plan_pct"},
-    {"comm_bytes", "comm/comm_bytes"},
+    {"comm_bytes", "comm/comm_bytes"}, {"comm_allreduce_bytes", "comm/comm_allreduce_bytes"},
+    {"comm_reduce_scatter_bytes", "comm/comm_reduce_scatter_bytes"}, {"comm_allgather_bytes", "comm/comm_allgather_bytes"},
+    {"comm_broadcast_bytes", "comm/comm_broadcast_bytes"},
     {"compute_ms", "time/compute_ms"}, {"comm_wait_ms", "time/comm_wait_ms"},
     {"offload_wait_ms", "time/offload_wait_ms"}, {"data_ms", "time/data_ms"},
     {"compute_busy_ms", "offload/compute_busy_ms"}, {"offload_gather_h2d_bytes", "offload/offload_gather_h2d_bytes"},
@@ -842,6 +844,7 @@ typedef struct step_figures {
     double val_loss;        /* NaN unless eval_now */
     int eval_now;
     uint64_t comm_bytes;    /* this rank's collective traffic in the step (ring accounting) */
+    uint64_t coll_bytes[STRATA_COLL_KINDS]; /* the same by kind of collective */
 } step_figures;
 
 static void print_progress(trainer *t, const step_figures *f, double run_t0) {
@@ -948,6 +951,12 @@ static int write_metrics(trainer *t, const step_figures *f) {
     figure(&rec, "plan_pinned_bytes", "%.0f", (double)t->planned_pinned);
     figure(&rec, "pinned_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_PINNED].live_bytes);
     figure(&rec, "comm_bytes", "%.0f", (double)f->comm_bytes);
+    if (t->world > 1) { /* the same by collective (a barrier moves none) */
+        figure(&rec, "comm_allreduce_bytes", "%.0f", (double)f->coll_bytes[STRATA_COLL_ALLREDUCE]);
+        figure(&rec, "comm_reduce_scatter_bytes", "%.0f", (double)f->coll_bytes[STRATA_COLL_REDUCE_SCATTER]);
+        figure(&rec, "comm_allgather_bytes", "%.0f", (double)f->coll_bytes[STRATA_COLL_ALLGATHER]);
+        figure(&rec, "comm_broadcast_bytes", "%.0f", (double)f->coll_bytes[STRATA_COLL_BROADCAST]);
+    }
     figure(&rec, "compute_ms", "%.3f", f->ms - r->comm_wait_ms - r->offload_wait_ms - r->data_ms);
     figure(&rec, "comm_wait_ms", "%.3f", r->comm_wait_ms);
     figure(&rec, "offload_wait_ms", "%.3f", r->offload_wait_ms);
@@ -1053,7 +1062,10 @@ static int train_loop(trainer *t) {
         f.ms = strata_now_ms() - t0;
         strata_offload_split_add(&t->split, &f.r, f.ms);
         strata_comm_stats cs1 = strata_comm_get_stats(t->comm);
-        for (int k = 0; k < STRATA_COLL_KINDS; k++) f.comm_bytes += cs1.bytes[k] - cs0.bytes[k];
+        for (int k = 0; k < STRATA_COLL_KINDS; k++) {
+            f.coll_bytes[k] = cs1.bytes[k] - cs0.bytes[k];
+            f.comm_bytes += f.coll_bytes[k];
+        }
         if (f.r.nonfinite) return nonfinite_step(t, step, &f.r, loss, last_saved);
         update_fault(t, step);
         loss = f.r.loss;
