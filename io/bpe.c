@@ -1009,6 +1009,11 @@ int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *n
     return 0;
 }
 
+int strata_bpe_encode_doc(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink,
+                          void *ctx) {
+    return strata_bpe_encode(t, text, len, name, sink, ctx);
+}
+
 /* ---- writing ---- */
 
 typedef int (*write_fn)(const strata_bpe *t, FILE *f);
@@ -1122,6 +1127,12 @@ int strata_bpe_save_vocab_merges(const strata_bpe *t, const char *dir) {
     if (write_atomic(t, p, write_vocab_json)) return -1;
     snprintf(p, sizeof p, "%s/merges.txt", dir);
     return write_atomic(t, p, write_merges_txt);
+}
+
+int strata_bpe_has_config(const strata_bpe *t) { (void)t; return 0; }
+int strata_bpe_save_config(const strata_bpe *t, const char *path, int model_max_length) {
+    (void)t; (void)path; (void)model_max_length;
+    return 0;
 }
 
 /* ---- identity ---- */

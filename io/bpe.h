@@ -53,6 +53,10 @@ typedef int (*strata_bpe_sink)(void *ctx, const int32_t *ids, size_t n);
 /* Encodes text[0, len) (`name` names it in messages) into the sink. */
 int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink,
                       void *ctx);
+/* The same as a document: with the ids the tokenizer's post-processor puts around one text
+ * (tokenizers' encode(text, add_special_tokens=True)). */
+int strata_bpe_encode_doc(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink,
+                          void *ctx);
 /* The bytes token `id` stands for (what decoding writes); NULL for an id outside the
  * vocabulary. */
 const unsigned char *strata_bpe_token_bytes(const strata_bpe *t, int id, size_t *len);
@@ -69,6 +73,10 @@ char *strata_bpe_decode_bytes(const unsigned char *raw, size_t n, size_t *len);
  * from byte for byte, or, for vocab.json + merges.txt and the byte-level tokenizer, an
  * equivalent one in Hugging Face's format. */
 int strata_bpe_save(const strata_bpe *t, const char *path);
+/* Whether the tokenizer has settings of tokenizer_config.json (read beside its
+ * tokenizer.json, or set by strata_bpe_set_chat_template), and writes them as one. */
+int strata_bpe_has_config(const strata_bpe *t);
+int strata_bpe_save_config(const strata_bpe *t, const char *path, int model_max_length);
 /* Writes vocab.json and merges.txt (GPT-2's original pair of files) into dir. */
 int strata_bpe_save_vocab_merges(const strata_bpe *t, const char *dir);
 /* Which tokenizer this is: the CRC-32C of the tokenizer.json strata_bpe_save writes, so a

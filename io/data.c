@@ -33,25 +33,18 @@
 
 /* ---- shards ---- */
 
-int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens) {
-    if (n_tokens > (size_t)INT32_MAX)
-        return strata_fail("%s: %zu tokens do not fit one shard (the header counts in int32; "
-                           "split into shards of at most %d tokens)",
-                           path, n_tokens, INT32_MAX);
+/* Writes header and up to two payloads as path, atomically. */
+static int write_shard_file(const char *path, const int32_t *header, const void *a, size_t a_bytes, const void *b,
+                            size_t b_bytes) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return strata_fail("%s: path too long", path);
-    int32_t header[STRATA_SHARD_HEADER_INTS] = {0};
-    header[0] = STRATA_SHARD_MAGIC;
-    header[1] = STRATA_SHARD_VERSION;
-    header[2] = (int32_t)n_tokens;
-
     /* On a failure the temporary file is abandoned: closing and removing it is best
      * effort (path itself is untouched, and a shard glob does not match "*.bin.tmp"). */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return strata_fail("%s: cannot create: %s", tmp, strerror(errno));
-    if (strata_write_all(fd, header, sizeof header, tmp) != 0 ||
-        strata_write_all(fd, tokens, n_tokens * sizeof(uint16_t), tmp) != 0) {
+    if (strata_write_all(fd, header, HEADER_BYTES, tmp) != 0 || (a_bytes && strata_write_all(fd, a, a_bytes, tmp) != 0) ||
+        (b_bytes && strata_write_all(fd, b, b_bytes, tmp) != 0)) {
         (void)close(fd);
         (void)unlink(tmp);
         return -1;
@@ -75,6 +68,79 @@ int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens
     char dir[PATH_MAX];
     strata_path_dir(dir, sizeof dir, path);
     return strata_fsync_dir(dir); /* the rename survives a crash */
+}
+
+static int check_count(const char *path, size_t n_tokens) {
+    if (n_tokens > (size_t)INT32_MAX)
+        return strata_fail("%s: %zu tokens do not fit one shard (the header counts in int32; "
+                           "split into shards of at most %d tokens)",
+                           path, n_tokens, INT32_MAX);
+    return 0;
+}
+
+int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens) {
+    STRATA_TRY(check_count(path, n_tokens));
+    int32_t header[STRATA_SHARD_HEADER_INTS] = {0};
+    header[0] = STRATA_SHARD_MAGIC;
+    header[1] = STRATA_SHARD_VERSION;
+    header[2] = (int32_t)n_tokens;
+    return write_shard_file(path, header, tokens, n_tokens * sizeof(uint16_t), NULL, 0);
+}
+
+int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens) {
+    STRATA_TRY(check_count(path, n_tokens));
+    int32_t header[STRATA_SHARD_HEADER_INTS] = {0};
+    header[0] = STRATA_SHARD_MAGIC;
+    header[1] = STRATA_SHARD_VERSION_32;
+    header[2] = (int32_t)n_tokens;
+    header[3] = mask ? STRATA_SHARD_FLAG_MASK : 0;
+    return write_shard_file(path, header, tokens, n_tokens * sizeof(uint32_t), mask, mask ? n_tokens : 0);
+}
+
+/* Why header h does not describe a shard of `payload` bytes, in msg; NULL when it does.
+ * Sets *bits (16 or 32) and *masked. */
+static const char *header_problem(const int32_t *h, size_t payload, char *msg, size_t n, int *bits, int *masked) {
+    *bits = 16;
+    *masked = 0;
+    if (h[0] == STRATA_SHARD_MAGIC) {
+        if (h[1] == STRATA_SHARD_VERSION_32) {
+            *bits = 32;
+            if (h[3] & ~STRATA_SHARD_FLAG_MASK) {
+                snprintf(msg, n, "flags 0x%x in header[3] name bits this reader does not know (only bit 0, the loss mask)",
+                         (unsigned)h[3]);
+                return msg;
+            }
+            *masked = h[3] & STRATA_SHARD_FLAG_MASK;
+        } else if (h[1] != STRATA_SHARD_VERSION) {
+            snprintf(msg, n, "unsupported shard version %d (expected %d, uint16 tokens, or %d, uint32 tokens)", h[1],
+                     STRATA_SHARD_VERSION, STRATA_SHARD_VERSION_32);
+            return msg;
+        }
+    } else if (h[0] == STRATA_SHARD_LLMC32_MAGIC) {
+        if (h[1] != STRATA_SHARD_LLMC32_VERSION) {
+            snprintf(msg, n, "unsupported llm.c Llama 3 shard version %d (expected %d)", h[1], STRATA_SHARD_LLMC32_VERSION);
+            return msg;
+        }
+        *bits = 32;
+    } else {
+        snprintf(msg, n, "bad magic %d (expected %d; not a token shard)", h[0], STRATA_SHARD_MAGIC);
+        return msg;
+    }
+    size_t per = (size_t)(*bits / 8) + (size_t)*masked; /* bytes per token */
+    const char *unit = *masked ? "uint32 tokens and their mask bytes" : *bits == 32 ? "uint32 tokens" : "uint16 tokens";
+    if (h[2] < 0) {
+        snprintf(msg, n, "header says %d tokens (negative; corrupt header)", h[2]);
+        return msg;
+    }
+    if (payload / per != (size_t)h[2]) {
+        snprintf(msg, n, "header says %d tokens but the file holds %zu", h[2], payload / per);
+        return msg;
+    }
+    if (payload % per != 0) {
+        snprintf(msg, n, "%zu bytes after the header are not a whole number of %s", payload, unit);
+        return msg;
+    }
+    return NULL;
 }
 
 int strata_shard_open(strata_shard *sh, const char *path) {
@@ -109,38 +175,22 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     (void)close(fd); /* the mapping keeps the file alive */
     if (map == MAP_FAILED) return strata_fail("%s: mmap failed: %s", path, strerror(err));
 
-    int32_t h[3];
+    int32_t h[4];
     memcpy(h, map, sizeof h);
-    const char *why = NULL;
     char msg[256];
-    size_t payload = bytes - HEADER_BYTES;
-    if (h[0] != STRATA_SHARD_MAGIC) {
-        snprintf(msg, sizeof msg, "bad magic %d (expected %d; not a token shard)", h[0],
-                 STRATA_SHARD_MAGIC);
-        why = msg;
-    } else if (h[1] != STRATA_SHARD_VERSION) {
-        snprintf(msg, sizeof msg, "unsupported shard version %d (expected %d)", h[1],
-                 STRATA_SHARD_VERSION);
-        why = msg;
-    } else if (h[2] < 0) {
-        snprintf(msg, sizeof msg, "header says %d tokens (negative; corrupt header)", h[2]);
-        why = msg;
-    } else if (payload / 2 != (size_t)h[2]) {
-        snprintf(msg, sizeof msg, "header says %d tokens but the file holds %zu", h[2], payload / 2);
-        why = msg;
-    } else if (payload % 2 != 0) {
-        snprintf(msg, sizeof msg, "%zu bytes after the header are not a whole number of uint16 tokens",
-                 payload);
-        why = msg;
-    }
+    int bits, masked;
+    const char *why = header_problem(h, bytes - HEADER_BYTES, msg, sizeof msg, &bits, &masked);
     if (why) {
         (void)munmap(map, bytes); /* our own whole mapping: it cannot fail */
         return strata_fail("%s: %s", path, why);
     }
     sh->map = map;
     sh->map_bytes = bytes;
-    sh->tokens = (const uint16_t *)((const char *)map + HEADER_BYTES);
     sh->n_tokens = (size_t)h[2];
+    const char *payload = (const char *)map + HEADER_BYTES;
+    if (bits == 16) sh->tokens = (const uint16_t *)payload;
+    else sh->tokens32 = (const uint32_t *)payload;
+    if (masked) sh->mask = (const uint8_t *)payload + sh->n_tokens * sizeof(uint32_t);
     return 0;
 }
 
@@ -149,64 +199,123 @@ void strata_shard_close(strata_shard *sh) {
     memset(sh, 0, sizeof *sh);
 }
 
-/* ---- text preparation ---- */
+int strata_shards_wide(const char *glob_pattern, int *wide) {
+    *wide = 0;
+    glob_t g;
+    int grc = glob(glob_pattern, 0, NULL, &g);
+    if (grc == GLOB_NOMATCH) return strata_fail("no token shards match '%s'", glob_pattern);
+    if (grc != 0) return strata_fail("'%s': glob failed (code %d)", glob_pattern, grc);
+    int rc = 0;
+    for (size_t i = 0; i < g.gl_pathc && !rc; i++) {
+        strata_shard sh;
+        rc = strata_shard_open(&sh, g.gl_pathv[i]) ? -1 : 0;
+        if (!rc && sh.tokens32) *wide = 1;
+        strata_shard_close(&sh);
+    }
+    globfree(&g);
+    return rc;
+}
 
-/* Accumulates one split's tokens and writes a shard each time max_tokens is reached. */
-typedef struct shard_stream {
-    const char *out_dir;
-    const char *prefix; /* "train" or "val" */
-    size_t max_tokens;
-    uint16_t *buf;
-    size_t len, cap;
-    int n_shards;
-    size_t total;
-} shard_stream;
+/* ---- the shards of one split, as they fill ---- */
 
-static int stream_flush(shard_stream *s) {
-    if (s->len == 0) return 0;
+void strata_shard_sink_init(strata_shard_sink *s, const char *dir, const char *prefix, size_t max_tokens, int wide,
+                            int masked, int overlap) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->out_dir, sizeof s->out_dir, "%s", dir);
+    s->prefix = prefix;
+    s->max_tokens = max_tokens;
+    s->wide = wide || masked;
+    s->masked = masked;
+    s->overlap = overlap;
+}
+
+void strata_shard_sink_free(strata_shard_sink *s) {
+    free(s->buf16);
+    free(s->buf32);
+    free(s->mask);
+    s->buf16 = NULL;
+    s->buf32 = NULL;
+    s->mask = NULL;
+    s->len = s->cap = 0;
+}
+
+static int sink_flush(strata_shard_sink *s) {
+    if (s->len == 0 || (s->overlap && s->n_shards > 0 && s->len == 1)) return 0;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s_%06d.bin", s->out_dir, s->prefix, s->n_shards);
-    if (strata_shard_write(path, s->buf, s->len) != 0) return -1;
+    int rc = s->wide ? strata_shard_write32(path, s->buf32, s->masked ? s->mask : NULL, s->len)
+                     : strata_shard_write(path, s->buf16, s->len);
+    if (rc) return -1;
     STRATA_DEBUG("data", "%s: %zu tokens", path, s->len);
+    size_t carried = s->overlap && s->n_shards > 0 ? 1 : 0; /* counted with the shard before */
+    s->total += s->len - carried;
+    for (size_t i = carried; i < s->len; i++) s->learned += s->masked ? s->mask[i] : 1;
     s->n_shards++;
-    s->total += s->len;
-    s->len = 0;
+    if (s->overlap) { /* the last token begins the next shard */
+        if (s->wide) s->buf32[0] = s->buf32[s->len - 1];
+        else s->buf16[0] = s->buf16[s->len - 1];
+        if (s->masked) s->mask[0] = s->mask[s->len - 1];
+        s->len = 1;
+    } else {
+        s->len = 0;
+    }
     return 0;
 }
 
-/* Appends n tokens: bytes (ids = byte values) when `ids` is NULL, else ids. */
-static int stream_push_tokens(shard_stream *s, const unsigned char *bytes, const int32_t *ids, size_t n) {
+int strata_shard_sink_push(strata_shard_sink *s, const int32_t *ids, const uint8_t *mask, size_t n) {
     while (n > 0) {
         if (s->len == s->cap) {
             /* Grow toward max_tokens rather than allocating it up front: small inputs
              * with a large shard limit stay small. */
             size_t cap = s->cap ? s->cap * 2 : 1 << 16;
             if (cap > s->max_tokens) cap = s->max_tokens;
-            s->buf = strata_xrealloc(s->buf, cap * sizeof(uint16_t));
+            if (s->wide) s->buf32 = strata_xrealloc(s->buf32, cap * sizeof *s->buf32);
+            else s->buf16 = strata_xrealloc(s->buf16, cap * sizeof *s->buf16);
+            if (s->masked) s->mask = strata_xrealloc(s->mask, cap);
             s->cap = cap;
         }
         size_t take = s->cap - s->len;
         if (take > n) take = n;
-        if (ids) {
-            for (size_t i = 0; i < take; i++) s->buf[s->len + i] = (uint16_t)ids[i];
-            ids += take;
-        } else {
-            for (size_t i = 0; i < take; i++) s->buf[s->len + i] = bytes[i];
-            bytes += take;
+        if (s->wide)
+            for (size_t i = 0; i < take; i++) s->buf32[s->len + i] = (uint32_t)ids[i];
+        else
+            for (size_t i = 0; i < take; i++) s->buf16[s->len + i] = (uint16_t)ids[i];
+        if (s->masked) {
+            if (mask) memcpy(s->mask + s->len, mask, take);
+            else memset(s->mask + s->len, 1, take);
         }
+        ids += take;
+        if (mask) mask += take;
         s->len += take;
         n -= take;
-        if (s->len == s->max_tokens && stream_flush(s) != 0) return -1;
+        if (s->len == s->max_tokens && sink_flush(s) != 0) return -1;
     }
     return 0;
 }
 
-static int stream_push(shard_stream *s, const unsigned char *bytes, size_t n) {
-    return stream_push_tokens(s, bytes, NULL, n);
+int strata_shard_sink_finish(strata_shard_sink *s) {
+    int rc = sink_flush(s);
+    strata_shard_sink_free(s);
+    return rc;
 }
 
-/* The BPE encoder's sink: ids into a shard stream. */
-static int push_ids(void *ctx, const int32_t *ids, size_t n) { return stream_push_tokens(ctx, NULL, ids, n); }
+/* ---- text preparation ---- */
+
+/* Appends n bytes as tokens (ids = byte values). */
+static int push_bytes(strata_shard_sink *s, const unsigned char *bytes, size_t n) {
+    int32_t ids[4096];
+    while (n > 0) {
+        size_t k = n < 4096 ? n : 4096;
+        for (size_t i = 0; i < k; i++) ids[i] = bytes[i];
+        if (strata_shard_sink_push(s, ids, NULL, k)) return -1;
+        bytes += k;
+        n -= k;
+    }
+    return 0;
+}
+
+/* The BPE encoder's sink: ids into a shard sink. */
+static int push_ids(void *ctx, const int32_t *ids, size_t n) { return strata_shard_sink_push(ctx, ids, NULL, n); }
 
 static int read_whole_file(const char *path, unsigned char **out, size_t *out_len) {
     char *buf;
@@ -221,66 +330,88 @@ static int read_whole_file(const char *path, unsigned char **out, size_t *out_le
     return 0;
 }
 
-/* Encodes the text files into train and val shards and tokenizer.json, in dir. */
-static int write_prepared(const char *const *text_files, int n_files, const char *dir, double val_fraction,
-                          size_t max_shard_tokens, strata_bpe *tk, shard_stream *train, shard_stream *val) {
-    *train = (shard_stream){.out_dir = dir, .prefix = "train", .max_tokens = max_shard_tokens};
-    *val = (shard_stream){.out_dir = dir, .prefix = "val", .max_tokens = max_shard_tokens};
+/* What strata_prepare_text fills a directory with. */
+typedef struct text_job {
+    const char *const *files;
+    int n_files;
+    double val_fraction;
+    size_t max_shard_tokens;
+    strata_bpe *tk;
+    strata_shard_sink train, val;
+} text_job;
+
+/* Encodes the text files into train and val shards and the tokenizer files, in dir. */
+static int write_prepared(void *ctx, const char *dir) {
+    text_job *j = ctx;
+    strata_bpe *tk = j->tk;
+    int wide = tk && strata_bpe_vocab_size(tk) > 65536;
+    strata_shard_sink *train = &j->train, *val = &j->val;
+    strata_shard_sink_init(train, dir, "train", j->max_shard_tokens, wide, 0, 0);
+    strata_shard_sink_init(val, dir, "val", j->max_shard_tokens, wide, 0, 0);
     int rc = 0;
-    for (int i = 0; i < n_files && rc == 0; i++) {
+    for (int i = 0; i < j->n_files && rc == 0; i++) {
+        const char *path = j->files[i];
         unsigned char *bytes = NULL;
         size_t len = 0;
-        if (read_whole_file(text_files[i], &bytes, &len) != 0) {
+        if (read_whole_file(path, &bytes, &len) != 0) {
             rc = -1;
             break;
         }
         /* The tail of each file is held out, so val text is never seen in training even
          * when files are concatenated. With a tokenizer the cut moves back to the start of a
-         * UTF-8 character, and each side is encoded on its own. */
-        size_t n_val = (size_t)((double)len * val_fraction);
+         * UTF-8 character, and each side is encoded on its own, as a document. */
+        size_t n_val = (size_t)((double)len * j->val_fraction);
         size_t n_train = len - n_val;
         /* checked whole, so that a bad byte is named by its offset in the file */
         size_t bad = tk && !strata_bpe_is_bytes(tk) ? strata_utf8_invalid_at(bytes, len) : len;
         if (bad < len) {
             free(bytes);
-            rc = strata_fail("%s: byte %zu is not valid UTF-8 (the BPE tokenizer reads UTF-8 text)", text_files[i], bad);
+            rc = strata_fail("%s: byte %zu is not valid UTF-8 (the BPE tokenizer reads UTF-8 text)", path, bad);
             break;
         }
         if (tk)
             while (n_train > 0 && n_train < len && (bytes[n_train] & 0xC0) == 0x80) n_train--, n_val++;
-        STRATA_DEBUG("data", "%s: %zu bytes -> %zu train, %zu val", text_files[i], len, n_train,
-                     n_val);
+        STRATA_DEBUG("data", "%s: %zu bytes -> %zu train, %zu val", path, len, n_train, n_val);
         if (!tk) {
-            rc = stream_push(train, bytes, n_train);
-            if (rc == 0) rc = stream_push(val, bytes + n_train, n_val);
+            rc = push_bytes(train, bytes, n_train);
+            if (rc == 0) rc = push_bytes(val, bytes + n_train, n_val);
         } else {
-            rc = strata_bpe_encode(tk, (const char *)bytes, n_train, text_files[i], push_ids, train);
-            if (rc == 0 && n_val) rc = strata_bpe_encode(tk, (const char *)bytes + n_train, n_val, text_files[i], push_ids, val);
+            rc = strata_bpe_encode_doc(tk, (const char *)bytes, n_train, path, push_ids, train);
+            if (rc == 0 && n_val) rc = strata_bpe_encode_doc(tk, (const char *)bytes + n_train, n_val, path, push_ids, val);
         }
         free(bytes);
     }
-    if (rc == 0) rc = stream_flush(train);
-    if (rc == 0) rc = stream_flush(val);
-    free(train->buf);
-    free(val->buf);
-    train->buf = val->buf = NULL;
+    if (rc == 0) rc = strata_shard_sink_finish(train);
+    if (rc == 0) rc = strata_shard_sink_finish(val);
+    strata_shard_sink_free(train);
+    strata_shard_sink_free(val);
     if (rc != 0) return -1;
+    return strata_prepare_write_tokenizer(dir, tk);
+}
+
+int strata_prepare_write_tokenizer(const char *dir, const strata_bpe *tk) {
     /* the tokenizer goes with the shards: training records it, export ships it */
-    char tok_path[PATH_MAX];
-    STRATA_TRY(strata_path_join(tok_path, sizeof tok_path, dir, "tokenizer.json"));
+    char path[PATH_MAX];
+    STRATA_TRY(strata_path_join(path, sizeof path, dir, "tokenizer.json"));
     strata_bpe *bytes_tk = tk ? NULL : strata_bpe_bytes();
-    rc = strata_bpe_save(tk ? tk : bytes_tk, tok_path);
+    int rc = strata_bpe_save(tk ? tk : bytes_tk, path);
     strata_bpe_free(bytes_tk);
+    if (!rc && tk && strata_bpe_has_config(tk)) {
+        STRATA_TRY(strata_path_join(path, sizeof path, dir, "tokenizer_config.json"));
+        rc = strata_bpe_save_config(tk, path, 0);
+    }
     if (rc) return -1;
     return strata_fsync_dir(dir);
 }
 
 /* Whether prepare writes `name`: a shard (train_NNNNNN.bin, val_NNNNNN.bin), tokenizer.json,
- * or the temporary twin of one that a killed run left. These are replaced; anything else
+ * tokenizer_config.json, or the temporary twin of one that a killed run left. These are replaced; anything else
  * in an existing out_dir is carried over into the new one. */
 static int is_prepare_output(const char *name) {
     const char *rest = !strncmp(name, "train_", 6) ? name + 6 : !strncmp(name, "val_", 4) ? name + 4 : NULL;
-    if (!rest) return !strcmp(name, "tokenizer.json") || !strncmp(name, "tokenizer.json.tmp", 18);
+    if (!rest)
+        return !strcmp(name, "tokenizer.json") || !strncmp(name, "tokenizer.json.tmp", 18) ||
+               !strcmp(name, "tokenizer_config.json") || !strncmp(name, "tokenizer_config.json.tmp", 25);
     int digits = 0;
     while (rest[digits] >= '0' && rest[digits] <= '9') digits++;
     return digits >= 6 && (!strcmp(rest + digits, ".bin") || !strncmp(rest + digits, ".bin.tmp", 8));
@@ -375,17 +506,8 @@ static int remove_stale_temps(const char *parent, const char *prefix) {
     return rc;
 }
 
-int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
-                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk) {
-    if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
-    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-        return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
-    if (max_shard_tokens == 0 || max_shard_tokens > (size_t)INT32_MAX)
-        return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
-                           INT32_MAX);
-    if (tk && strata_bpe_vocab_size(tk) > 65536)
-        return strata_fail("prepare: tokenizer %s has %d tokens, but shards hold uint16 tokens (at most 65536)",
-                           strata_bpe_source(tk), strata_bpe_vocab_size(tk));
+int strata_prepare_dir(const char *out_dir, strata_prepare_fill fill, void *ctx, int *kept) {
+    *kept = 0;
     char target[PATH_MAX], parent[PATH_MAX], prefix[PATH_MAX], lock_path[PATH_MAX + 8], tmp[PATH_MAX + 32];
     int rc = resolve_out(out_dir, target, parent, prefix);
     if (rc) return rc;
@@ -408,8 +530,6 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
     /* Everything is written into a fresh directory beside out_dir, which then takes
      * out_dir's place in one step: a failure, a kill or a full disk leaves the old data
      * whole, and a reader finds all of the old data or all of the new. */
-    shard_stream train = {0}, val = {0};
-    int kept = 0;
     char old[PATH_MAX + 64] = "";
     rc = remove_stale_temps(parent, prefix);
     /* its name is free: the lock keeps other prepares out, and the ones killed were just
@@ -424,8 +544,8 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
         tmp[0] = 0;
     }
     if (!rc && chmod(tmp, mode) != 0) rc = strata_fail("%s: cannot set its permissions: %s", tmp, strerror(errno));
-    if (!rc) rc = write_prepared(text_files, n_files, tmp, val_fraction, max_shard_tokens, tk, &train, &val);
-    if (!rc) rc = carry_over(target, tmp, &kept);
+    if (!rc) rc = fill(ctx, tmp);
+    if (!rc) rc = carry_over(target, tmp, kept);
     if (!rc) rc = strata_fsync_dir(tmp);
     if (!rc) rc = strata_dir_swap(tmp, target, old, sizeof old);
     if (rc) {
@@ -442,15 +562,30 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
         STRATA_IGNORE(strata_rm_tree(old)); /* what is left, the next prepare removes */
     }
     (void)close(lock_fd); /* a lock file holding only our pid: closing it lets go */
-    if (rc) return -1;
+    return rc ? -1 : 0;
+}
+
+int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
+                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk) {
+    if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+        return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
+    if (max_shard_tokens == 0 || max_shard_tokens > (size_t)INT32_MAX)
+        return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
+                           INT32_MAX);
+    text_job j = {.files = text_files, .n_files = n_files, .val_fraction = val_fraction,
+                  .max_shard_tokens = max_shard_tokens, .tk = tk};
+    int kept = 0;
+    int rc = strata_prepare_dir(out_dir, write_prepared, &j, &kept);
+    if (rc) return rc;
     char desc[1200];
     if (tk) snprintf(desc, sizeof desc, "tokenizer %s, vocab %d", strata_bpe_source(tk), strata_bpe_vocab_size(tk));
     else snprintf(desc, sizeof desc, "byte-level, vocab 256");
     STRATA_INFO("data", "%s: %zu train tokens in %d shard%s, %zu val tokens in %d shard%s "
-                "(%s, from %d file%s; tokenizer.json beside them%s)",
-                out_dir, train.total, train.n_shards, train.n_shards == 1 ? "" : "s", val.total,
-                val.n_shards, val.n_shards == 1 ? "" : "s", desc, n_files, n_files == 1 ? "" : "s",
-                kept ? "; the directory's other files kept" : "");
+                "(%s%s, from %d file%s; tokenizer.json beside them%s)",
+                out_dir, j.train.total, j.train.n_shards, j.train.n_shards == 1 ? "" : "s", j.val.total,
+                j.val.n_shards, j.val.n_shards == 1 ? "" : "s", desc, j.train.wide ? "; 32-bit shards" : "", n_files,
+                n_files == 1 ? "" : "s", kept ? "; the directory's other files kept" : "");
     return 0;
 }
 
@@ -470,9 +605,7 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
     memset(L, 0, sizeof *L);
     L->perm_epoch = UINT64_MAX;
     if (T < 1) return strata_fail("data %s: sequence length T = %d must be at least 1", glob_pattern, T);
-    if (vocab_size < 1 || vocab_size > 65536)
-        return strata_fail("data %s: vocab_size %d is outside [1, 65536] (shards hold uint16 tokens)",
-                           glob_pattern, vocab_size);
+    if (vocab_size < 1) return strata_fail("data %s: vocab_size %d is below 1", glob_pattern, vocab_size);
     glob_t g;
     int grc = glob(glob_pattern, 0, NULL, &g); /* glob(3) sorts unless GLOB_NOSORT */
     if (grc == GLOB_NOMATCH) {
@@ -500,6 +633,7 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
             return src;
         }
         L->n_shards++;
+        if (L->shards[i].mask) L->has_mask = 1;
         size_t n = L->shards[i].n_tokens;
         /* Chunks never cross a shard boundary: shard i yields floor((n-1)/T) chunks of T+1
          * tokens starting at multiples of T (consecutive chunks share one token). */
@@ -559,32 +693,70 @@ static int shard_of_chunk(const strata_loader *L, uint64_t c) {
     return lo;
 }
 
+/* Where global sequence seq starts: its shard and the offset of its first token there. */
+static const strata_shard *sequence_at(strata_loader *L, uint64_t seq, size_t *off) {
+    uint64_t epoch = seq / L->n_chunks;
+    uint64_t c = seq % L->n_chunks;
+    if (L->shuffle) {
+        if (L->perm_epoch != epoch) build_perm(L, epoch);
+        c = L->perm[c];
+    }
+    int s = shard_of_chunk(L, c);
+    *off = (size_t)(c - L->chunk_start[s]) * (size_t)L->T;
+    return &L->shards[s];
+}
+
+/* A mask byte other than 0 or 1 among the T targets of the sequence at sh[off]: named. */
+static int check_mask(const strata_shard *sh, size_t off, int T) {
+    for (int t = 1; t <= T; t++)
+        if (sh->mask[off + (size_t)t] > 1)
+            return strata_fail("%s: mask byte %u at position %zu is neither 0 nor 1 (a corrupt shard?)", sh->path,
+                               (unsigned)sh->mask[off + (size_t)t], off + (size_t)t);
+    return 0;
+}
+
 int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t *inputs,
                        int32_t *targets) {
     const int T = L->T;
     for (int r = 0; r < n_seq; r++) {
-        uint64_t seq = first_seq + (uint64_t)r;
-        uint64_t epoch = seq / L->n_chunks;
-        uint64_t c = seq % L->n_chunks;
-        if (L->shuffle) {
-            if (L->perm_epoch != epoch) build_perm(L, epoch);
-            c = L->perm[c];
-        }
-        int s = shard_of_chunk(L, c);
-        const strata_shard *sh = &L->shards[s];
-        size_t off = (size_t)(c - L->chunk_start[s]) * (size_t)T;
-        const uint16_t *tok = sh->tokens + off;
+        size_t off;
+        const strata_shard *sh = sequence_at(L, first_seq + (uint64_t)r, &off);
         for (int t = 0; t <= T; t++) {
-            if (tok[t] >= L->vocab_size)
+            uint32_t tok = strata_shard_token(sh, off + (size_t)t);
+            if (tok >= (uint32_t)L->vocab_size)
                 return strata_fail("%s: token %u at position %zu is >= vocab_size %d "
                                    "(data tokenised for a larger vocabulary?)",
-                                   sh->path, (unsigned)tok[t], off + (size_t)t, L->vocab_size);
+                                   sh->path, (unsigned)tok, off + (size_t)t, L->vocab_size);
         }
+        if (sh->mask && check_mask(sh, off, T)) return -1;
         int32_t *in = inputs + (size_t)r * T, *tg = targets + (size_t)r * T;
         for (int t = 0; t < T; t++) {
-            in[t] = tok[t];
-            tg[t] = tok[t + 1];
+            in[t] = (int32_t)strata_shard_token(sh, off + (size_t)t);
+            tg[t] = (int32_t)strata_shard_token(sh, off + (size_t)t + 1);
         }
+        if (sh->mask) /* a target the mask does not learn is -1, which the loss skips */
+            for (int t = 0; t < T; t++)
+                if (!sh->mask[off + (size_t)t + 1]) tg[t] = -1;
+    }
+    return 0;
+}
+
+int strata_loader_count_learned(strata_loader *L, uint64_t first_seq, int n_seq, uint64_t *count) {
+    const int T = L->T;
+    *count = 0;
+    if (!L->has_mask) {
+        *count = (uint64_t)n_seq * (uint64_t)T;
+        return 0;
+    }
+    for (int r = 0; r < n_seq; r++) {
+        size_t off;
+        const strata_shard *sh = sequence_at(L, first_seq + (uint64_t)r, &off);
+        if (!sh->mask) {
+            *count += (uint64_t)T;
+            continue;
+        }
+        if (check_mask(sh, off, T)) return -1;
+        for (int t = 1; t <= T; t++) *count += sh->mask[off + (size_t)t];
     }
     return 0;
 }

@@ -1,11 +1,23 @@
 /* io/data.h: token shards and the batch reader.
  *
- * Shard format (llm.c's, so its data scripts feed Strata unchanged): a header of 256
- * little-endian int32 (header[0] = 20240520 magic, header[1] = 1 version, header[2] =
- * number of tokens), then that many uint16 tokens.
+ * Shard formats, all a header of 256 little-endian int32 then the tokens:
+ *  - llm.c's GPT-2 shards (so its data scripts feed Strata unchanged): header[0] =
+ *    20240520 magic, header[1] = 1 version, header[2] = number of tokens; uint16 tokens.
+ *  - Strata's 32-bit shards, for vocabularies past 65,536 and for data with a loss mask:
+ *    header[0] = 20240520, header[1] = 2, header[2] = number of tokens, header[3] = flags
+ *    (bit 0: a loss mask follows; no other bit is defined), the rest 0; uint32 tokens,
+ *    then, with the mask, one byte per token: 1 when the token is learned (the loss counts
+ *    it as the target of the token before it), 0 when it is not (a prompt, padding).
+ *    `strata prepare` writes them when the tokenizer has more than 65,536 tokens or the
+ *    data has a mask, and llm.c's format otherwise.
+ *  - llm.c's Llama 3 shards: header[0] = 20240801, header[1] = 7; uint32 tokens.
+ * Every reader checks the magic, the version, the flags and the token count against the
+ * file's size; an id at or above the vocabulary and a mask byte other than 0 or 1 are
+ * named with their shard and position when a batch reads them.
  *
  * The reader treats the shards matched by a glob, in sorted order, as one sequence of
- * chunks of T+1 tokens (inputs and next-token targets). Chunks are consumed in order, or
+ * chunks of T+1 tokens (inputs and next-token targets; a target the mask does not learn
+ * is -1, which the loss skips). Chunks are consumed in order, or
  * in a seeded permutation per epoch when shuffling. Sequence g of step s, for the global
  * batch of G = world * grad_accum * B sequences, is chunk number s*G + g of that order.
  * Rank r, micro-step a, row b reads g = a*(world*B) + r*B + b, so world N with micro-batch
@@ -19,26 +31,37 @@
 #include <stdint.h>
 
 #define STRATA_SHARD_MAGIC 20240520
-#define STRATA_SHARD_VERSION 1
+#define STRATA_SHARD_VERSION 1    /* uint16 tokens (llm.c's GPT-2 shards) */
+#define STRATA_SHARD_VERSION_32 2 /* uint32 tokens, a loss mask when header[3] says so */
+#define STRATA_SHARD_FLAG_MASK 1
+#define STRATA_SHARD_LLMC32_MAGIC 20240801 /* llm.c's Llama 3 shards: uint32 tokens */
+#define STRATA_SHARD_LLMC32_VERSION 7
 #define STRATA_SHARD_HEADER_INTS 256
 
-/* Writes tokens as one shard file (atomically: temp name, fsync, rename). */
+/* Writes tokens as one shard file (atomically: temp name, fsync, rename): llm.c's uint16
+ * format, and the 32-bit one with an optional loss mask (mask may be NULL: no mask). */
 int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens);
+int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens);
 
-/* A memory-mapped, validated shard. */
+/* A memory-mapped, validated shard: tokens (16-bit) or tokens32 (32-bit) is set. */
 typedef struct strata_shard {
     char path[1024];
     const uint16_t *tokens;
+    const uint32_t *tokens32;
+    const uint8_t *mask; /* NULL: every token learned */
     size_t n_tokens;
     void *map;
     size_t map_bytes;
 } strata_shard;
+static inline uint32_t strata_shard_token(const strata_shard *sh, size_t i) {
+    return sh->tokens32 ? sh->tokens32[i] : sh->tokens[i];
+}
 /* What strata_shard_open and strata_loader_open return (instead of -1) when the path
  * names no shard file at all: nothing matches, or a match is a directory, a device or a
  * FIFO. That is a config error (exit 2); -1 is a shard that is there but bad. */
 #define STRATA_DATA_NOT_SHARDS (-2)
 
-/* Checks magic, version, token count against the file size; errors name the file. */
+/* Checks magic, version, flags, token count against the file size; errors name the file. */
 int strata_shard_open(strata_shard *sh, const char *path);
 void strata_shard_close(strata_shard *sh);
 
@@ -48,9 +71,11 @@ void strata_shard_close(strata_shard *sh);
 
 /* Splits text files into train and val shards in out_dir (train_000000.bin ...,
  * val_000000.bin), val_fraction of each file's bytes going to val (taken from the end).
- * Tokens are bytes when tk is NULL, else tk's BPE ids (io/bpe.h); either way the
- * tokenizer is written beside the shards as tokenizer.json (for bytes, the equivalent
- * Hugging Face tokenizer), which is how a run learns what its tokens mean.
+ * Tokens are bytes when tk is NULL, else tk's BPE ids (io/bpe.h), each side of each file
+ * encoded as a document (with the tokens the tokenizer's post-processor puts around one:
+ * Llama's BOS); either way the tokenizer is written beside the shards as tokenizer.json
+ * (for bytes, the equivalent Hugging Face tokenizer; tokenizer_config.json too when the
+ * tokenizer has one), which is how a run learns what its tokens mean.
  * max_shard_tokens bounds a shard's size. Reports counts through the info log.
  *
  * out_dir is replaced whole, never mixed: everything is written into a fresh directory
@@ -70,11 +95,53 @@ struct strata_bpe;
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
                         double val_fraction, size_t max_shard_tokens, struct strata_bpe *tk);
 
+/* What every kind of preparation shares (strata_prepare_text, io/jsonl.h): fill(ctx, dir)
+ * writes the new data into the fresh directory `dir`; out_dir is then replaced by it as
+ * described above. *kept counts the old directory's other entries carried over. Returns
+ * 0, STRATA_PREPARE_REFUSED or -1, as strata_prepare_text. */
+typedef int (*strata_prepare_fill)(void *ctx, const char *dir);
+int strata_prepare_dir(const char *out_dir, strata_prepare_fill fill, void *ctx, int *kept);
+/* Writes tk (NULL: the byte-level one) beside the shards in dir: tokenizer.json, and
+ * tokenizer_config.json when the tokenizer has settings of that file (io/bpe.h). */
+int strata_prepare_write_tokenizer(const char *dir, const struct strata_bpe *tk);
+
+/* The shards of one split ("train", "val") as they fill, in dir: <prefix>_NNNNNN.bin of
+ * at most max_tokens each, llm.c's uint16 format unless wide (32-bit) or masked (32-bit
+ * with a loss mask). With `overlap`, each shard after the first begins with the last
+ * token of the one before: for sequences packed T tokens apart (io/jsonl.c), a shard of
+ * k*T + 1 tokens then holds k whole chunks and none crosses into the next shard. */
+typedef struct strata_shard_sink {
+    char out_dir[1024];
+    const char *prefix;
+    size_t max_tokens;
+    int wide, masked, overlap;
+    uint16_t *buf16;
+    uint32_t *buf32;
+    uint8_t *mask;
+    size_t len, cap;
+    int n_shards;
+    size_t total;   /* tokens written, a carried-over token counted once */
+    size_t learned; /* of those, learned (masked: mask 1; else all) */
+} strata_shard_sink;
+void strata_shard_sink_init(strata_shard_sink *s, const char *dir, const char *prefix, size_t max_tokens, int wide,
+                            int masked, int overlap);
+/* Appends n ids with their mask bytes (mask NULL: every one learned). */
+int strata_shard_sink_push(strata_shard_sink *s, const int32_t *ids, const uint8_t *mask, size_t n);
+/* Writes what is left (with overlap, a last shard of the carried token alone is not
+ * written: it holds no chunk) and frees the buffers; free alone on a failure path. */
+int strata_shard_sink_finish(strata_shard_sink *s);
+void strata_shard_sink_free(strata_shard_sink *s);
+
+/* Whether the shards matching glob_pattern hold 32-bit tokens: *wide = 1 if any does, 0 if
+ * every one is llm.c's uint16. -1 (error set) when none matches or one is not a shard. */
+int strata_shards_wide(const char *glob_pattern, int *wide);
+
 typedef struct strata_loader {
     strata_shard *shards;
     int n_shards;
     int T;            /* tokens per sequence; a chunk is T+1 tokens */
     int vocab_size;   /* tokens must be below it: checked when a chunk is read */
+    int has_mask;     /* some shard has a loss mask: targets may be -1 */
     uint64_t *chunk_start; /* per shard: first global chunk index (prefix sums), n_shards+1 */
     uint64_t n_chunks;
     int shuffle;
@@ -90,9 +157,13 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
 void strata_loader_close(strata_loader *L);
 
 /* Fills inputs[n_seq*T] and targets[n_seq*T] (host int32) with the consecutive global
- * sequences first_seq .. first_seq+n_seq-1 of the stream (wrapping over epochs). */
+ * sequences first_seq .. first_seq+n_seq-1 of the stream (wrapping over epochs); a
+ * target whose token the mask does not learn is -1. */
 int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t *inputs,
                        int32_t *targets);
+/* The learned targets of those sequences (n_seq * T without a mask): what the engine
+ * divides the step's loss by, known before any micro-batch is read. */
+int strata_loader_count_learned(strata_loader *L, uint64_t first_seq, int n_seq, uint64_t *count);
 
 /* The global sequence index of row b of micro-step a on rank r at step `step`. */
 uint64_t strata_batch_seq(int64_t step, int micro, int rank, int row, int world, int grad_accum,

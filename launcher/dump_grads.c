@@ -180,18 +180,21 @@ static int alloc_device(dump_batch *b, strata_model *m, const size_t *padded) {
  * the logits and every gradient are copied to the host. 0, or -1 with the error set. */
 static int forward_backward(dump_batch *b, strata_model *m, const size_t *padded, const char *data) {
     strata_device *dev = m->dev;
-    size_t BT = (size_t)b->B * b->T;
+    size_t BT = (size_t)b->B * b->T, learned = 0;
+    for (size_t i = 0; i < BT; i++) learned += b->targets[i] >= 0; /* a masked target is -1 */
     if (strata_model_set_batch(m, b->inputs, b->targets)) return strata_fail_wrap("--data %s", data);
     STRATA_TRY(strata_memset_async(dev, dev->compute, m->loss_sum, 0, sizeof(float)));
     for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 0, 0.0f, 1.0f / (float)BT);
     dev->k->convert(dev->compute, b->logits_f32, STRATA_F32, m->logits, dev->compute_dtype, BT * b->Vp);
     STRATA_TRY(strata_memcpy_async(dev, dev->compute, b->logits, b->logits_f32, BT * b->Vp * sizeof(float)));
     STRATA_TRY(strata_memcpy_async(dev, dev->compute, &b->loss, m->loss_sum, sizeof(float)));
-    strata_model_forward_unit(m, m->n_units - 1, 1, 1.0f / (float)BT, 0.0f);
+    /* the mean over the learned targets, as a training step takes it */
+    strata_model_forward_unit(m, m->n_units - 1, 1, learned ? 1.0f / (float)learned : 0.0f, 0.0f);
     for (int u = m->n_units - 1; u >= 0; u--) STRATA_TRY(strata_model_backward_unit(m, u));
     for (int u = 0; u < m->n_units; u++)
         STRATA_TRY(strata_memcpy_async(dev, dev->compute, b->grads_host[u], b->grads[u], padded[u] * sizeof(float)));
     STRATA_TRY(strata_stream_sync(dev, dev->compute));
+    if (learned != BT) b->loss = learned ? (float)((double)b->loss * ((double)BT / (double)learned)) : 0.0f;
     return 0;
 }
 

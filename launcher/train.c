@@ -370,10 +370,13 @@ static int load_config(trainer *t) {
     const char *where = NULL; /* names the config in the message, for what it leads to */
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) goto refuse;
     where = cfg->path[0] ? cfg->path : "<built-in>";
-    /* said now, not after the plan is allocated: the loader would refuse it at open */
-    if (cfg->model.vocab_size > 65536) {
-        strata_fail("model.vocab_size is %d, but token shards hold uint16 tokens (io/data.h: at most 65536), so no "
-                    "data can train it yet; plan, sample and export take any vocabulary", cfg->model.vocab_size);
+    /* said now, not after the plan is allocated: llm.c's uint16 shards cannot hold the ids
+     * of a vocabulary past 65536 (a data.train that names no shard is open_data's to say) */
+    int wide = 1;
+    if (cfg->model.vocab_size > 65536 && strata_shards_wide(cfg->data.train, &wide) == 0 && !wide) {
+        strata_fail("model.vocab_size is %d, but the shards of data.train (%s) hold uint16 tokens (at most 65536 ids), "
+                    "so they were made for another vocabulary; `strata prepare --tokenizer` with the model's tokenizer "
+                    "writes 32-bit shards", cfg->model.vocab_size, cfg->data.train);
         goto refuse;
     }
     if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
@@ -703,7 +706,7 @@ static const struct {
 } FIGURE_TAGS[] = {
     {"loss", "loss/train"}, {"val_loss", "loss/val"}, {"lr", "optim/lr"}, {"grad_norm", "optim/grad_norm"},
     {"tokens_per_s", "speed/tokens_per_s"}, {"step_ms", "speed/step_ms"}, {"tflops", "speed/tflops"},
-    {"tokens", "progress/tokens"},
+    {"tokens", "progress/tokens"}, {"learned_tokens", "progress/learned_tokens"},
     {"peak_mem_bytes", "memory/peak_mem_bytes"}, {"mem_params", "memory/mem_params"},
     {"mem_grads", "memory/mem_grads"}, {"mem_optimizer", "memory/mem_optimizer"},
     {"mem_activations", "memory/mem_activations"}, {"mem_buffers", "memory/mem_buffers"},
@@ -940,6 +943,7 @@ static int write_metrics(trainer *t, const step_figures *f) {
     figure(&rec, "tflops", "%.3f",
            tok_s * strata_model_flops_per_token(&t->m, strata_config_seq_len(&t->cfg)) / 1e12);
     figure(&rec, "tokens", "%.0f", t->tokens_seen);
+    figure(&rec, "learned_tokens", "%.0f", (double)r->learned_tokens);
     figure(&rec, "peak_mem_bytes", "%.0f", (double)t->dev->mem[STRATA_MEM_DEVICE].peak_bytes);
     figure(&rec, "mem_params", "%.0f", (double)mem.params);
     figure(&rec, "mem_grads", "%.0f", (double)mem.grads);

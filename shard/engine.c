@@ -1096,6 +1096,28 @@ static int poison_on_fault(strata_engine *e, int64_t step) {
     return 0;
 }
 
+/* The learned targets of the whole global batch of step `step` (every rank, every
+ * micro-step): this rank counts its own micro-batches' masks, one small all-reduce sums
+ * them, before any backward. Data without a mask learns every target, and no rank asks. */
+static int count_learned(strata_engine *e, strata_loader *L, int64_t step, uint64_t *learned) {
+    *learned = (uint64_t)e->B * e->T * (uint64_t)e->world * (uint64_t)e->A;
+    if (!L->has_mask) return 0;
+    double t0 = strata_now_ms(); /* before the step's compute clock starts */
+    uint64_t mine = 0;
+    int rc = 0;
+    for (int micro = 0; micro < e->A && !rc; micro++) {
+        uint64_t n = 0;
+        rc = strata_loader_count_learned(L, strata_batch_seq(step, micro, e->rank, 0, e->world, e->A, e->B), e->B, &n);
+        mine += n;
+    }
+    e->data_ms += strata_now_ms() - t0;
+    if (rc) return -1;
+    double all = (double)mine; /* exact: a count below 2^53 */
+    if (e->world > 1 && strata_allreduce_host_f64(e->comm, &all, 1)) return -1;
+    *learned = (uint64_t)all;
+    return 0;
+}
+
 static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
@@ -1103,8 +1125,13 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     e->gather_h2d_bytes = 0;
     strata_model *m = e->m;
     size_t BT = (size_t)e->B * e->T;
-    /* each token's weight in the step's mean loss over all ranks and micro-steps */
-    float dloss = 1.0f / (float)(BT * (size_t)e->world * (size_t)e->A);
+    /* The step's loss is the mean over the learned targets of the global batch, so each
+     * learned target weighs 1/learned in the gradient, whichever rank and micro-step holds
+     * it (a masked one, -1, weighs nothing); without a mask, 1/(B*T*world*A). The losses
+     * summed on the device keep the unmasked scale, and the mean is corrected after. */
+    uint64_t all = (uint64_t)BT * (uint64_t)e->world * (uint64_t)e->A;
+    if (count_learned(e, L, step, &r->learned_tokens)) return -1;
+    float dloss = r->learned_tokens ? 1.0f / (float)r->learned_tokens : 0.0f;
     float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
     clock_start(e);
     if (e->fault.copy_step == step + 1) {
@@ -1136,6 +1163,8 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     if (strata_allreduce_host_f64(e->comm, sums, 2)) return -1;
     r->grad_norm = sqrt(sums[0]);
     r->loss = sums[1] / e->world;
+    if (r->learned_tokens != all) /* a global batch with nothing to learn has loss 0 */
+        r->loss = r->learned_tokens ? r->loss * ((double)all / (double)r->learned_tokens) : 0.0;
     r->lr = strata_lr_at(&e->cfg->optim, e->cfg->train.steps, step);
     r->offload_wait_ms = e->off.wait_ms;
     r->gather_h2d_bytes = e->gather_h2d_bytes; /* every gather of the step is issued by now */
@@ -1211,11 +1240,14 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
     size_t BT = (size_t)e->B * e->T;
     STRATA_TRY(strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float)));
     int stopped = 0;
+    uint64_t learned = 0; /* this rank's learned targets over the pass */
     for (int b = 0; b < n_batches; b++) {
         /* between batches the ring is released and the collective stream idle: a stop
          * leaves nothing half done */
         if ((stopped = stop_agreed(e)) != 0) break;
-        uint64_t first = ((uint64_t)b * e->world + e->rank) * e->B;
+        uint64_t first = ((uint64_t)b * e->world + e->rank) * e->B, n = 0;
+        if (strata_loader_count_learned(L, first, e->B, &n)) return -1;
+        learned += n;
         if (load_micro_batch(e, L, first)) return -1;
         if (e->z.params_sharded && gather_embed(e)) return -1;
         const unit_op *prev = NULL;
@@ -1246,9 +1278,12 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
     }
     STRATA_TRY(strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float)));
     STRATA_TRY(strata_stream_sync(d, d->compute));
-    double sum = *e->loss_sum_host;
-    if (strata_allreduce_host_f64(e->comm, &sum, 1)) return -1;
-    *loss = sum / e->world;
+    /* the same rule as a step's: the mean over the learned targets of every rank */
+    double sums[2] = {*e->loss_sum_host, (double)learned};
+    if (strata_allreduce_host_f64(e->comm, sums, L->has_mask ? 2 : 1)) return -1;
+    *loss = sums[0] / e->world;
+    uint64_t all = (uint64_t)BT * (uint64_t)n_batches * (uint64_t)e->world;
+    if (L->has_mask && (uint64_t)sums[1] != all) *loss = sums[1] > 0 ? *loss * ((double)all / sums[1]) : 0.0;
     return 0;
 }
 

@@ -37,7 +37,8 @@ typedef struct strata_engine_memory {
 } strata_engine_memory;
 
 typedef struct strata_step_result {
-    double loss;       /* mean over the step's global tokens */
+    double loss;       /* mean over the step's learned targets, every rank's */
+    uint64_t learned_tokens; /* those targets (B*T*world*A without a loss mask) */
     double grad_norm;  /* global L2 norm before clipping */
     double lr;
     int nonfinite;     /* loss or gradient norm was NaN/inf on some rank: nothing was updated */

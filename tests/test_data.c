@@ -1,5 +1,7 @@
-/* tests/test_data.c: token shards, the batch reader, the batch index formula, byte-level
- * text preparation and the llm.c tokenizer file, each against hand-computed results. */
+/* tests/test_data.c: token shards (llm.c's uint16, Strata's 32-bit with and without a loss
+ * mask, llm.c's Llama 3), the batch reader and its masked targets, the learned-target
+ * count, the shard sink's packing overlap, the batch index formula, byte-level text
+ * preparation and the llm.c tokenizer file, each against hand-computed results. */
 #include "core/common.h"
 #include "io/data.h"
 #include "tests/check.h"
@@ -76,9 +78,9 @@ static void test_bad_shards(void) {
     snprintf(msg, sizeof msg, "%s: header says 1000 tokens but the file holds 998", p);
     CHECK(error_is(msg), "truncated message gives both counts");
 
-    write_raw_shard(tpath(p, "ver.bin"), STRATA_SHARD_MAGIC, 2, 10, tok, 10);
+    write_raw_shard(tpath(p, "ver.bin"), STRATA_SHARD_MAGIC, 3, 10, tok, 10);
     CHECK(strata_shard_open(&sh, p) != 0, "wrong version refused");
-    snprintf(msg, sizeof msg, "%s: unsupported shard version 2 (expected 1)", p);
+    snprintf(msg, sizeof msg, "%s: unsupported shard version 3 (expected 1, uint16 tokens, or 2, uint32 tokens)", p);
     CHECK(error_is(msg), "version message names the version");
 
     FILE *f = fopen(tpath(p, "tiny.bin"), "wb");
@@ -94,6 +96,182 @@ static void test_bad_shards(void) {
     CHECK(strata_shard_open(&sh, tpath(p, "absent.bin")) != 0, "missing shard refused");
     snprintf(msg, sizeof msg, "%s: cannot open token shard: No such file or directory", p);
     CHECK(error_is(msg), "missing shard message names the file");
+}
+
+/* A header of our choosing, then raw payload bytes: for 32-bit shards and their corruptions. */
+static void write_raw32(const char *path, int32_t magic, int32_t version, int32_t n_header, int32_t flags,
+                        const void *payload, size_t bytes) {
+    int32_t header[256] = {0};
+    header[0] = magic;
+    header[1] = version;
+    header[2] = n_header;
+    header[3] = flags;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    fwrite(header, sizeof(int32_t), 256, f);
+    if (bytes) fwrite(payload, 1, bytes, f);
+    fclose(f);
+}
+
+static void test_shard32(void) {
+    char p[1024], msg[2048];
+    uint32_t tok[300];
+    uint8_t mask[300];
+    for (int i = 0; i < 300; i++) {
+        tok[i] = (uint32_t)(i * 977 + 65000); /* past 65536 from the third token on */
+        mask[i] = (uint8_t)(i % 3 != 0);
+    }
+    strata_shard sh;
+    tpath(p, "wide.bin");
+    CHECK(strata_shard_write32(p, tok, NULL, 300) == 0, "shard_write32 without a mask");
+    struct stat st;
+    CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 1200, "32-bit shard is 1024 + 4*300 bytes");
+    CHECK(strata_shard_open(&sh, p) == 0 && sh.tokens32 && !sh.tokens && !sh.mask && sh.n_tokens == 300 &&
+              memcmp(sh.tokens32, tok, sizeof tok) == 0 && strata_shard_token(&sh, 299) == tok[299],
+          "32-bit tokens read back, no mask");
+    strata_shard_close(&sh);
+    tpath(p, "masked.bin");
+    CHECK(strata_shard_write32(p, tok, mask, 300) == 0, "shard_write32 with a mask");
+    CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 1500, "masked shard is 1024 + 5*300 bytes");
+    CHECK(strata_shard_open(&sh, p) == 0 && sh.mask && memcmp(sh.mask, mask, 300) == 0 &&
+              memcmp(sh.tokens32, tok, sizeof tok) == 0,
+          "tokens and mask read back");
+    strata_shard_close(&sh);
+
+    /* llm.c's Llama 3 shards: another magic, version 7, uint32 */
+    write_raw32(tpath(p, "llmc3.bin"), STRATA_SHARD_LLMC32_MAGIC, 7, 300, 0, tok, sizeof tok);
+    CHECK(strata_shard_open(&sh, p) == 0 && sh.tokens32 && sh.n_tokens == 300 && !sh.mask,
+          "llm.c's Llama 3 shard (magic 20240801, version 7) opens");
+    strata_shard_close(&sh);
+    write_raw32(tpath(p, "llmc3v.bin"), STRATA_SHARD_LLMC32_MAGIC, 1, 300, 0, tok, sizeof tok);
+    CHECK(strata_shard_open(&sh, p) != 0, "llm.c Llama 3 magic with another version refused");
+    snprintf(msg, sizeof msg, "%s: unsupported llm.c Llama 3 shard version 1 (expected 7)", p);
+    CHECK(error_is(msg), "its message names the version");
+
+    /* the checks of the 16-bit format hold for the 32-bit one */
+    write_raw32(tpath(p, "trunc32.bin"), STRATA_SHARD_MAGIC, 2, 300, 0, tok, 4 * 299);
+    CHECK(strata_shard_open(&sh, p) != 0, "truncated 32-bit shard refused");
+    snprintf(msg, sizeof msg, "%s: header says 300 tokens but the file holds 299", p);
+    CHECK(error_is(msg), "truncated 32-bit message gives both counts");
+    write_raw32(tpath(p, "truncmask.bin"), STRATA_SHARD_MAGIC, 2, 60, 1, tok, 5 * 60 - 1);
+    CHECK(strata_shard_open(&sh, p) != 0, "masked shard missing its last mask byte refused");
+    snprintf(msg, sizeof msg, "%s: header says 60 tokens but the file holds 59", p);
+    CHECK(error_is(msg), "its message gives both counts");
+    write_raw32(tpath(p, "odd32.bin"), STRATA_SHARD_MAGIC, 2, 60, 0, tok, 4 * 60 + 2);
+    CHECK(strata_shard_open(&sh, p) != 0, "32-bit shard with a stray half token refused");
+    snprintf(msg, sizeof msg, "%s: 242 bytes after the header are not a whole number of uint32 tokens", p);
+    CHECK(error_is(msg), "its message names the unit");
+    write_raw32(tpath(p, "flags.bin"), STRATA_SHARD_MAGIC, 2, 60, 6, tok, 4 * 60);
+    CHECK(strata_shard_open(&sh, p) != 0, "unknown flag bits refused");
+    snprintf(msg, sizeof msg, "%s: flags 0x6 in header[3] name bits this reader does not know (only bit 0, the loss mask)", p);
+    CHECK(error_is(msg), "flags message names the bits");
+}
+
+/* 32-bit masked shards through the loader: ids past 65536, masked targets -1, the learned
+ * count, a vocabulary error and a corrupt mask byte named by shard and position. */
+static void test_loader_masked(void) {
+    char dir[1024], p[1100], pat[1100], msg[2048];
+    snprintf(dir, sizeof dir, "%s/masked", tmpdir);
+    mkdir(dir, 0755);
+    /* shard 0: tokens 70000..70012 (13 tokens, T=4: 3 chunks), mask 0 at every third */
+    uint32_t tok[13];
+    uint8_t mask[13];
+    for (int i = 0; i < 13; i++) {
+        tok[i] = 70000u + (uint32_t)i;
+        mask[i] = (uint8_t)(i % 3 != 0);
+    }
+    snprintf(p, sizeof p, "%s/train_000000.bin", dir);
+    CHECK(strata_shard_write32(p, tok, mask, 13) == 0, "masked shard written");
+    /* shard 1: llm.c's uint16, no mask: 5 tokens, 1 chunk, every target learned */
+    uint16_t small[5] = {1, 2, 3, 4, 5};
+    snprintf(p, sizeof p, "%s/train_000001.bin", dir);
+    CHECK(strata_shard_write(p, small, 5) == 0, "16-bit shard written beside it");
+    snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
+    int wide = -1;
+    CHECK(strata_shards_wide(pat, &wide) == 0 && wide == 1, "strata_shards_wide: one 32-bit shard makes the set wide");
+    snprintf(p, sizeof p, "%s/train_000001.bin", dir);
+    CHECK(strata_shards_wide(p, &wide) == 0 && wide == 0, "strata_shards_wide: llm.c's shard alone is not");
+    strata_loader L;
+    CHECK(strata_loader_open(&L, pat, 4, 128256, 0, 0) == 0 && L.n_chunks == 4 && L.has_mask,
+          "a vocabulary of 128256 opens on 32-bit shards, with a mask");
+    int32_t in[16], tg[16];
+    CHECK(strata_loader_read(&L, 0, 4, in, tg) == 0, "read 4 sequences");
+    const int32_t want_in[16] = {70000, 70001, 70002, 70003, 70004, 70005, 70006, 70007,
+                                 70008, 70009, 70010, 70011, 1, 2, 3, 4};
+    /* target t is token t+1, -1 where its mask byte is 0 (positions 3, 6, 9, 12) */
+    const int32_t want_tg[16] = {70001, 70002, -1, 70004, 70005, -1, 70007, 70008,
+                                 -1, 70010, 70011, -1, 2, 3, 4, 5};
+    CHECK(memcmp(in, want_in, sizeof in) == 0, "inputs: 32-bit ids, then the uint16 shard's");
+    CHECK(memcmp(tg, want_tg, sizeof tg) == 0, "targets the mask does not learn are -1");
+    uint64_t n = 0;
+    CHECK(strata_loader_count_learned(&L, 0, 4, &n) == 0 && n == 12, "12 of 16 targets learned (got %llu)",
+          (unsigned long long)n);
+    CHECK(strata_loader_count_learned(&L, 1, 1, &n) == 0 && n == 3, "sequence 1 alone: 3 learned");
+    CHECK(strata_loader_count_learned(&L, 4 + 3, 1, &n) == 0 && n == 4, "the unmasked shard's sequence, an epoch on: 4");
+    strata_loader_close(&L);
+
+    CHECK(strata_loader_open(&L, pat, 4, 70005, 0, 0) == 0, "open with vocab 70005");
+    CHECK(strata_loader_read(&L, 1, 1, in, tg) != 0, "token 70005 refused with vocab 70005");
+    snprintf(msg, sizeof msg,
+             "%s/train_000000.bin: token 70005 at position 5 is >= vocab_size 70005 (data tokenised for a larger "
+             "vocabulary?)", dir);
+    CHECK(error_is(msg), "32-bit vocabulary error names shard and position");
+    strata_loader_close(&L);
+
+    mask[6] = 7;
+    snprintf(p, sizeof p, "%s/train_000000.bin", dir);
+    CHECK(strata_shard_write32(p, tok, mask, 13) == 0, "a shard with a corrupt mask byte");
+    CHECK(strata_loader_open(&L, pat, 4, 128256, 0, 0) == 0, "opens (masks are checked as read)");
+    CHECK(strata_loader_count_learned(&L, 1, 1, &n) != 0, "the count refuses mask byte 7");
+    snprintf(msg, sizeof msg, "%s/train_000000.bin: mask byte 7 at position 6 is neither 0 nor 1 (a corrupt shard?)",
+             dir);
+    CHECK(error_is(msg), "mask error names shard and position");
+    CHECK(strata_loader_read(&L, 1, 1, in, tg) != 0 && error_is(msg), "so does the read");
+    strata_loader_close(&L);
+    /* vocabulary sizes are no longer capped at 65536 for uint16 data either */
+    snprintf(p, sizeof p, "%s/train_000001.bin", dir);
+    CHECK(strata_loader_open(&L, p, 4, 100000, 0, 0) == 0 && !L.has_mask, "uint16 shard opens with vocab 100000");
+    strata_loader_close(&L);
+}
+
+/* The sink with overlap: shards of k*T + 1 tokens, each after the first starting with the
+ * token the one before ended on, so sequence g of the whole stream is chunk g of the set. */
+static void test_sink_overlap(void) {
+    char dir[1024], pat[1100];
+    snprintf(dir, sizeof dir, "%s/sink", tmpdir);
+    mkdir(dir, 0755);
+    enum { T = 4, SEQ = 7 };
+    int32_t ids[SEQ * T + 1];
+    uint8_t mask[SEQ * T + 1];
+    for (int i = 0; i < SEQ * T + 1; i++) {
+        ids[i] = 100000 + i;
+        mask[i] = (uint8_t)(i % 2);
+    }
+    strata_shard_sink s;
+    strata_shard_sink_init(&s, dir, "train", 2 * T + 1, 0, 1, 1);
+    CHECK(strata_shard_sink_push(&s, ids, mask, 10) == 0 && strata_shard_sink_push(&s, ids + 10, mask + 10, SEQ * T + 1 - 10) == 0 &&
+              strata_shard_sink_finish(&s) == 0,
+          "7 sequences of 4 (+1) through a sink of 2-sequence shards");
+    CHECK(s.n_shards == 4 && s.total == SEQ * T + 1, "4 shards (2+2+2+1 sequences), 29 tokens counted once (got %d, %zu)",
+          s.n_shards, s.total);
+    size_t want_learned = 0;
+    for (int i = 0; i < SEQ * T + 1; i++) want_learned += mask[i];
+    CHECK(s.learned == want_learned, "learned tokens counted once: %zu", s.learned);
+    snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
+    strata_loader L;
+    CHECK(strata_loader_open(&L, pat, T, 200000, 0, 0) == 0 && L.n_chunks == SEQ, "the set holds exactly 7 chunks");
+    int32_t in[SEQ * T], tg[SEQ * T];
+    int ok = strata_loader_read(&L, 0, SEQ, in, tg) == 0;
+    for (int g = 0; ok && g < SEQ; g++)
+        for (int t = 0; t < T; t++) {
+            int i = g * T + t;
+            ok &= in[i] == ids[i] && tg[i] == (mask[i + 1] ? ids[i + 1] : -1);
+        }
+    CHECK(ok, "sequence g is stream tokens [gT, gT+T], across every shard boundary");
+    strata_loader_close(&L);
 }
 
 /* Two hand-built llm.c shards, created in reverse name order to check the glob is sorted:
@@ -402,7 +580,10 @@ int main(void) {
     }
     test_shard_round_trip();
     test_bad_shards();
+    test_shard32();
     test_loader_sequences();
+    test_loader_masked();
+    test_sink_overlap();
     test_shuffle();
     test_batch_seq();
     test_prepare_text();

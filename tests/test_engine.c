@@ -12,7 +12,12 @@
  *  - bf16 gradient reduction (train.grad_reduce_dtype, several ranks): half the gradient
  *    bytes, losses within bf16's rounding of the fp32 reduction;
  *  - stop: a stop asked of the last rank alone ends every rank's validation pass at the
- *    same batch, and leaves the engine as it was (the next pass and step are exact). */
+ *    same batch, and leaves the engine as it was (the next pass and step are exact);
+ *  - loss mask: on a 32-bit shard with a loss mask whose learned targets differ from
+ *    micro-batch to micro-batch, every stage at this world with accumulation 1 and 4 gives
+ *    the losses of world 1 with the whole global batch in one micro-batch (the mean over
+ *    the learned targets of the global batch), each step's learned count is the mask's,
+ *    and validation takes the same mean. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,6 +327,78 @@ int main(int argc, char **argv) {
             run_close(&r);
         }
         run_close(&ref);
+    }
+
+    /* a loss mask: 32-bit shards whose learned targets differ from micro-batch to
+     * micro-batch (masked runs of uneven lengths); the step's loss is the mean over the
+     * learned targets of the whole global batch, whatever the world and accumulation */
+    {
+        char masked_glob[256], plain_glob[256], mpath[512];
+        size_t n_m = 40000;
+        uint32_t *mt = malloc(n_m * sizeof *mt);
+        uint8_t *mk = malloc(n_m);
+        for (size_t i = 0; i < n_m; i++) {
+            mt[i] = (uint32_t)((i % 7 == 0) ? strata_hash64(i) % 256 : (i * 31 + (i / 7)) % 97);
+            mk[i] = (uint8_t)(i % 16 > strata_hash64(i / 16) % 14); /* a masked "prompt" of 0-13 tokens a sequence */
+        }
+        snprintf(mpath, sizeof mpath, "%s/masked_000000.bin", dir);
+        if (strata_shard_write32(mpath, mt, mk, n_m)) return 1;
+        free(mt);
+        free(mk);
+        snprintf(plain_glob, sizeof plain_glob, "%s", data_glob);
+        snprintf(masked_glob, sizeof masked_glob, "%s/masked_*.bin", dir);
+        snprintf(data_glob, sizeof data_glob, "%s", masked_glob);
+        for (int accum = 1; accum <= 4; accum *= 4) {
+            run ref;
+            run_open(&ref, single, 0, 1, 0, B * world * accum, 1, 1);
+            run_steps(&ref, STEPS);
+            /* the count each step must report: the mask bytes of its global batch's targets */
+            int counts_ok = 1, micro_differ = 0;
+            uint64_t first = 0;
+            for (int s = 0; s < STEPS; s++) {
+                uint64_t want = 0;
+                for (int m = 0; m < accum * world; m++) { /* each micro-batch of B sequences */
+                    uint64_t n = 0;
+                    counts_ok &= strata_loader_count_learned(&ref.L, (uint64_t)s * B * world * accum + (uint64_t)m * B, B, &n) == 0;
+                    if (s == 0 && m == 0) first = n;
+                    else micro_differ |= n != first;
+                    want += n;
+                }
+                counts_ok &= ref.res[s].learned_tokens == want && want < (uint64_t)B * world * accum * 16;
+            }
+            CHECK(counts_ok && micro_differ, "mask, world 1: each step reports its learned targets, fewer than its "
+                  "tokens, and micro-batches of %d sequences learn different numbers of them", B);
+            for (int stage = 0; stage <= 3; stage++) {
+                run r;
+                run_open(&r, comm, rank, world, stage, B, accum, 1);
+                run_steps(&r, STEPS);
+                double worst = 0, first = fabs(r.loss[0] - ref.loss[0]) / fabs(ref.loss[0]);
+                int same_counts = 1;
+                for (int s = 0; s < STEPS; s++) {
+                    double rel = fabs(r.loss[s] - ref.loss[s]) / fabs(ref.loss[s]);
+                    if (rel > worst) worst = rel;
+                    same_counts &= r.res[s].learned_tokens == ref.res[s].learned_tokens;
+                }
+                CHECK(first < 1e-6 && worst < 1e-6 && same_counts,
+                      "mask, world %d stage %d accum %d: first loss within %.1e, all %d within %.1e (<= 1e-6) of "
+                      "world 1 with the global batch, same learned counts", world, stage, accum, first, STEPS, worst);
+                double wd = weight_diff(&r, &ref);
+                CHECK(wd < 1e-5, "mask, world %d stage %d accum %d: final weights differ by %.2e", world, stage, accum, wd);
+                double v_r = 0, v_ref = 0;
+                /* the same sequences: accum batches of world x B, one of world x B x accum */
+                CHECK(strata_engine_eval(r.e, &r.L, accum, &v_r) == 0 && strata_engine_eval(ref.e, &ref.L, 1, &v_ref) == 0 &&
+                          fabs(v_r - v_ref) <= 1e-5 * fabs(v_ref),
+                      "mask, world %d stage %d accum %d: validation takes the same mean (%.9g vs %.9g)", world, stage,
+                      accum, v_r, v_ref);
+                if (rank == 0)
+                    printf("mask, world %d stage %d accum %d: loss %.4f -> %.4f, first rel diff %.1e, max %.1e, "
+                           "%llu of %d targets learned in step 1\n", world, stage, accum, r.loss[0], r.loss[STEPS - 1],
+                           first, worst, (unsigned long long)r.res[0].learned_tokens, B * world * accum * 16);
+                run_close(&r);
+            }
+            run_close(&ref);
+        }
+        snprintf(data_glob, sizeof data_glob, "%s", plain_glob);
     }
 
     /* offload: the same runs with the optimizer state in pinned memory (and, at stage 3,

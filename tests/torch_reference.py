@@ -12,6 +12,11 @@ The structure of both safetensors files, and the loss against the logits, are ch
 first in plain Python; the comparison with PyTorch follows, and the script exits 77 (the
 ctest skip code) when torch or transformers cannot be imported.
 
+The small model's batch is dumped a third time from a 32-bit shard of the same tokens with a
+loss mask (io/data.h) whose learned targets differ from row to row: the loss must be
+PyTorch's mean over the learned targets alone (cross_entropy with ignore_index=-1), and
+every gradient that mean's.
+
 Errors are measured against PyTorch in float32 (as deployed) and in float64 (the more
 exact oracle); both must be within tolerance:
   loss     |strata - torch| / |torch|                <= 1e-5
@@ -187,6 +192,42 @@ def write_token_shard(path, tokens):
         f.write(body.tobytes())
 
 
+def write_masked_shard(path, tokens, mask):
+    """Strata's 32-bit shard with a loss mask: version 2, header[3] bit 0, uint32 tokens, mask bytes."""
+    header = array.array("i", [0] * 256)
+    header[0], header[1], header[2], header[3] = 20240520, 2, len(tokens), 1
+    body = array.array("I", tokens)
+    if sys.byteorder != "little":
+        header.byteswap()
+        body.byteswap()
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(body.tobytes())
+        f.write(bytes(mask))
+
+
+def read_token_shard(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    header = array.array("i", raw[:1024])
+    body = array.array("H", raw[1024:1024 + 2 * header[2]])
+    if sys.byteorder != "little":
+        body.byteswap()
+    return list(body)
+
+
+def masked_copy(data_glob, work):
+    """The first shard of data_glob again, 32-bit with a mask: runs of learned and masked
+    targets of uneven lengths, so the rows of a batch learn different numbers of tokens."""
+    src = sorted(__import__("glob").glob(data_glob))[0]
+    tokens = read_token_shard(src)
+    mask = [0 if (i * 7 // 13) % 3 == 0 or (i // 40) % 4 == 1 else 1 for i in range(len(tokens))]
+    d = os.path.join(work, "mdata")
+    os.makedirs(d, exist_ok=True)
+    write_masked_shard(os.path.join(d, "train_000000.bin"), tokens, mask)
+    return os.path.join(d, "train_*.bin")
+
+
 def prepare(args, work):
     """Returns (config path, data glob, dump-grads batch, dump-grads seq)."""
     data = os.path.join(work, "data")
@@ -257,6 +298,12 @@ def main():
         run(dump_cmd + ["--out", grads_ckpt, "--set", "train.activation_checkpointing=every:2"], work,
             "dump-grads, recompute")
         dumps.append(("recompute", grads_ckpt))
+        # the same tokens with a loss mask: the mean over the learned targets alone
+        grads_masked = os.path.join(work, "grads_masked.safetensors")
+        mcmd = [args.strata, "dump-grads", "run", "--data", masked_copy(data_glob, work), "--batch", str(B), "--seq",
+                str(T), "--device", args.device]
+        run(mcmd + ["--out", grads_masked], work, "dump-grads, masked")
+        dumps.append(("masked", grads_masked))
     wmeta, gmeta = structural_checks(export, grads, fails)
 
     try:
@@ -314,7 +361,7 @@ def main():
         m.eval()  # dropout is 0 anyway; eval keeps it off for certain
         m.zero_grad(set_to_none=True)
         logits = m(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-1)  # -1: masked
         loss.backward()
         named = dict(m.named_parameters())
         g = {k: named[k].grad.detach().clone() for k in sd}
@@ -338,8 +385,19 @@ def main():
 
     for label, path in dumps:
         d = load_file(path)
-        fails.check(torch.equal(d["inputs"], g0["inputs"]) and torch.equal(d["targets"], g0["targets"]),
-                    "%s: same batch as the first dump" % label)
+        if label != "masked":
+            fails.check(torch.equal(d["inputs"], g0["inputs"]) and torch.equal(d["targets"], g0["targets"]),
+                        "%s: same batch as the first dump" % label)
+        else:
+            t = d["targets"]
+            learned = (t >= 0).sum(dim=1).tolist()
+            fails.check(torch.equal(d["inputs"], g0["inputs"]) and torch.equal(t[t >= 0], g0["targets"][t >= 0]) and
+                        0 < sum(learned) < t.numel() and len(set(learned)) > 1,
+                        "masked: the same batch, %d of %d targets learned, per row %s" % (sum(learned), t.numel(),
+                                                                                        learned))
+            ref32 = reference(torch.float32, inputs, t.long())
+            ref64 = reference(torch.float64, inputs, t.long())
+            model.to(torch.float32)
         loss = d["loss"].double()[0]
         logits = d["logits"]
         rows = []

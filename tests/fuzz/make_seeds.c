@@ -213,11 +213,15 @@ static void safetensors_seeds(void) {
 
 /* ---- shards: Strata's own writer; an llm.c tokenizer file ---- */
 
-static void shard_seed(const char *name, const uint16_t *tokens, size_t n) {
+/* One shard made by Strata's writer: uint16 tokens, or (tokens32) the 32-bit format,
+ * with a loss mask when mask is not NULL. */
+static void shard_seed_of(const char *name, const uint16_t *tokens, const uint32_t *tokens32, const uint8_t *mask,
+                          size_t n) {
     char dir[] = "/tmp/strata-seeds-XXXXXX", path[1100];
     if (!mkdtemp(dir)) die("cannot make a temporary folder");
     snprintf(path, sizeof path, "%s/shard.bin", dir);
-    if (strata_shard_write(path, tokens, n)) die("strata_shard_write");
+    if (tokens32 ? strata_shard_write32(path, tokens32, mask, n) : strata_shard_write(path, tokens, n))
+        die("strata_shard_write");
     buf b = {0};
     read_into(&b, path);
     seed("shard", name, b.data, b.len);
@@ -226,7 +230,23 @@ static void shard_seed(const char *name, const uint16_t *tokens, size_t n) {
     rmdir(dir);
 }
 
+static void shard_seed(const char *name, const uint16_t *tokens, size_t n) {
+    shard_seed_of(name, tokens, NULL, NULL, n);
+}
+
 static void shard_seeds(void) {
+    /* 32-bit shards: ids past 65536 without a mask, small ids with a loss mask (a masked
+     * prompt, learned response), and a masked shard whose mask learns nothing */
+    uint32_t big[60], small[60];
+    uint8_t mask[60], none[60] = {0};
+    for (int i = 0; i < 60; i++) {
+        big[i] = (uint32_t)(65536 + i * 1001);
+        small[i] = (uint32_t)(i * 13 % 200);
+        mask[i] = (uint8_t)(i % 12 >= 5);
+    }
+    shard_seed_of("valid-32bit-ids.bin", NULL, big, NULL, 60);
+    shard_seed_of("valid-32bit-masked.bin", NULL, small, mask, 60);
+    shard_seed_of("valid-32bit-all-masked.bin", NULL, small, none, 24);
     uint16_t tokens[200];
     for (int i = 0; i < 200; i++) tokens[i] = (uint16_t)(i * 37 % 256);
     shard_seed("valid-bytes.bin", tokens, 200);
