@@ -6,7 +6,8 @@
  * its length, strata_json_get finds each member of an object by its key, and a string
  * written by strata_json_write_string parses back to the same bytes. A document that is
  * an object is then read as config.json and as tokenizer.json; a tokenizer that loads
- * encodes and decodes a short text. */
+ * encodes (also as a document, with its template's tokens) and decodes a short text, and
+ * encodes one of combining marks, Hangul jamo and a metaspace (its normalizers). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         static const char text[] = "Hello, world! It's 2024 <|endoftext|> caf\xc3\xa9  \n";
         size_t n_ids = 0;
         strata_bpe_encode(tk, text, sizeof text - 1, "sample text", count_ids, &n_ids);
+        strata_bpe_encode_doc(tk, text, sizeof text - 1, "sample text", count_ids, &n_ids);
+        static const char marks[] = "A\xcc\x8a\xcc\x81\xe1\x84\x80\xe1\x85\xa1 \xe2\x96\x81<s>\xf0\x9f\x98\x80";
+        strata_bpe_encode(tk, marks, sizeof marks - 1, "marks", count_ids, &n_ids);
         int32_t ids[] = {0, 1, 2, 255, 256, 50256, -1, 1 << 30};
         size_t len = 0;
         char *out = strata_bpe_decode(tk, ids, sizeof ids / sizeof *ids, &len);

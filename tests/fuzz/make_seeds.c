@@ -291,6 +291,39 @@ static void json_seeds(void) {
         "\"\xc4\xa0\":3,\"\xc4\x8a\":4,\"ab\":5,\"bc\":6,\"\xc4\xa0" "a\":7,\"aa\":8,\"<|endoftext|>\":9,\"d\":10},"
         "\"merges\":[\"a b\",[\"b\",\"c\"],\"\xc4\xa0 a\",\"a a\"]}}";
     seed("json", "valid-tokenizer.json", tokenizer, sizeof tokenizer - 1);
+    /* Llama 3's layout: NFC (as Qwen's), a Split pattern, then ByteLevel without its regex,
+     * ignore_merges, a template putting a BOS first */
+    static const char split[] =
+        "{\"added_tokens\":[{\"id\":128000,\"content\":\"<|begin_of_text|>\",\"special\":true,\"normalized\":false}],"
+        "\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
+        "\"pattern\":{\"Regex\":\"(?i:'s|'t)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}|\\\\s+(?!\\\\S)|\\\\s+\"},"
+        "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+        "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<|begin_of_text|>\"}},"
+        "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<|begin_of_text|>\":{\"ids\":[128000]}}},"
+        "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{\"a\":0,\"b\":1,"
+        "\"\xc4\xa0\":2,\"ab\":3,\"\xc4\xa0" "a\":4},\"merges\":[\"a b\",\"\xc4\xa0 a\"]}}";
+    seed("json", "valid-tokenizer-split.json", split, sizeof split - 1);
+    /* Llama 2's layout: a vocabulary of text, Prepend + Replace, byte fallback, <unk>, the
+     * Replace/ByteFallback/Fuse/Strip decoder; and Mistral's Metaspace */
+    static const char spm[] =
+        "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true,\"normalized\":false},{\"id\":1,"
+        "\"content\":\"<s>\",\"special\":true,\"normalized\":false}],\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":["
+        "{\"type\":\"Prepend\",\"prepend\":\"\xe2\x96\x81\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"
+        "\"content\":\"\xe2\x96\x81\"}]},\"pre_tokenizer\":null,\"post_processor\":{\"type\":\"TemplateProcessing\","
+        "\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":"
+        "{\"ids\":[1]}}},\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":"
+        "\"\xe2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\","
+        "\"content\":\" \",\"start\":1,\"stop\":0}]},\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,"
+        "\"byte_fallback\":true,\"vocab\":{\"<unk>\":0,\"<s>\":1,\"<0x48>\":2,\"<0xC3>\":3,\"<0xA9>\":4,\"\xe2\x96\x81\":5,"
+        "\"H\":6,\"i\":7,\"\xe2\x96\x81H\":8},\"merges\":[\"\xe2\x96\x81 H\"]}}";
+    seed("json", "valid-tokenizer-sentencepiece.json", spm, sizeof spm - 1);
+    static const char meta[] =
+        "{\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":"
+        "\"\xe2\x96\x81\",\"prepend_scheme\":\"first\",\"split\":true},\"post_processor\":null,\"decoder\":{\"type\":"
+        "\"Metaspace\",\"replacement\":\"\xe2\x96\x81\",\"prepend_scheme\":\"first\"},\"model\":{\"type\":\"BPE\","
+        "\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"\xe2\x96\x81\":1,\"H\":2,\"\xe2\x96\x81H\":3},\"merges\":"
+        "[\"\xe2\x96\x81 H\"]}}";
+    seed("json", "valid-tokenizer-metaspace.json", meta, sizeof meta - 1);
     /* the byte-level tokenizer.json Strata writes beside prepared data */
     char dir[] = "/tmp/strata-seeds-XXXXXX", path[1100];
     if (!mkdtemp(dir)) die("cannot make a temporary folder");
