@@ -1909,6 +1909,8 @@ int strata_bpe_eos_id(const strata_bpe *t) {
     return -1;
 }
 
+int strata_bpe_pad_id(const strata_bpe *t) { return t->cfg.pad ? token_id(t, t->cfg.pad) : -1; }
+
 int strata_bpe_has_config(const strata_bpe *t) { return t->cfg.present; }
 const char *strata_bpe_chat_template(const strata_bpe *t) { return t->cfg.chat_template; }
 

@@ -102,6 +102,8 @@ int strata_bpe_token_id(const strata_bpe *t, const char *text);
  * "</s>", "<|end_of_text|>" or "<|endoftext|>". */
 int strata_bpe_bos_id(const strata_bpe *t);
 int strata_bpe_eos_id(const strata_bpe *t);
+/* tokenizer_config.json's pad_token's id, or -1. */
+int strata_bpe_pad_id(const strata_bpe *t);
 
 /* Whether the tokenizer has settings of tokenizer_config.json (read beside its
  * tokenizer.json, or set by strata_bpe_set_chat), and writes them as one (the class, the

@@ -562,7 +562,7 @@ int strata_prepare_dir(const char *out_dir, strata_prepare_fill fill, void *ctx,
         STRATA_IGNORE(strata_rm_tree(old)); /* what is left, the next prepare removes */
     }
     (void)close(lock_fd); /* a lock file holding only our pid: closing it lets go */
-    return rc ? -1 : 0;
+    return rc < -1 ? rc : rc ? -1 : 0; /* a code of fill's own (io/jsonl.h's bad line) goes back as it is */
 }
 
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,

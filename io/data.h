@@ -98,7 +98,8 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
 /* What every kind of preparation shares (strata_prepare_text, io/jsonl.h): fill(ctx, dir)
  * writes the new data into the fresh directory `dir`; out_dir is then replaced by it as
  * described above. *kept counts the old directory's other entries carried over. Returns
- * 0, STRATA_PREPARE_REFUSED or -1, as strata_prepare_text. */
+ * 0, STRATA_PREPARE_REFUSED or -1, as strata_prepare_text, or fill's own code when it
+ * returned one below -1. */
 typedef int (*strata_prepare_fill)(void *ctx, const char *dir);
 int strata_prepare_dir(const char *out_dir, strata_prepare_fill fill, void *ctx, int *kept);
 /* Writes tk (NULL: the byte-level one) beside the shards in dir: tokenizer.json, and

@@ -121,7 +121,7 @@ static void llama_config(strata_sbuf *b, const strata_config *c, const char *std
                        c->model.tie_embeddings ? "true" : "false");
 }
 
-static int write_configs(const char *dir, const strata_config *c, int eot) {
+static int write_configs(const char *dir, const strata_config *c, int bos, int eos) {
     char path[STRATA_PATH_MAX + 64];
     char std[64];
     snprintf(std, sizeof std, "%.9g", c->model.init_std);
@@ -129,17 +129,17 @@ static int write_configs(const char *dir, const strata_config *c, int eot) {
     if (c->model.arch == STRATA_ARCH_LLAMA) llama_config(&b, c, std);
     else gpt2_config(&b, c, std);
     strata_sbuf_printf(&b, "  \"torch_dtype\": \"float32\",\n  \"bos_token_id\": ");
-    sb_token_id(&b, eot);
+    sb_token_id(&b, bos);
     strata_sbuf_printf(&b, ",\n  \"eos_token_id\": ");
-    sb_token_id(&b, eot);
+    sb_token_id(&b, eos);
     strata_sbuf_printf(&b, "\n}\n");
     snprintf(path, sizeof path, "%s/config.json", dir);
     int rc = strata_write_file_atomic(path, b.p, b.len);
     b.len = 0;
     strata_sbuf_printf(&b, "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": ");
-    sb_token_id(&b, eot);
+    sb_token_id(&b, bos);
     strata_sbuf_printf(&b, ",\n  \"eos_token_id\": ");
-    sb_token_id(&b, eot);
+    sb_token_id(&b, eos);
     strata_sbuf_printf(&b, "\n}\n");
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (!rc) rc = strata_write_file_atomic(path, b.p, b.len);
@@ -147,14 +147,18 @@ static int write_configs(const char *dir, const strata_config *c, int eot) {
     return rc;
 }
 
-/* tokenizer.json (as trained with), and tokenizer_config.json: for GPT-2 also vocab.json
- * + merges.txt (its original tokenizer class); the Llama family's directory names the
- * class that reads tokenizer.json alone (PreTrainedTokenizerFast): GPT2Tokenizer is not
- * what a Llama, Mistral or Qwen model's AutoTokenizer should build. */
+/* tokenizer.json (as trained with), and tokenizer_config.json: the one the data came with
+ * (its class, BOS, EOS and chat template: prepare --chat-format's, so apply_chat_template
+ * writes what the run trained on) when there is one; else, for GPT-2, vocab.json +
+ * merges.txt (its original tokenizer class), and for the Llama family the class that
+ * reads tokenizer.json alone (PreTrainedTokenizerFast): GPT2Tokenizer is not what a
+ * Llama, Mistral or Qwen model's AutoTokenizer should build. */
 static int write_tokenizer(const char *dir, const strata_bpe *tk, int eot, int max_len, int gpt2) {
     char path[STRATA_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (strata_bpe_save(tk, path) || (gpt2 && strata_bpe_save_vocab_merges(tk, dir))) return -1;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (strata_bpe_has_config(tk)) return strata_bpe_save_config(tk, path, max_len);
     strata_sbuf b = {0};
     strata_sbuf_printf(&b, "{\n  \"tokenizer_class\": \"%s\",\n  \"model_max_length\": %d,\n",
                        gpt2 ? "GPT2Tokenizer" : "PreTrainedTokenizerFast", max_len);
@@ -167,7 +171,6 @@ static int write_tokenizer(const char *dir, const strata_bpe *tk, int eot, int m
         strata_sbuf_putn(&b, ",\n", 2);
     }
     strata_sbuf_printf(&b, "  \"pad_token\": null\n}\n");
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     int rc = strata_write_file_atomic(path, b.p, b.len);
     free(b.p);
     return rc;
@@ -243,9 +246,14 @@ static int export_dir(const strata_opened_ckpt *o, const strata_model *m, const 
     int failed = 0;
     strata_bpe *tk = strata_ckpt_tokenizer(o->dir, &failed);
     if (failed) return strata_fail_wrap("the run's tokenizer");
-    int eot = tk ? strata_bpe_special_id(tk, "<|endoftext|>") : -1;
-    if (eot >= o->cfg.model.vocab_size) eot = -1;
-    rc = write_configs(dir, &o->cfg, eot);
+    /* GPT-2's <|endoftext|> is both; a Llama-family tokenizer says its own */
+    int eot = tk ? strata_bpe_special_id(tk, "<|endoftext|>") : -1, V = o->cfg.model.vocab_size;
+    int eos = tk ? strata_bpe_eos_id(tk) : -1, bos = tk ? strata_bpe_bos_id(tk) : -1;
+    if (bos < 0) bos = eos;
+    if (eot >= V) eot = -1;
+    if (eos >= V) eos = -1;
+    if (bos >= V) bos = -1;
+    rc = write_configs(dir, &o->cfg, bos, eos);
     int gpt2 = o->cfg.model.arch == STRATA_ARCH_GPT2;
     if (!rc && tk) rc = write_tokenizer(dir, tk, eot, gpt2 ? o->cfg.model.seq_len : o->cfg.model.max_position_embeddings, gpt2);
     if (!tk)

@@ -1,5 +1,6 @@
 /* launcher/main.c: the `strata` program. One binary, subcommands; under mpirun every
  * rank runs the same subcommand. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "io/config.h"
 #include "io/data.h"
 #include "io/files.h"
+#include "io/jsonl.h"
 #include "shard/comm.h"
 #include "offload/bench_io.h"
 #include "launcher/commands.h"
@@ -45,66 +47,136 @@ static int cmd_config(int argc, char **argv) {
     return STRATA_EXIT_OK;
 }
 
-static int cmd_prepare(int argc, char **argv) {
-    const char **files = calloc(argc + 1, sizeof *files);
-    int n = 0;
-    const char *out = NULL, *tok_path = NULL;
-    double val_fraction = 0.1;
-    long long shard_tokens = 100000000;
-    int in_text = 0;
+/* The options of `strata prepare`. */
+typedef struct prepare_args {
+    const char **files;
+    int n, jsonl;
+    const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow;
+    double val_fraction;
+    long long shard_tokens, seq_len;
+    int skip_bad;
+} prepare_args;
+
+static int prepare_usage(const char *why, const char *arg) {
+    if (why) fprintf(stderr, "strata prepare: %s%s%s%s\n", why, arg ? " '" : "", arg ? arg : "", arg ? "'" : "");
+    fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n"
+                    "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
+                    "                      (--text-field F | --prompt-field P --response-field R |\n"
+                    "                       --messages-field M --chat-format llama3|chatml)\n"
+                    "                      [--overflow split|drop] [--skip-bad] [--val-fraction F] [--shard-tokens N]\n");
+    return STRATA_EXIT_USAGE;
+}
+
+/* The command line into a; returns an exit code (0: go on), the error printed. */
+static int parse_prepare(int argc, char **argv, prepare_args *a) {
+    int in_files = 0;
     for (int i = 0; i < argc; i++) {
         char *end = NULL;
-        if (!strcmp(argv[i], "--text")) in_text = 1;
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) { out = argv[++i]; in_text = 0; }
-        else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) { tok_path = argv[++i]; in_text = 0; }
-        else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) {
-            val_fraction = strtod(argv[++i], &end);
-            if (*end || !(val_fraction >= 0 && val_fraction < 1)) {
-                fprintf(stderr, "strata prepare: --val-fraction expects a number in [0, 1), got '%s'\n", argv[i]);
-                free(files);
-                return STRATA_EXIT_USAGE;
-            }
-            in_text = 0;
-        } else if (!strcmp(argv[i], "--shard-tokens") && i + 1 < argc) {
-            shard_tokens = strtoll(argv[++i], &end, 10);
-            if (*end || shard_tokens < 1) {
-                fprintf(stderr, "strata prepare: --shard-tokens expects a positive integer, got '%s'\n", argv[i]);
-                free(files);
-                return STRATA_EXIT_USAGE;
-            }
-            in_text = 0;
-        } else if (in_text && argv[i][0] != '-') files[n++] = argv[i];
-        else {
-            fprintf(stderr, "strata prepare: unexpected argument '%s'\n", argv[i]);
-            free(files);
-            return STRATA_EXIT_USAGE;
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char **str = !strcmp(argv[i], "--out") ? &a->out : !strcmp(argv[i], "--tokenizer") ? &a->tok_path
+                         : !strcmp(argv[i], "--text-field") ? &a->text_field
+                         : !strcmp(argv[i], "--prompt-field") ? &a->prompt_field
+                         : !strcmp(argv[i], "--response-field") ? &a->response_field
+                         : !strcmp(argv[i], "--messages-field") ? &a->messages_field
+                         : !strcmp(argv[i], "--chat-format") ? &a->chat
+                         : !strcmp(argv[i], "--overflow") ? &a->overflow : NULL;
+        if (!strcmp(argv[i], "--text") || !strcmp(argv[i], "--jsonl")) {
+            int jsonl = argv[i][2] == 'j';
+            if (a->n && jsonl != a->jsonl) return prepare_usage("--text and --jsonl do not mix", NULL);
+            a->jsonl = jsonl;
+            in_files = 1;
+        } else if (str && v) {
+            *str = argv[++i];
+            in_files = 0;
+        } else if (!strcmp(argv[i], "--skip-bad")) {
+            a->skip_bad = 1;
+            in_files = 0;
+        } else if (!strcmp(argv[i], "--val-fraction") && v) {
+            a->val_fraction = strtod(argv[++i], &end);
+            if (*end || !(a->val_fraction >= 0 && a->val_fraction < 1))
+                return prepare_usage("--val-fraction expects a number in [0, 1), got", argv[i]);
+            in_files = 0;
+        } else if ((!strcmp(argv[i], "--shard-tokens") || !strcmp(argv[i], "--seq-len")) && v) {
+            long long *num = argv[i][3] == 'h' ? &a->shard_tokens : &a->seq_len;
+            *num = strtoll(argv[++i], &end, 10);
+            if (*end || *num < 1 || *num > INT32_MAX)
+                return prepare_usage(num == &a->seq_len ? "--seq-len expects a positive integer, got"
+                                                        : "--shard-tokens expects a positive integer, got", argv[i]);
+            in_files = 0;
+        } else if (in_files && argv[i][0] != '-') {
+            a->files[a->n++] = argv[i];
+        } else {
+            return prepare_usage("unexpected argument", argv[i]);
         }
     }
-    if (!n || !out) {
-        fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n");
-        free(files);
+    if (!a->n || !a->out) return prepare_usage(NULL, NULL);
+    int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
+    if (!a->jsonl && (modes || a->chat || a->overflow || a->skip_bad || a->seq_len))
+        return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
+                             "--seq-len, --overflow and --skip-bad go with --jsonl", NULL);
+    if (!a->jsonl) return 0;
+    if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
+        return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
+                             "--messages-field", NULL);
+    if (!!a->messages_field != !!a->chat)
+        return prepare_usage(a->chat ? "--chat-format goes with --messages-field"
+                                     : "--messages-field needs --chat-format llama3 or chatml", NULL);
+    if (!a->tok_path) return prepare_usage("--jsonl needs --tokenizer (the model's: its special tokens and EOS)", NULL);
+    if (!a->seq_len) return prepare_usage("--jsonl needs --seq-len (examples are packed into sequences of it)", NULL);
+    if (a->overflow && strcmp(a->overflow, "split") && strcmp(a->overflow, "drop"))
+        return prepare_usage("--overflow is split or drop, not", a->overflow);
+    return 0;
+}
+
+static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
+    strata_jsonl_opts o = {.files = a->files, .n_files = a->n, .seq_len = (int)a->seq_len,
+                           .overflow_split = !a->overflow || !strcmp(a->overflow, "split"), .skip_bad = a->skip_bad,
+                           .val_fraction = a->val_fraction, .max_shard_tokens = (size_t)a->shard_tokens,
+                           .text_field = a->text_field, .prompt_field = a->prompt_field,
+                           .response_field = a->response_field, .messages_field = a->messages_field};
+    o.kind = a->text_field ? STRATA_JSONL_TEXT : a->prompt_field ? STRATA_JSONL_PROMPT : STRATA_JSONL_MESSAGES;
+    if (a->chat && strata_chat_format_parse(a->chat, &o.chat_format)) {
+        fprintf(stderr, "strata prepare: --chat-format: %s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
-    for (int i = 0; i < n; i++) /* a wrong path (a directory, /dev/zero) is bad input, not a failure */
-        if (strata_check_file_bounded(files[i], STRATA_TEXT_MAX_BYTES)) {
-            fprintf(stderr, "strata prepare: --text: %s\n", strata_error());
-            free(files);
-            return STRATA_EXIT_USAGE;
-        }
-    strata_bpe *tk = NULL;
-    if (tok_path && !(tk = strata_bpe_load(tok_path))) {
-        fprintf(stderr, "strata prepare: --tokenizer: %s\n", strata_error());
-        free(files);
-        return STRATA_EXIT_USAGE;
-    }
-    int rc = strata_prepare_text(files, n, out, val_fraction, (size_t)shard_tokens, tk);
-    strata_bpe_free(tk);
-    free(files);
+    strata_jsonl_report r;
+    int rc = strata_prepare_jsonl(&o, a->out, tk, &r);
     if (rc) {
         fprintf(stderr, "strata prepare: %s\n", strata_error());
-        return rc == STRATA_PREPARE_REFUSED ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
+        return rc == STRATA_PREPARE_REFUSED || rc == STRATA_JSONL_BAD_LINE ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
     }
+    printf("%zu examples packed into %zu train and %zu val sequences of %d tokens (%zu learned of %zu train tokens); "
+           "longer than --seq-len: %zu %s; bad lines skipped: %zu\n", r.examples, r.train_seqs, r.val_seqs, o.seq_len,
+           r.train_learned, r.train_tokens, o.overflow_split ? r.split : r.dropped, o.overflow_split ? "split" : "dropped",
+           r.bad);
     return STRATA_EXIT_OK;
+}
+
+static int cmd_prepare(int argc, char **argv) {
+    prepare_args a = {.files = calloc(argc + 1, sizeof *a.files), .val_fraction = 0.1, .shard_tokens = 100000000};
+    int rc = parse_prepare(argc, argv, &a);
+    for (int i = 0; i < a.n && !rc; i++) /* a wrong path (a directory, /dev/zero) is bad input, not a failure */
+        if (strata_check_file_bounded(a.files[i], STRATA_TEXT_MAX_BYTES)) {
+            fprintf(stderr, "strata prepare: %s: %s\n", a.jsonl ? "--jsonl" : "--text", strata_error());
+            rc = STRATA_EXIT_USAGE;
+        }
+    strata_bpe *tk = NULL;
+    if (!rc && a.tok_path && !(tk = strata_bpe_load(a.tok_path))) {
+        fprintf(stderr, "strata prepare: --tokenizer: %s\n", strata_error());
+        rc = STRATA_EXIT_USAGE;
+    }
+    if (!rc && a.jsonl) {
+        rc = prepare_jsonl(&a, tk);
+    } else if (!rc) {
+        int prc = strata_prepare_text(a.files, a.n, a.out, a.val_fraction, (size_t)a.shard_tokens, tk);
+        if (prc) {
+            fprintf(stderr, "strata prepare: %s\n", strata_error());
+            rc = prc == STRATA_PREPARE_REFUSED ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
+        }
+    }
+    strata_bpe_free(tk);
+    free(a.files);
+    return rc;
 }
 
 /* `strata bench io`: the machine's transfer floors, so offload users know their limits. */
@@ -198,8 +270,8 @@ static const struct command {
 } commands[] = {
     {"train", cmd_train, "[CONFIG] [--set section.key=value]... [--resume latest|DIR]",
      "train a model (no CONFIG: the built-in quickstart); under mpirun, on every rank"},
-    {"prepare", cmd_prepare, "--text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]",
-     "turn text files into token shards (llm.c's format): bytes, or a Hugging Face BPE's ids"},
+    {"prepare", cmd_prepare, "--text FILE... | --jsonl FILE... --out DIR [--tokenizer T] [--seq-len N] [...]",
+     "turn text files, or JSONL fine-tuning data with a loss mask, into token shards: bytes, or a Hugging Face BPE's ids"},
     {"config", cmd_config, "[CONFIG] [--set ...] | --from-deepspeed ds_config.json",
      "print the effective config, every key, with defaults (or the Strata YAML of a DeepSpeed config)"},
     {"plan", strata_cmd_plan, "[CONFIG] [--world N] [--set ...]", "print the memory plan per rank without training"},

@@ -12,6 +12,7 @@
 #include "io/config.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
+#include "io/chat.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/tokenizer.h"
@@ -97,7 +98,9 @@ int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_
             next = draw(row, es, c, V, temperature, top_k, rng);
         }
         window[n++] = next;
-        if (sink && sink(ctx, next)) rc = strata_fail("writing the generated text failed");
+        int said = sink ? sink(ctx, next) : 0;
+        if (said == STRATA_TOKEN_STOP) break; /* the sink's end: a chat's turn is over */
+        if (said) rc = strata_fail("writing the generated text failed");
     }
 done:
     free(window);
@@ -126,13 +129,19 @@ void strata_text_out_init(strata_text_out *o, FILE *f, int vocab_size, const str
     o->vocab_size = vocab_size;
     o->tk = tk;
     o->bpe = bpe && !strata_bpe_is_bytes(bpe) ? bpe : NULL; /* byte-level models keep the escaping below */
+    o->stop_id = -1;
+    uint32_t ch;
+    if (o->bpe) o->strip = strata_bpe_strip_start(o->bpe, &ch);
 }
 
 /* The pending BPE bytes up to `upto` as text (U+FFFD for bytes that are no character). */
 static void write_pending(strata_text_out *o, size_t upto) {
     size_t len = 0;
     char *text = strata_bpe_decode_bytes(o->pend, upto, &len);
-    fwrite(text, 1, len, o->f);
+    size_t skip = 0;
+    while (o->strip && skip < len && text[skip] == ' ') skip++, o->strip--;
+    if (skip < len) o->strip = 0; /* the text has begun: the decoder strips nothing later */
+    fwrite(text + skip, 1, len - skip, o->f);
     free(text);
     memmove(o->pend, o->pend + upto, o->n_pend - upto);
     o->n_pend -= upto;
@@ -161,7 +170,8 @@ int strata_text_out_put(void *ctx, int32_t t) {
     } else {
         fprintf(o->f, "<%d>", t);
     }
-    return fflush(o->f) != 0 || ferror(o->f);
+    if (fflush(o->f) != 0 || ferror(o->f)) return 1;
+    return t == o->stop_id ? STRATA_TOKEN_STOP : 0;
 }
 
 void strata_text_out_finish(strata_text_out *o) {
@@ -193,7 +203,7 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
 /* ---- strata sample ---- */
 
 static int usage(void) {
-    fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--tokens N] [--temperature T]\n"
+    fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--chat] [--tokens N] [--temperature T]\n"
                     "                     [--top-k K] [--seed S] [--tokenizer FILE]\n");
     return STRATA_EXIT_USAGE;
 }
@@ -201,20 +211,21 @@ static int usage(void) {
 /* The command line. */
 typedef struct sample_args {
     const char *what, *prompt, *tok_path;
-    int n_tokens, top_k;
+    int n_tokens, top_k, chat;
     double temperature;
     uint64_t seed;
 } sample_args;
 
 /* What one sample holds: the tokenizer (llm.c's, or a BPE, or neither) and the prompt's
- * ids. */
+ * ids, the first n_hidden of which are not text the user wrote (the template's BOS, or
+ * GPT-2's <|endoftext|> that an empty prompt starts from) and are not printed. */
 typedef struct sample_run {
     strata_tokenizer tk; /* llm.c's .bin, when have_tk: decoding only */
     int have_tk;
     strata_bpe *bpe;
     int32_t *prompt_ids;
-    size_t n_prompt;
-    int eot; /* <|endoftext|> when the generation starts from it (an empty prompt), else -1 */
+    size_t n_prompt, n_hidden;
+    int32_t stop_id; /* --chat: the end of the assistant's turn, else -1 */
 } sample_run;
 
 static void sample_run_free(sample_run *s) {
@@ -232,6 +243,7 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
         if (!strcmp(a, "--prompt") && v) sa->prompt = argv[++i];
+        else if (!strcmp(a, "--chat")) sa->chat = 1;
         else if (!strcmp(a, "--tokenizer") && v) sa->tok_path = argv[++i];
         else if (!strcmp(a, "--tokens") && v) {
             errno = 0;
@@ -280,11 +292,16 @@ static int open_tokenizer(sample_run *s, const char *tok_path, const char *ckpt_
 /* The prompt as token ids: the BPE's, or bytes for a byte-level model (a larger
  * vocabulary needs its tokenizer). Returns an exit code. */
 static int encode_prompt(sample_run *s, const char *prompt, int vocab_size) {
-    if (s->bpe) {
+    if (s->bpe) { /* as tokenizer(prompt): the template's tokens before it (a BOS), none after */
         ids_buf b = {0};
+        const int32_t *prefix, *suffix;
+        int n_prefix, n_suffix;
+        strata_bpe_template(s->bpe, &prefix, &n_prefix, &suffix, &n_suffix);
+        collect_ids(&b, prefix, (size_t)n_prefix);
         int rc = strata_bpe_encode(s->bpe, prompt, strlen(prompt), "--prompt", collect_ids, &b);
         s->prompt_ids = b.ids;
         s->n_prompt = b.n;
+        s->n_hidden = (size_t)n_prefix;
         if (rc) {
             fprintf(stderr, "strata sample: %s\n", strata_error());
             return STRATA_EXIT_USAGE;
@@ -323,15 +340,45 @@ static int check_prompt(const sample_run *s, int vocab_size) {
     return 0;
 }
 
+/* --chat: the prompt as a user's message in the chat format of the run's data (its
+ * tokenizer_config.json's template, io/chat.h), then the assistant's header; the
+ * generation stops at the end of the assistant's turn. Returns an exit code. */
+static int chat_prompt(sample_run *s, const char *prompt) {
+    strata_chat_format f = strata_chat_format_of(s->bpe);
+    strata_chat chat;
+    if (!s->bpe || f == STRATA_CHAT_NONE) {
+        fprintf(stderr, "strata sample: --chat needs the chat template of data prepared with --chat-format llama3 or "
+                        "chatml (%s)\n", s->bpe ? "this run's tokenizer has no such template" : "this run has no tokenizer");
+        return STRATA_EXIT_USAGE;
+    }
+    strata_tokens t = {0};
+    int rc = strata_chat_open(&chat, s->bpe, f);
+    if (!rc) {
+        strata_chat_begin(&chat, &t);
+        s->n_hidden = t.n; /* the BOS */
+        rc = strata_chat_message(&chat, &t, "user", prompt, strlen(prompt), 0, "--prompt") ||
+             strata_chat_generation_prompt(&chat, &t);
+    }
+    if (rc) {
+        fprintf(stderr, "strata sample: --chat: %s\n", strata_error());
+        strata_tokens_free(&t);
+        return STRATA_EXIT_USAGE;
+    }
+    s->prompt_ids = t.ids;
+    s->n_prompt = t.n;
+    s->stop_id = strata_chat_turn_end(&chat);
+    free(t.mask);
+    return 0;
+}
+
 /* An empty prompt on a GPT-2 vocabulary starts, as GPT-2 does, from <|endoftext|>, which
  * is not part of the text. */
 static void start_token(sample_run *s, int vocab_size) {
-    s->eot = s->bpe ? strata_bpe_special_id(s->bpe, "<|endoftext|>") : -1;
-    if (s->n_prompt == 0 && s->eot >= 0 && s->eot < vocab_size) {
+    int eot = s->bpe ? strata_bpe_special_id(s->bpe, "<|endoftext|>") : -1;
+    if (s->n_prompt == 0 && eot >= 0 && eot < vocab_size) {
         s->prompt_ids = strata_xrealloc(s->prompt_ids, sizeof *s->prompt_ids);
-        s->prompt_ids[s->n_prompt++] = s->eot;
-    } else {
-        s->eot = -1;
+        s->prompt_ids[s->n_prompt++] = eot;
+        s->n_hidden = 1;
     }
 }
 
@@ -345,11 +392,12 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
     strata_text_out out;
     strata_text_out_init(&out, stdout, cfg->model.vocab_size, s->have_tk ? &s->tk : NULL, s->bpe);
     int echoed = loaded;
-    for (size_t i = s->eot >= 0 ? 1 : 0; echoed && i < s->n_prompt; i++)
+    for (size_t i = s->n_hidden; echoed && i < s->n_prompt; i++)
         if (strata_text_out_put(&out, s->prompt_ids[i])) {
             strata_fail("writing the generated text failed"); /* as strata_generate says it */
             echoed = 0;
         }
+    out.stop_id = s->stop_id; /* set after the echo: a prompt's own turn ends do not stop it */
     int rc = STRATA_EXIT_ERROR;
     if (!echoed || strata_generate(&l.m, s->prompt_ids, (int)s->n_prompt, sa->n_tokens, (float)sa->temperature,
                                    sa->top_k, &rng, strata_text_out_put, &out)) {
@@ -373,9 +421,9 @@ int strata_cmd_sample(int argc, char **argv) {
     strata_opened_ckpt o;
     if ((rc = strata_open_checkpoint("sample", sa.what, sets, 3, &o))) return rc;
     int V = o.cfg.model.vocab_size;
-    sample_run s = {.eot = -1};
-    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir)) && !(rc = encode_prompt(&s, sa.prompt, V)) &&
-        !(rc = check_prompt(&s, V))) {
+    sample_run s = {.stop_id = -1};
+    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir)) &&
+        !(rc = sa.chat ? chat_prompt(&s, sa.prompt) : encode_prompt(&s, sa.prompt, V)) && !(rc = check_prompt(&s, V))) {
         start_token(&s, V);
         rc = generate(&s, &sa, &o.cfg, o.ck);
     }

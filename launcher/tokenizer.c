@@ -11,11 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "io/files.h"
 
 #define RUN_TOKENIZER "tokenizer.json"
+#define RUN_TOKENIZER_CONFIG "tokenizer_config.json"
 #define MAX_TOKENIZER_BYTES ((size_t)128 << 20) /* io/bpe.c's bound on what it reads */
 
 int strata_run_tokenizer_open(const strata_config *cfg, strata_bpe **out) {
@@ -60,10 +62,17 @@ static int is_step_name(const char *name) {
  * of run.dir without a tokenizer.json of its own was trained with the old one, so each gets
  * a copy (atomically) before the run's changes. */
 static int keep_old_tokenizer(const char *run_dir, const char *old, size_t n) {
-    char ckpt[STRATA_PATH_MAX + 8];
+    char ckpt[STRATA_PATH_MAX + 8], cfg_path[STRATA_PATH_MAX + 32];
+    char *old_cfg = NULL;
+    size_t cfg_n = 0;
+    snprintf(cfg_path, sizeof cfg_path, "%s/%s", run_dir, RUN_TOKENIZER_CONFIG);
+    if (strata_is_file(cfg_path) && strata_read_file_bounded(cfg_path, MAX_TOKENIZER_BYTES, &old_cfg, &cfg_n)) return -1;
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", run_dir);
     DIR *d = opendir(ckpt);
-    if (!d) return errno == ENOENT ? 0 : strata_fail("%s: cannot list: %s", ckpt, strerror(errno));
+    if (!d) {
+        free(old_cfg);
+        return errno == ENOENT ? 0 : strata_fail("%s: cannot list: %s", ckpt, strerror(errno));
+    }
     int rc = 0, kept = 0;
     struct dirent *e;
     while (!rc && (e = readdir(d)) != NULL) {
@@ -73,8 +82,13 @@ static int keep_old_tokenizer(const char *run_dir, const char *old, size_t n) {
         snprintf(path, sizeof path, "%s/%s", step, RUN_TOKENIZER);
         if (!strata_is_dir(step) || strata_is_file(path)) continue;
         if ((rc = strata_write_file_atomic(path, old, n)) == 0) kept++;
+        if (!rc && old_cfg) { /* and the tokenizer_config.json beside it (its EOS, its chat template) */
+            snprintf(path, sizeof path, "%s/%s", step, RUN_TOKENIZER_CONFIG);
+            rc = strata_write_file_atomic(path, old_cfg, cfg_n);
+        }
     }
     (void)closedir(d); /* read-only: nothing to lose */
+    free(old_cfg);
     if (kept) STRATA_INFO("train", "the run's tokenizer changes: its %d earlier checkpoint%s keep%s the one %s trained "
                           "with (a copy in each)", kept, kept == 1 ? "" : "s", kept == 1 ? "s" : "",
                           kept == 1 ? "it was" : "they were");
@@ -95,7 +109,12 @@ int strata_run_tokenizer_record(const strata_config *cfg, const strata_bpe *tk) 
         free(old);
         if (rc) return -1;
     }
-    return strata_bpe_save(tk, path);
+    if (strata_bpe_save(tk, path)) return -1;
+    /* tokenizer_config.json beside it: the data's (its EOS, its chat template), or none */
+    snprintf(path, sizeof path, "%s/%s", cfg->run.dir, RUN_TOKENIZER_CONFIG);
+    if (strata_bpe_has_config(tk)) return strata_bpe_save_config(tk, path, 0);
+    if (unlink(path) != 0 && errno != ENOENT) return strata_fail("%s: cannot remove the earlier data's: %s", path, strerror(errno));
+    return 0;
 }
 
 strata_bpe *strata_ckpt_tokenizer(const char *ckpt_dir, int *failed) {

@@ -1,6 +1,8 @@
 /* tests/test_sample.c: generated tokens written as text one at a time (launcher/sample.c)
  * read the same as the whole sequence decoded at once, a UTF-8 character split across
- * tokens included, and nothing waits for the end but such a character's missing bytes. */
+ * tokens included, and nothing waits for the end but such a character's missing bytes;
+ * so does a SentencePiece-style vocabulary (its ▁, byte fallback, the one leading
+ * space its decoder strips, special tokens as their text); a stop token ends the stream. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +67,51 @@ int main(void) {
     s = stream(t, (const int32_t[]){0, 1, 2}, 3, &seen);
     CHECK(seen == 3 && !strcmp(s, "a\xc3\xa9"), "its second half completes it: 'a\xc3\xa9' seen before the end");
     free(s);
+    strata_bpe_free(t);
+
+    /* Llama 2's layout: 0 <s>, 1 "▁Hi", 2 "▁", 3 <0xC3>, 4 <0xA9>, 5 "x", 6 </s> */
+    static const char spm[] =
+        "{\"added_tokens\":[{\"id\":0,\"content\":\"<s>\",\"special\":true,\"normalized\":false},{\"id\":6,"
+        "\"content\":\"</s>\",\"special\":true,\"normalized\":false}],\"normalizer\":{\"type\":\"Sequence\","
+        "\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\xe2\x96\x81\"},{\"type\":\"Replace\",\"pattern\":"
+        "{\"String\":\" \"},\"content\":\"\xe2\x96\x81\"}]},\"pre_tokenizer\":null,\"post_processor\":null,"
+        "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":"
+        "\"\xe2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\","
+        "\"content\":\" \",\"start\":1,\"stop\":0}]},\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":"
+        "{\"<s>\":0,\"\xe2\x96\x81Hi\":1,\"\xe2\x96\x81\":2,\"<0xC3>\":3,\"<0xA9>\":4,\"x\":5,\"</s>\":6},\"merges\":[]}}";
+    char path2[] = "/tmp/strata_test_sample_XXXXXX";
+    fd = mkstemp(path2);
+    CHECK(fd >= 0 && write(fd, spm, sizeof spm - 1) == (ssize_t)(sizeof spm - 1), "write the SentencePiece-style tokenizer");
+    close(fd);
+    t = strata_bpe_load(path2);
+    unlink(path2);
+    CHECK(t != NULL, "load it: %s", t ? "" : strata_error());
+    if (!t) return check_report();
+    static const int32_t sp_cases[][7] = {{1, 2, 3, 4, 5, -1}, {2, 1, 1, -1}, {5, 1, 6, 1, -1}, {3, 4, 2, 2, 5, -1}};
+    for (size_t c = 0; c < sizeof sp_cases / sizeof sp_cases[0]; c++) {
+        int n = 0;
+        while (sp_cases[c][n] >= 0) n++;
+        size_t whole_len = 0, seen = 0;
+        char *whole = strata_bpe_decode(t, sp_cases[c], (size_t)n, &whole_len);
+        char *streamed = stream(t, sp_cases[c], n, &seen);
+        CHECK(strlen(streamed) == whole_len && !memcmp(streamed, whole, whole_len),
+              "SentencePiece case %zu: streamed '%s' == decoded at once '%s'", c, streamed, whole);
+        free(whole);
+        free(streamed);
+    }
+    /* a stop token: written, then STRATA_TOKEN_STOP */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    strata_text_out o;
+    strata_text_out_init(&o, f, 7, NULL, t);
+    o.stop_id = 6;
+    int first = strata_text_out_put(&o, 1), stop = strata_text_out_put(&o, 6);
+    strata_text_out_finish(&o);
+    fclose(f);
+    CHECK(first == 0 && stop == STRATA_TOKEN_STOP && !strcmp(buf, "Hi</s>"),
+          "the stop token is written, and ends the stream: '%s'", buf);
+    free(buf);
     strata_bpe_free(t);
     return check_report();
 }

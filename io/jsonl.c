@@ -1,0 +1,352 @@
+/* io/jsonl.c: JSON Lines into packed, masked token shards (io/jsonl.h): a line at a time
+ * through the strict JSON reader, each example as ids and a mask (io/chat.h for messages),
+ * packed into seq_len sequences by a packer per split over io/data.h's shard sink. */
+#include "io/jsonl.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "io/data.h"
+#include "io/files.h"
+#include "io/json.h"
+#include "io/text.h"
+
+/* ---- packing ---- */
+
+/* One split's sequences: examples in order, T tokens a sequence, padding not learned. */
+typedef struct packer {
+    strata_shard_sink sink;
+    int T;
+    int32_t pad;
+    size_t used; /* tokens in the current sequence, [0, T) */
+    int any;     /* an example was packed */
+    size_t padding;
+} packer;
+
+static int push_pad(packer *p, size_t n) {
+    int32_t ids[256];
+    uint8_t mask[256] = {0};
+    for (int i = 0; i < 256; i++) ids[i] = p->pad;
+    p->padding += n;
+    while (n > 0) {
+        size_t k = n < 256 ? n : 256;
+        if (strata_shard_sink_push(&p->sink, ids, mask, k)) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+/* Pads the current sequence to its end, when one is begun. */
+static int close_sequence(packer *p) {
+    if (!p->used) return 0;
+    size_t n = (size_t)p->T - p->used;
+    p->used = 0;
+    return push_pad(p, n);
+}
+
+/* Packs one example (ex->mask[0] is 0 already). One longer than T was decided on by the
+ * caller: it begins a sequence and runs on. */
+static int pack(packer *p, const strata_tokens *ex) {
+    if (p->used + ex->n > (size_t)p->T && close_sequence(p)) return -1;
+    if (strata_shard_sink_push(&p->sink, ex->ids, ex->mask, ex->n)) return -1;
+    p->used = (p->used + ex->n) % (size_t)p->T;
+    p->any = 1;
+    return 0;
+}
+
+/* The last sequence padded, then one token more: the target of its last position. */
+static int pack_finish(packer *p) {
+    if (p->any && (close_sequence(p) || push_pad(p, 1))) return -1;
+    if (p->any) p->padding--; /* the trailing token is no sequence's padding */
+    return strata_shard_sink_finish(&p->sink);
+}
+
+/* ---- one line ---- */
+
+typedef struct jsonl_job {
+    const strata_jsonl_opts *o;
+    strata_bpe *tk;
+    strata_chat chat;
+    int32_t eos;
+    const int32_t *prefix, *suffix;
+    int n_prefix, n_suffix;
+    packer train, val;
+    strata_jsonl_report *r;
+    char where[1200]; /* "FILE:LINE" of the line at hand */
+} jsonl_job;
+
+/* The top-level key whose member holds byte `off` of the line (a key itself counts), for
+ * messages about bytes the JSON reader refused; "" when there is none. */
+static void field_at(const char *s, size_t n, size_t off, char *out, size_t cap) {
+    out[0] = 0;
+    int depth = 0;
+    for (size_t i = 0; i < n && i <= off; i++) {
+        char c = s[i];
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+        if (c != '"') continue;
+        size_t j = i + 1;
+        while (j < n && s[j] != '"') j += s[j] == '\\' ? 2 : 1;
+        size_t k = j + 1;
+        while (k < n && (s[k] == ' ' || s[k] == '\t')) k++;
+        if (depth == 1 && k < n && s[k] == ':') /* a key: the member from here on is its */
+            snprintf(out, cap, "%.*s", (int)(j - i - 1 < 200 ? j - i - 1 : 200), s + i + 1);
+        i = j;
+    }
+}
+
+/* The byte offset an error of io/json.c names ("NAME: byte N ..."), or SIZE_MAX. */
+static size_t error_offset(const char *msg, const char *name) {
+    size_t n = strlen(name), off;
+    if (strncmp(msg, name, n) || sscanf(msg + n, ": byte %zu", &off) != 1) return SIZE_MAX;
+    return off;
+}
+
+static int bad(jsonl_job *j, const char *field, const char *fmt, const char *what) {
+    if (field && field[0]) strata_fail("%s: field '%s' %s", j->where, field, fmt ? fmt : what);
+    else strata_fail("%s: %s", j->where, fmt ? fmt : what);
+    return 1;
+}
+
+/* A string member `key` of obj: NULL, with the line called bad, when it is missing or not a
+ * string (or empty, unless allow_empty). */
+static const strata_json *string_member(jsonl_job *j, const strata_json *obj, const char *key, const char *shown,
+                                        int allow_empty, int *is_bad) {
+    const strata_json *v = strata_json_get(obj, key);
+    char msg[128];
+    if (!v) *is_bad = bad(j, shown, "is missing", NULL);
+    else if (v->type != STRATA_JSON_STRING) {
+        snprintf(msg, sizeof msg, "is %s, not a string", strata_json_kind(v));
+        *is_bad = bad(j, shown, msg, NULL);
+    } else if (!allow_empty && v->len == 0) {
+        *is_bad = bad(j, shown, "is empty (nothing to learn)", NULL);
+    } else {
+        return v;
+    }
+    return NULL;
+}
+
+/* The conversation of field M as a chat (io/chat.h). 0, 1 (a bad line, error set), -1. */
+static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens *ex) {
+    const char *m = j->o->messages_field;
+    const strata_json *list = strata_json_get(root, m);
+    char field[400], msg[128];
+    if (!list) return bad(j, m, "is missing", NULL);
+    if (list->type != STRATA_JSON_ARRAY) {
+        snprintf(msg, sizeof msg, "is %s, not an array of messages", strata_json_kind(list));
+        return bad(j, m, msg, NULL);
+    }
+    strata_chat_begin(&j->chat, ex);
+    int assistant = 0, is_bad = 0;
+    for (size_t i = 0; i < list->len; i++) {
+        const strata_json *msgv = &list->items[i];
+        snprintf(field, sizeof field, "%s[%zu]", m, i);
+        if (msgv->type != STRATA_JSON_OBJECT) {
+            snprintf(msg, sizeof msg, "is %s, not a message object", strata_json_kind(msgv));
+            return bad(j, field, msg, NULL);
+        }
+        snprintf(field, sizeof field, "%s[%zu].role", m, i);
+        const strata_json *role = string_member(j, msgv, "role", field, 0, &is_bad);
+        if (!role) return 1;
+        int is_assistant = !strcmp(role->str, "assistant");
+        if (!is_assistant && strcmp(role->str, "user") && strcmp(role->str, "system"))
+            return bad(j, field, "is not system, user or assistant", NULL);
+        snprintf(field, sizeof field, "%s[%zu].content", m, i);
+        const strata_json *content = string_member(j, msgv, "content", field, !is_assistant, &is_bad);
+        if (!content) return 1;
+        assistant |= is_assistant;
+        if (strata_chat_message(&j->chat, ex, role->str, content->str, content->len, is_assistant, j->where)) return -1;
+    }
+    if (!assistant) return bad(j, m, "has no assistant message (nothing to learn)", NULL);
+    return 0;
+}
+
+/* The example of one line. 0, 1 (a bad line, error set), -1 (a failure). */
+static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens *ex) {
+    const strata_jsonl_opts *o = j->o;
+    char field[256];
+    size_t invalid = strata_utf8_invalid_at(line, len);
+    if (invalid < len) {
+        field_at(line, len, invalid, field, sizeof field);
+        char msg[128];
+        snprintf(msg, sizeof msg, "holds a byte that is not valid UTF-8 (byte %zu of the line)", invalid);
+        return bad(j, field, msg, "");
+    }
+    strata_json_doc doc;
+    if (strata_json_parse(&doc, line, len, j->where)) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", strata_error());
+        size_t off = error_offset(why, j->where);
+        field_at(line, len, off, field, sizeof field);
+        if (field[0]) strata_fail("%s (in field '%s'; not valid JSON)", why, field);
+        else strata_fail("%s (not valid JSON)", why);
+        return 1;
+    }
+    const strata_json *root = &doc.root;
+    int rc = 0, is_bad = 0;
+    if (root->type != STRATA_JSON_OBJECT) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "is %s, not a JSON object", strata_json_kind(root));
+        rc = bad(j, NULL, msg, NULL);
+    } else if (o->kind == STRATA_JSONL_MESSAGES) {
+        rc = messages_example(j, root, ex);
+    } else {
+        const strata_json *a, *b = NULL;
+        if (o->kind == STRATA_JSONL_TEXT) {
+            a = string_member(j, root, o->text_field, o->text_field, 0, &is_bad);
+        } else {
+            a = string_member(j, root, o->prompt_field, o->prompt_field, 1, &is_bad);
+            if (a) b = string_member(j, root, o->response_field, o->response_field, 0, &is_bad);
+        }
+        if (is_bad || !a || (o->kind == STRATA_JSONL_PROMPT && !b)) {
+            rc = 1;
+        } else {
+            for (int i = 0; i < j->n_prefix; i++) strata_tokens_push(ex, j->prefix[i], 0);
+            rc = strata_tokens_encode(ex, j->tk, a->str, a->len, o->kind == STRATA_JSONL_TEXT, j->where);
+            if (!rc && b) rc = strata_tokens_encode(ex, j->tk, b->str, b->len, 1, j->where);
+            /* the EOS: the template's own when it puts one after a text, else the tokenizer's */
+            if (!rc && j->n_suffix)
+                for (int i = 0; i < j->n_suffix; i++) strata_tokens_push(ex, j->suffix[i], 1);
+            else if (!rc)
+                strata_tokens_push(ex, j->eos, 1);
+            if (rc) rc = -1;
+        }
+    }
+    strata_json_free(&doc);
+    if (!rc && ex->n) ex->mask[0] = 0; /* nothing of its own predicts an example's first token */
+    return rc;
+}
+
+/* ---- the files ---- */
+
+/* Lines of one file: blank ones (after a '\r' before the '\n') are no examples. */
+static size_t count_examples(const char *buf, size_t len) {
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        const char *nl = memchr(buf + i, '\n', len - i);
+        size_t end = nl ? (size_t)(nl - buf) : len, k = i;
+        while (k < end && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r')) k++;
+        n += k < end;
+        i = end + 1;
+    }
+    return n;
+}
+
+static int one_file(jsonl_job *j, const char *path) {
+    const strata_jsonl_opts *o = j->o;
+    char *buf = NULL;
+    size_t len = 0;
+    if (strata_read_file_bounded(path, STRATA_TEXT_MAX_BYTES, &buf, &len)) return -1;
+    size_t n = count_examples(buf, len), n_val = (size_t)((double)n * o->val_fraction), k = 0, lineno = 0;
+    strata_tokens ex = {0};
+    int rc = 0;
+    for (size_t i = 0; i < len && !rc;) {
+        const char *nl = memchr(buf + i, '\n', len - i);
+        size_t end = nl ? (size_t)(nl - buf) : len, stop = end, s = i;
+        lineno++;
+        i = end + 1;
+        while (stop > s && buf[stop - 1] == '\r') stop--;
+        size_t q = s;
+        while (q < stop && (buf[q] == ' ' || buf[q] == '\t')) q++;
+        if (q == stop) continue; /* a blank line */
+        int to_val = k++ >= n - n_val;
+        snprintf(j->where, sizeof j->where, "%s:%zu", path, lineno);
+        ex.n = 0;
+        int e = example_of(j, buf + s, stop - s, &ex);
+        if (e < 0) {
+            rc = -1;
+        } else if (e > 0) {
+            if (!o->skip_bad) {
+                char why[2048];
+                snprintf(why, sizeof why, "%s", strata_error());
+                strata_fail("%s (--skip-bad skips such lines and counts them)", why);
+                rc = STRATA_JSONL_BAD_LINE;
+            } else {
+                STRATA_DEBUG("data", "skipped: %s", strata_error());
+                j->r->bad++;
+            }
+        } else if (ex.n > (size_t)o->seq_len && !o->overflow_split) {
+            j->r->dropped++;
+        } else {
+            j->r->split += ex.n > (size_t)o->seq_len;
+            j->r->examples++;
+            rc = pack(to_val ? &j->val : &j->train, &ex);
+        }
+    }
+    strata_tokens_free(&ex);
+    free(buf);
+    return rc;
+}
+
+static int fill(void *ctx, const char *dir) {
+    jsonl_job *j = ctx;
+    const strata_jsonl_opts *o = j->o;
+    /* shards of k whole sequences and the token after them */
+    size_t k = o->max_shard_tokens > 1 ? (o->max_shard_tokens - 1) / (size_t)o->seq_len : 1;
+    if (k < 1) k = 1;
+    strata_shard_sink_init(&j->train.sink, dir, "train", k * (size_t)o->seq_len + 1, 1, 1, 1);
+    strata_shard_sink_init(&j->val.sink, dir, "val", k * (size_t)o->seq_len + 1, 1, 1, 1);
+    int rc = 0;
+    for (int i = 0; i < o->n_files && !rc; i++) rc = one_file(j, o->files[i]);
+    if (!rc) rc = pack_finish(&j->train);
+    if (!rc) rc = pack_finish(&j->val);
+    strata_shard_sink_free(&j->train.sink);
+    strata_shard_sink_free(&j->val.sink);
+    if (!rc && !j->train.any)
+        rc = strata_fail("--jsonl: no example to train on (%zu bad line%s skipped, %zu dropped as longer than --seq-len)",
+                         j->r->bad, j->r->bad == 1 ? "" : "s", j->r->dropped);
+    if (rc) return rc;
+    return strata_prepare_write_tokenizer(dir, j->tk);
+}
+
+int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata_bpe *tk, strata_jsonl_report *r) {
+    memset(r, 0, sizeof *r);
+    if (o->n_files <= 0) return strata_fail("prepare: no JSONL files given (out_dir %s)", out_dir);
+    if (o->seq_len < 1) return strata_fail("prepare --jsonl: --seq-len %d must be at least 1", o->seq_len);
+    if (!(o->val_fraction >= 0.0 && o->val_fraction < 1.0))
+        return strata_fail("prepare: val_fraction %g is outside [0, 1)", o->val_fraction);
+    if (o->max_shard_tokens == 0 || o->max_shard_tokens > (size_t)INT32_MAX)
+        return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", o->max_shard_tokens, INT32_MAX);
+    jsonl_job j = {.o = o, .tk = tk, .r = r};
+    j.train.T = j.val.T = o->seq_len;
+    j.eos = strata_bpe_eos_id(tk);
+    strata_bpe_template(tk, &j.prefix, &j.n_prefix, &j.suffix, &j.n_suffix);
+    if (o->kind == STRATA_JSONL_MESSAGES) {
+        if (strata_chat_open(&j.chat, tk, o->chat_format)) return STRATA_PREPARE_REFUSED;
+        j.eos = strata_chat_turn_end(&j.chat);
+        /* the export's tokenizer_config.json: the template trained with, its BOS, and the turn's
+         * end as EOS (what generation stops at), as instruct models' configs have them */
+        strata_bpe_set_chat(tk, strata_chat_template(o->chat_format),
+                            o->chat_format == STRATA_CHAT_LLAMA3 ? "<|begin_of_text|>" : NULL,
+                            o->chat_format == STRATA_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>");
+    } else if (j.eos < 0 && !j.n_suffix) {
+        strata_fail("tokenizer %s names no end-of-sequence token (no eos_token in a tokenizer_config.json beside it, no "
+                    "token its template puts after a text, no </s>, <|end_of_text|> or <|endoftext|>): put eos_token in "
+                    "its tokenizer_config.json", strata_bpe_source(tk));
+        return STRATA_PREPARE_REFUSED;
+    }
+    int32_t pad = strata_bpe_pad_id(tk);
+    j.train.pad = j.val.pad = pad >= 0 ? pad : j.eos >= 0 ? j.eos : j.suffix[j.n_suffix - 1];
+    int kept = 0;
+    int rc = strata_prepare_dir(out_dir, fill, &j, &kept);
+    if (rc) return rc;
+    r->train_shards = j.train.sink.n_shards;
+    r->val_shards = j.val.sink.n_shards;
+    r->train_tokens = j.train.sink.total;
+    r->val_tokens = j.val.sink.total;
+    r->train_learned = j.train.sink.learned;
+    r->val_learned = j.val.sink.learned;
+    r->train_seqs = r->train_tokens ? (r->train_tokens - 1) / (size_t)o->seq_len : 0;
+    r->val_seqs = r->val_tokens ? (r->val_tokens - 1) / (size_t)o->seq_len : 0;
+    r->padding = j.train.padding + j.val.padding;
+    STRATA_INFO("data", "%s: %zu examples from %d file%s in %zu train + %zu val sequences of %d tokens (%zu + %zu tokens, "
+                "%zu + %zu learned, %zu padding; 32-bit shards with a loss mask, %d + %d; tokenizer.json beside them%s); "
+                "longer than --seq-len: %zu split, %zu dropped; bad lines skipped: %zu",
+                out_dir, r->examples, o->n_files, o->n_files == 1 ? "" : "s", r->train_seqs, r->val_seqs, o->seq_len,
+                r->train_tokens, r->val_tokens, r->train_learned, r->val_learned, r->padding, r->train_shards,
+                r->val_shards, kept ? "; the directory's other files kept" : "", r->split, r->dropped, r->bad);
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* io/jsonl.h: fine-tuning data as people have it, JSON Lines, into token shards with a loss
+ * mask (io/data.h's 32-bit format).
+ *
+ * Each line is a JSON object (io/json.c's strict reader; blank lines are skipped), one
+ * example, written as token ids with a mask byte each (1: learned):
+ *   text      field T, a plain document: the tokenizer's template around it (Llama's BOS)
+ *             and its EOS after, all learned but what comes before the text;
+ *   prompt    fields P and R: the template's BOS and P's tokens not learned, R's tokens and
+ *             the EOS learned (an empty R is a bad line: nothing would be learned but EOS);
+ *   messages  field M, an array of {"role": "system"|"user"|"assistant", "content": "..."},
+ *             in a chat format (io/chat.h): only assistant turns learned (a conversation
+ *             without an assistant turn, or with an empty one, is a bad line).
+ * The EOS is the tokenizer's (strata_bpe_eos_id). An example's first token is never
+ * learned (nothing of its own comes before it).
+ *
+ * Examples are packed into sequences of seq_len tokens, in order: an example that does not
+ * fit what is left of the current sequence starts the next one, the rest padded with a
+ * token that is not learned (the tokenizer's pad token, else its EOS). An example longer
+ * than seq_len is split (it starts a sequence and runs on into the next ones, so every
+ * part keeps the tokens before it within its sequence's window, and no token of it is
+ * lost) or dropped. A sequence's last target is the next sequence's first token: the
+ * shards overlap by that one token (strata_shard_sink's overlap), so the loader's chunks
+ * are exactly the packed sequences; training must use the same seq_len.
+ *
+ * The last val_fraction of each file's examples (by line) go to val shards, the rest to
+ * train. A malformed line (not JSON, invalid UTF-8, not an object, a field missing, not a
+ * string, empty, a message without a role or content, a role other than system, user,
+ * assistant) is an error naming the file, line and field, or is skipped and counted. */
+#ifndef STRATA_JSONL_H
+#define STRATA_JSONL_H
+
+#include <stddef.h>
+
+#include "io/bpe.h"
+#include "io/chat.h"
+
+/* What strata_prepare_jsonl returns for a malformed line (as opposed to -1, a failure, or
+ * io/data.h's STRATA_PREPARE_REFUSED): bad input, exit 2. */
+#define STRATA_JSONL_BAD_LINE (-3)
+
+typedef enum strata_jsonl_kind { STRATA_JSONL_TEXT, STRATA_JSONL_PROMPT, STRATA_JSONL_MESSAGES } strata_jsonl_kind;
+
+typedef struct strata_jsonl_opts {
+    const char *const *files;
+    int n_files;
+    strata_jsonl_kind kind;
+    const char *text_field, *prompt_field, *response_field, *messages_field;
+    strata_chat_format chat_format; /* MESSAGES */
+    int seq_len;
+    int overflow_split; /* 1: split an example longer than seq_len, 0: drop it */
+    int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
+    double val_fraction;
+    size_t max_shard_tokens;
+} strata_jsonl_opts;
+
+typedef struct strata_jsonl_report {
+    size_t examples, bad, split, dropped; /* examples packed; lines skipped; longer than seq_len */
+    size_t train_seqs, val_seqs;
+    size_t train_tokens, val_tokens, train_learned, val_learned, padding;
+    int train_shards, val_shards;
+} strata_jsonl_report;
+
+/* Prepares out_dir (replaced whole, as io/data.h's strata_prepare_dir) from the JSONL files
+ * with tokenizer tk, which is written beside the shards (with the chat template of a
+ * messages format in its tokenizer_config.json). Returns 0, STRATA_JSONL_BAD_LINE,
+ * STRATA_PREPARE_REFUSED or -1, the error set. */
+int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata_bpe *tk, strata_jsonl_report *r);
+
+#endif

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Fine-tuning data from JSONL, end to end:
+#  - tests/jsonl_reference.py: `strata prepare --jsonl` (prompt/response, Llama 3's and
+#    ChatML's chat formats, plain text; --overflow split and drop; --skip-bad) gives the ids
+#    and loss masks of a Python reference that applies the same templates with `tokenizers`,
+#    and names every bad line (file, line, field) with exit 2;
+#  - a Llama-family model with Llama 3's 128256-token vocabulary trains on the conversations
+#    (32-bit masked shards): world 1 with the global batch in one micro-batch, world 2
+#    (mpirun, when there is one) and accumulation 4 give the same losses and validation
+#    losses within 1e-6 relative and the same learned-token counts (metrics.jsonl), fewer
+#    than the step's tokens;
+#  - `strata sample --chat` writes the prompt in the run's chat format and generates after
+#    it; `strata export` ships the chat template, so transformers' apply_chat_template gives
+#    the ids the run trained on, and AutoModelForCausalLM loads the model;
+#  - a vocabulary past 65536 on llm.c's uint16 shards is refused at start (exit 2).
+# Needs `tokenizers` (transformers and torch for the export checks, which are skipped
+# without them, saying so): the Python is $STRATA_PYTHON, else launcher/python-env.sh's
+# venv, else python3; exits 77 (skip), saying why, without it or without the corpus.
+set -euo pipefail
+S=${STRATA:?set by ctest}
+SRC=${STRATA_SOURCE_DIR:?set by ctest}
+corpus="$SRC/../shared/data/tinyshakespeare.txt"
+[ -f "$corpus" ] || { echo "SKIP: no $corpus (tiny shakespeare)"; exit 77; }
+PY=
+for py in "${STRATA_PYTHON:-}" "$SRC/.dev/venv/bin/python" python3; do
+  if [ -n "$py" ] && command -v "$py" > /dev/null 2>&1 && "$py" -c "import tokenizers" > /dev/null 2>&1; then
+    PY=$py
+    break
+  fi
+done
+[ -n "$PY" ] || { echo "SKIP: no Python with tokenizers (set STRATA_PYTHON, or launcher/python-env.sh --install)"; exit 77; }
+W=$(mktemp -d /tmp/strata-e2e-jsonl.XXXXXX)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+pass() { echo "ok: $*"; }
+code() { set +e; "$@" > out.txt 2>&1; echo $?; set -e; }
+
+"$PY" "$SRC/tests/jsonl_reference.py" --strata "$S" --workdir "$W/ref" --corpus "$corpus"
+cd "$W"
+data=ref/messages-llama3_split
+tok=ref/llama3
+
+# --- training on masked conversations: world 1, world 2, accumulation 4 agree
+cat > chat.yaml <<YAML
+device: cpu
+model: {arch: llama, n_layer: 1, n_head: 2, n_kv_head: 1, n_embd: 32, intermediate_size: 64, seq_len: 64,
+        vocab_size: 128256, tie_embeddings: true}
+data: {train: "$data/train_*.bin", val: "$data/val_*.bin", shuffle: false}
+train: {steps: 2, micro_batch: 4, eval_every: 1, eval_batches: 1, log_every: 1, sample_tokens: 0}
+optim: {lr: 1.0e-3, warmup_steps: 0}
+run: {dir: runs/w1, checkpoint_every: 2, keep: 0}
+YAML
+field() { grep "\"step\": $2," "$1/metrics.jsonl" | grep -o "\"$3\": [^,}]*" | cut -d' ' -f2; }
+"$S" train chat.yaml > w1.log 2>&1 || { tail -20 w1.log; fail "train at world 1"; }
+"$S" train chat.yaml --set run.dir=runs/a4 --set train.micro_batch=1 --set train.grad_accum=4 --set train.eval_batches=4 \
+  > a4.log 2>&1 ||
+  { tail -20 a4.log; fail "train with accumulation 4"; }
+runs="runs/a4"
+if command -v mpirun > /dev/null; then
+  MPI=(mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1)
+  [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+  "${MPI[@]}" "$S" train chat.yaml --set run.dir=runs/w2 --set train.micro_batch=2 > w2.log 2>&1 ||
+    { tail -20 w2.log; fail "train at world 2"; }
+  runs="runs/a4 runs/w2"
+fi
+for r in $runs; do
+  for step in 1 2; do
+    for f in loss val_loss; do
+      a=$(field runs/w1 $step $f)
+      b=$(field "$r" $step $f)
+      "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-6 * abs(a))" "$a" "$b" ||
+        fail "$r step $step $f $b differs from world 1's $a by more than 1e-6 relative"
+    done
+    [ "$(field runs/w1 $step learned_tokens)" = "$(field "$r" $step learned_tokens)" ] ||
+      fail "$r step $step: learned_tokens $(field "$r" $step learned_tokens) vs $(field runs/w1 $step learned_tokens)"
+  done
+done
+learned=$(field runs/w1 1 learned_tokens)
+[ "$learned" -gt 0 ] && [ "$learned" -lt 256 ] || fail "step 1 learned $learned of 256 tokens"
+pass "losses and validation losses of world 1, ${runs// / and } agree within 1e-6; $learned of 256 tokens learned in step 1"
+
+# --- sample in the chat format, and the export's chat template
+"$S" sample runs/w1 --chat --prompt "  Hi there " --tokens 3 --temperature 0 > sample.txt 2> sample.err ||
+  { cat sample.err; fail "sample --chat"; }
+"$PY" - sample.txt <<'PY' || fail "sample --chat output: $(cat sample.txt)"
+import sys
+text = open(sys.argv[1], encoding="utf-8").read()
+want = "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+sys.exit(not text.startswith(want))
+PY
+pass "sample --chat: the prompt as a user's turn in Llama 3's format (trimmed), special tokens as text, then the reply"
+[ "$(code "$S" sample runs/w1 --tokenizer $tok/tokenizer.json --chat --prompt x)" = 2 ] && grep -q "chat template" out.txt ||
+  fail "sample --chat with a tokenizer without our template should exit 2 naming it: $(cat out.txt)"
+"$S" export runs/w1 --out hf > /dev/null
+grep -q '"chat_template"' hf/tokenizer_config.json || fail "export has no chat_template"
+if "$PY" -c "import transformers, torch" > /dev/null 2>&1; then
+  "$PY" - hf "$SRC/tests" <<'PY' || fail "export: apply_chat_template or from_pretrained"
+import sys
+sys.path.insert(0, sys.argv[2])
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from tokenizers import Tokenizer
+import jsonl_reference as ref
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+raw = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+for conv in ref.CONVERSATIONS:
+    got = tok.apply_chat_template(conv, tokenize=True)
+    got = list(got["input_ids"] if hasattr(got, "keys") else got)  # transformers 5 returns a BatchEncoding
+    want, _ = ref.example("messages", "llama3", raw, {"messages": conv}, raw.token_to_id("<|eot_id|>"))
+    assert got == want, (conv, got, want)
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+assert model.config.vocab_size == 128256 and tok.eos_token == "<|eot_id|>"
+print("ok: export: apply_chat_template gives the ids the run trained on for every conversation; "
+      "LlamaForCausalLM loads (vocab 128256)")
+PY
+else
+  echo "skip: the export's checks with transformers (not importable here)"
+fi
+
+# --- a vocabulary past 65536 on uint16 shards is refused at start
+printf 'some text to make byte-level shards of, long enough for a sequence or two.\n%.0s' {1..20} > t.txt
+"$S" prepare --text t.txt --out bytes > /dev/null
+[ "$(code "$S" train chat.yaml --set 'data.train=bytes/train_*.bin' --set data.val= --set run.dir=runs/u16)" = 2 ] ||
+  fail "vocab 128256 on uint16 shards should exit 2: $(cat out.txt)"
+grep -q "hold uint16 tokens" out.txt || fail "the refusal should say why: $(cat out.txt)"
+pass "a vocabulary of 128256 on llm.c's uint16 shards is refused at start (exit 2), saying why"
+echo "PASS"

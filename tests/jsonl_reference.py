@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""tests/jsonl_reference.py: `strata prepare --jsonl` against a Python reference that applies
+the same templates with Hugging Face `tokenizers`.
+
+JSONL fixtures hold good lines and bad ones: a missing field, a field that is not a string,
+invalid UTF-8, an empty response, not JSON, not an object, a bad message role, a
+conversation without an assistant turn; blank lines; an example longer than --seq-len;
+contents with the special tokens' strings, whitespace to trim, and text of every script.
+For each of
+  prompt/response  with the Llama 3 fixture (32-bit shards, its BOS and its EOS),
+  messages llama3  with the Llama 3 fixture,
+  messages chatml  with the Qwen2 fixture,
+  text             with the Llama 2 fixture (SentencePiece-style),
+each --overflow split and drop, the ids and masks of every shard (train and val) must be
+exactly those of the reference's examples packed the documented way (io/jsonl.h), the
+counts printed must be the reference's, every bad line alone must stop prepare with exit 2
+naming the file, line 1 and the field, and --skip-bad must skip exactly the bad lines. For
+Llama 3's template the reference also checks that its examples are what tokenizing the
+whole rendered conversation gives.
+
+Exits 77 (the ctest skip code) when `tokenizers` cannot be imported.
+usage: jsonl_reference.py --strata BIN --workdir DIR --corpus FILE
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shard_io  # noqa: E402
+import tokenizers_reference as tref  # noqa: E402  (exits 77 without tokenizers)
+
+T = 24  # --seq-len: 24 for prompts and texts, 64 for conversations (main sets it per case)
+
+GOOD_PROMPTS = [
+    ("What is 2+2?", " Four."),
+    ("Name a colour.", " Blue, like the sky over Verona."),
+    ("", "An empty prompt is fine; an empty response is not."),
+    ("Quote <|eot_id|> and <s> literally:", " <|begin_of_text|> stays a special token, as in tokenizers."),
+    ("Long answer, please.", " " + " ".join("word%d" % i for i in range(40))),  # longer than T
+    ("Unicode: caf\u00e9 \u4f60\u597d \U0001F600 e\u0301", " r\u00e9ponse \u00e0 l'instant\r\n  done  "),
+]
+
+CONVERSATIONS = [
+    [{"role": "system", "content": "  You are terse.  "}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}],
+    [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": " one, two, three \n"},
+     {"role": "user", "content": "And back?"}, {"role": "assistant", "content": "three, two, one"}],
+    [{"role": "user", "content": "Say <|im_end|> please"}, {"role": "assistant", "content": "caf\u00e9 \u4e2d\u6587 <|eot_id|>!"}],
+    [{"role": "user", "content": "Tell me a long story."},
+     {"role": "assistant", "content": "Once upon a time " + "and then " * 40 + "the end."}],
+    [{"role": "user", "content": "Empty system is fine"}, {"role": "system", "content": ""},
+     {"role": "assistant", "content": "Yes."}],
+]
+
+GOOD_TEXTS = ["First Citizen: Before we proceed any further, hear me speak.",
+              "All: Speak, speak.",
+              " ".join(["You are all resolved rather to die than to famish?"] * 4),
+              "Unicode \u4f60\u597d caf\u00e9 \U0001F600 <s> </s> <0x41>"]
+
+
+def bad_lines(kind, field):
+    """(raw bytes of the line, the field its message must name): one per kind of fault."""
+    if kind == "prompt":
+        return [(b'{"prompt": "no response here"}', "response"),
+                (b'{"prompt": "x", "response": 42}', "response"),
+                (b'{"prompt": "bad \xff\xfe utf-8", "response": "x"}', "prompt"),
+                (b'{"prompt": "x", "response": ""}', "response"),
+                (b'{"prompt": "x", "response": "y", }', "response"),
+                (b'["prompt", "response"]', None)]
+    if kind == "messages":
+        return [(b'{"other": []}', "messages"),
+                (b'{"messages": "hi"}', "messages"),
+                (b'{"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}',
+                 "messages[0].role"),
+                (b'{"messages": [{"role": "user", "content": "x"}]}', "messages"),
+                (b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}',
+                 "messages[1].content"),
+                (b'{"messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "y"}]}',
+                 "messages[0].content"),
+                (b'{"messages": [{"role": "user", "content": "\xc3("}, {"role": "assistant", "content": "y"}]}',
+                 "messages")]
+    return [(b'{"txt": "wrong name"}', field), (b'{"text": null}', field), (b'{"text": ""}', field),
+            (b'{"text": "\xed\xa0\x80 surrogate"}', field), (b'not json at all', None)]
+
+
+def write_jsonl(path, kind):
+    """The fixture: good lines with bad ones and blank lines between; returns the good
+    examples' sources in order and the number of bad lines."""
+    goods = {"prompt": [json.dumps({"prompt": p, "response": r}) for p, r in GOOD_PROMPTS],
+             "messages": [json.dumps({"messages": c, "extra": 1}) for c in CONVERSATIONS],
+             "text": [json.dumps({"text": t, "id": i}) for i, t in enumerate(GOOD_TEXTS)]}[kind]
+    bads = [b for b, _ in bad_lines(kind, "text")]
+    lines, order = [], []
+    extra = len(bads) - len(goods)  # the bad lines first, so the last quarter (val) holds good ones
+    lines.extend(bads[:max(extra, 0)])
+    for i, g in enumerate(goods):
+        if max(extra, 0) + i < len(bads):
+            lines.append(bads[max(extra, 0) + i])
+        lines.append(g.encode("utf-8"))
+        order.append(json.loads(g))
+        if i % 2:
+            lines.append(b"   \r")
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines) + b"\r\n")
+    return order, len(bads), len(lines)
+
+
+# ---- the reference ----
+
+def enc(tok, s):
+    return tok.encode(s, add_special_tokens=False).ids
+
+
+def tid(tok, s):
+    i = tok.token_to_id(s)
+    assert i is not None, s
+    return i
+
+
+def template(tok):
+    """The ids encode(text) puts around a text (TemplateProcessing's single)."""
+    probe = "x"
+    with_specials, plain = tok.encode(probe).ids, enc(tok, probe)
+    k = with_specials.index(plain[0]) if plain else len(with_specials)
+    return with_specials[:k], with_specials[k + len(plain):]
+
+
+def example(kind, chat, tok, src, eos):
+    ids, mask = [], []
+
+    def add(xs, learned):
+        ids.extend(xs)
+        mask.extend([learned] * len(xs))
+    if kind in ("prompt", "text"):
+        prefix, suffix = template(tok)
+        add(prefix, 0)
+        if kind == "prompt":
+            add(enc(tok, src["prompt"]), 0)
+            add(enc(tok, src["response"]), 1)
+        else:
+            add(enc(tok, src["text"]), 1)
+        add(suffix if suffix else [eos], 1)
+    elif chat == "llama3":
+        add([tid(tok, "<|begin_of_text|>")], 0)
+        for m in src["messages"]:
+            a = 1 if m["role"] == "assistant" else 0
+            add([tid(tok, "<|start_header_id|>")], 0)
+            add(enc(tok, m["role"]), 0)
+            add([tid(tok, "<|end_header_id|>")], 0)
+            add(enc(tok, "\n\n"), 0)
+            add(enc(tok, m["content"].strip()), a)
+            add([tid(tok, "<|eot_id|>")], a)
+    else:
+        for m in src["messages"]:
+            a = 1 if m["role"] == "assistant" else 0
+            add([tid(tok, "<|im_start|>")], 0)
+            add(enc(tok, m["role"] + "\n"), 0)
+            add(enc(tok, m["content"]), a)
+            add([tid(tok, "<|im_end|>")], a)
+            add(enc(tok, "\n"), 0)
+    mask[0] = 0
+    return ids, mask
+
+
+def pack(examples, split, pad):
+    """The packed stream (ids, mask) of one split, as io/jsonl.h describes; and the counts."""
+    ids, mask, used, n_split, n_drop = [], [], 0, 0, 0
+    for e_ids, e_mask in examples:
+        if len(e_ids) > T:
+            if not split:
+                n_drop += 1
+                continue
+            n_split += 1
+        if used + len(e_ids) > T and used:
+            ids += [pad] * (T - used)
+            mask += [0] * (T - used)
+            used = 0
+        ids += e_ids
+        mask += e_mask
+        used = (used + len(e_ids)) % T
+    if ids:
+        if used:
+            ids += [pad] * (T - used)
+            mask += [0] * (T - used)
+        ids.append(pad)
+        mask.append(0)
+    return ids, mask, n_split, n_drop
+
+
+def read_stream(directory, prefix):
+    """A split's shards as one stream: each shard after the first repeats the token the one
+    before ended on, which is dropped here; and whether every shard is k*T + 1 tokens."""
+    ids, mask, whole = [], [], True
+    split = shard_io.read_split(directory, prefix)
+    for i, (_, toks, m) in enumerate(split):
+        whole &= m is not None and (len(toks) - 1) % T == 0
+        if i:
+            whole &= ids[-1] == toks[0] and mask[-1] == m[0]
+            toks, m = toks[1:], m[1:]
+        ids += toks
+        mask += m
+    return ids, mask, whole, len(split)
+
+
+def run_prepare(args, work, cmd):
+    p = subprocess.run([args.strata, "prepare"] + cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, errors="replace")
+    return p.returncode, p.stdout + p.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--corpus", required=True)
+    args = ap.parse_args()
+    work = os.path.abspath(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    fails = tref.Failures()
+    corpus = os.path.abspath(args.corpus)
+    toks = {"llama3": tref.make_llama3(corpus, os.path.join(work, "llama3")),
+            "qwen2": tref.make_qwen2(corpus, os.path.join(work, "qwen2")),
+            "llama2": tref.make_llama2(corpus, os.path.join(work, "llama2"))}
+    cases = [("prompt", None, "llama3", ["--prompt-field", "prompt", "--response-field", "response"]),
+             ("messages", "llama3", "llama3", ["--messages-field", "messages", "--chat-format", "llama3"]),
+             ("messages", "chatml", "qwen2", ["--messages-field", "messages", "--chat-format", "chatml"]),
+             ("text", None, "llama2", ["--text-field", "text"])]
+    eos_of = {"llama3": tid(toks["llama3"], "<|end_of_text|>"), "qwen2": tid(toks["qwen2"], "<|endoftext|>"),
+              "llama2": tid(toks["llama2"], "</s>")}
+    global T
+    for kind, chat, tk_name, fields in cases:
+        T = 64 if chat else 24
+        name = kind + ("-" + chat if chat else "")
+        tok, tok_dir = toks[tk_name], os.path.join(work, tk_name)
+        path = os.path.join(work, name + ".jsonl")
+        order, n_bad, n_lines = write_jsonl(path, kind)
+        eos = tid(tok, "<|eot_id|>") if chat == "llama3" else tid(tok, "<|im_end|>") if chat else eos_of[tk_name]
+        pad = tid(tok, "<|endoftext|>") if tk_name == "qwen2" else eos  # the config's pad_token, else the EOS
+        exs = [example(kind, chat, tok, src, eos) for src in order]
+        if chat == "llama3":  # the claim of io/chat.h: as tokenizing the rendered conversation whole
+            same = all(ids == enc(tok, "<|begin_of_text|>" + "".join(
+                "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>" % (m["role"], m["content"].strip())
+                for m in src["messages"])) for (ids, _), src in zip(exs, order))
+            fails.check(same, "%s: each example's ids are those of the whole rendered conversation" % name)
+        base = ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T)] + fields
+        # the first bad line stops it, naming file, line and field; --skip-bad skips each
+        rc, out = run_prepare(args, work, base + ["--out", "stop_" + name])
+        fails.check(rc == 2 and (path + ":1:") in out, "%s: the first bad line stops prepare with exit 2 naming %s:1 "
+                    "(exit %d: %s)" % (name, os.path.basename(path), rc, out.strip()[-200:]))
+        for k, (raw, field) in enumerate(bad_lines(kind, "text")):
+            one = os.path.join(work, "%s_bad%d.jsonl" % (name, k))
+            with open(one, "wb") as f:
+                f.write(raw + b"\n")
+            rc, out = run_prepare(args, work, ["--jsonl", one, "--tokenizer", tok_dir, "--seq-len", str(T)] + fields +
+                                  ["--out", "bad_" + name])
+            named = (one + ":1:") in out and (field is None or ("field '%s'" % field) in out)
+            fails.check(rc == 2 and named, "%s: bad line %d (%r) alone: exit 2 naming line 1%s (exit %d: %s)" % (
+                name, k, raw[:40], ", field '%s'" % field if field else "", rc, out.strip()[-160:]))
+        for overflow in ("split", "drop"):
+            out_dir = "%s_%s" % (name, overflow)
+            rc, out = run_prepare(args, work, base + ["--out", out_dir, "--skip-bad", "--overflow", overflow,
+                                                      "--val-fraction", "0.25"])
+            if rc != 0:
+                fails.check(False, "%s --overflow %s: prepare exit %d: %s" % (name, overflow, rc, out[-400:]))
+                continue
+            # the last quarter of the file's non-blank lines go to val
+            nonblank = [ln for ln in open(path, "rb").read().split(b"\n") if ln.strip(b" \t\r")]
+            n_val = int(len(nonblank) * 0.25)
+            val_from = len(nonblank) - n_val
+            goods = {json.dumps(src, sort_keys=True) for src in order}
+            train_ex, val_ex = [], []
+            for i, ln in enumerate(nonblank):
+                try:
+                    src = json.loads(ln.decode("utf-8"))
+                except (ValueError, UnicodeDecodeError):
+                    continue
+                if not isinstance(src, dict) or json.dumps(src, sort_keys=True) not in goods:
+                    continue
+                (val_ex if i >= val_from else train_ex).append(exs[order.index(src)])
+            want_t = pack(train_ex, overflow == "split", pad)
+            want_v = pack(val_ex, overflow == "split", pad)
+            got_t = read_stream(os.path.join(work, out_dir), "train")
+            got_v = read_stream(os.path.join(work, out_dir), "val")
+            for label, want, got in (("train", want_t, got_t), ("val", want_v, got_v)):
+                ok = got[0] == want[0] and got[1] == want[1] and got[2]
+                k = next((i for i, (a, b) in enumerate(zip(got[0], want[0])) if a != b), None)
+                fails.check(ok, "%s --overflow %s, %s: %d ids and masks identical to the reference (%d learned, %d "
+                            "sequences of %d), shards of whole sequences + 1%s" % (
+                                name, overflow, label, len(want[0]), sum(want[1]), max(0, len(want[0]) - 1) // T, T,
+                                "" if ok else " (first difference at %s; %d vs %d tokens)" % (k, len(got[0]), len(want[0]))))
+            n_split, n_drop = want_t[2] + want_v[2], want_t[3] + want_v[3]
+            said = "longer than --seq-len: %d %s; bad lines skipped: %d" % (
+                n_split if overflow == "split" else n_drop, overflow if overflow == "split" else "dropped", n_bad)
+            fails.check(said in out and n_split + n_drop > 0,
+                        "%s --overflow %s: prints '%s'" % (name, overflow, said))
+            # the tokenizer files beside the shards: the chat template of a messages format
+            with open(os.path.join(work, out_dir, "tokenizer_config.json")) as f:
+                cfg = json.load(f)
+            if chat:
+                fails.check("chat_template" in cfg and cfg["eos_token"] == ("<|eot_id|>" if chat == "llama3" else "<|im_end|>"),
+                            "%s: tokenizer_config.json beside the shards holds the chat template and the turn's end as "
+                            "eos_token" % name)
+    if fails.items:
+        print("\nFAILED (%d):" % len(fails.items))
+        for f in fails.items:
+            print("  " + f)
+        return 1
+    print("\nPASS: strata prepare --jsonl gives the reference's ids and masks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
