@@ -148,12 +148,13 @@ refuse '"sliding_window": 16' 'sliding_window 16, shorter than model.seq_len 32'
 base=${base/\"mistral\"/\"mixtral\"}
 refuse '"num_local_experts": 8' '"model_type" is "mixtral"'
 pass "config.json with another activation, RoPE type, attention or MLP biases, experts, a short sliding window: refused by name (exit 2)"
-# a vocabulary past the shards' uint16 tokens plans, but does not train: said before anything is allocated
+# a vocabulary past llm.c's uint16 shards plans, but does not train on them: said before
+# anything is allocated (32-bit shards train it: tests/e2e_jsonl.sh)
 [ "$(code "$S" train l.yaml --set model.vocab_size=128256 --set run.dir=runs/big)" = 2 ] &&
-  grep -q "model.vocab_size is 128256, but token shards hold uint16 tokens" out.txt && [ ! -e runs/big/metrics.jsonl ] ||
-  fail "a vocabulary above 65536 should be refused at start: $(cat out.txt)"
+  grep -q "model.vocab_size is 128256, but the shards of data.train (data/train_\*.bin) hold uint16 tokens" out.txt &&
+  [ ! -e runs/big/metrics.jsonl ] || fail "a vocabulary above 65536 on uint16 shards should be refused at start: $(cat out.txt)"
 "$S" plan l.yaml --set model.vocab_size=128256 > /dev/null || fail "plan of a 128256-token vocabulary"
-pass "vocab_size 128256: plans, and training is refused at start (exit 2) until shards hold wider tokens"
+pass "vocab_size 128256: plans, and training on uint16 shards is refused at start (exit 2)"
 
 # --- against transformers
 PY=$("$SRC/launcher/python-env.sh")
