@@ -87,13 +87,15 @@ int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens
     return write_shard_file(path, header, tokens, n_tokens * sizeof(uint16_t), NULL, 0);
 }
 
-int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens) {
+int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens, int seq_len) {
     STRATA_TRY(check_count(path, n_tokens));
+    if (seq_len < 0) return strata_fail("%s: packed sequence length %d is negative", path, seq_len);
     int32_t header[STRATA_SHARD_HEADER_INTS] = {0};
     header[0] = STRATA_SHARD_MAGIC;
     header[1] = STRATA_SHARD_VERSION_32;
     header[2] = (int32_t)n_tokens;
     header[3] = mask ? STRATA_SHARD_FLAG_MASK : 0;
+    header[4] = seq_len;
     return write_shard_file(path, header, tokens, n_tokens * sizeof(uint32_t), mask, mask ? n_tokens : 0);
 }
 
@@ -111,6 +113,10 @@ static const char *header_problem(const int32_t *h, size_t payload, char *msg, s
                 return msg;
             }
             *masked = h[3] & STRATA_SHARD_FLAG_MASK;
+            if (h[4] < 0) {
+                snprintf(msg, n, "header[4], the packed sequence length, is %d (negative; corrupt header)", h[4]);
+                return msg;
+            }
         } else if (h[1] != STRATA_SHARD_VERSION) {
             snprintf(msg, n, "unsupported shard version %d (expected %d, uint16 tokens, or %d, uint32 tokens)", h[1],
                      STRATA_SHARD_VERSION, STRATA_SHARD_VERSION_32);
@@ -175,7 +181,7 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     (void)close(fd); /* the mapping keeps the file alive */
     if (map == MAP_FAILED) return strata_fail("%s: mmap failed: %s", path, strerror(err));
 
-    int32_t h[4];
+    int32_t h[5];
     memcpy(h, map, sizeof h);
     char msg[256];
     int bits, masked;
@@ -187,6 +193,7 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     sh->map = map;
     sh->map_bytes = bytes;
     sh->n_tokens = (size_t)h[2];
+    sh->seq_len = bits == 32 && h[0] == STRATA_SHARD_MAGIC ? h[4] : 0;
     const char *payload = (const char *)map + HEADER_BYTES;
     if (bits == 16) sh->tokens = (const uint16_t *)payload;
     else sh->tokens32 = (const uint32_t *)payload;
@@ -199,8 +206,9 @@ void strata_shard_close(strata_shard *sh) {
     memset(sh, 0, sizeof *sh);
 }
 
-int strata_shards_wide(const char *glob_pattern, int *wide) {
+int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len) {
     *wide = 0;
+    *seq_len = 0;
     glob_t g;
     int grc = glob(glob_pattern, 0, NULL, &g);
     if (grc == GLOB_NOMATCH) return strata_fail("no token shards match '%s'", glob_pattern);
@@ -210,6 +218,8 @@ int strata_shards_wide(const char *glob_pattern, int *wide) {
         strata_shard sh;
         rc = strata_shard_open(&sh, g.gl_pathv[i]) ? -1 : 0;
         if (!rc && sh.tokens32) *wide = 1;
+        if (!rc && i == 0) *seq_len = sh.seq_len;
+        else if (!rc && sh.seq_len != *seq_len) *seq_len = -1;
         strata_shard_close(&sh);
     }
     globfree(&g);
@@ -219,14 +229,14 @@ int strata_shards_wide(const char *glob_pattern, int *wide) {
 /* ---- the shards of one split, as they fill ---- */
 
 void strata_shard_sink_init(strata_shard_sink *s, const char *dir, const char *prefix, size_t max_tokens, int wide,
-                            int masked, int overlap) {
+                            int masked, int seq_len) {
     memset(s, 0, sizeof *s);
     snprintf(s->out_dir, sizeof s->out_dir, "%s", dir);
     s->prefix = prefix;
     s->max_tokens = max_tokens;
     s->wide = wide || masked;
     s->masked = masked;
-    s->overlap = overlap;
+    s->seq_len = seq_len;
 }
 
 void strata_shard_sink_free(strata_shard_sink *s) {
@@ -240,18 +250,18 @@ void strata_shard_sink_free(strata_shard_sink *s) {
 }
 
 static int sink_flush(strata_shard_sink *s) {
-    if (s->len == 0 || (s->overlap && s->n_shards > 0 && s->len == 1)) return 0;
+    if (s->len == 0 || (s->seq_len && s->n_shards > 0 && s->len == 1)) return 0;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s_%06d.bin", s->out_dir, s->prefix, s->n_shards);
-    int rc = s->wide ? strata_shard_write32(path, s->buf32, s->masked ? s->mask : NULL, s->len)
+    int rc = s->wide ? strata_shard_write32(path, s->buf32, s->masked ? s->mask : NULL, s->len, s->seq_len)
                      : strata_shard_write(path, s->buf16, s->len);
     if (rc) return -1;
     STRATA_DEBUG("data", "%s: %zu tokens", path, s->len);
-    size_t carried = s->overlap && s->n_shards > 0 ? 1 : 0; /* counted with the shard before */
+    size_t carried = s->seq_len && s->n_shards > 0 ? 1 : 0; /* counted with the shard before */
     s->total += s->len - carried;
     for (size_t i = carried; i < s->len; i++) s->learned += s->masked ? s->mask[i] : 1;
     s->n_shards++;
-    if (s->overlap) { /* the last token begins the next shard */
+    if (s->seq_len) { /* the last token begins the next shard */
         if (s->wide) s->buf32[0] = s->buf32[s->len - 1];
         else s->buf16[0] = s->buf16[s->len - 1];
         if (s->masked) s->mask[0] = s->mask[s->len - 1];
@@ -634,6 +644,16 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
         }
         L->n_shards++;
         if (L->shards[i].mask) L->has_mask = 1;
+        int packed = L->shards[i].seq_len;
+        if (packed && packed != T) {
+            /* its chunks would cut across the packed sequences: examples split mid-way */
+            strata_fail("%s: its examples were packed into sequences of %d tokens (strata prepare --jsonl --seq-len %d), "
+                        "but sequences of %d are read from it: train with train.seq_len %d, or prepare again with "
+                        "--seq-len %d", L->shards[i].path, packed, packed, T, packed, T);
+            globfree(&g);
+            strata_loader_close(L);
+            return -1;
+        }
         size_t n = L->shards[i].n_tokens;
         /* Chunks never cross a shard boundary: shard i yields floor((n-1)/T) chunks of T+1
          * tokens starting at multiples of T (consecutive chunks share one token). */

@@ -5,9 +5,11 @@
  *    20240520 magic, header[1] = 1 version, header[2] = number of tokens; uint16 tokens.
  *  - Strata's 32-bit shards, for vocabularies past 65,536 and for data with a loss mask:
  *    header[0] = 20240520, header[1] = 2, header[2] = number of tokens, header[3] = flags
- *    (bit 0: a loss mask follows; no other bit is defined), the rest 0; uint32 tokens,
- *    then, with the mask, one byte per token: 1 when the token is learned (the loss counts
- *    it as the target of the token before it), 0 when it is not (a prompt, padding).
+ *    (bit 0: a loss mask follows; no other bit is defined), header[4] = the sequence length
+ *    the tokens were packed to (prepare --jsonl's --seq-len; the loader refuses to read
+ *    sequences of another length from it), 0 when they were not packed, the rest 0; uint32
+ *    tokens, then, with the mask, one byte per token: 1 when the token is learned (the loss
+ *    counts it as the target of the token before it), 0 when it is not (a prompt, padding).
  *    `strata prepare` writes them when the tokenizer has more than 65,536 tokens or the
  *    data has a mask, and llm.c's format otherwise.
  *  - llm.c's Llama 3 shards: header[0] = 20240801, header[1] = 7; uint32 tokens.
@@ -39,9 +41,10 @@
 #define STRATA_SHARD_HEADER_INTS 256
 
 /* Writes tokens as one shard file (atomically: temp name, fsync, rename): llm.c's uint16
- * format, and the 32-bit one with an optional loss mask (mask may be NULL: no mask). */
+ * format, and the 32-bit one with an optional loss mask (mask may be NULL: no mask) and
+ * the sequence length its tokens were packed to (0: none). */
 int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens);
-int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens);
+int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens, int seq_len);
 
 /* A memory-mapped, validated shard: tokens (16-bit) or tokens32 (32-bit) is set. */
 typedef struct strata_shard {
@@ -49,6 +52,7 @@ typedef struct strata_shard {
     const uint16_t *tokens;
     const uint32_t *tokens32;
     const uint8_t *mask; /* NULL: every token learned */
+    int seq_len;         /* the length its sequences were packed to; 0: not packed */
     size_t n_tokens;
     void *map;
     size_t map_bytes;
@@ -108,14 +112,15 @@ int strata_prepare_write_tokenizer(const char *dir, const struct strata_bpe *tk)
 
 /* The shards of one split ("train", "val") as they fill, in dir: <prefix>_NNNNNN.bin of
  * at most max_tokens each, llm.c's uint16 format unless wide (32-bit) or masked (32-bit
- * with a loss mask). With `overlap`, each shard after the first begins with the last
- * token of the one before: for sequences packed T tokens apart (io/jsonl.c), a shard of
- * k*T + 1 tokens then holds k whole chunks and none crosses into the next shard. */
+ * with a loss mask). With sequences packed seq_len tokens apart (io/jsonl.c; 0: not
+ * packed), each shard after the first begins with the last token of the one before, so a
+ * shard of k*seq_len + 1 tokens holds k whole chunks and none crosses into the next shard;
+ * the shards record seq_len (32-bit ones only: pass wide or masked with it). */
 typedef struct strata_shard_sink {
     char out_dir[1024];
     const char *prefix;
     size_t max_tokens;
-    int wide, masked, overlap;
+    int wide, masked, seq_len;
     uint16_t *buf16;
     uint32_t *buf32;
     uint8_t *mask;
@@ -125,17 +130,19 @@ typedef struct strata_shard_sink {
     size_t learned; /* of those, learned (masked: mask 1; else all) */
 } strata_shard_sink;
 void strata_shard_sink_init(strata_shard_sink *s, const char *dir, const char *prefix, size_t max_tokens, int wide,
-                            int masked, int overlap);
+                            int masked, int seq_len);
 /* Appends n ids with their mask bytes (mask NULL: every one learned). */
 int strata_shard_sink_push(strata_shard_sink *s, const int32_t *ids, const uint8_t *mask, size_t n);
-/* Writes what is left (with overlap, a last shard of the carried token alone is not
+/* Writes what is left (packed, a last shard of the carried token alone is not
  * written: it holds no chunk) and frees the buffers; free alone on a failure path. */
 int strata_shard_sink_finish(strata_shard_sink *s);
 void strata_shard_sink_free(strata_shard_sink *s);
 
-/* Whether the shards matching glob_pattern hold 32-bit tokens: *wide = 1 if any does, 0 if
- * every one is llm.c's uint16. -1 (error set) when none matches or one is not a shard. */
-int strata_shards_wide(const char *glob_pattern, int *wide);
+/* What the shards matching glob_pattern hold, from their headers: *wide = 1 if any holds
+ * 32-bit tokens, 0 if every one is llm.c's uint16; *seq_len the length their sequences
+ * were packed to (0: none is packed; -1 when two shards disagree). -1 (error set) when
+ * none matches or one is not a shard. */
+int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len);
 
 typedef struct strata_loader {
     strata_shard *shards;

@@ -287,8 +287,8 @@ static int fill(void *ctx, const char *dir) {
     /* shards of k whole sequences and the token after them */
     size_t k = o->max_shard_tokens > 1 ? (o->max_shard_tokens - 1) / (size_t)o->seq_len : 1;
     if (k < 1) k = 1;
-    strata_shard_sink_init(&j->train.sink, dir, "train", k * (size_t)o->seq_len + 1, 1, 1, 1);
-    strata_shard_sink_init(&j->val.sink, dir, "val", k * (size_t)o->seq_len + 1, 1, 1, 1);
+    strata_shard_sink_init(&j->train.sink, dir, "train", k * (size_t)o->seq_len + 1, 1, 1, o->seq_len);
+    strata_shard_sink_init(&j->val.sink, dir, "val", k * (size_t)o->seq_len + 1, 1, 1, o->seq_len);
     int rc = 0;
     for (int i = 0; i < o->n_files && !rc; i++) rc = one_file(j, o->files[i]);
     if (!rc) rc = pack_finish(&j->train);

@@ -20,7 +20,8 @@
  * part keeps the tokens before it within its sequence's window, and no token of it is
  * lost) or dropped. A sequence's last target is the next sequence's first token: the
  * shards overlap by that one token (strata_shard_sink's overlap), so the loader's chunks
- * are exactly the packed sequences; training must use the same seq_len.
+ * are exactly the packed sequences. The shards record seq_len, and the loader refuses to
+ * read sequences of another length from them.
  *
  * The last val_fraction of each file's examples (by line) go to val shards, the rest to
  * train. A malformed line (not JSON, invalid UTF-8, not an object, a field missing, not a

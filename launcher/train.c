@@ -371,13 +371,30 @@ static int load_config(trainer *t) {
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets)) goto refuse;
     where = cfg->path[0] ? cfg->path : "<built-in>";
     /* said now, not after the plan is allocated: llm.c's uint16 shards cannot hold the ids
-     * of a vocabulary past 65536 (a data.train that names no shard is open_data's to say) */
-    int wide = 1;
-    if (cfg->model.vocab_size > 65536 && strata_shards_wide(cfg->data.train, &wide) == 0 && !wide) {
-        strata_fail("model.vocab_size is %d, but the shards of data.train (%s) hold uint16 tokens (at most 65536 ids), "
-                    "so they were made for another vocabulary; `strata prepare --tokenizer` with the model's tokenizer "
-                    "writes 32-bit shards", cfg->model.vocab_size, cfg->data.train);
-        goto refuse;
+     * of a vocabulary past 65536, and examples packed into sequences of one length would be
+     * cut across by chunks of another (a data.train that names no shard, or a bad shard, is
+     * open_data's to say) */
+    for (int split = 0; split < 2; split++) {
+        const char *key = split ? "data.val" : "data.train", *glob = split ? cfg->data.val : cfg->data.train;
+        int wide = 1, packed = 0, T = strata_config_seq_len(cfg);
+        if (!glob[0] || strata_shards_info(glob, &wide, &packed)) continue;
+        if (!split && cfg->model.vocab_size > 65536 && !wide) {
+            strata_fail("model.vocab_size is %d, but the shards of data.train (%s) hold uint16 tokens (at most 65536 "
+                        "ids), so they were made for another vocabulary; `strata prepare --tokenizer` with the model's "
+                        "tokenizer writes 32-bit shards", cfg->model.vocab_size, cfg->data.train);
+            goto refuse;
+        }
+        if (packed < 0) {
+            strata_fail("the shards of %s (%s) were packed into sequences of different lengths (strata prepare --jsonl "
+                        "--seq-len): prepare them again with one --seq-len", key, glob);
+            goto refuse;
+        }
+        if (packed && packed != T) {
+            strata_fail("the shards of %s (%s) hold examples packed into sequences of %d tokens (strata prepare --jsonl "
+                        "--seq-len %d), but the run reads sequences of %d (train.seq_len, else model.seq_len): set "
+                        "train.seq_len=%d, or prepare again with --seq-len %d", key, glob, packed, packed, T, packed, T);
+            goto refuse;
+        }
     }
     if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
     where = NULL;

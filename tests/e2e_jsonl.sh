@@ -12,7 +12,8 @@
 #  - `strata sample --chat` writes the prompt in the run's chat format and generates after
 #    it; `strata export` ships the chat template, so transformers' apply_chat_template gives
 #    the ids the run trained on, and AutoModelForCausalLM loads the model;
-#  - a vocabulary past 65536 on llm.c's uint16 shards is refused at start (exit 2).
+#  - a vocabulary past 65536 on llm.c's uint16 shards, and a train.seq_len other than the
+#    --seq-len the examples were packed to, are refused at start (exit 2).
 # Needs `tokenizers` (transformers and torch for the export checks, which are skipped
 # without them, saying so): the Python is $STRATA_PYTHON, else launcher/python-env.sh's
 # venv, else python3; exits 77 (skip), saying why, without it or without the corpus.
@@ -75,6 +76,10 @@ for r in $runs; do
       fail "$r step $step: learned_tokens $(field "$r" $step learned_tokens) vs $(field runs/w1 $step learned_tokens)"
   done
 done
+[ "$(code "$S" train chat.yaml --set train.seq_len=32 --set run.dir=runs/t32)" = 2 ] &&
+  grep -q "hold examples packed into sequences of 64 tokens (strata prepare --jsonl --seq-len 64), but the run reads sequences of 32" out.txt &&
+  [ ! -e runs/t32/metrics.jsonl ] || fail "train.seq_len 32 on shards packed to 64 should exit 2 naming both: $(cat out.txt)"
+pass "train.seq_len 32 on shards packed to 64: refused at start (exit 2), naming both lengths"
 learned=$(field runs/w1 1 learned_tokens)
 [ "$learned" -gt 0 ] && [ "$learned" -lt 256 ] || fail "step 1 learned $learned of 256 tokens"
 pass "losses and validation losses of world 1, ${runs// / and } agree within 1e-6; $learned of 256 tokens learned in step 1"

@@ -126,7 +126,7 @@ static void test_shard32(void) {
     }
     strata_shard sh;
     tpath(p, "wide.bin");
-    CHECK(strata_shard_write32(p, tok, NULL, 300) == 0, "shard_write32 without a mask");
+    CHECK(strata_shard_write32(p, tok, NULL, 300, 0) == 0, "shard_write32 without a mask");
     struct stat st;
     CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 1200, "32-bit shard is 1024 + 4*300 bytes");
     CHECK(strata_shard_open(&sh, p) == 0 && sh.tokens32 && !sh.tokens && !sh.mask && sh.n_tokens == 300 &&
@@ -134,7 +134,7 @@ static void test_shard32(void) {
           "32-bit tokens read back, no mask");
     strata_shard_close(&sh);
     tpath(p, "masked.bin");
-    CHECK(strata_shard_write32(p, tok, mask, 300) == 0, "shard_write32 with a mask");
+    CHECK(strata_shard_write32(p, tok, mask, 300, 0) == 0, "shard_write32 with a mask");
     CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 1500, "masked shard is 1024 + 5*300 bytes");
     CHECK(strata_shard_open(&sh, p) == 0 && sh.mask && memcmp(sh.mask, mask, 300) == 0 &&
               memcmp(sh.tokens32, tok, sizeof tok) == 0,
@@ -184,16 +184,17 @@ static void test_loader_masked(void) {
         mask[i] = (uint8_t)(i % 3 != 0);
     }
     snprintf(p, sizeof p, "%s/train_000000.bin", dir);
-    CHECK(strata_shard_write32(p, tok, mask, 13) == 0, "masked shard written");
+    CHECK(strata_shard_write32(p, tok, mask, 13, 0) == 0, "masked shard written");
     /* shard 1: llm.c's uint16, no mask: 5 tokens, 1 chunk, every target learned */
     uint16_t small[5] = {1, 2, 3, 4, 5};
     snprintf(p, sizeof p, "%s/train_000001.bin", dir);
     CHECK(strata_shard_write(p, small, 5) == 0, "16-bit shard written beside it");
     snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
-    int wide = -1;
-    CHECK(strata_shards_wide(pat, &wide) == 0 && wide == 1, "strata_shards_wide: one 32-bit shard makes the set wide");
+    int wide = -1, packed = -1;
+    CHECK(strata_shards_info(pat, &wide, &packed) == 0 && wide == 1 && packed == 0,
+          "strata_shards_info: one 32-bit shard makes the set wide; none is packed");
     snprintf(p, sizeof p, "%s/train_000001.bin", dir);
-    CHECK(strata_shards_wide(p, &wide) == 0 && wide == 0, "strata_shards_wide: llm.c's shard alone is not");
+    CHECK(strata_shards_info(p, &wide, &packed) == 0 && wide == 0, "strata_shards_info: llm.c's shard alone is not wide");
     strata_loader L;
     CHECK(strata_loader_open(&L, pat, 4, 128256, 0, 0) == 0 && L.n_chunks == 4 && L.has_mask,
           "a vocabulary of 128256 opens on 32-bit shards, with a mask");
@@ -223,7 +224,7 @@ static void test_loader_masked(void) {
 
     mask[6] = 7;
     snprintf(p, sizeof p, "%s/train_000000.bin", dir);
-    CHECK(strata_shard_write32(p, tok, mask, 13) == 0, "a shard with a corrupt mask byte");
+    CHECK(strata_shard_write32(p, tok, mask, 13, 0) == 0, "a shard with a corrupt mask byte");
     CHECK(strata_loader_open(&L, pat, 4, 128256, 0, 0) == 0, "opens (masks are checked as read)");
     CHECK(strata_loader_count_learned(&L, 1, 1, &n) != 0, "the count refuses mask byte 7");
     snprintf(msg, sizeof msg, "%s/train_000000.bin: mask byte 7 at position 6 is neither 0 nor 1 (a corrupt shard?)",
@@ -251,7 +252,7 @@ static void test_sink_overlap(void) {
         mask[i] = (uint8_t)(i % 2);
     }
     strata_shard_sink s;
-    strata_shard_sink_init(&s, dir, "train", 2 * T + 1, 0, 1, 1);
+    strata_shard_sink_init(&s, dir, "train", 2 * T + 1, 0, 1, T);
     CHECK(strata_shard_sink_push(&s, ids, mask, 10) == 0 && strata_shard_sink_push(&s, ids + 10, mask + 10, SEQ * T + 1 - 10) == 0 &&
               strata_shard_sink_finish(&s) == 0,
           "7 sequences of 4 (+1) through a sink of 2-sequence shards");
@@ -272,6 +273,36 @@ static void test_sink_overlap(void) {
         }
     CHECK(ok, "sequence g is stream tokens [gT, gT+T], across every shard boundary");
     strata_loader_close(&L);
+
+    /* the shards record the length they were packed to, and refuse to be read in another */
+    int wide = 0, packed = 0;
+    CHECK(strata_shards_info(pat, &wide, &packed) == 0 && wide && packed == T, "every shard records seq_len %d (got %d)",
+          T, packed);
+    char first[1200], msg[2048];
+    snprintf(first, sizeof first, "%s/train_000000.bin", dir);
+    CHECK(strata_loader_open(&L, pat, 2 * T, 200000, 0, 0) == -1, "sequences of 2T from shards packed to T refused");
+    snprintf(msg, sizeof msg, "%s: its examples were packed into sequences of 4 tokens (strata prepare --jsonl --seq-len "
+             "4), but sequences of 8 are read from it: train with train.seq_len 4, or prepare again with --seq-len 8",
+             first);
+    CHECK(error_is(msg), "the refusal names the shard and both lengths");
+    uint32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    snprintf(first, sizeof first, "%s/other_000000.bin", dir);
+    CHECK(strata_shard_write32(first, tok, NULL, 9, 2) == 0, "a shard packed to 2");
+    snprintf(pat, sizeof pat, "%s/*_000000.bin", dir);
+    CHECK(strata_shards_info(pat, &wide, &packed) == 0 && packed == -1, "shards packed to 2 and to 4: -1 (got %d)", packed);
+    CHECK(strata_shard_write32(first, tok, NULL, 9, -1) != 0, "a negative packed length is not written");
+    int32_t header[256] = {0};
+    header[0] = STRATA_SHARD_MAGIC;
+    header[1] = STRATA_SHARD_VERSION_32;
+    header[2] = 9;
+    header[4] = -3;
+    FILE *f = fopen(first, "wb");
+    CHECK(f && fwrite(header, sizeof header, 1, f) == 1 && fwrite(tok, sizeof tok, 1, f) == 1 && fclose(f) == 0,
+          "a shard whose header[4] is -3");
+    strata_shard sh;
+    CHECK(strata_shard_open(&sh, first) != 0, "a negative packed length refused");
+    snprintf(msg, sizeof msg, "%s: header[4], the packed sequence length, is -3 (negative; corrupt header)", first);
+    CHECK(error_is(msg), "its message names header[4]");
 }
 
 /* Two hand-built llm.c shards, created in reverse name order to check the glob is sorted:

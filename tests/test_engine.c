@@ -342,7 +342,7 @@ int main(int argc, char **argv) {
             mk[i] = (uint8_t)(i % 16 > strata_hash64(i / 16) % 14); /* a masked "prompt" of 0-13 tokens a sequence */
         }
         snprintf(mpath, sizeof mpath, "%s/masked_000000.bin", dir);
-        if (strata_shard_write32(mpath, mt, mk, n_m)) return 1;
+        if (strata_shard_write32(mpath, mt, mk, n_m, 0)) return 1;
         free(mt);
         free(mk);
         snprintf(plain_glob, sizeof plain_glob, "%s", data_glob);
