@@ -32,6 +32,8 @@ enum {
                            * projections and its untied head */
 };
 
+struct strata_adamw_segment; /* core/optim.h */
+
 /* AdamW hyperparameters for one update; bias corrections are precomputed by the caller
  * (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t) so every backend does identical arithmetic. */
 typedef struct strata_adamw_args {
@@ -119,6 +121,23 @@ struct strata_kernels {
      *   master -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * master) */
     void (*adamw)(strata_stream *s, float *master, void *param_out, const float *grad, float *m,
                   float *v, size_t n, const strata_adamw_args *a);
+    /* The same update with the moments stored as bf16 (optim.state: bf16): m and v are read
+     * widened to fp32 (exact), updated as above, and written back rounded to nearest even
+     * (strata_f32_to_bf16); the master update uses the fp32 m and v before rounding. */
+    void (*adamw_bf16)(strata_stream *s, float *master, void *param_out, const float *grad, uint16_t *m,
+                       uint16_t *v, size_t n, const strata_adamw_args *a);
+    /* The same update with 8-bit moments (optim.state: int8; core/quant.h), over elements
+     * [0, n) of a range that starts on a STRATA_Q8_BLOCK boundary: m1 and m2 are the codes of
+     * m (signed map) and v (unsigned map), absmax1 and absmax2 each block's absmax, ceil(n /
+     * 2048) of them. Only the segments with `quant` set are touched (seg[i].lo relative to the
+     * range; their weight decay a->weight_decay where seg[i].decay, else 0); block by block:
+     *   m, v = map[code] * absmax (the block's old absmax);  the AdamW step above, in fp32;
+     *   absmax = max |m| (max v) over the block's quantized elements;  code = nearest(m / absmax)
+     * The segments without `quant` (fp32 moments) are the adamw kernel's, on their packed
+     * arrays; together they update the whole range. */
+    void (*adamw_q8)(strata_stream *s, float *master, void *param_out, const float *grad, uint8_t *m1,
+                     uint8_t *m2, float *absmax1, float *absmax2, size_t n, const struct strata_adamw_segment *seg,
+                     int n_seg, const strata_adamw_args *a);
 
     /* *out += sum of x[i]^2 (fp32 x; accumulated in double on the CPU) */
     void (*sumsq)(strata_stream *s, double *out, const float *x, size_t n);

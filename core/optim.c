@@ -4,6 +4,17 @@
 #include <math.h>
 
 #include "core/common.h"
+#include "core/quant.h"
+
+const char *strata_optim_state_name(strata_optim_state s) {
+    return s == STRATA_OPTIM_STATE_INT8 ? "int8" : s == STRATA_OPTIM_STATE_BF16 ? "bf16" : "fp32";
+}
+
+size_t strata_optim_moment_bytes(strata_optim_state s) {
+    return s == STRATA_OPTIM_STATE_INT8 ? 1 : s == STRATA_OPTIM_STATE_BF16 ? 2 : 4;
+}
+
+int strata_q8_small_tensor(size_t numel) { return numel < STRATA_Q8_MIN_NUMEL; }
 
 double strata_lr_at(const strata_optim_settings *o, int64_t total_steps, int64_t step) {
     double lr = o->lr, min_lr = o->min_lr;
@@ -32,27 +43,45 @@ strata_adamw_args strata_adamw_args_at(const strata_optim_settings *o, int64_t t
     };
 }
 
-int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
-                          strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS]) {
+int strata_adamw_segments_for(const strata_model *m, int u, size_t lo, size_t n, strata_optim_state state,
+                              strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS]) {
     const strata_unit *unit = &m->units[u];
-    size_t hi = lo + n, pos = lo;
+    size_t hi = lo + n, pos = lo, small = 0;
     int k = 0;
     while (pos < hi) {
         size_t end = hi;
-        int decay = 0;
+        int decay = 0, quant = state == STRATA_OPTIM_STATE_INT8; /* the padding: quantized, and 0 */
         for (int i = 0; i < unit->n_tensors; i++) {
             const strata_param_tensor *t = &m->tensors[unit->first_tensor + i];
             if (pos >= t->offset && pos < t->offset + t->numel) {
                 end = t->offset + t->numel < hi ? t->offset + t->numel : hi;
                 decay = m->decay[unit->first_tensor + i];
+                quant = quant && !strata_q8_small_tensor(t->numel);
                 break;
             }
         }
         STRATA_ASSERT(k < STRATA_ADAMW_MAX_SEGMENTS);
-        seg[k++] = (strata_adamw_segment){pos - lo, end - pos, decay};
+        int fp32_small = state == STRATA_OPTIM_STATE_INT8 && !quant;
+        seg[k++] = (strata_adamw_segment){pos - lo, end - pos, decay, quant, fp32_small ? small : 0};
+        if (fp32_small) small += end - pos;
         pos = end;
     }
     return k;
+}
+
+int strata_adamw_segments(const strata_model *m, int u, size_t lo, size_t n,
+                          strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS]) {
+    return strata_adamw_segments_for(m, u, lo, n, STRATA_OPTIM_STATE_FP32, seg);
+}
+
+size_t strata_adamw_small_count(const strata_model *m, int u, size_t lo, size_t n, strata_optim_state state) {
+    if (state != STRATA_OPTIM_STATE_INT8) return 0;
+    strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
+    int k = strata_adamw_segments_for(m, u, lo, n, state, seg);
+    size_t small = 0;
+    for (int i = 0; i < k; i++)
+        if (!seg[i].quant) small += seg[i].n;
+    return small;
 }
 
 void strata_split_units(const size_t *n, int count, double faster_share, unsigned char *slower) {

@@ -30,6 +30,7 @@
 #endif
 
 #include "core/common.h"
+#include "core/quant.h"
 #include "offload/cpu_adam.h"
 
 /* Elements per OpenMP work item: 64 KiB of each array, a multiple of every vector width. */
@@ -242,4 +243,217 @@ void strata_cpu_adamw(float *master, void *param_out, strata_dtype out_dtype, co
                       float *m, float *v, size_t n, const strata_adamw_args *a) {
     /* AUTO is always supported, so this cannot fail */
     STRATA_IGNORE(strata_cpu_adamw_ex(STRATA_ISA_AUTO, 0, master, param_out, out_dtype, grad, m, v, n, a));
+}
+
+/* ---- bf16 moments ---- */
+
+/* Elements per widened piece: the fp32 copies of m and v live on the stack. */
+#define WIDE_PIECE 512
+
+static size_t out_bytes(strata_dtype out_dtype) { return out_dtype == STRATA_BF16 ? 2 : 4; }
+
+/* [i0, i1) a piece at a time: m and v widened (exact), the ISA's fp32 span over the
+ * copies, rounded back to nearest even. */
+static void bf16_span(adam_span_fn fn, float *master, void *out, strata_dtype out_dtype, const float *grad,
+                      uint16_t *m, uint16_t *v, size_t i0, size_t i1, const strata_adamw_args *a) {
+    float tm[WIDE_PIECE], tv[WIDE_PIECE];
+    for (size_t j0 = i0; j0 < i1; j0 += WIDE_PIECE) {
+        size_t nb = i1 - j0 < WIDE_PIECE ? i1 - j0 : WIDE_PIECE;
+        for (size_t i = 0; i < nb; i++) {
+            tm[i] = strata_bf16_to_f32(m[j0 + i]);
+            tv[i] = strata_bf16_to_f32(v[j0 + i]);
+        }
+        fn(master + j0, out ? (char *)out + j0 * out_bytes(out_dtype) : NULL, out_dtype, grad + j0, tm, tv, 0, nb, a);
+        for (size_t i = 0; i < nb; i++) {
+            m[j0 + i] = strata_f32_to_bf16(tm[i]);
+            v[j0 + i] = strata_f32_to_bf16(tv[i]);
+        }
+    }
+}
+
+/* The ISA and thread count as strata_cpu_adamw_ex resolves them; -1 when the ISA cannot run. */
+static int resolve(strata_cpu_isa *isa, int n_threads, size_t n, size_t item, size_t *items) {
+    if (*isa == STRATA_ISA_AUTO) *isa = strata_cpu_isa_auto();
+    if (!strata_cpu_isa_supported(*isa))
+        return strata_fail("cpu adamw: ISA %s is not supported by this CPU or build", strata_cpu_isa_name(*isa));
+    *items = (n + item - 1) / item;
+    int nt = 1;
+#ifdef _OPENMP
+    nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+#endif
+    if (n < ADAM_PAR_MIN) nt = 1;
+    if ((size_t)nt > *items) nt = (int)*items;
+    return nt < 1 ? 1 : nt;
+}
+
+int strata_cpu_adamw_bf16_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out, strata_dtype out_dtype,
+                             const float *grad, uint16_t *m, uint16_t *v, size_t n, const strata_adamw_args *a) {
+    size_t chunks;
+    int nt = resolve(&isa, n_threads, n, ADAM_CHUNK, &chunks);
+    if (nt < 0) return -1;
+    adam_span_fn fn = span_fn(isa);
+    if (nt <= 1) {
+        if (n) bf16_span(fn, master, param_out, out_dtype, grad, m, v, 0, n, a);
+        return 0;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t i0 = c * ADAM_CHUNK, i1 = i0 + ADAM_CHUNK < n ? i0 + ADAM_CHUNK : n;
+        bf16_span(fn, master, param_out, out_dtype, grad, m, v, i0, i1, a);
+    }
+    return 0;
+}
+
+void strata_cpu_adamw_bf16(float *master, void *param_out, strata_dtype out_dtype, const float *grad, uint16_t *m,
+                           uint16_t *v, size_t n, const strata_adamw_args *a) {
+    /* AUTO is always supported, so this cannot fail */
+    STRATA_IGNORE(strata_cpu_adamw_bf16_ex(STRATA_ISA_AUTO, 0, master, param_out, out_dtype, grad, m, v, n, a));
+}
+
+/* ---- 8-bit moments ---- */
+
+/* The nearest code of core/quant.h from a table instead of 8 dependent comparisons: the key is
+ * a value's top 16 bits (sign, exponent, 7 fraction bits), its magnitude clamped to
+ * [Q8_KEY_LO, Q8_KEY_HI] (2^-24, below which every value sits between the same two midpoints,
+ * to 1, above which none is). base[key] is the code of the smallest value with that key; at
+ * most two midpoints lie among the key's values (checked when the table is built: the
+ * midpoints closest together, near 1 in the unsigned map, are 0.0035 apart, a key there
+ * spans 0.0039), so code = base + the number of mid[base], mid[base + 1] below the value. */
+#define Q8_KEY_LO 0x3380u
+#define Q8_KEY_HI 0x3F80u
+#define Q8_KEYS (Q8_KEY_HI - Q8_KEY_LO + 1)
+
+typedef struct q8_lut {
+    const strata_q8_map *q;
+    float mid[257]; /* the map's 255 midpoints, then +inf twice: base + 1 is always in range */
+    uint8_t base[2 * Q8_KEYS];
+} q8_lut;
+
+static q8_lut luts[2]; /* signed, unsigned */
+static pthread_once_t luts_once = PTHREAD_ONCE_INIT;
+
+static float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The number of midpoints below x (or at most x). */
+static unsigned count_below(const strata_q8_map *q, float x, int or_equal) {
+    unsigned c = 0;
+    while (c < 255 && (q->mid[c] < x || (or_equal && q->mid[c] == x))) c++;
+    return c;
+}
+
+static void build_lut(q8_lut *L, const strata_q8_map *q) {
+    L->q = q;
+    memcpy(L->mid, q->mid, sizeof q->mid);
+    L->mid[255] = L->mid[256] = INFINITY;
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t k = 0; k < Q8_KEYS; k++) {
+            uint32_t key = Q8_KEY_LO + k;
+            /* the key's magnitudes [lo, top] (the clamped ends reach 0 and infinity), in
+             * ascending order [first, last]: [lo, top] when positive, [-top, -lo] when negative */
+            float lo = k == 0 ? 0.0f : float_of(key << 16);
+            float top = key == Q8_KEY_HI ? INFINITY : float_of(((key + 1) << 16) - 1);
+            float first = sign ? -top : lo, last = sign ? -lo : top;
+            unsigned b = count_below(q, first, 0);
+            STRATA_ASSERT(count_below(q, last, 1) - b <= 2);
+            L->base[sign * Q8_KEYS + k] = (uint8_t)b;
+        }
+}
+
+static void build_luts(void) {
+    build_lut(&luts[0], strata_q8_signed());
+    build_lut(&luts[1], strata_q8_unsigned());
+}
+
+static inline uint8_t lut_code(const q8_lut *L, float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0; /* NaN: no midpoint is below it */
+    uint32_t mag = (u >> 16) & 0x7fffu;
+    mag = mag < Q8_KEY_LO ? Q8_KEY_LO : mag > Q8_KEY_HI ? Q8_KEY_HI : mag;
+    unsigned b = L->base[(u >> 31) * Q8_KEYS + (mag - Q8_KEY_LO)];
+    return (uint8_t)(b + (L->mid[b] < x) + (L->mid[b + 1] < x));
+}
+
+uint8_t strata_cpu_q8_code(int is_signed, float x) {
+    pthread_once(&luts_once, build_luts);
+    return lut_code(&luts[is_signed ? 0 : 1], x);
+}
+
+static void lut_quantize(const q8_lut *L, const float *x, size_t n, float absmax, uint8_t *code) {
+    if (!(absmax > 0.0f)) {
+        uint8_t zero = lut_code(L, 0.0f);
+        memset(code, zero, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) code[i] = lut_code(L, x[i] / absmax);
+}
+
+/* One block [b0, b1) of the range: core/cpu/kernels_cpu.c's adamw_q8_block with the ISA's span
+ * and the table's codes. */
+static void q8_block(adam_span_fn fn, float *master, void *out, strata_dtype out_dtype, const float *grad, uint8_t *c1,
+                     uint8_t *c2, float *absmax1, float *absmax2, size_t b0, size_t b1, const strata_adamw_segment *seg,
+                     int n_seg, const strata_adamw_args *a) {
+    const q8_lut *ls = &luts[0], *lu = &luts[1];
+    float tm[STRATA_Q8_BLOCK], tv[STRATA_Q8_BLOCK];
+    size_t blk = b0 / STRATA_Q8_BLOCK;
+    float old1 = absmax1[blk], old2 = absmax2[blk], new1 = 0.0f, new2 = 0.0f;
+    void *out_b0 = out ? (char *)out + b0 * out_bytes(out_dtype) : NULL;
+    for (int i = 0; i < n_seg; i++) {
+        size_t lo = seg[i].lo > b0 ? seg[i].lo : b0, hi = seg[i].lo + seg[i].n < b1 ? seg[i].lo + seg[i].n : b1;
+        if (!seg[i].quant || lo >= hi) continue;
+        strata_adamw_args sa = *a;
+        if (!seg[i].decay) sa.weight_decay = 0.0f;
+        const float *vs = ls->q->value, *vu = lu->q->value;
+        for (size_t j = lo; j < hi; j++) {
+            tm[j - b0] = vs[c1[j]] * old1;
+            tv[j - b0] = vu[c2[j]] * old2;
+        }
+        fn(master + b0, out_b0, out_dtype, grad + b0, tm, tv, lo - b0, hi - b0, &sa);
+        for (size_t j = lo - b0; j < hi - b0; j++) {
+            float y1 = fabsf(tm[j]), y2 = fabsf(tv[j]);
+            new1 = y1 > new1 ? y1 : new1; /* a NaN compares false: ignored, as core/quant.c does */
+            new2 = y2 > new2 ? y2 : new2;
+        }
+    }
+    absmax1[blk] = new1;
+    absmax2[blk] = new2;
+    for (int i = 0; i < n_seg; i++) {
+        size_t lo = seg[i].lo > b0 ? seg[i].lo : b0, hi = seg[i].lo + seg[i].n < b1 ? seg[i].lo + seg[i].n : b1;
+        if (!seg[i].quant || lo >= hi) continue;
+        lut_quantize(ls, tm + (lo - b0), hi - lo, new1, c1 + lo);
+        lut_quantize(lu, tv + (lo - b0), hi - lo, new2, c2 + lo);
+    }
+}
+
+/* Blocks per OpenMP work item: 16384 elements, as the fp32 path's chunks. */
+#define Q8_ITEM_BLOCKS (ADAM_CHUNK / STRATA_Q8_BLOCK)
+
+int strata_cpu_adamw_q8_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out, strata_dtype out_dtype,
+                           const float *grad, uint8_t *m1, uint8_t *m2, float *absmax1, float *absmax2, size_t n,
+                           const strata_adamw_segment *seg, int n_seg, const strata_adamw_args *a) {
+    size_t items;
+    int nt = resolve(&isa, n_threads, n, ADAM_CHUNK, &items);
+    if (nt < 0) return -1;
+    pthread_once(&luts_once, build_luts);
+    adam_span_fn fn = span_fn(isa);
+    size_t blocks = strata_q8_blocks(n);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (size_t c = 0; c < items; c++)
+        for (size_t b = c * Q8_ITEM_BLOCKS; b < (c + 1) * Q8_ITEM_BLOCKS && b < blocks; b++) {
+            size_t b0 = b * STRATA_Q8_BLOCK, b1 = b0 + STRATA_Q8_BLOCK < n ? b0 + STRATA_Q8_BLOCK : n;
+            q8_block(fn, master, param_out, out_dtype, grad, m1, m2, absmax1, absmax2, b0, b1, seg, n_seg, a);
+        }
+    return 0;
+}
+
+void strata_cpu_adamw_q8(float *master, void *param_out, strata_dtype out_dtype, const float *grad, uint8_t *m1,
+                         uint8_t *m2, float *absmax1, float *absmax2, size_t n, const strata_adamw_segment *seg,
+                         int n_seg, const strata_adamw_args *a) {
+    /* AUTO is always supported, so this cannot fail */
+    STRATA_IGNORE(strata_cpu_adamw_q8_ex(STRATA_ISA_AUTO, 0, master, param_out, out_dtype, grad, m1, m2, absmax1,
+                                         absmax2, n, seg, n_seg, a));
 }

@@ -24,9 +24,11 @@
 #define STRATA_CPU_ADAM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/device.h"
 #include "core/kernels.h"
+#include "core/optim.h"
 
 typedef enum strata_cpu_isa {
     STRATA_ISA_AUTO = 0, /* the widest the CPU supports, capped by STRATA_CPU_ADAM_ISA */
@@ -47,6 +49,31 @@ void strata_cpu_adamw(float *master, void *param_out, strata_dtype out_dtype, co
 int strata_cpu_adamw_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out,
                         strata_dtype out_dtype, const float *grad, float *m, float *v, size_t n,
                         const strata_adamw_args *a);
+
+/* The same update with bf16 moments (optim.state: bf16): strata_kernels.adamw_bf16 bit for bit
+ * (m and v widened, the fp32 step above, rounded back to nearest even). */
+void strata_cpu_adamw_bf16(float *master, void *param_out, strata_dtype out_dtype, const float *grad, uint16_t *m,
+                           uint16_t *v, size_t n, const strata_adamw_args *a);
+int strata_cpu_adamw_bf16_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out, strata_dtype out_dtype,
+                             const float *grad, uint16_t *m, uint16_t *v, size_t n, const strata_adamw_args *a);
+
+/* The same update with 8-bit moments (optim.state: int8; core/quant.h): strata_kernels.adamw_q8
+ * bit for bit, over elements [0, n) of a range that starts on a block boundary, touching
+ * only the segments with `quant` set. Each block is dequantized into fp32, stepped by the
+ * vectorised kernel above, and quantized back; the nearest code comes from a table keyed by
+ * the value's top 16 bits (at most two midpoints fall in one key's interval, checked when
+ * the table is built), which gives exactly core/quant.h's binary search. */
+void strata_cpu_adamw_q8(float *master, void *param_out, strata_dtype out_dtype, const float *grad, uint8_t *m1,
+                         uint8_t *m2, float *absmax1, float *absmax2, size_t n, const strata_adamw_segment *seg,
+                         int n_seg, const strata_adamw_args *a);
+int strata_cpu_adamw_q8_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out, strata_dtype out_dtype,
+                           const float *grad, uint8_t *m1, uint8_t *m2, float *absmax1, float *absmax2, size_t n,
+                           const strata_adamw_segment *seg, int n_seg, const strata_adamw_args *a);
+
+/* The code strata_cpu_adamw_q8 gives x (already divided by its absmax) under the signed map
+ * (first moment) or the unsigned one, from its table: tests hold it to core/quant.h's
+ * strata_q8_code. */
+uint8_t strata_cpu_q8_code(int is_signed, float x);
 
 /* 1 when this CPU (and this build) can run the path. */
 int strata_cpu_isa_supported(strata_cpu_isa isa);

@@ -2,7 +2,10 @@
  * kernel (strata_kernels_cpu.adamw, then its convert for bf16) on every ISA path, for
  * odd sizes, unaligned pointers, 1-3 threads and several steps with gradient scaling,
  * weight decay and inf/NaN gradients; bf16 rounding is checked against hand-worked bit
- * patterns. Ends with an informational throughput table. */
+ * patterns. The same for bf16 moments (adamw_bf16) and 8-bit moments (adamw_q8: master,
+ * codes and absmax, on ranges of quantized and fp32 segments), and the 8-bit path's code
+ * table against core/quant.h's binary search around every midpoint and table key. Ends
+ * with an informational throughput table. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +18,8 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/kernels.h"
+#include "core/optim.h"
+#include "core/quant.h"
 #include "offload/cpu_adam.h"
 #include "tests/check.h"
 
@@ -181,6 +186,99 @@ static void test_bf16_rounding(strata_cpu_isa isa) {
           strata_cpu_isa_name(isa));
 }
 
+/* bf16 and 8-bit moments: 3 steps of the ISA path against the reference kernels. The 8-bit
+ * range is cut into segments as a unit is: quantized pieces with and without decay, fp32
+ * pieces (left to the fp32 kernel, so untouched here) and a trailing stretch in none. */
+static void compare_moments(strata_cpu_isa isa, size_t n, int threads, int out, int q8) {
+    float *rw = strata_xcalloc(n + 1, 4), *gw = strata_xcalloc(n + 1, 4), *g = strata_xcalloc(n + 1, 4);
+    float *rout = strata_xcalloc(n + 1, 4), *gout = strata_xcalloc(n + 1, 4);
+    uint16_t *rm = strata_xcalloc(n + 1, 2), *rv = strata_xcalloc(n + 1, 2), *gm = strata_xcalloc(n + 1, 2),
+             *gv = strata_xcalloc(n + 1, 2), *rb = strata_xcalloc(n + 1, 2);
+    uint8_t *rc1 = strata_xcalloc(n + 1, 1), *rc2 = strata_xcalloc(n + 1, 1), *gc1 = strata_xcalloc(n + 1, 1),
+            *gc2 = strata_xcalloc(n + 1, 1);
+    size_t nb = strata_q8_blocks(n) + 1;
+    float *ra1 = strata_xcalloc(nb, 4), *ra2 = strata_xcalloc(nb, 4), *ga1 = strata_xcalloc(nb, 4),
+          *ga2 = strata_xcalloc(nb, 4);
+    memset(rc1, STRATA_Q8_ZERO_SIGNED, n + 1);
+    memset(gc1, STRATA_Q8_ZERO_SIGNED, n + 1);
+    strata_adamw_segment seg[8];
+    int n_seg = 0;
+    size_t cut[] = {0, n / 7, n / 3, n / 3 + 300, n / 2, (n * 4) / 5, n - n / 10};
+    for (int i = 0; i < 6; i++)
+        if (cut[i + 1] > cut[i])
+            seg[n_seg++] = (strata_adamw_segment){cut[i], cut[i + 1] - cut[i], i % 2, i != 2, 0};
+    for (size_t i = 0; i < n; i++) rw[i] = gw[i] = strata_rand_normal(8, 0, i) * 0.05f;
+    strata_dtype odt = out == 2 ? STRATA_BF16 : STRATA_F32;
+    int ok = 1, rc = 0;
+    for (int t = 1; t <= 3; t++) {
+        for (size_t i = 0; i < n; i++) g[i] = strata_rand_normal(9, (uint64_t)t, i) * (i % 1009 == 0 ? 1e3f : 1.0f);
+        if (n > 40) g[n / 2 + 3] = 0.0f;
+        strata_adamw_args a = step_args(t);
+        void *o = out ? gout : NULL;
+        if (q8) {
+            strata_kernels_cpu.adamw_q8(NULL, rw, out ? rout : NULL, g, rc1, rc2, ra1, ra2, n, seg, n_seg, &a);
+            rc |= strata_cpu_adamw_q8_ex(isa, threads, gw, o, odt, g, gc1, gc2, ga1, ga2, n, seg, n_seg, &a);
+            ok &= !memcmp(rc1, gc1, n) && !memcmp(rc2, gc2, n) && !memcmp(ra1, ga1, strata_q8_blocks(n) * 4) &&
+                  !memcmp(ra2, ga2, strata_q8_blocks(n) * 4);
+        } else {
+            strata_kernels_cpu.adamw_bf16(NULL, rw, out ? rout : NULL, g, rm, rv, n, &a);
+            rc |= strata_cpu_adamw_bf16_ex(isa, threads, gw, o, odt, g, gm, gv, n, &a);
+            ok &= !memcmp(rm, gm, n * 2) && !memcmp(rv, gv, n * 2);
+        }
+        ok &= !memcmp(rw, gw, n * 4);
+        if (out == 1) ok &= !memcmp(rout, gout, n * 4);
+        if (out == 2) {
+            strata_kernels_cpu.convert(NULL, rb, STRATA_BF16, rout, STRATA_F32, n);
+            /* only the elements the update wrote (q8 leaves fp32 pieces and the tail alone) */
+            for (int i = 0; i < (q8 ? n_seg : 1); i++) {
+                size_t lo = q8 ? seg[i].lo : 0, len = q8 ? seg[i].n : n;
+                if (!q8 || seg[i].quant) ok &= !memcmp(rb + lo, (uint16_t *)gout + lo, len * 2);
+            }
+        }
+    }
+    CHECK(rc == 0 && ok, "%-6s n=%-7zu threads=%d out=%-4s %s moments: 3 steps bitwise equal to the reference",
+          strata_cpu_isa_name(isa), n, threads, out_name(out), q8 ? "8-bit" : "bf16");
+    free(rw), free(gw), free(g), free(rout), free(gout), free(rm), free(rv), free(gm), free(gv), free(rb);
+    free(rc1), free(rc2), free(gc1), free(gc2), free(ra1), free(ra2), free(ga1), free(ga2);
+}
+
+/* The 8-bit path's table against the binary search: around every midpoint and every key
+ * boundary of the table (2^-24 .. 1, both signs), at the ends, and on random values. */
+static void test_q8_table(void) {
+    size_t tried = 0, wrong = 0;
+    for (int s = 0; s < 2; s++) {
+        const strata_q8_map *q = s ? strata_q8_signed() : strata_q8_unsigned();
+        for (int k = 0; k < 255; k++)
+            for (int d = -16; d <= 16; d++) {
+                uint32_t u;
+                memcpy(&u, &q->mid[k], 4);
+                float x = f_from_bits(u + (uint32_t)d);
+                wrong += strata_cpu_q8_code(s, x) != strata_q8_code(q, x);
+                tried++;
+            }
+        for (uint32_t key = 0x3300; key <= 0x4000; key++)
+            for (int sign = 0; sign < 2; sign++)
+                for (int d = -2; d <= 2; d++) {
+                    float x = f_from_bits(((key << 16) + (uint32_t)d) | (sign ? 0x80000000u : 0));
+                    wrong += strata_cpu_q8_code(s, x) != strata_q8_code(q, x);
+                    tried++;
+                }
+        strata_rng r;
+        strata_rng_seed(&r, 3 + (uint64_t)s);
+        for (int i = 0; i < 2000000; i++) {
+            float x = (strata_rng_uniform(&r) * 2.0f - 1.0f) * powf(2.0f, -26.0f * strata_rng_uniform(&r));
+            wrong += strata_cpu_q8_code(s, x) != strata_q8_code(q, x);
+            tried++;
+        }
+        float special[] = {0.0f, -0.0f, 1.0f, -1.0f, f_from_bits(1), f_from_bits(0x80000001u), NAN, INFINITY, -INFINITY};
+        for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+            wrong += strata_cpu_q8_code(s, special[i]) != strata_q8_code(q, special[i]);
+            tried++;
+        }
+    }
+    CHECK(wrong == 0, "8-bit code table = core/quant.h's binary search on %zu values (%zu differ)", tried, wrong);
+}
+
 static double bench_one(strata_cpu_isa isa, int threads, int reference, state *s) {
     strata_adamw_args a = step_args(5);
     double best = 1e30;
@@ -240,7 +338,14 @@ int main(void) {
             for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++)
                 compare_path(isas[k], sizes[si], configs[ci]);
         test_bf16_rounding(isas[k]);
+        static const size_t msizes[] = {1, 17, 2048, 2049, 5000, 100003};
+        for (size_t si = 0; si < sizeof msizes / sizeof msizes[0]; si++)
+            for (int q8 = 0; q8 <= 1; q8++) {
+                compare_moments(isas[k], msizes[si], 1, (int)(si % 3), q8);
+                compare_moments(isas[k], msizes[si], 3, (int)((si + 1) % 3), q8);
+            }
     }
+    test_q8_table();
     /* the public entry point (auto path, default threads) on a size with a tail */
     {
         state ref, got;

@@ -33,6 +33,8 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/kernels.h"
+#include "core/optim.h"
+#include "core/quant.h"
 
 /* Fused multiply-add where the hardware has it (one rounding, vectorises to vfmadd);
  * a plain multiply-add elsewhere, where fmaf would be a slow library call. The choice
@@ -1114,6 +1116,77 @@ static void cpu_adamw(strata_stream *s, float *master, void *param_out_, const f
     }
 }
 
+/* bf16 moments: each ADAMW_BLOCK widened to fp32 (exact), stepped by adamw_span, rounded
+ * back to nearest even; the master's update reads the fp32 values, as the header says. */
+static void cpu_adamw_bf16(strata_stream *s, float *master, void *param_out_, const float *grad,
+                           uint16_t *m, uint16_t *v, size_t n, const strata_adamw_args *a)
+{
+    float *param_out = param_out_;
+    size_t blocks = (n + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t k = 0; k < blocks; k++) {
+        float tm[ADAMW_BLOCK], tv[ADAMW_BLOCK];
+        size_t i0 = k * ADAMW_BLOCK, nb = n - i0 < ADAMW_BLOCK ? n - i0 : ADAMW_BLOCK;
+        for (size_t i = 0; i < nb; i++) {
+            tm[i] = strata_bf16_to_f32(m[i0 + i]);
+            tv[i] = strata_bf16_to_f32(v[i0 + i]);
+        }
+        adamw_span(master + i0, tm, tv, grad + i0, 0, nb, a);
+        for (size_t i = 0; i < nb; i++) {
+            m[i0 + i] = strata_f32_to_bf16(tm[i]);
+            v[i0 + i] = strata_f32_to_bf16(tv[i]);
+        }
+        if (param_out) memcpy(param_out + i0, master + i0, nb * sizeof(float));
+    }
+}
+
+/* One quantization block [b0, b1) of an 8-bit range: every quantized piece of the segments in
+ * it dequantized with the block's old absmax, stepped by adamw_span in fp32 (its weight decay
+ * by segment), then the block's new absmax over those pieces and their codes. */
+static void adamw_q8_block(float *master, float *param_out, const float *grad, uint8_t *c1, uint8_t *c2,
+                           float *absmax1, float *absmax2, size_t b0, size_t b1, const strata_adamw_segment *seg,
+                           int n_seg, const strata_adamw_args *a)
+{
+    const strata_q8_map *qs = strata_q8_signed(), *qu = strata_q8_unsigned();
+    float tm[STRATA_Q8_BLOCK], tv[STRATA_Q8_BLOCK];
+    size_t blk = b0 / STRATA_Q8_BLOCK;
+    float old1 = absmax1[blk], old2 = absmax2[blk], new1 = 0.0f, new2 = 0.0f;
+    for (int i = 0; i < n_seg; i++) {
+        size_t lo = seg[i].lo > b0 ? seg[i].lo : b0, hi = seg[i].lo + seg[i].n < b1 ? seg[i].lo + seg[i].n : b1;
+        if (!seg[i].quant || lo >= hi) continue;
+        strata_adamw_args sa = *a;
+        if (!seg[i].decay) sa.weight_decay = 0.0f;
+        strata_q8_dequantize(qs, c1 + lo, hi - lo, old1, tm + (lo - b0));
+        strata_q8_dequantize(qu, c2 + lo, hi - lo, old2, tv + (lo - b0));
+        adamw_span(master + b0, tm, tv, grad + b0, lo - b0, hi - b0, &sa);
+        if (param_out) memcpy(param_out + lo, master + lo, (hi - lo) * sizeof(float));
+        float x1 = strata_q8_absmax(tm + (lo - b0), hi - lo), x2 = strata_q8_absmax(tv + (lo - b0), hi - lo);
+        new1 = x1 > new1 ? x1 : new1;
+        new2 = x2 > new2 ? x2 : new2;
+    }
+    absmax1[blk] = new1;
+    absmax2[blk] = new2;
+    for (int i = 0; i < n_seg; i++) {
+        size_t lo = seg[i].lo > b0 ? seg[i].lo : b0, hi = seg[i].lo + seg[i].n < b1 ? seg[i].lo + seg[i].n : b1;
+        if (!seg[i].quant || lo >= hi) continue;
+        strata_q8_quantize(qs, tm + (lo - b0), hi - lo, new1, c1 + lo);
+        strata_q8_quantize(qu, tv + (lo - b0), hi - lo, new2, c2 + lo);
+    }
+}
+
+/* Blocks are independent: one OpenMP item each. */
+static void cpu_adamw_q8(strata_stream *s, float *master, void *param_out, const float *grad, uint8_t *m1,
+                         uint8_t *m2, float *absmax1, float *absmax2, size_t n, const strata_adamw_segment *seg,
+                         int n_seg, const strata_adamw_args *a)
+{
+    size_t blocks = strata_q8_blocks(n);
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t b0 = b * STRATA_Q8_BLOCK, b1 = b0 + STRATA_Q8_BLOCK < n ? b0 + STRATA_Q8_BLOCK : n;
+        adamw_q8_block(master, param_out, grad, m1, m2, absmax1, absmax2, b0, b1, seg, n_seg, a);
+    }
+}
+
 /* sumsq splits x into SUMSQ_CHUNKS pieces whose bounds depend only on n, so the
  * partial sums, and their in-order total, do not depend on the thread count. */
 #define SUMSQ_CHUNKS 64
@@ -1411,6 +1484,8 @@ const strata_kernels strata_kernels_cpu = {
     .crossentropy = cpu_crossentropy,
     .loss_accumulate = cpu_loss_accumulate,
     .adamw = cpu_adamw,
+    .adamw_bf16 = cpu_adamw_bf16,
+    .adamw_q8 = cpu_adamw_q8,
     .sumsq = cpu_sumsq,
     .accumulate_f32 = cpu_accumulate_f32,
     .convert = cpu_convert,

@@ -25,6 +25,8 @@
 
 #include "core/cuda/cuda_common.h"
 #include "core/cuda/kernels_common.cuh"
+#include "core/optim.h"
+#include "core/quant.h"
 
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt's advice for Hopper */
 #define PLAN_MAX 128
@@ -584,6 +586,8 @@ struct strata_cuda_kstate {
                          cublasLtGetStatusString(lt_st_));                                \
     } while (0)
 
+static int upload_q8_tables(int ordinal);
+
 int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
     strata_cuda_kstate *ks = (strata_cuda_kstate *)strata_xcalloc(1, sizeof *ks);
     ks->ordinal = ordinal;
@@ -598,6 +602,12 @@ int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
         free(ks);
         return strata_fail("cuBLASLt workspace of %zu MiB on cuda:%d: cudaMalloc failed: %s",
                            LT_WORKSPACE_BYTES >> 20, ordinal, cudaGetErrorString(e));
+    }
+    if (upload_q8_tables(ordinal)) {
+        cudaFree(ks->workspace);
+        cublasLtDestroy(ks->lt);
+        free(ks);
+        return -1;
     }
     pthread_mutex_init(&ks->mu, NULL);
     *out = ks;
@@ -978,6 +988,158 @@ static void cuda_adamw(strata_stream *s, float *master, void *param_out, const f
     LAUNCH_CHECK("adamw");
 }
 
+/* bf16 moments (optim.state: bf16): widened exactly, the step above in fp32, each written
+ * back rounded to nearest even (to_bf16, the CPU's strata_f32_to_bf16). */
+__global__ void adamw_bf16_kernel(float *master, bf16 *param_out, const float *grad, uint16_t *m, uint16_t *v,
+                                  size_t n, strata_adamw_args a) {
+    GRID_STRIDE(i, n) {
+        float m0 = __uint_as_float((uint32_t)m[i] << 16), v0 = __uint_as_float((uint32_t)v[i] << 16);
+        float g = __fmul_rn(grad[i], a.grad_scale);
+        float mi = __fadd_rn(__fmul_rn(a.beta1, m0), __fmul_rn(__fsub_rn(1.0f, a.beta1), g));
+        float vi = __fadd_rn(__fmul_rn(a.beta2, v0), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, a.beta2), g), g));
+        m[i] = __bfloat16_as_ushort(to_bf16(mi));
+        v[i] = __bfloat16_as_ushort(to_bf16(vi));
+        float mhat = __fdiv_rn(mi, a.bc1), vhat = __fdiv_rn(vi, a.bc2);
+        float p = master[i];
+        float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), a.eps)), __fmul_rn(a.weight_decay, p));
+        p = __fsub_rn(p, __fmul_rn(a.lr, step));
+        master[i] = p;
+        if (param_out) param_out[i] = to_bf16(p);
+    }
+}
+
+static void cuda_adamw_bf16(strata_stream *s, float *master, void *param_out, const float *grad, uint16_t *m,
+                            uint16_t *v, size_t n, const strata_adamw_args *a) {
+    if (!n) return;
+    adamw_bf16_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        master, (bf16 *)param_out, grad, m, v, n, *a);
+    LAUNCH_CHECK("adamw_bf16");
+}
+
+/* 8-bit moments (optim.state: int8; core/quant.h). The two maps, each its 256 values then
+ * its 255 midpoints (signed first), uploaded once per device (strata_cuda_kstate_create)
+ * from core/quant.c's tables, so both backends search the same floats. */
+#define Q8_TABLE 511
+__constant__ float q8_tables[2 * Q8_TABLE];
+
+/* The quantized segments of a range, by value (about 1 KiB of kernel parameters). */
+struct q8_segments {
+    unsigned long long lo[STRATA_ADAMW_MAX_SEGMENTS], hi[STRATA_ADAMW_MAX_SEGMENTS];
+    unsigned char decay[STRATA_ADAMW_MAX_SEGMENTS];
+    int n;
+};
+
+#define Q8_THREADS 256
+#define Q8_PER_THREAD (STRATA_Q8_BLOCK / Q8_THREADS)
+
+/* core/quant.h's nearest code: the number of midpoints strictly below x (ties go low). */
+__device__ __forceinline__ uint8_t q8_code(const float *mid, float x) {
+    unsigned lo = 0;
+    for (unsigned step = 128; step; step >>= 1) lo = mid[lo + step - 1] < x ? lo + step : lo;
+    return (uint8_t)lo;
+}
+
+__device__ __forceinline__ float block_max(float v, float *part) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int w = 0; w < Q8_THREADS / 32; w++) r = fmaxf(r, part[w]);
+    return r;
+}
+
+/* One CUDA block per quantization block of 2048 elements, 8 per thread: dequantize with the
+ * old absmax, the AdamW step as adamw_kernel does it, the new absmax (a max: the same in any
+ * order, NaN ignored as on the CPU), then the codes. Elements of no quantized segment (fp32
+ * small tensors) are left alone and count for nothing. */
+__global__ void __launch_bounds__(Q8_THREADS) adamw_q8_kernel(float *master, bf16 *param_out, const float *grad,
+                                                              uint8_t *c1, uint8_t *c2, float *absmax1, float *absmax2,
+                                                              size_t n, q8_segments segs, strata_adamw_args a) {
+    __shared__ float tab[2 * Q8_TABLE];
+    __shared__ float part1[Q8_THREADS / 32], part2[Q8_THREADS / 32];
+    for (int i = threadIdx.x; i < 2 * Q8_TABLE; i += Q8_THREADS) tab[i] = q8_tables[i];
+    __syncthreads();
+    const float *val_s = tab, *mid_s = tab + 256, *val_u = tab + Q8_TABLE, *mid_u = tab + Q8_TABLE + 256;
+    size_t b0 = (size_t)blockIdx.x * STRATA_Q8_BLOCK;
+    float old1 = absmax1[blockIdx.x], old2 = absmax2[blockIdx.x];
+    float mv[Q8_PER_THREAD] = {0}, vv[Q8_PER_THREAD] = {0};
+    int in_seg[Q8_PER_THREAD];
+    float mx1 = 0.0f, mx2 = 0.0f;
+    for (int j = 0; j < Q8_PER_THREAD; j++) {
+        size_t i = b0 + (size_t)j * Q8_THREADS + threadIdx.x;
+        in_seg[j] = 0;
+        if (i >= n) continue;
+        int lo = 0, hi = segs.n; /* the first segment that ends after i */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (segs.hi[mid] <= i) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo == segs.n || segs.lo[lo] > i) continue;
+        in_seg[j] = 1;
+        float wd = segs.decay[lo] ? a.weight_decay : 0.0f;
+        float m0 = __fmul_rn(val_s[c1[i]], old1), v0 = __fmul_rn(val_u[c2[i]], old2);
+        float g = __fmul_rn(grad[i], a.grad_scale);
+        float mi = __fadd_rn(__fmul_rn(a.beta1, m0), __fmul_rn(__fsub_rn(1.0f, a.beta1), g));
+        float vi = __fadd_rn(__fmul_rn(a.beta2, v0), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, a.beta2), g), g));
+        float mhat = __fdiv_rn(mi, a.bc1), vhat = __fdiv_rn(vi, a.bc2);
+        float p = master[i];
+        float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), a.eps)), __fmul_rn(wd, p));
+        p = __fsub_rn(p, __fmul_rn(a.lr, step));
+        master[i] = p;
+        if (param_out) param_out[i] = to_bf16(p);
+        mv[j] = mi;
+        vv[j] = vi;
+        mx1 = fmaxf(mx1, fabsf(mi));
+        mx2 = fmaxf(mx2, fabsf(vi));
+    }
+    float new1 = block_max(mx1, part1), new2 = block_max(mx2, part2);
+    if (threadIdx.x == 0) {
+        absmax1[blockIdx.x] = new1;
+        absmax2[blockIdx.x] = new2;
+    }
+    for (int j = 0; j < Q8_PER_THREAD; j++) {
+        if (!in_seg[j]) continue;
+        size_t i = b0 + (size_t)j * Q8_THREADS + threadIdx.x;
+        c1[i] = q8_code(mid_s, new1 > 0.0f ? __fdiv_rn(mv[j], new1) : 0.0f);
+        c2[i] = q8_code(mid_u, new2 > 0.0f ? __fdiv_rn(vv[j], new2) : 0.0f);
+    }
+}
+
+static void cuda_adamw_q8(strata_stream *s, float *master, void *param_out, const float *grad, uint8_t *m1,
+                          uint8_t *m2, float *absmax1, float *absmax2, size_t n, const strata_adamw_segment *seg,
+                          int n_seg, const strata_adamw_args *a) {
+    if (!n) return;
+    q8_segments segs;
+    memset(&segs, 0, sizeof segs);
+    for (int i = 0; i < n_seg; i++) {
+        if (!seg[i].quant || !seg[i].n) continue;
+        segs.lo[segs.n] = seg[i].lo;
+        segs.hi[segs.n] = seg[i].lo + seg[i].n;
+        segs.decay[segs.n] = (unsigned char)(seg[i].decay != 0);
+        segs.n++;
+    }
+    unsigned blocks = (unsigned)strata_q8_blocks(n);
+    adamw_q8_kernel<<<blocks, Q8_THREADS, 0, strata_cuda_stream_handle(s)>>>(
+        master, (bf16 *)param_out, grad, m1, m2, absmax1, absmax2, n, segs, *a);
+    LAUNCH_CHECK("adamw_q8");
+}
+
+/* The quantization maps into this device's constant memory (once per device open). */
+static int upload_q8_tables(int ordinal) {
+    float host[2 * Q8_TABLE];
+    const strata_q8_map *maps[2] = {strata_q8_signed(), strata_q8_unsigned()};
+    for (int k = 0; k < 2; k++) {
+        memcpy(host + k * Q8_TABLE, maps[k]->value, 256 * sizeof(float));
+        memcpy(host + k * Q8_TABLE + 256, maps[k]->mid, 255 * sizeof(float));
+    }
+    cudaError_t e = cudaMemcpyToSymbol(q8_tables, host, sizeof host);
+    if (e != cudaSuccess)
+        return strata_fail("uploading the 8-bit quantization maps to cuda:%d failed: %s", ordinal, cudaGetErrorString(e));
+    return 0;
+}
+
 #define SUMSQ_THREADS 256
 
 __global__ void sumsq_kernel(double *out, const float *x, size_t n) {
@@ -1067,6 +1229,8 @@ extern "C" const strata_kernels strata_kernels_cuda = {
     .crossentropy = cuda_crossentropy,
     .loss_accumulate = cuda_loss_accumulate,
     .adamw = cuda_adamw,
+    .adamw_bf16 = cuda_adamw_bf16,
+    .adamw_q8 = cuda_adamw_q8,
     .sumsq = cuda_sumsq,
     .accumulate_f32 = cuda_accumulate_f32,
     .convert = cuda_convert,
