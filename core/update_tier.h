@@ -22,14 +22,43 @@
 #include "core/kernels.h"
 #include "core/optim.h"
 
-/* The three fp32 arrays of an optimizer range, in checkpoint order. */
-enum { STRATA_STATE_MASTER = 0, STRATA_STATE_M = 1, STRATA_STATE_V = 2 };
+/* The arrays of an optimizer range of n elements, by how optim.state stores the moments:
+ *   MASTER   n fp32, always
+ *   M, V     n fp32 (fp32 state), n bf16 (bf16), or n 8-bit codes (int8: the signed map for
+ *            M, the unsigned one for V; core/quant.h)
+ *   M_ABSMAX, V_ABSMAX  int8: one fp32 per 2048-element block, ceil(n / 2048)
+ *   M_SMALL, V_SMALL    int8: the fp32 moments of the range's pieces of tensors under 4096
+ *            elements, packed (n_small of them; strata_adamw_segment.small says where)
+ * The first three in checkpoint order. */
+enum {
+    STRATA_STATE_MASTER = 0,
+    STRATA_STATE_M = 1,
+    STRATA_STATE_V = 2,
+    STRATA_STATE_M_ABSMAX = 3,
+    STRATA_STATE_V_ABSMAX = 4,
+    STRATA_STATE_M_SMALL = 5,
+    STRATA_STATE_V_SMALL = 6,
+    STRATA_STATE_KINDS = 7
+};
+
+/* Bytes of one element of state array `kind` under `state`. */
+static inline size_t strata_state_elem_bytes(strata_optim_state state, int kind) {
+    if (kind == STRATA_STATE_M || kind == STRATA_STATE_V) return strata_optim_moment_bytes(state);
+    return 4;
+}
 
 typedef struct strata_update_tier strata_update_tier;
 
 /* Blocking writes of state and parameters start on a multiple of this many elements: 4 KiB
- * of the narrowest element a tier stores (2-byte parameters), so of fp32 state too. */
+ * of 2-byte parameters or bf16 moments, and so of fp32 state too. 8-bit codes need twice
+ * as many (strata_tier_io_align). */
 #define STRATA_TIER_IO_ALIGN ((size_t)2048)
+
+/* The element multiple blocking writes start on for state stored as `state` says: 4 KiB of
+ * its narrowest array. */
+static inline size_t strata_tier_io_align(strata_optim_state state) {
+    return state == STRATA_OPTIM_STATE_INT8 ? 2 * STRATA_TIER_IO_ALIGN : STRATA_TIER_IO_ALIGN;
+}
 
 /* What a tier's update work cost since the tier was made, by stage: seconds its HOST
  * streams were busy and the bytes they moved. Cumulative, so the difference of two
@@ -50,7 +79,8 @@ typedef struct strata_tier_stats {
     double param_read_s;  /* parameter shards read from NVMe for the gathers */
     uint64_t d2h_bytes, h2d_bytes;
     uint64_t adamw_elements;
-    uint64_t adamw_bytes; /* host memory the AdamW streams: 28 + param bytes per element */
+    uint64_t adamw_bytes; /* host memory the AdamW streams: 28 + param bytes per element with
+                           * fp32 moments, 20 + with bf16, 16 + with 8-bit codes */
     uint64_t disk_read_bytes, disk_write_bytes; /* state and parameter shards, 4 KiB-rounded */
 } strata_tier_stats;
 
@@ -63,30 +93,33 @@ static inline void strata_tier_stats_add(strata_tier_stats *acc, const strata_ti
 }
 
 typedef struct strata_update_tier_ops {
-    /* Plans n_units optimizer ranges of n[u] fp32 elements each (the engine's ranges:
-     * whole units at stage 0, the rank's shards above; 0 for a unit whose state stays on
-     * the device, offload.optimizer_ratio, which the tier is never asked about) and the
-     * tier's staging into `a`;
-     * updated parameters are written in param_dtype. Once, before the arena is committed. */
-    void (*plan)(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n, strata_dtype param_dtype);
+    /* Plans n_units optimizer ranges of n[u] elements each (the engine's ranges: whole
+     * units at stage 0, the rank's shards above; 0 for a unit whose state stays on the
+     * device, offload.optimizer_ratio, which the tier is never asked about), stored as
+     * optim.state says (with int8 state n_small[u] elements of fp32 moments each, else
+     * n_small is NULL), and the tier's staging into `a`; updated parameters are written in
+     * param_dtype. Once, before the arena is committed. */
+    void (*plan)(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n, const size_t *n_small,
+                 strata_dtype param_dtype);
     /* After the arena is committed: opens what needs the memory (the NVMe store, which
      * registers the arena's pinned block). Idempotent. */
     int (*open)(strata_update_tier *t);
     void (*destroy)(strata_update_tier *t);
 
     /* Blocking host access to elements [lo, lo + n) of unit u's state array `kind`
-     * (STRATA_STATE_*, n[u] floats), for initialisation, checkpoints and publishing
-     * parameters, which go through a bounded buffer a chunk at a time. A write starts on a
-     * multiple of STRATA_TIER_IO_ALIGN elements and is a multiple of it long or ends at
-     * n[u] (the state may live in an O_DIRECT file); a read may be any range. */
-    int (*read_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, float *dst);
-    int (*write_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const float *src);
+     * (STRATA_STATE_*, elements of strata_state_elem_bytes), for initialisation, checkpoints
+     * and publishing parameters, which go through a bounded buffer a chunk at a time. A
+     * write of MASTER, M or V starts on a multiple of strata_tier_io_align elements and is
+     * a multiple of it long or ends at the array's end (the state may live in an O_DIRECT
+     * file); the other kinds (always in memory) and reads may be any range. */
+    int (*read_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, void *dst);
+    int (*write_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const void *src);
 
     /* Enqueues unit u's AdamW step after `after` (recorded where the gradient was
      * finished; may be NULL). grad: n[u] fp32 in device memory; param_out: n[u] elements
      * of param_dtype in device memory (NULL when the tier keeps the parameters itself).
-     * The segments split the range by weight decay. `done` is recorded once the new
-     * parameters are written. */
+     * The segments split the range by weight decay (and, with int8 state, by how each
+     * piece's moments are stored). `done` is recorded once the new parameters are written. */
     int (*update)(strata_update_tier *t, int u, const float *grad, void *param_out, const strata_adamw_segment *seg,
                   int n_seg, const strata_adamw_args *args, strata_event *after, strata_event *done);
     /* Waits for every enqueued update; returns the first error any of them hit. */

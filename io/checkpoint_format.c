@@ -11,10 +11,38 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/quant.h"
 #include "io/files.h"
 #include "io/text.h"
 
-const char *const strata_ckpt_kind_name[STRATA_CKPT_KINDS] = {"param", "m", "v"};
+const char *const strata_ckpt_kind_name[STRATA_CKPT_MAX_KINDS] = {"param", "m", "v", "m_absmax", "v_absmax"};
+
+/* ---- how the optimizer state is stored ---- */
+
+int strata_ckpt_kinds(strata_optim_state state) {
+    return state == STRATA_OPTIM_STATE_INT8 ? STRATA_CKPT_MAX_KINDS : STRATA_CKPT_KINDS;
+}
+
+size_t strata_ckpt_elem_bytes(strata_optim_state state, int kind, const strata_param_tensor *t) {
+    if (kind != STRATA_CKPT_M && kind != STRATA_CKPT_V) return sizeof(float);
+    if (state == STRATA_OPTIM_STATE_INT8) return strata_q8_small_tensor(t->numel) ? sizeof(float) : 1;
+    return strata_optim_moment_bytes(state);
+}
+
+const char *strata_ckpt_moment_dtype(strata_optim_state state, int kind, const strata_param_tensor *t) {
+    if (state == STRATA_OPTIM_STATE_BF16) return "bfloat16";
+    if (state == STRATA_OPTIM_STATE_INT8 && !strata_q8_small_tensor(t->numel))
+        return kind == STRATA_CKPT_M ? "q8_signed" : "q8_unsigned";
+    return "float32";
+}
+
+const char *strata_ckpt_tensor_moments(strata_optim_state state, const strata_param_tensor *t) {
+    if (state == STRATA_OPTIM_STATE_BF16) return "bfloat16";
+    if (state == STRATA_OPTIM_STATE_INT8 && !strata_q8_small_tensor(t->numel)) return "q8";
+    return "float32";
+}
+
+size_t strata_ckpt_unit_blocks(size_t numel) { return strata_q8_blocks(numel); }
 
 /* ---- paths ---- */
 

@@ -15,14 +15,26 @@
 #error "io/checkpoint_*.c assume a little-endian host"
 #endif
 
-/* The `format:` of manifest.yaml and of every rank index. */
+/* The `format:` of manifest.yaml and of every rank index: 1 for fp32 optimizer state (as
+ * Strata always wrote it), 2 for state stored otherwise (io/checkpoint.h). A reader takes
+ * both. */
 #define CKPT_FORMAT "strata-checkpoint-1"
+#define CKPT_FORMAT_2 "strata-checkpoint-2"
 /* manifest.yaml's first line: the CRC-32C of every byte after that line */
 #define MANIFEST_CRC_PREFIX "manifest_crc32c: "
 #define CKPT_PATH_MAX 4096
 
-/* "param", "m", "v": the kinds as the rank indices name them */
-extern const char *const strata_ckpt_kind_name[STRATA_CKPT_KINDS];
+/* "param", "m", "v", "m_absmax", "v_absmax": the kinds as the rank indices name them */
+extern const char *const strata_ckpt_kind_name[STRATA_CKPT_MAX_KINDS];
+
+/* The dtype name of kind (m or v) of tensor t under state, as segments name it: float32,
+ * bfloat16, q8_signed (m) or q8_unsigned (v); and the tensors' `moments` in the manifest:
+ * float32, bfloat16 or q8. */
+const char *strata_ckpt_moment_dtype(strata_optim_state state, int kind, const strata_param_tensor *t);
+const char *strata_ckpt_tensor_moments(strata_optim_state state, const strata_param_tensor *t);
+
+/* Blocks of a unit of numel elements (int8 state's absmax kinds). */
+size_t strata_ckpt_unit_blocks(size_t numel);
 
 /* snprintf into a path buffer; -1 + error when the path does not fit. */
 int strata_ckpt_fmt_path(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

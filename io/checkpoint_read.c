@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/quant.h"
 #include "io/checkpoint_format.h"
 #include "io/files.h"
 #include "io/yaml.h"
@@ -102,21 +103,24 @@ static int get_elements(strata_ydoc *d, yaml_node_t *map, const char *ctx, const
     return strata_ydoc_size(d, map, ctx, key, SIZE_MAX / sizeof(float), out);
 }
 
-/* format: a value other than this version's is named as such, not as a bad key. */
-static int expect_format(strata_ydoc *d, yaml_node_t *root) {
+/* format: 1 or 2 into *version; a value other than those is named as such, not as a bad key. */
+static int expect_format(strata_ydoc *d, yaml_node_t *root, int *version) {
     yaml_node_t *n = strata_ydoc_get(d, root, "", "format", YAML_SCALAR_NODE);
     if (!n) return -1;
-    if (strcmp(strata_ydoc_scalar(n), CKPT_FORMAT) != 0)
-        return strata_fail("%s: format '%s' is not %s (written by another version of Strata?)", d->path,
-                           strata_ydoc_scalar(n), CKPT_FORMAT);
+    if (!strcmp(strata_ydoc_scalar(n), CKPT_FORMAT)) *version = 1;
+    else if (!strcmp(strata_ydoc_scalar(n), CKPT_FORMAT_2)) *version = 2;
+    else
+        return strata_fail("%s: format '%s' is not %s or %s (written by another version of Strata?)", d->path,
+                           strata_ydoc_scalar(n), CKPT_FORMAT, CKPT_FORMAT_2);
     return 0;
 }
 
 /* ---- reading: an opened checkpoint's state ---- */
 
 typedef struct seg {
-    int rank, kind, unit, tensor;
-    size_t lo, hi;   /* elements of the unit's flat buffer */
+    int rank, kind, unit, tensor; /* tensor -1: an absmax segment */
+    size_t lo, hi;   /* elements of the unit's flat buffer (blocks for the absmax kinds) */
+    size_t es;       /* bytes a stored element */
     uint64_t offset; /* bytes into the rank's .bin */
     uint32_t crc;
     int verified; /* checksum already matched once */
@@ -137,10 +141,12 @@ struct strata_ckpt {
     size_t *unit_numel, *unit_padded;
     strata_param_tensor *tensors;
     int world;
+    int version;              /* the format: 1, or 2 (optimizer state other than fp32) */
+    int kinds;                /* strata_ckpt_kinds(meta.state) */
     int *fds;                 /* rank .bin files, open for pread */
     seg *segs;                /* sorted by (unit, kind, lo) */
     size_t n_segs, cap_segs;
-    size_t *uk_first;         /* segments of (unit u, kind k): [uk_first[u*3+k], uk_first[u*3+k+1]) */
+    size_t *uk_first;         /* segments of (unit u, kind k): [uk_first[u*K+k], uk_first[u*K+k+1]), K = MAX_KINDS */
     int bad_manifest;         /* manifest.yaml was edited or corrupted (not the data) */
     float *scratch;           /* CKPT_VERIFY_CHUNK_BYTES, made at the first partial read */
 };
@@ -196,7 +202,7 @@ static int load_manifest(strata_ydoc *d, const char *path) {
 static int parse_meta(strata_ckpt *ck, strata_ydoc *d) {
     yaml_node_t *root = strata_ydoc_root(d), *n;
     uint64_t v;
-    if (expect_format(d, root) != 0) return -1;
+    if (expect_format(d, root, &ck->version) != 0) return -1;
     if (strata_ydoc_u64(d, root, "", "step", 10, INT64_MAX, &v) != 0) return -1;
     ck->meta.step = (int64_t)v;
     if (strata_ydoc_int(d, root, "", "world", &ck->world) != 0 || strata_ydoc_int(d, root, "", "stage", &ck->meta.stage) != 0 ||
@@ -209,6 +215,20 @@ static int parse_meta(strata_ckpt *ck, strata_ydoc *d) {
     if (ck->world < 1 || ck->world > CKPT_MAX_WORLD)
         return strata_fail("%s: world %d must be between 1 and %d", d->path, ck->world, CKPT_MAX_WORLD);
     ck->meta.world = ck->world;
+    /* format 2: how the optimizer's moments are stored */
+    ck->meta.state = STRATA_OPTIM_STATE_FP32;
+    if (ck->version == 2) {
+        yaml_node_t *st = strata_ydoc_get(d, root, "", "optim_state", YAML_SCALAR_NODE);
+        if (!st) return -1;
+        int found = 0;
+        for (int k = STRATA_OPTIM_STATE_FP32; k <= STRATA_OPTIM_STATE_INT8; k++)
+            if (!strcmp(strata_ydoc_scalar(st), strata_optim_state_name((strata_optim_state)k)))
+                ck->meta.state = (strata_optim_state)k, found = 1;
+        if (!found) return strata_ydoc_bad_value(d, st, "", "optim_state", "one of fp32, bf16, int8");
+        if (ck->meta.state == STRATA_OPTIM_STATE_INT8 && strata_ydoc_expect(d, root, "", "optim_block", "2048") != 0)
+            return -1;
+    }
+    ck->kinds = strata_ckpt_kinds(ck->meta.state);
     if (!(n = strata_ydoc_get(d, root, "", "config", YAML_SCALAR_NODE))) return -1;
     ck->config = strata_xmalloc(n->data.scalar.length + 1);
     memcpy(ck->config, n->data.scalar.value, n->data.scalar.length);
@@ -269,8 +289,9 @@ static int parse_shape(strata_ydoc *d, yaml_node_t *m, const char *ctx, strata_p
     return 0;
 }
 
-/* One entry of tensors (ctx "tensors[3]"): name, unit, offset, numel, dtype, shape. */
-static int parse_tensor(strata_ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
+/* One entry of tensors (ctx "tensors[3]"): name, unit, offset, numel, dtype, shape; in
+ * format 2 the moments' dtype, which must be the one this version stores for the tensor. */
+static int parse_tensor(const strata_ckpt *ck, strata_ydoc *d, yaml_node_t *m, const char *ctx, strata_param_tensor *t) {
     yaml_node_t *n = strata_ydoc_get(d, m, ctx, "name", YAML_SCALAR_NODE);
     if (!n) return -1;
     if (n->data.scalar.length == 0 || n->data.scalar.length >= sizeof t->name ||
@@ -283,12 +304,16 @@ static int parse_tensor(strata_ydoc *d, yaml_node_t *m, const char *ctx, strata_
     if (strata_ydoc_int(d, m, named, "unit", &t->unit) != 0 || get_elements(d, m, named, "offset", &t->offset) != 0 ||
         get_elements(d, m, named, "numel", &t->numel) != 0 || strata_ydoc_expect(d, m, named, "dtype", "float32") != 0)
         return -1;
+    if (ck->version == 2 &&
+        strata_ydoc_expect(d, m, named, "moments", strata_ckpt_tensor_moments(ck->meta.state, t)) != 0)
+        return -1;
     return parse_shape(d, m, named, t);
 }
 
 /* tensors: every tensor's entry; *nt_out gets their count. */
 static int parse_tensors(strata_ckpt *ck, strata_ydoc *d, int *nt_out) {
     static const char *const tensor_keys[] = {"name", "unit", "offset", "numel", "shape", "dtype", NULL};
+    static const char *const tensor_keys_2[] = {"name", "unit", "offset", "numel", "shape", "dtype", "moments", NULL};
     yaml_node_t *tens = strata_ydoc_get(d, strata_ydoc_root(d), "", "tensors", YAML_SEQUENCE_NODE);
     if (!tens) return -1;
     int nt = (int)(tens->data.sequence.items.top - tens->data.sequence.items.start);
@@ -297,7 +322,8 @@ static int parse_tensors(strata_ckpt *ck, strata_ydoc *d, int *nt_out) {
         yaml_node_t *m = yaml_document_get_node(&d->doc, tens->data.sequence.items.start[i]);
         char ctx[64];
         snprintf(ctx, sizeof ctx, "tensors[%d]", i);
-        if (manifest_entry(ck, d, m, ctx, tensor_keys) != 0 || parse_tensor(d, m, ctx, &ck->tensors[i]) != 0)
+        if (manifest_entry(ck, d, m, ctx, ck->version == 2 ? tensor_keys_2 : tensor_keys) != 0 ||
+            parse_tensor(ck, d, m, ctx, &ck->tensors[i]) != 0)
             return -1;
     }
     *nt_out = nt;
@@ -308,7 +334,8 @@ static int parse_tensors(strata_ckpt *ck, strata_ydoc *d, int *nt_out) {
  * layout they make checked as the writer checked it. */
 static int parse_manifest(strata_ckpt *ck) {
     static const char *const top_keys[] = {"manifest_crc32c", "format", "step", "world", "stage", "seed", "rng_state",
-                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config", NULL};
+                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config",
+                                           "optim_state", "optim_block", NULL};
     char path[CKPT_PATH_MAX];
     if (strata_ckpt_fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
     if (!strata_is_file(path)) {
@@ -327,6 +354,13 @@ static int parse_manifest(strata_ckpt *ck) {
     if (strata_ckpt_layout_index(&ck->layout, path, &order, &first) != 0) goto out;
     free(order);
     free(first);
+    /* 8-bit state: every rank's shard starts on a block (io/checkpoint.h) */
+    for (int u = 0; u < nu && ck->meta.state == STRATA_OPTIM_STATE_INT8; u++)
+        if (ck->unit_padded[u] % ((size_t)ck->world * STRATA_Q8_BLOCK) != 0) {
+            strata_fail("%s: unit %d: padded size %zu is not a multiple of 2048 x world %d, as int8 state needs", path, u,
+                        ck->unit_padded[u], ck->world);
+            goto out;
+        }
     rc = 0;
 out:
     strata_ydoc_free(&d);
@@ -350,12 +384,19 @@ static int find_tensor(const strata_ckpt *ck, const char *name, int hint) {
  * dtype, and bin_bytes, the size its data file must have. */
 static int parse_rank_header(strata_ckpt *ck, strata_ydoc *d, int rank, uint64_t *bin_bytes) {
     static const char *const rank_keys[] = {"format", "rank", "world", "dtype", "bin_bytes", "segments", NULL};
+    static const char *const rank_keys_2[] = {"format", "rank", "world", "dtype", "optim_state", "bin_bytes", "segments",
+                                              NULL};
     yaml_node_t *root = strata_ydoc_root(d);
-    int r, w;
-    if (strata_ydoc_keys_known(d, root, "", rank_keys, CKPT_EDITED) != 0) return -1;
-    if (expect_format(d, root) != 0 || strata_ydoc_int(d, root, "", "rank", &r) != 0 ||
+    int r, w, version;
+    if (strata_ydoc_keys_known(d, root, "", ck->version == 2 ? rank_keys_2 : rank_keys, CKPT_EDITED) != 0) return -1;
+    if (expect_format(d, root, &version) != 0 || strata_ydoc_int(d, root, "", "rank", &r) != 0 ||
         strata_ydoc_int(d, root, "", "world", &w) != 0 || strata_ydoc_expect(d, root, "", "dtype", "float32") != 0 ||
         strata_ydoc_u64(d, root, "", "bin_bytes", 10, INT64_MAX, bin_bytes) != 0)
+        return -1;
+    if (version != ck->version)
+        return strata_fail("%s: format %d, but the manifest's is %d (a file from another checkpoint?)", d->path, version,
+                           ck->version);
+    if (version == 2 && strata_ydoc_expect(d, root, "", "optim_state", strata_optim_state_name(ck->meta.state)) != 0)
         return -1;
     if (r != rank || w != ck->world)
         return strata_fail("%s: says rank %d of world %d, but the manifest expects rank %d of world %d", d->path, r,
@@ -366,20 +407,63 @@ static int parse_rank_header(strata_ckpt *ck, strata_ydoc *d, int rank, uint64_t
 /* One entry of segments (ctx "segments[3]") into *out: elements [lo, hi) of one kind of
  * one manifest tensor, at byte `running` of the data file (where the segments before it
  * end), and its CRC-32C. *hint is the tensor of the segment before. */
+/* An absmax segment (int8 state): a unit's blocks [lo, hi), no tensor. */
+static int parse_absmax_segment(strata_ckpt *ck, strata_ydoc *d, yaml_node_t *m, const char *ctx, uint64_t running,
+                                seg *s) {
+    static const char *const keys[] = {"kind", "unit", "lo", "hi", "offset", "crc32c", NULL};
+    uint64_t crc;
+    if (strata_ydoc_keys_known(d, m, ctx, keys, CKPT_EDITED) != 0 || strata_ydoc_int(d, m, ctx, "unit", &s->unit) != 0 ||
+        get_elements(d, m, ctx, "lo", &s->lo) != 0 || get_elements(d, m, ctx, "hi", &s->hi) != 0 ||
+        strata_ydoc_u64(d, m, ctx, "offset", 10, INT64_MAX, &s->offset) != 0 ||
+        strata_ydoc_u64(d, m, ctx, "crc32c", 16, UINT32_MAX, &crc) != 0)
+        return -1;
+    s->crc = (uint32_t)crc;
+    s->tensor = -1;
+    s->es = sizeof(float);
+    if (s->unit < 0 || s->unit >= ck->layout.n_units || s->lo >= s->hi ||
+        s->hi > strata_ckpt_unit_blocks(ck->unit_numel[s->unit]))
+        return strata_fail("%s: line %zu: %s: blocks [%zu, %zu) of unit %d are not among its blocks", d->path,
+                           m->start_mark.line + 1, ctx, s->lo, s->hi, s->unit);
+    if (s->offset != running)
+        return strata_fail("%s: line %zu: %s: byte offset %llu, expected %llu (segments are stored back to back)",
+                           d->path, m->start_mark.line + 1, ctx, (unsigned long long)s->offset,
+                           (unsigned long long)running);
+    return 0;
+}
+
 static int parse_segment(strata_ckpt *ck, strata_ydoc *d, yaml_node_t *m, const char *ctx, int rank, int *hint,
                          uint64_t running, seg *out) {
     static const char *const seg_keys[] = {"kind", "tensor", "unit", "lo", "hi", "offset", "crc32c", NULL};
-    if (strata_ydoc_mapping(d, m, ctx) != 0 || strata_ydoc_keys_known(d, m, ctx, seg_keys, CKPT_EDITED) != 0) return -1;
-    yaml_node_t *kn = strata_ydoc_get(d, m, ctx, "kind", YAML_SCALAR_NODE), *tn = strata_ydoc_get(d, m, ctx, "tensor", YAML_SCALAR_NODE);
-    if (!kn || !tn) return -1;
-    seg s = {.rank = rank, .kind = -1, .tensor = find_tensor(ck, strata_ydoc_scalar(tn), *hint)};
-    for (int k = 0; k < STRATA_CKPT_KINDS; k++)
+    static const char *const seg_keys_2[] = {"kind", "tensor", "dtype", "unit", "lo", "hi", "offset", "crc32c", NULL};
+    if (strata_ydoc_mapping(d, m, ctx) != 0) return -1;
+    yaml_node_t *kn = strata_ydoc_get(d, m, ctx, "kind", YAML_SCALAR_NODE);
+    if (!kn) return -1;
+    seg s = {.rank = rank, .kind = -1};
+    for (int k = 0; k < ck->kinds; k++)
         if (!strcmp(strata_ydoc_scalar(kn), strata_ckpt_kind_name[k])) s.kind = k;
-    if (s.kind < 0) return strata_ydoc_bad_value(d, kn, ctx, "kind", "one of param, m, v");
+    if (s.kind < 0)
+        return strata_ydoc_bad_value(d, kn, ctx, "kind",
+                                     ck->kinds > STRATA_CKPT_KINDS ? "one of param, m, v, m_absmax, v_absmax"
+                                                                   : "one of param, m, v");
+    if (s.kind == STRATA_CKPT_M_ABSMAX || s.kind == STRATA_CKPT_V_ABSMAX) {
+        if (parse_absmax_segment(ck, d, m, ctx, running, &s) != 0) return -1;
+        *out = s;
+        return 0;
+    }
+    int moment = s.kind == STRATA_CKPT_M || s.kind == STRATA_CKPT_V;
+    if (strata_ydoc_keys_known(d, m, ctx, ck->version == 2 && moment ? seg_keys_2 : seg_keys, CKPT_EDITED) != 0)
+        return -1;
+    yaml_node_t *tn = strata_ydoc_get(d, m, ctx, "tensor", YAML_SCALAR_NODE);
+    if (!tn) return -1;
+    s.tensor = find_tensor(ck, strata_ydoc_scalar(tn), *hint);
     if (s.tensor < 0)
         return strata_fail("%s: line %zu: %s: tensor %s is not in the manifest", d->path, tn->start_mark.line + 1,
                            ctx, strata_ydoc_scalar(tn));
     *hint = s.tensor;
+    s.es = strata_ckpt_elem_bytes(ck->meta.state, s.kind, &ck->tensors[s.tensor]);
+    if (ck->version == 2 && moment &&
+        strata_ydoc_expect(d, m, ctx, "dtype", strata_ckpt_moment_dtype(ck->meta.state, s.kind, &ck->tensors[s.tensor])))
+        return -1;
     uint64_t crc;
     if (strata_ydoc_int(d, m, ctx, "unit", &s.unit) != 0 || get_elements(d, m, ctx, "lo", &s.lo) != 0 ||
         get_elements(d, m, ctx, "hi", &s.hi) != 0 || strata_ydoc_u64(d, m, ctx, "offset", 10, INT64_MAX, &s.offset) != 0 ||
@@ -413,7 +497,7 @@ static int parse_segments(strata_ckpt *ck, strata_ydoc *d, int rank, uint64_t bi
         snprintf(ctx, sizeof ctx, "segments[%d]", i);
         seg s;
         if (parse_segment(ck, d, m, ctx, rank, &hint, running, &s) != 0) return -1;
-        running += (uint64_t)(s.hi - s.lo) * sizeof(float);
+        running += (uint64_t)(s.hi - s.lo) * s.es;
         if (ck->n_segs == ck->cap_segs) {
             ck->cap_segs = ck->cap_segs ? ck->cap_segs * 2 : 256;
             ck->segs = strata_xrealloc(ck->segs, sizeof *ck->segs * ck->cap_segs);
@@ -441,10 +525,12 @@ static int open_rank_bin(strata_ckpt *ck, int rank, const char *bin, const char 
     if (size < bin_bytes) {
         for (size_t i = first_seg; i < ck->n_segs; i++) {
             const seg *s = &ck->segs[i];
-            if (s->offset + (uint64_t)(s->hi - s->lo) * sizeof(float) > size)
-                return strata_fail("%s: truncated: expected %llu bytes, found %llu (tensor %s, %s)", bin,
+            if (s->offset + (uint64_t)(s->hi - s->lo) * s->es > size)
+                return strata_fail("%s: truncated: expected %llu bytes, found %llu (%s %s, %s)", bin,
                                    (unsigned long long)bin_bytes, (unsigned long long)size,
-                                   ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind]);
+                                   s->tensor >= 0 ? "tensor" : "unit",
+                                   s->tensor >= 0 ? ck->tensors[s->tensor].name : "of the absmax",
+                                   strata_ckpt_kind_name[s->kind]);
         }
     }
     if (size != bin_bytes)
@@ -480,15 +566,22 @@ static int seg_cmp(const void *a, const void *b) {
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
+/* The elements of (unit u, kind k) the segments tile: its numel, or its blocks. */
+static size_t kind_end(const strata_ckpt *ck, int u, int k) {
+    if (k == STRATA_CKPT_M_ABSMAX || k == STRATA_CKPT_V_ABSMAX) return strata_ckpt_unit_blocks(ck->unit_numel[u]);
+    return ck->unit_numel[u];
+}
+
 /* Every (unit, kind) must be tiled exactly once by the segments of all ranks together. */
 static int check_coverage(strata_ckpt *ck) {
     int nu = ck->layout.n_units;
     qsort(ck->segs, ck->n_segs, sizeof *ck->segs, seg_cmp);
-    ck->uk_first = strata_xcalloc((size_t)nu * STRATA_CKPT_KINDS + 1, sizeof(size_t));
+    ck->uk_first = strata_xcalloc((size_t)nu * STRATA_CKPT_MAX_KINDS + 1, sizeof(size_t));
     size_t i = 0;
     for (int u = 0; u < nu; u++)
-        for (int k = 0; k < STRATA_CKPT_KINDS; k++) {
-            ck->uk_first[u * STRATA_CKPT_KINDS + k] = i;
+        for (int k = 0; k < STRATA_CKPT_MAX_KINDS; k++) {
+            ck->uk_first[u * STRATA_CKPT_MAX_KINDS + k] = i;
+            if (k >= ck->kinds) continue;
             size_t at = 0;
             for (; i < ck->n_segs && ck->segs[i].unit == u && ck->segs[i].kind == k; i++) {
                 const seg *s = &ck->segs[i];
@@ -502,11 +595,11 @@ static int check_coverage(strata_ckpt *ck) {
                                        ck->segs[i - 1].rank, s->rank);
                 at = s->hi;
             }
-            if (at != ck->unit_numel[u])
+            if (at != kind_end(ck, u, k))
                 return strata_fail("checkpoint %s: unit %d (%s): elements [%zu, %zu) are in no rank file", ck->dir, u,
-                                   strata_ckpt_kind_name[k], at, ck->unit_numel[u]);
+                                   strata_ckpt_kind_name[k], at, kind_end(ck, u, k));
         }
-    ck->uk_first[(size_t)nu * STRATA_CKPT_KINDS] = i;
+    ck->uk_first[(size_t)nu * STRATA_CKPT_MAX_KINDS] = i;
     return 0;
 }
 
@@ -582,55 +675,63 @@ int strata_ckpt_check_layout(const strata_ckpt *ck, const strata_param_layout *L
     return 0;
 }
 
-/* Segment s whole into dst (s->hi - s->lo floats), checked against its CRC-32C; a match
- * marks it verified, so later reads of parts of it skip the check. */
-static int read_segment_checked(strata_ckpt *ck, seg *s, float *dst) {
-    size_t bytes = (s->hi - s->lo) * sizeof(float);
+/* The segment's name in messages: "tensor X (m)" or "unit 3 (m_absmax)". */
+static void seg_name(const strata_ckpt *ck, const seg *s, char *buf, size_t len) {
+    if (s->tensor >= 0) snprintf(buf, len, "tensor %s (%s)", ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind]);
+    else snprintf(buf, len, "unit %d (%s)", s->unit, strata_ckpt_kind_name[s->kind]);
+}
+
+static int checksum_mismatch(const strata_ckpt *ck, const seg *s, const char *bin, uint32_t crc) {
+    char name[192];
+    seg_name(ck, s, name, sizeof name);
+    return strata_fail("%s: %s: checksum mismatch (stored 0x%08x, computed 0x%08x)", bin, name, s->crc, crc);
+}
+
+/* Segment s whole into dst ((s->hi - s->lo) * es bytes), checked against its CRC-32C; a
+ * match marks it verified, so later reads of parts of it skip the check. */
+static int read_segment_checked(strata_ckpt *ck, seg *s, void *dst) {
+    size_t bytes = (s->hi - s->lo) * s->es;
     char bin[CKPT_PATH_MAX];
     bin_path(ck, s->rank, bin, sizeof bin);
     if (strata_pread_all(ck->fds[s->rank], dst, bytes, s->offset, bin) != 0) return -1;
     uint32_t crc = strata_crc32c(0, dst, bytes);
-    if (crc != s->crc)
-        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
-                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
+    if (crc != s->crc) return checksum_mismatch(ck, s, bin, crc);
     s->verified = 1;
     return 0;
 }
 
-/* Elements [a, z) of segment i into out, the segment checked first: its bytes stream
+/* Elements [a, z) of segment s into out, the segment checked first: its bytes stream
  * through the scratch buffer, the CRC-32C computed on the way and the wanted part copied
  * out as it passes; a match marks the segment verified. */
-static int read_part_checked(strata_ckpt *ck, seg *s, size_t a, size_t z, float *out) {
+static int read_part_checked(strata_ckpt *ck, seg *s, size_t a, size_t z, char *out) {
     if (!ck->scratch) ck->scratch = strata_xmalloc(CKPT_VERIFY_CHUNK_BYTES);
-    const size_t chunk = CKPT_VERIFY_CHUNK_BYTES / sizeof(float);
+    const size_t chunk = CKPT_VERIFY_CHUNK_BYTES / s->es, es = s->es;
+    char *scratch = (char *)ck->scratch;
     char bin[CKPT_PATH_MAX];
     bin_path(ck, s->rank, bin, sizeof bin);
     uint32_t crc = 0;
     for (size_t lo = s->lo; lo < s->hi; lo += chunk) {
         size_t hi = s->hi - lo < chunk ? s->hi : lo + chunk;
-        if (strata_pread_all(ck->fds[s->rank], ck->scratch, (hi - lo) * sizeof(float),
-                             s->offset + (lo - s->lo) * sizeof(float), bin) != 0)
+        if (strata_pread_all(ck->fds[s->rank], scratch, (hi - lo) * es, s->offset + (lo - s->lo) * es, bin) != 0)
             return -1;
-        crc = strata_crc32c(crc, ck->scratch, (hi - lo) * sizeof(float));
+        crc = strata_crc32c(crc, scratch, (hi - lo) * es);
         size_t ca = a > lo ? a : lo, cz = z < hi ? z : hi; /* the wanted part of this chunk */
-        if (ca < cz) memcpy(out + (ca - a), ck->scratch + (ca - lo), (cz - ca) * sizeof(float));
+        if (ca < cz) memcpy(out + (ca - a) * es, scratch + (ca - lo) * es, (cz - ca) * es);
     }
-    if (crc != s->crc)
-        return strata_fail("%s: tensor %s (%s): checksum mismatch (stored 0x%08x, computed 0x%08x)", bin,
-                           ck->tensors[s->tensor].name, strata_ckpt_kind_name[s->kind], s->crc, crc);
+    if (crc != s->crc) return checksum_mismatch(ck, s, bin, crc);
     s->verified = 1;
     return 0;
 }
 
-/* Elements [a, z) of segment i into out: straight from its file once it was verified;
- * otherwise checked first, in place when the whole segment is wanted, else streamed. */
-static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, float *out) {
+/* Elements [a, z) of segment i into out, as stored: straight from its file once it was
+ * verified; otherwise checked first, in place when the whole segment is wanted, else
+ * streamed. */
+static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, void *out) {
     seg *s = &ck->segs[i];
     if (s->verified) {
         char bin[CKPT_PATH_MAX];
         bin_path(ck, s->rank, bin, sizeof bin);
-        return strata_pread_all(ck->fds[s->rank], out, (z - a) * sizeof(float),
-                                s->offset + (a - s->lo) * sizeof(float), bin);
+        return strata_pread_all(ck->fds[s->rank], out, (z - a) * s->es, s->offset + (a - s->lo) * s->es, bin);
     }
     if (a == s->lo && z == s->hi) return read_segment_checked(ck, s, out);
     return read_part_checked(ck, s, a, z, out);
@@ -638,7 +739,8 @@ static int read_part(strata_ckpt *ck, size_t i, size_t a, size_t z, float *out) 
 
 /* The first segment of (unit, kind) that ends after element lo (binary search). */
 static size_t first_segment_after(const strata_ckpt *ck, int unit, int kind, size_t lo) {
-    size_t b = ck->uk_first[unit * STRATA_CKPT_KINDS + kind], e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
+    size_t b = ck->uk_first[unit * STRATA_CKPT_MAX_KINDS + kind],
+           e = ck->uk_first[unit * STRATA_CKPT_MAX_KINDS + kind + 1];
     while (b < e) {
         size_t mid = b + (e - b) / 2;
         if (ck->segs[mid].hi <= lo) b = mid + 1;
@@ -647,10 +749,74 @@ static size_t first_segment_after(const strata_ckpt *ck, int unit, int kind, siz
     return b;
 }
 
+/* Calls part(ck, i, a, z, arg) for each piece [a, z) of segment i that [lo, hi) covers, in
+ * order. */
+typedef int (*part_fn)(strata_ckpt *ck, size_t i, size_t a, size_t z, size_t lo, void *arg);
+static int for_each_part(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, part_fn part, void *arg) {
+    size_t e = ck->uk_first[unit * STRATA_CKPT_MAX_KINDS + kind + 1];
+    for (size_t i = first_segment_after(ck, unit, kind, lo); i < e && ck->segs[i].lo < hi; i++) {
+        const seg *s = &ck->segs[i];
+        size_t a = s->lo > lo ? s->lo : lo, z = s->hi < hi ? s->hi : hi;
+        if (part(ck, i, a, z, lo, arg) != 0) return -1;
+    }
+    return 0;
+}
+
+static int bad_read(const strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi) {
+    return strata_fail("checkpoint %s: invalid read of unit %d kind %d elements [%zu, %zu)", ck->dir, unit, kind, lo, hi);
+}
+
+/* read_raw's pieces: back to back, each as stored */
+static int raw_part(strata_ckpt *ck, size_t i, size_t a, size_t z, size_t lo, void *arg) {
+    char **out = arg;
+    if (read_part(ck, i, a, z, *out) != 0) return -1;
+    *out += (z - a) * ck->segs[i].es;
+    return 0;
+}
+
+int strata_ckpt_read_raw(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, void *dst) {
+    if (unit < 0 || unit >= ck->layout.n_units || kind < 0 || kind >= ck->kinds || lo > hi ||
+        hi > kind_end(ck, unit, kind))
+        return bad_read(ck, unit, kind, lo, hi);
+    char *out = dst;
+    return for_each_part(ck, unit, kind, lo, hi, raw_part, &out);
+}
+
+/* read_range's pieces: each as fp32 at its element's place in dst. A piece stored narrower
+ * is read into the tail of its place and widened front to back: value i, written to bytes
+ * [4i, 4i + 4), never reaches the stored bytes of any element after i. */
+static int fp32_part(strata_ckpt *ck, size_t i, size_t a, size_t z, size_t lo, void *arg) {
+    float *out = (float *)arg + (a - lo);
+    const seg *s = &ck->segs[i];
+    size_t n = z - a;
+    if (s->es == sizeof(float)) return read_part(ck, i, a, z, out);
+    unsigned char *stored = (unsigned char *)out + (sizeof(float) - s->es) * n;
+    if (read_part(ck, i, a, z, stored) != 0) return -1;
+    if (s->es == 2) { /* bf16 */
+        for (size_t k = 0; k < n; k++) {
+            uint16_t h;
+            memcpy(&h, stored + 2 * k, 2);
+            out[k] = strata_bf16_to_f32(h);
+        }
+        return 0;
+    }
+    /* 8-bit codes: dequantized with each block's absmax (one read per block) */
+    const strata_q8_map *q = s->kind == STRATA_CKPT_M ? strata_q8_signed() : strata_q8_unsigned();
+    int absmax_kind = s->kind == STRATA_CKPT_M ? STRATA_CKPT_M_ABSMAX : STRATA_CKPT_V_ABSMAX;
+    size_t blk = SIZE_MAX;
+    float absmax = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t b = (a + k) / STRATA_Q8_BLOCK;
+        if (b != blk && strata_ckpt_read_raw(ck, s->unit, absmax_kind, b, b + 1, &absmax) != 0) return -1;
+        blk = b;
+        out[k] = q->value[stored[k]] * absmax;
+    }
+    return 0;
+}
+
 int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_t hi, float *dst) {
     if (unit < 0 || unit >= ck->layout.n_units || kind < 0 || kind >= STRATA_CKPT_KINDS || lo > hi)
-        return strata_fail("checkpoint %s: invalid read of unit %d kind %d elements [%zu, %zu)", ck->dir, unit, kind,
-                           lo, hi);
+        return bad_read(ck, unit, kind, lo, hi);
     size_t numel = ck->unit_numel[unit];
     size_t real_hi = hi < numel ? hi : numel;
     /* Padding beyond the real elements reads as zeros. */
@@ -659,11 +825,5 @@ int strata_ckpt_read_range(strata_ckpt *ck, int unit, int kind, size_t lo, size_
         memset(dst + (z0 - lo), 0, (hi - z0) * sizeof(float));
     }
     if (lo >= real_hi) return 0;
-    size_t e = ck->uk_first[unit * STRATA_CKPT_KINDS + kind + 1];
-    for (size_t i = first_segment_after(ck, unit, kind, lo); i < e && ck->segs[i].lo < real_hi; i++) {
-        const seg *s = &ck->segs[i];
-        size_t a = s->lo > lo ? s->lo : lo, z = s->hi < real_hi ? s->hi : real_hi;
-        if (read_part(ck, i, a, z, dst + (a - lo)) != 0) return -1;
-    }
-    return 0;
+    return for_each_part(ck, unit, kind, lo, real_hi, fp32_part, dst);
 }

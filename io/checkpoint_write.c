@@ -3,9 +3,9 @@
  * the rename into place and `latest`.
  *
  * YAML files are emitted with printf into a memory buffer and written in one go. Tensor
- * data is raw fp32, one file per rank, cut into segments at tensor boundaries, written
- * as the caller feeds it (strata_ckpt_writer); every segment's CRC-32C, computed as its
- * bytes pass, goes into the rank's index. */
+ * data is raw fp32 (moments as optim.state stores them), one file per rank, cut into
+ * segments at tensor boundaries, written as the caller feeds it (strata_ckpt_writer); every
+ * segment's CRC-32C, computed as its bytes pass, goes into the rank's index. */
 #include "io/checkpoint.h"
 
 #include <dirent.h>
@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/quant.h"
 #include "io/checkpoint_format.h"
 #include "io/checkpoint_prune.h"
 #include "io/files.h"
@@ -40,22 +41,36 @@ void strata_ckpt_rank_range(const strata_param_layout *L, int u, int rank, int w
     *hi = b;
 }
 
-/* The index's comment and header keys, up to "segments:". */
-static void index_header(strata_sbuf *ix, int rank, int world, uint64_t total) {
-    strata_sbuf_printf(ix, "# Strata checkpoint rank index: the segments of rank%05d.bin (fp32) in file order;\n"
-                   "# lo/hi are element offsets in the unit's flat buffer.\n", rank);
-    /* A rank whose shards are all padding holds nothing: an empty list, not a null. */
-    strata_sbuf_printf(ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\nbin_bytes: %llu\nsegments:%s\n", CKPT_FORMAT,
-              rank, world, (unsigned long long)total, total ? "" : " []");
+/* The index's comment and header keys, up to "segments:". fp32 state: format 1, as
+ * always; other state: format 2 with its optim_state. */
+static void index_header(strata_sbuf *ix, int rank, int world, uint64_t total, strata_optim_state state) {
+    if (state == STRATA_OPTIM_STATE_FP32) {
+        strata_sbuf_printf(ix, "# Strata checkpoint rank index: the segments of rank%05d.bin (fp32) in file order;\n"
+                       "# lo/hi are element offsets in the unit's flat buffer.\n", rank);
+        /* A rank whose shards are all padding holds nothing: an empty list, not a null. */
+        strata_sbuf_printf(ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\nbin_bytes: %llu\nsegments:%s\n",
+                           CKPT_FORMAT, rank, world, (unsigned long long)total, total ? "" : " []");
+        return;
+    }
+    strata_sbuf_printf(ix, "# Strata checkpoint rank index: the segments of rank%05d.bin in file order (param fp32,\n"
+                   "# m and v in their dtype); lo/hi are element offsets in the unit's flat buffer (blocks of\n"
+                   "# 2048 elements for m_absmax and v_absmax).\n", rank);
+    strata_sbuf_printf(ix, "format: %s\nrank: %d\nworld: %d\ndtype: float32\noptim_state: %s\nbin_bytes: %llu\nsegments:%s\n",
+                       CKPT_FORMAT_2, rank, world, strata_optim_state_name(state), (unsigned long long)total,
+                       total ? "" : " []");
 }
 
 /* The writer sits in one part (unit u, kind k: elements [a, b) of the unit, in file
- * order) at element pos, inside the segment of tensor order[j] (a part is cut at tensor
- * boundaries), whose CRC-32C so far is crc and whose first byte is at file offset
- * seg_offset. u == L->n_units: every part was fed. */
+ * order; blocks for the absmax kinds) at element pos, inside the segment of tensor order[j]
+ * (a part is cut at tensor boundaries; an absmax part is one segment), whose CRC-32C so far
+ * is crc and whose first byte is at file offset seg_offset. [ea, eb) are the unit's
+ * elements this rank writes. u == L->n_units: every part was fed. */
 struct strata_ckpt_writer {
     const strata_param_layout *L;
     int rank, world;
+    strata_optim_state state;
+    int kinds; /* strata_ckpt_kinds(state) */
+    size_t ea, eb;
     int *order, *first; /* strata_ckpt_layout_index's */
     char dir[CKPT_PATH_MAX], bin[CKPT_PATH_MAX], idx[CKPT_PATH_MAX];
     int fd;
@@ -67,11 +82,13 @@ struct strata_ckpt_writer {
     uint64_t offset, seg_offset; /* bytes written; where the segment being fed starts */
 };
 
+static int is_absmax(int kind) { return kind == STRATA_CKPT_M_ABSMAX || kind == STRATA_CKPT_V_ABSMAX; }
+
 /* Moves j to the first tensor of the part, from j on, with elements at or after pos, and
  * starts its segment there (CRC 0, at the current file offset). */
 static void skip_to_segment(strata_ckpt_writer *w) {
     const strata_param_layout *L = w->L;
-    while (w->j < w->first[w->u + 1]) {
+    while (!is_absmax(w->k) && w->j < w->first[w->u + 1]) {
         const strata_param_tensor *t = &L->tensors[w->order[w->j]];
         if (t->offset + t->numel > w->pos) break;
         w->j++;
@@ -84,25 +101,38 @@ static void skip_to_segment(strata_ckpt_writer *w) {
  * whose range is not empty. */
 static void next_part(strata_ckpt_writer *w) {
     const strata_param_layout *L = w->L;
-    if (++w->k == STRATA_CKPT_KINDS) {
+    if (++w->k == w->kinds) {
         w->k = 0;
         for (w->u++; w->u < L->n_units; w->u++) {
-            strata_ckpt_rank_range(L, w->u, w->rank, w->world, &w->a, &w->b);
-            if (w->b > w->a) break;
+            strata_ckpt_rank_range(L, w->u, w->rank, w->world, &w->ea, &w->eb);
+            if (w->eb > w->ea) break;
         }
     }
     if (w->u == L->n_units) return;
+    w->a = w->ea, w->b = w->eb;
+    if (is_absmax(w->k)) { /* the blocks of the elements; ea is a block boundary (writer_open checked) */
+        w->a = w->ea / STRATA_Q8_BLOCK;
+        w->b = strata_ckpt_unit_blocks(w->eb);
+    }
     w->pos = w->a;
     w->j = w->first[w->u];
     skip_to_segment(w);
 }
 
-/* The index line of the segment that ends at pos: tensor order[j]'s elements in the part. */
+/* The index line of the segment that ends at pos: tensor order[j]'s elements in the part
+ * (m and v with their dtype in format 2), or an absmax part's blocks. */
 static int index_segment(strata_ckpt_writer *w) {
+    if (is_absmax(w->k)) {
+        strata_sbuf_printf(&w->ix, "  - {kind: %s, unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n",
+                           strata_ckpt_kind_name[w->k], w->u, w->a, w->pos, (unsigned long long)w->seg_offset, w->crc);
+        return 0;
+    }
     const strata_param_tensor *t = &w->L->tensors[w->order[w->j]];
     size_t lo = t->offset > w->a ? t->offset : w->a;
     strata_sbuf_printf(&w->ix, "  - {kind: %s, tensor: ", strata_ckpt_kind_name[w->k]);
     if (strata_yaml_quoted(&w->ix, t->name, strlen(t->name), "a tensor name")) return -1;
+    if (w->state != STRATA_OPTIM_STATE_FP32 && (w->k == STRATA_CKPT_M || w->k == STRATA_CKPT_V))
+        strata_sbuf_printf(&w->ix, ", dtype: %s", strata_ckpt_moment_dtype(w->state, w->k, t));
     strata_sbuf_printf(&w->ix, ", unit: %d, lo: %zu, hi: %zu, offset: %llu, crc32c: 0x%08x}\n", w->u, lo, w->pos,
                        (unsigned long long)w->seg_offset, w->crc);
     return 0;
@@ -120,7 +150,30 @@ void strata_ckpt_writer_abort(strata_ckpt_writer *w) {
     if (w) writer_free(w);
 }
 
+/* Bytes rank `rank` writes of unit u: each kind's elements of its range, as stored. */
+static uint64_t unit_bytes(const strata_ckpt_writer *w, int u, size_t a, size_t b) {
+    const strata_param_layout *L = w->L;
+    uint64_t total = 0;
+    for (int k = 0; k < w->kinds; k++) {
+        if (is_absmax(k)) {
+            total += (uint64_t)(strata_ckpt_unit_blocks(b) - a / STRATA_Q8_BLOCK) * sizeof(float);
+            continue;
+        }
+        for (int i = w->first[u]; i < w->first[u + 1]; i++) {
+            const strata_param_tensor *t = &L->tensors[w->order[i]];
+            size_t lo = t->offset > a ? t->offset : a, hi = t->offset + t->numel < b ? t->offset + t->numel : b;
+            if (lo < hi) total += (uint64_t)(hi - lo) * strata_ckpt_elem_bytes(w->state, k, t);
+        }
+    }
+    return total;
+}
+
 strata_ckpt_writer *strata_ckpt_writer_open(const char *tmp_dir, const strata_param_layout *L, int rank, int world) {
+    return strata_ckpt_writer_open_state(tmp_dir, L, rank, world, STRATA_OPTIM_STATE_FP32);
+}
+
+strata_ckpt_writer *strata_ckpt_writer_open_state(const char *tmp_dir, const strata_param_layout *L, int rank, int world,
+                                                  strata_optim_state state) {
     if (world < 1 || rank < 0 || rank >= world) {
         strata_fail("checkpoint %s: rank %d of world %d is out of range", tmp_dir, rank, world);
         return NULL;
@@ -130,30 +183,33 @@ strata_ckpt_writer *strata_ckpt_writer_open(const char *tmp_dir, const strata_pa
     w->L = L;
     w->rank = rank;
     w->world = world;
+    w->state = state;
+    w->kinds = strata_ckpt_kinds(state);
     if (strata_ckpt_layout_index(L, "checkpoint layout", &w->order, &w->first) != 0 ||
         strata_ckpt_fmt_path(w->dir, sizeof w->dir, "%s", tmp_dir) != 0 ||
         strata_ckpt_fmt_path(w->bin, sizeof w->bin, "%s/rank%05d.bin", tmp_dir, rank) != 0 ||
         strata_ckpt_fmt_path(w->idx, sizeof w->idx, "%s/rank%05d.yaml", tmp_dir, rank) != 0)
         goto fail;
     uint64_t total = 0;
+    size_t align = state == STRATA_OPTIM_STATE_INT8 ? (size_t)world * STRATA_Q8_BLOCK : (size_t)world;
     for (int u = 0; u < L->n_units; u++) {
-        if (L->unit_padded[u] % (size_t)world != 0) {
-            strata_fail("checkpoint layout: unit %d: padded size %zu is not a multiple of world size %d", u,
-                        L->unit_padded[u], world);
+        if (L->unit_padded[u] % align != 0) {
+            strata_fail("checkpoint layout: unit %d: padded size %zu is not a multiple of %s%d", u, L->unit_padded[u],
+                        state == STRATA_OPTIM_STATE_INT8 ? "2048 x world size " : "world size ", world);
             goto fail;
         }
         size_t a, b;
         strata_ckpt_rank_range(L, u, rank, world, &a, &b);
-        total += (uint64_t)STRATA_CKPT_KINDS * (b - a) * sizeof(float);
+        if (b > a) total += unit_bytes(w, u, a, b);
     }
-    index_header(&w->ix, rank, world, total);
+    index_header(&w->ix, rank, world, total, state);
     w->fd = open(w->bin, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         strata_fail("%s: cannot create: %s", w->bin, strerror(errno));
         goto fail;
     }
     w->u = -1; /* before the first part: next_part finds it */
-    w->k = STRATA_CKPT_KINDS - 1;
+    w->k = w->kinds - 1;
     next_part(w);
     return w;
 fail:
@@ -161,28 +217,33 @@ fail:
     return NULL;
 }
 
-int strata_ckpt_writer_put(strata_ckpt_writer *w, int u, int kind, const float *src, size_t n) {
+int strata_ckpt_writer_put(strata_ckpt_writer *w, int u, int kind, const void *src_, size_t n) {
+    const char *src = src_;
     if (u != w->u || kind != w->k) {
         if (w->u == w->L->n_units)
             return strata_fail("%s: unit %d (%s) given after every part was written", w->bin, u,
-                               kind >= 0 && kind < STRATA_CKPT_KINDS ? strata_ckpt_kind_name[kind] : "?");
+                               kind >= 0 && kind < STRATA_CKPT_MAX_KINDS ? strata_ckpt_kind_name[kind] : "?");
         return strata_fail("%s: unit %d (%s) given where unit %d (%s) elements [%zu, %zu) come next", w->bin, u,
-                           kind >= 0 && kind < STRATA_CKPT_KINDS ? strata_ckpt_kind_name[kind] : "?", w->u,
+                           kind >= 0 && kind < STRATA_CKPT_MAX_KINDS ? strata_ckpt_kind_name[kind] : "?", w->u,
                            strata_ckpt_kind_name[w->k], w->pos, w->b);
     }
     if (n > w->b - w->pos)
         return strata_fail("%s: unit %d (%s): %zu elements given at element %zu, where the part ends at %zu", w->bin, u,
                            strata_ckpt_kind_name[kind], n, w->pos, w->b);
-    if (strata_write_all(w->fd, src, n * sizeof(float), w->bin) != 0) return -1;
     while (n > 0) { /* the CRC of each segment the piece touches, as its bytes pass */
-        const strata_param_tensor *t = &w->L->tensors[w->order[w->j]];
-        size_t end = t->offset + t->numel < w->b ? t->offset + t->numel : w->b;
+        size_t end = w->b, es = sizeof(float);
+        if (!is_absmax(w->k)) {
+            const strata_param_tensor *t = &w->L->tensors[w->order[w->j]];
+            end = t->offset + t->numel < w->b ? t->offset + t->numel : w->b;
+            es = strata_ckpt_elem_bytes(w->state, w->k, t);
+        }
         size_t take = end - w->pos < n ? end - w->pos : n;
-        w->crc = strata_crc32c(w->crc, src, take * sizeof(float));
-        src += take;
+        if (strata_write_all(w->fd, src, take * es, w->bin) != 0) return -1;
+        w->crc = strata_crc32c(w->crc, src, take * es);
+        src += take * es;
         n -= take;
         w->pos += take;
-        w->offset += take * sizeof(float);
+        w->offset += take * es;
         if (w->pos == end) {
             if (index_segment(w) != 0) return -1;
             w->j++;
@@ -274,16 +335,25 @@ static int clean_tmp_dir(const char *tmp_dir, int world) {
     return rc;
 }
 
-/* manifest.yaml's body: everything after its checksum line. */
+/* manifest.yaml's body: everything after its checksum line. fp32 state writes format 1
+ * as always; other state format 2, with optim_state and each tensor's moments. */
 static int build_manifest(strata_sbuf *b, const strata_param_layout *L, const strata_ckpt_meta *meta) {
-    strata_sbuf_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32), indexed by rankNNNNN.yaml;\n"
-                 "# each rank file holds its standard shard [r*S, (r+1)*S) of every unit, S = padded/world.\n");
-    strata_sbuf_printf(b, "format: %s\nstep: %lld\nworld: %d\nstage: %d\nseed: %llu\nrng_state: 0x%016llx\n", CKPT_FORMAT,
-              (long long)meta->step, meta->world, meta->stage, (unsigned long long)meta->seed,
-              (unsigned long long)meta->rng_state);
+    strata_optim_state st = meta->state;
+    if (st == STRATA_OPTIM_STATE_FP32)
+        strata_sbuf_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32), indexed by rankNNNNN.yaml;\n"
+                     "# each rank file holds its standard shard [r*S, (r+1)*S) of every unit, S = padded/world.\n");
+    else
+        strata_sbuf_printf(b, "# Strata checkpoint manifest. Tensor data: rankNNNNN.bin (fp32 master weights, Adam's moments\n"
+                     "# as optim_state stores them), indexed by rankNNNNN.yaml; each rank file holds its standard\n"
+                     "# shard [r*S, (r+1)*S) of every unit, S = padded/world.\n");
+    strata_sbuf_printf(b, "format: %s\nstep: %lld\nworld: %d\nstage: %d\nseed: %llu\nrng_state: 0x%016llx\n",
+              st == STRATA_OPTIM_STATE_FP32 ? CKPT_FORMAT : CKPT_FORMAT_2, (long long)meta->step, meta->world,
+              meta->stage, (unsigned long long)meta->seed, (unsigned long long)meta->rng_state);
     /* 17 significant digits read back to the same double. */
-    strata_sbuf_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\nunits:\n", meta->tokens_seen,
-              meta->last_loss);
+    strata_sbuf_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\n", meta->tokens_seen, meta->last_loss);
+    if (st != STRATA_OPTIM_STATE_FP32) strata_sbuf_printf(b, "optim_state: %s\n", strata_optim_state_name(st));
+    if (st == STRATA_OPTIM_STATE_INT8) strata_sbuf_printf(b, "optim_block: %d\n", STRATA_Q8_BLOCK);
+    strata_sbuf_printf(b, "units:\n");
     for (int u = 0; u < L->n_units; u++)
         strata_sbuf_printf(b, "  - {numel: %zu, padded: %zu}\n", L->unit_numel[u], L->unit_padded[u]);
     strata_sbuf_printf(b, "tensors:\n");
@@ -294,7 +364,8 @@ static int build_manifest(strata_sbuf *b, const strata_param_layout *L, const st
         if (strata_yaml_quoted(b, t->name, n, "a tensor name")) return -1;
         strata_sbuf_printf(b, ", unit: %d, offset: %zu, numel: %zu, shape: [", t->unit, t->offset, t->numel);
         for (int d = 0; d < t->ndim; d++) strata_sbuf_printf(b, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-        strata_sbuf_printf(b, "], dtype: float32}\n");
+        if (st == STRATA_OPTIM_STATE_FP32) strata_sbuf_printf(b, "], dtype: float32}\n");
+        else strata_sbuf_printf(b, "], dtype: float32, moments: %s}\n", strata_ckpt_tensor_moments(st, t));
     }
     /* Last, so a literal block's trailing blank lines are plainly its own. */
     return strata_yaml_text_value(b, "config", meta->config_yaml ? meta->config_yaml : "", "checkpoint config text");

@@ -116,6 +116,7 @@ static const char *const section_help[] = {
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const dtype_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
+static const char *const optim_state_names[] = {"fp32", "bf16", "int8", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
 static const char *const arch_names[] = {"gpt2", "llama", NULL};
@@ -213,6 +214,9 @@ static const key_spec schema[] = {
     DBL("optim", "eps", optim.eps, 0, 1, "1e-8", F_MIN_EXCL | F_FLOAT, "AdamW denominator epsilon"),
     DBL("optim", "weight_decay", optim.weight_decay, 0, 10, "0.1", F_FLOAT, "decoupled decay on matrices only"),
     DBL("optim", "grad_clip", optim.grad_clip, 0, 1e6, "1.0", F_FLOAT, "global gradient-norm clip; 0 = off"),
+    ENUM_("optim", "state", optim.state, optim_state_names, "fp32",
+          "how Adam's moments are stored (the master weights stay fp32): fp32 (12 bytes a parameter with the master), bf16 "
+          "(8), or int8 (about 6: 8-bit block-wise codes, 8-bit Adam; tensors under 4096 elements keep fp32)"),
 
     STR("run", "dir", run.dir, "runs/default", F_NONEMPTY, "run directory: metrics, checkpoints, plots"),
     INT_("run", "checkpoint_every", run.checkpoint_every, 0, BIG, "0",
@@ -250,6 +254,8 @@ static const key_spec schema[] = {
 
     BOOL_("memory", "auto", memory.auto_fit, "false",
           "pick micro_batch, checkpointing and offload to fit the budgets"),
+    BOOL_("memory", "allow_int8_state", memory.allow_int8_state, "false",
+          "memory.auto may choose optim.state: int8 (it changes the optimizer's numerics, so only when allowed)"),
     DBL("memory", "gpu_gb", memory.gpu_gb, 0, 1e6, "0", 0, "GPU memory budget; 0 = query the device"),
     DBL("memory", "host_gb", memory.host_gb, 0, 1e6, "0", 0, "host memory budget; 0 = query the machine"),
     DBL("memory", "nvme_gb", memory.nvme_gb, 0, 1e6, "0", 0, "nvme budget; 0 = query nvme_path's file system"),

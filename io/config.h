@@ -128,6 +128,7 @@ typedef struct strata_config {
 
     struct {
         int auto_fit;   /* `memory.auto` */
+        int allow_int8_state; /* memory.auto may choose optim.state: int8 */
         double gpu_gb;  /* 0 = query the device */
         double host_gb; /* 0 = query the machine */
         double nvme_gb; /* 0 = query nvme_path's file system */

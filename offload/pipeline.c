@@ -13,6 +13,12 @@
  * is enqueued by the caller's thread in unit order, so a wait on ev_x[b] always captures
  * the record made for the unit that used buffer b before.
  *
+ * The state is stored as optim.state says (core/update_tier.h): the master and the two
+ * moment arrays (fp32, bf16 or 8-bit codes) in pinned memory or in the unit's blocks of the
+ * NVMe file, each rounded up to 4 KiB; with int8 state the blocks' absmax and the fp32
+ * moments of small tensors, 0.2% and less of the bytes, always in pinned memory, so the
+ * disk holds and moves 6 bytes a parameter instead of 12.
+ *
  * The split (core/update_tier.h's strata_tier_stats): each stage's seconds are timed by
  * the thread that runs it, into counters only that thread writes (the copies between
  * two clock tasks on their own stream); bytes the caller enqueues are counted by the
@@ -27,6 +33,7 @@
 #include "core/common.h"
 #include "core/optim.h"
 #include "offload/cpu_adam.h"
+#include "core/quant.h"
 #include "offload/nvme.h"
 
 #define NVME_ALIGN STRATA_NVME_ALIGN
@@ -67,12 +74,14 @@ typedef struct offload_tier {
     int params_host; /* 1: they live in pinned memory (offload.params: cpu): the update writes them there */
     int n_units, rank;
     size_t *n, max_n;
+    size_t *n_small;          /* int8 state: fp32 moments per unit (packed small tensors) */
     strata_dtype param_dtype;
     size_t es;
-    float *(*state)[3];       /* units in pinned memory: per kind */
-    float *slot_state[2][3];  /* units on NVMe: two pinned slots per kind, of the largest one */
-    size_t *file_off;         /* units on NVMe: offset of the kind-0 block; kinds follow */
-    size_t *unit_stride;      /* units on NVMe: bytes of one kind, 4096-aligned */
+    strata_optim_state state_type;
+    size_t state_es[3];       /* bytes of a master, m, v element */
+    void *(*state)[STRATA_STATE_KINDS]; /* per unit and kind: pinned memory (MASTER, M, V: units not on NVMe) */
+    void *slot_state[2][3];   /* units on NVMe: two pinned slots per kind, of the largest one */
+    size_t *file_off;         /* units on NVMe: offset of the master's block; m's and v's follow */
     size_t *param_off;        /* params on nvme: per unit, offset of its parameters */
     size_t *param_stride;     /* their bytes, 4096-aligned */
     size_t file_bytes;
@@ -110,7 +119,20 @@ static void reserve_pinned(strata_arena *a, strata_mem_category cat, const char 
     strata_arena_reserve(a, STRATA_MEM_PINNED, cat, full, bytes, dst);
 }
 
-static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n,
+/* Elements of state array `kind` of unit u. */
+static size_t kind_count(const offload_tier *o, int u, int kind) {
+    if (kind < 3) return o->n[u];
+    if (o->state_type != STRATA_OPTIM_STATE_INT8) return 0;
+    if (kind == STRATA_STATE_M_ABSMAX || kind == STRATA_STATE_V_ABSMAX) return strata_q8_blocks(o->n[u]);
+    return o->n_small[u];
+}
+
+/* Bytes of kind k (< 3) of unit u in the NVMe file: whole 4 KiB blocks. */
+static size_t kind_stride(const offload_tier *o, int u, int k) {
+    return strata_round_up(o->n[u] * o->state_es[k], NVME_ALIGN);
+}
+
+static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, const size_t *n, const size_t *n_small,
                          strata_dtype param_dtype) {
     offload_tier *o = offload_of(t);
     const strata_config *cfg = o->cfg;
@@ -118,10 +140,12 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     o->n_units = n_units;
     o->param_dtype = param_dtype;
     o->es = strata_dtype_size(param_dtype);
+    o->state_type = cfg->optim.state;
+    for (int k = 0; k < 3; k++) o->state_es[k] = strata_state_elem_bytes(o->state_type, k);
     o->n = strata_xcalloc(n_units, sizeof *o->n);
+    o->n_small = strata_xcalloc(n_units, sizeof *o->n_small);
     o->state = strata_xcalloc(n_units, sizeof *o->state);
     o->file_off = strata_xcalloc(n_units, sizeof *o->file_off);
-    o->unit_stride = strata_xcalloc(n_units, sizeof *o->unit_stride);
     o->param_off = strata_xcalloc(n_units, sizeof *o->param_off);
     o->param_stride = strata_xcalloc(n_units, sizeof *o->param_stride);
     o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
@@ -132,20 +156,28 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     if (!(nvme_ratio > 0 && nvme_ratio <= 1)) nvme_ratio = 1; /* auto that no launcher resolved: all on NVMe */
     strata_split_units(n, n_units, o->nvme ? 1.0 - nvme_ratio : 1.0, o->on_nvme);
     size_t max_nvme_n = 0;
-    static const char *kind_names[3] = {"offload.master", "offload.adam_m", "offload.adam_v"};
+    static const char *kind_names[STRATA_STATE_KINDS] = {"offload.master",        "offload.adam_m",
+                                                         "offload.adam_v",        "offload.adam_m_absmax",
+                                                         "offload.adam_v_absmax", "offload.adam_m_small",
+                                                         "offload.adam_v_small"};
     for (int u = 0; u < n_units; u++) {
         o->n[u] = n[u];
+        o->n_small[u] = n[u] && n_small ? n_small[u] : 0;
         if (n[u] > o->max_n) o->max_n = n[u];
         if (!n[u]) continue;
         if (o->on_nvme[u]) {
             if (n[u] > max_nvme_n) max_nvme_n = n[u];
-            o->unit_stride[u] = strata_round_up(n[u] * sizeof(float), NVME_ALIGN);
             o->file_off[u] = o->file_bytes;
-            o->file_bytes += 3 * o->unit_stride[u];
+            for (int k = 0; k < 3; k++) o->file_bytes += kind_stride(o, u, k);
         } else {
             for (int k = 0; k < 3; k++)
-                reserve_pinned(a, STRATA_CAT_OPTIMIZER, kind_names[k], u, n[u] * sizeof(float), (void **)&o->state[u][k]);
+                reserve_pinned(a, STRATA_CAT_OPTIMIZER, kind_names[k], u, n[u] * o->state_es[k], &o->state[u][k]);
         }
+        /* int8: the absmax and the small tensors' fp32 moments stay in memory, on NVMe too */
+        for (int k = 3; k < STRATA_STATE_KINDS; k++)
+            if (kind_count(o, u, k))
+                reserve_pinned(a, STRATA_CAT_OPTIMIZER, kind_names[k], u, kind_count(o, u, k) * sizeof(float),
+                               &o->state[u][k]);
     }
     if (o->params_nvme) {
         for (int u = 0; u < n_units; u++) {
@@ -161,7 +193,8 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     if (max_nvme_n)
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
-                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, max_nvme_n * sizeof(float), (void **)&o->slot_state[s][k]);
+                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s,
+                               strata_round_up(max_nvme_n * o->state_es[k], NVME_ALIGN), &o->slot_state[s][k]);
     for (int b = 0; b < o->n_buf; b++) {
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
         /* rounded up so a parameter write to NVMe is whole 4 KiB blocks; none when the
@@ -191,10 +224,10 @@ static void offload_destroy(strata_update_tier *t) {
     strata_nvme_close(o->store);
     pthread_mutex_destroy(&o->mu);
     free(o->n);
+    free(o->n_small);
     free(o->state);
     free(o->on_nvme);
     free(o->file_off);
-    free(o->unit_stride);
     free(o->param_off);
     free(o->fetch);
     free(o->param_stride);
@@ -223,7 +256,11 @@ static int offload_open(strata_update_tier *t) {
     return 0;
 }
 
-static size_t state_offset(const offload_tier *o, int u, int kind) { return o->file_off[u] + (size_t)kind * o->unit_stride[u]; }
+static size_t state_offset(const offload_tier *o, int u, int kind) {
+    size_t off = o->file_off[u];
+    for (int k = 0; k < kind; k++) off += kind_stride(o, u, k);
+    return off;
+}
 
 /* A prefetch still in flight into a slot a blocking call is about to reuse: wait for it. */
 static int drain_prefetch(offload_tier *o) {
@@ -234,12 +271,14 @@ static int drain_prefetch(offload_tier *o) {
     return rc ? -1 : 0;
 }
 
-/* A blocking write of elements [lo, lo + n) of a unit's `total`: whole blocks of
- * STRATA_TIER_IO_ALIGN elements, or the array's last piece (core/update_tier.h). */
-static int check_io_range(const char *what, int u, size_t lo, size_t n, size_t total) {
-    if (lo % STRATA_TIER_IO_ALIGN || lo + n > total || (n % STRATA_TIER_IO_ALIGN && lo + n != total))
+/* A blocking write of elements [lo, lo + n) of a unit's `total` elements of es bytes:
+ * whole blocks of STRATA_TIER_IO_ALIGN elements (4096 for 1-byte codes: 4 KiB), or the
+ * array's last piece (core/update_tier.h). */
+static int check_io_range(const char *what, int u, size_t lo, size_t n, size_t total, size_t es) {
+    size_t align = es >= 2 ? STRATA_TIER_IO_ALIGN : NVME_ALIGN / es;
+    if (lo % align || lo + n > total || (n % align && lo + n != total))
         return strata_fail("offload: %s of unit %d: elements [%zu, %zu) of %zu are not whole %zu-element blocks", what,
-                           u, lo, lo + n, total, STRATA_TIER_IO_ALIGN);
+                           u, lo, lo + n, total, align);
     return 0;
 }
 
@@ -256,42 +295,56 @@ static int write_block_range(offload_tier *o, size_t off, size_t stride, size_t 
     return strata_nvme_write(o->store, off + start, slot, span);
 }
 
-static int offload_read_state(strata_update_tier *t, int u, int kind, size_t lo, size_t n, float *dst) {
+static size_t kind_es(const offload_tier *o, int kind) { return kind < 3 ? o->state_es[kind] : sizeof(float); }
+
+static int offload_read_state(strata_update_tier *t, int u, int kind, size_t lo, size_t n, void *dst) {
     offload_tier *o = offload_of(t);
-    if (lo + n > o->n[u])
-        return strata_fail("offload: reading unit %d: elements [%zu, %zu) of %zu", u, lo, lo + n, o->n[u]);
-    if (!o->on_nvme[u]) {
-        memcpy(dst, o->state[u][kind] + lo, n * sizeof(float));
+    STRATA_ASSERT(kind >= 0 && kind < STRATA_STATE_KINDS);
+    size_t es = kind_es(o, kind);
+    if (lo + n > kind_count(o, u, kind))
+        return strata_fail("offload: reading unit %d: elements [%zu, %zu) of %zu", u, lo, lo + n, kind_count(o, u, kind));
+    if (!n) return 0;
+    if (kind >= 3 || !o->on_nvme[u]) {
+        memcpy(dst, (char *)o->state[u][kind] + lo * es, n * es);
         return 0;
     }
     /* through a pinned slot: O_DIRECT needs whole aligned blocks, the caller's buffer is
      * neither; the blocks that hold the range lie within the unit's stride, which the slot
      * holds */
     if (drain_prefetch(o)) return -1;
-    float *slot = o->slot_state[0][kind];
-    size_t first = lo * sizeof(float) / NVME_ALIGN * NVME_ALIGN;
-    size_t end = strata_round_up((lo + n) * sizeof(float), NVME_ALIGN);
+    void *slot = o->slot_state[0][kind];
+    size_t first = lo * es / NVME_ALIGN * NVME_ALIGN;
+    size_t end = strata_round_up((lo + n) * es, NVME_ALIGN);
     if (strata_nvme_read(o->store, state_offset(o, u, kind) + first, slot, end - first)) return -1;
-    memcpy(dst, (char *)slot + (lo * sizeof(float) - first), n * sizeof(float));
+    memcpy(dst, (char *)slot + (lo * es - first), n * es);
     return 0;
 }
 
-static int offload_write_state(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const float *src) {
+static int offload_write_state(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const void *src) {
     offload_tier *o = offload_of(t);
-    if (check_io_range("writing state", u, lo, n, o->n[u])) return -1;
+    STRATA_ASSERT(kind >= 0 && kind < STRATA_STATE_KINDS);
+    size_t es = kind_es(o, kind);
+    if (kind >= 3) { /* always in memory: any range */
+        if (lo + n > kind_count(o, u, kind))
+            return strata_fail("offload: writing unit %d: elements [%zu, %zu) of %zu", u, lo, lo + n,
+                               kind_count(o, u, kind));
+        if (n) memcpy((char *)o->state[u][kind] + lo * es, src, n * es);
+        return 0;
+    }
+    if (check_io_range("writing state", u, lo, n, o->n[u], es)) return -1;
     if (!o->on_nvme[u]) {
-        memcpy(o->state[u][kind] + lo, src, n * sizeof(float));
+        memcpy((char *)o->state[u][kind] + lo * es, src, n * es);
         return 0;
     }
     if (drain_prefetch(o)) return -1; /* its slot is reused, and its unit may be the one written */
-    return write_block_range(o, state_offset(o, u, kind), o->unit_stride[u], o->n[u], sizeof(float), lo, n, src,
+    return write_block_range(o, state_offset(o, u, kind), kind_stride(o, u, kind), o->n[u], es, lo, n, src,
                              o->slot_state[0][kind]);
 }
 
 static int offload_write_params(strata_update_tier *t, int u, size_t lo, size_t n, const void *src) {
     offload_tier *o = offload_of(t);
     STRATA_ASSERT(o->params_nvme);
-    if (check_io_range("writing parameters", u, lo, n, o->n[u])) return -1;
+    if (check_io_range("writing parameters", u, lo, n, o->n[u], o->es)) return -1;
     return write_block_range(o, o->param_off[u], o->param_stride[u], o->n[u], o->es, lo, n, src, o->param_io);
 }
 
@@ -344,7 +397,7 @@ static void clock_stop(void *arg) {
 
 static int prefetch(offload_tier *o, int u, int slot) {
     for (int k = 0; k < 3; k++)
-        if (strata_nvme_read_async(o->store, state_offset(o, u, k), o->slot_state[slot][k], o->unit_stride[u],
+        if (strata_nvme_read_async(o->store, state_offset(o, u, k), o->slot_state[slot][k], kind_stride(o, u, k),
                                    &o->prefetch_ticket[k]))
             return -1;
     o->prefetched_unit = u;
@@ -363,7 +416,8 @@ static void update_run(void *arg) {
     update_task *t = arg;
     offload_tier *o = t->o;
     int u = t->u;
-    float *state[3];
+    void *state[STRATA_STATE_KINDS];
+    for (int k = 0; k < STRATA_STATE_KINDS; k++) state[k] = o->state[u][k];
     int slot = 0;
     strata_tier_stats *st = &o->by_run;
     double t0 = strata_now_ms();
@@ -375,7 +429,7 @@ static void update_run(void *arg) {
         slot = o->prefetch_slot;
         for (int k = 0; k < 3; k++)
             if (strata_nvme_wait(o->store, o->prefetch_ticket[k])) { record_error(o, "offload: reading optimizer state"); return; }
-        st->disk_read_bytes += 3 * o->unit_stride[u];
+        for (int k = 0; k < 3; k++) st->disk_read_bytes += kind_stride(o, u, k);
         o->prefetched_unit = -1;
         for (int k = 0; k < 3; k++) state[k] = o->slot_state[slot][k];
         /* the next unit's state streams in while this one updates */
@@ -386,7 +440,6 @@ static void update_run(void *arg) {
         st->state_wait_s += (t1 - t0) / 1e3;
         t0 = t1;
     } else {
-        for (int k = 0; k < 3; k++) state[k] = o->state[u][k];
         /* the disk starts on the first unit it holds while the pinned ones update */
         int next = next_on_nvme(o, u);
         if (o->prefetched_unit < 0 && next < o->n_units && prefetch(o, next, o->next_slot)) {
@@ -394,26 +447,47 @@ static void update_run(void *arg) {
             return;
         }
     }
-    float *grad = o->grad_stage[t->b];
+    float *grad = o->grad_stage[t->b], *master = state[STRATA_STATE_MASTER];
     char *param = t->param_host ? t->param_host : o->param_stage[t->b];
+    /* reads grad, master, m, v; writes those three and the param */
+    size_t moment_bytes = 4 * o->state_es[STRATA_STATE_M];
     for (int i = 0; i < t->n_seg; i++) {
         const strata_adamw_segment *s = &t->seg[i];
         strata_adamw_args a = t->args;
         if (!s->decay) a.weight_decay = 0.0f;
-        strata_cpu_adamw(state[0] + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo, state[1] + s->lo,
-                         state[2] + s->lo, s->n, &a);
         st->adamw_elements += s->n;
-        st->adamw_bytes += s->n * (28 + o->es); /* reads grad, master, m, v; writes those three and the param */
+        if (o->state_type == STRATA_OPTIM_STATE_BF16) {
+            strata_cpu_adamw_bf16(master + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo,
+                                  (uint16_t *)state[STRATA_STATE_M] + s->lo, (uint16_t *)state[STRATA_STATE_V] + s->lo,
+                                  s->n, &a);
+        } else if (o->state_type == STRATA_OPTIM_STATE_INT8 && s->quant) {
+            /* below, with the whole range's blocks */
+        } else if (o->state_type == STRATA_OPTIM_STATE_INT8) { /* a small tensor's fp32 moments, packed */
+            strata_cpu_adamw(master + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo,
+                             (float *)state[STRATA_STATE_M_SMALL] + s->small,
+                             (float *)state[STRATA_STATE_V_SMALL] + s->small, s->n, &a);
+            st->adamw_bytes += s->n * (28 + o->es);
+            continue;
+        } else {
+            strata_cpu_adamw(master + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo,
+                             (float *)state[STRATA_STATE_M] + s->lo, (float *)state[STRATA_STATE_V] + s->lo, s->n, &a);
+        }
+        st->adamw_bytes += s->n * (12 + moment_bytes + o->es);
     }
+    if (o->state_type == STRATA_OPTIM_STATE_INT8)
+        strata_cpu_adamw_q8(master, param, o->param_dtype, grad, state[STRATA_STATE_M], state[STRATA_STATE_V],
+                            state[STRATA_STATE_M_ABSMAX], state[STRATA_STATE_V_ABSMAX], o->n[u], t->seg, t->n_seg,
+                            &t->args);
     double t1 = strata_now_ms();
     st->adamw_s += (t1 - t0) / 1e3;
     if (o->on_nvme[u]) {
-        for (int k = 0; k < 3; k++)
-            if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], o->unit_stride[u])) {
+        for (int k = 0; k < 3; k++) {
+            if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], kind_stride(o, u, k))) {
                 record_error(o, "offload: writing optimizer state");
                 return;
             }
-        st->disk_write_bytes += 3 * o->unit_stride[u];
+            st->disk_write_bytes += kind_stride(o, u, k);
+        }
         st->state_write_s += (strata_now_ms() - t1) / 1e3;
     }
 }

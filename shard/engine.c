@@ -11,8 +11,12 @@
 #include "core/common.h"
 #include "core/kernels.h"
 #include "core/optim.h"
+#include "core/quant.h"
 
 #define PAD_ALIGN 64 /* elements; shards start on 256-byte boundaries for fp32 */
+/* With 8-bit optimizer state units are padded to world x 2048 instead, so every rank's range
+ * starts on a quantization block (core/quant.h): a block never straddles two ranks, and a
+ * checkpoint's blocks mean the same at any world size. fp32 and bf16 state keep 64. */
 /* The planned buffer that checkpoints, loads, initialisation and the publishing of
  * offloaded master weights go through, a chunk at a time: at most this large (smaller
  * when the largest optimizer range is), so saving a model of any size needs no memory
@@ -190,7 +194,15 @@ struct strata_engine {
     void **params_shard;            /* params_sharded (NULL when the tier keeps them) */
     float **grads_full;             /* !grads_sharded: full padded fp32 */
     float **grad_acc;               /* grads_sharded: fp32 shard accumulators */
-    float **master, **mom1, **mom2; /* the optimizer range, on the device (no tier) */
+    /* The optimizer range, on the device (no tier), stored as optim.state says
+     * (core/update_tier.h's STRATA_STATE_* arrays): the fp32 master; the moments fp32,
+     * bf16 or 8-bit codes; with int8 each block's absmax and the small tensors' fp32
+     * moments, packed (n_small[u] of them). */
+    strata_optim_state state;
+    float **master;
+    void **mom1, **mom2;
+    float **absmax1, **absmax2, **small1, **small2;
+    size_t *n_small;
 
     schedule sched;
     landing land;
@@ -204,8 +216,8 @@ struct strata_engine {
     strata_stop_query stop; /* strata_engine_set_stop; NULL: nothing asks the engine to stop */
 
     /* pinned (plan_io): the chunk every save, load, init and host-side publish moves
-     * through; io_chunk elements, a multiple of 2 * STRATA_TIER_IO_ALIGN, so a chunk and
-     * each of its halves (publish_params: fp32 in one, converted in the other) start on
+     * through; io_chunk elements, a multiple of 2 * strata_tier_io_align(state), so a chunk
+     * and each of its halves (publish_params: fp32 in one, converted in the other) start on
      * the update tier's write boundaries */
     float *io_buf;
     size_t io_chunk;
@@ -244,6 +256,47 @@ static size_t opt_n(const strata_engine *e, int u) { return e->z.opt_sharded ? e
 /* Whether the update tier holds unit u's optimizer state (else the device does). */
 static int in_tier(const strata_engine *e, int u) { return e->off.tier && e->off.held[u]; }
 
+/* Unit u's state array `kind` on the device (no tier). */
+static void *dev_state(const strata_engine *e, int u, int kind) {
+    switch (kind) {
+    case STRATA_STATE_MASTER: return e->master[u];
+    case STRATA_STATE_M: return e->mom1[u];
+    case STRATA_STATE_V: return e->mom2[u];
+    case STRATA_STATE_M_ABSMAX: return e->absmax1[u];
+    case STRATA_STATE_V_ABSMAX: return e->absmax2[u];
+    case STRATA_STATE_M_SMALL: return e->small1[u];
+    default: return e->small2[u];
+    }
+}
+
+/* Elements [lo, lo + n) of unit u's state array `kind` into the host buffer dst, from the
+ * tier or the device; and back (the tier's write alignment applies: the callers move whole
+ * chunks). Blocking: the buffer is reused next. */
+static int state_get(strata_engine *e, int u, int kind, size_t lo, size_t n, void *dst) {
+    if (!n) return 0;
+    if (in_tier(e, u)) return e->off.tier->ops->read_state(e->off.tier, u, kind, lo, n, dst);
+    size_t es = strata_state_elem_bytes(e->state, kind);
+    STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, dst, (char *)dev_state(e, u, kind) + lo * es, n * es));
+    STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute));
+    return 0;
+}
+static int state_put(strata_engine *e, int u, int kind, size_t lo, size_t n, const void *src) {
+    if (!n) return 0;
+    if (in_tier(e, u)) return e->off.tier->ops->write_state(e->off.tier, u, kind, lo, n, src);
+    size_t es = strata_state_elem_bytes(e->state, kind);
+    STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, (char *)dev_state(e, u, kind) + lo * es, src, n * es));
+    STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute));
+    return 0;
+}
+
+/* Elements of state array `kind` of unit u's range. */
+static size_t state_count(const strata_engine *e, int u, int kind) {
+    if (kind <= STRATA_STATE_V) return opt_n(e, u);
+    if (e->state != STRATA_OPTIM_STATE_INT8) return 0;
+    if (kind == STRATA_STATE_M_ABSMAX || kind == STRATA_STATE_V_ABSMAX) return strata_q8_blocks(opt_n(e, u));
+    return e->n_small[u];
+}
+
 /* offload.optimizer_ratio: the device keeps the first units' state, the tier the rest. */
 static void split_optimizer(strata_engine *e) {
     double ratio = e->cfg->offload.optimizer_ratio;
@@ -273,13 +326,18 @@ static void set_up(strata_engine *e) {
     e->es = strata_dtype_size(e->dtype);
     e->padded = strata_xcalloc(e->U, sizeof *e->padded);
     e->shard = strata_xcalloc(e->U, sizeof *e->shard);
+    e->state = cfg->optim.state;
+    size_t align = e->state == STRATA_OPTIM_STATE_INT8 ? STRATA_Q8_BLOCK : PAD_ALIGN;
     for (int u = 0; u < e->U; u++) {
-        e->padded[u] = strata_round_up(e->m->units[u].numel, (size_t)e->world * PAD_ALIGN);
+        e->padded[u] = strata_round_up(e->m->units[u].numel, (size_t)e->world * align);
         e->shard[u] = e->padded[u] / e->world;
         if (u > 0 && e->padded[u] > e->max_block_padded) e->max_block_padded = e->padded[u];
     }
-    for (int u = 0; u < e->U; u++)
+    e->n_small = strata_xcalloc(e->U, sizeof *e->n_small);
+    for (int u = 0; u < e->U; u++) {
         if (opt_n(e, u) > e->max_opt_n) e->max_opt_n = opt_n(e, u);
+        e->n_small[u] = strata_adamw_small_count(e->m, u, opt_lo(e, u), opt_n(e, u), e->state);
+    }
     const char *nan = getenv("STRATA_FAULT_NAN_STEP"), *oom = getenv("STRATA_FAULT_OOM_STEP"),
                *copy = getenv("STRATA_FAULT_COPY_STEP");
     e->fault.nan_step = nan ? atoll(nan) : 0;
@@ -296,8 +354,13 @@ static void plan_state(strata_engine *e) {
     e->grads_full = strata_xcalloc(e->U, sizeof(float *));
     e->grad_acc = strata_xcalloc(e->U, sizeof(float *));
     e->master = strata_xcalloc(e->U, sizeof(float *));
-    e->mom1 = strata_xcalloc(e->U, sizeof(float *));
-    e->mom2 = strata_xcalloc(e->U, sizeof(float *));
+    e->mom1 = strata_xcalloc(e->U, sizeof(void *));
+    e->mom2 = strata_xcalloc(e->U, sizeof(void *));
+    e->absmax1 = strata_xcalloc(e->U, sizeof(float *));
+    e->absmax2 = strata_xcalloc(e->U, sizeof(float *));
+    e->small1 = strata_xcalloc(e->U, sizeof(float *));
+    e->small2 = strata_xcalloc(e->U, sizeof(float *));
+    size_t mb = strata_optim_moment_bytes(e->state);
     if (e->off.tier) split_optimizer(e);
     for (int u = 0; u < e->U; u++) {
         size_t P = e->padded[u], S = e->shard[u], n = opt_n(e, u);
@@ -309,18 +372,28 @@ static void plan_state(strata_engine *e) {
                          STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
         if (!e->z.grads_sharded) reserve(e, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
         else reserve(e, STRATA_CAT_GRADS, "grad_shard", u, S * 4, (void **)&e->grad_acc[u]);
-        if (in_tier(e, u)) {
-            e->mem.optimizer += 3 * n * 4; /* held by this rank, in the tier's memory */
+        size_t nb = e->state == STRATA_OPTIM_STATE_INT8 ? strata_q8_blocks(n) : 0, ns = e->n_small[u];
+        if (in_tier(e, u)) { /* held by this rank, in the tier's memory */
+            e->mem.optimizer += n * 4 + 2 * n * mb + 2 * (nb + ns) * 4;
             continue;
         }
         reserve(e, STRATA_CAT_OPTIMIZER, "master", u, n * 4, (void **)&e->master[u]);
-        reserve(e, STRATA_CAT_OPTIMIZER, "adam_m", u, n * 4, (void **)&e->mom1[u]);
-        reserve(e, STRATA_CAT_OPTIMIZER, "adam_v", u, n * 4, (void **)&e->mom2[u]);
+        reserve(e, STRATA_CAT_OPTIMIZER, "adam_m", u, n * mb, &e->mom1[u]);
+        reserve(e, STRATA_CAT_OPTIMIZER, "adam_v", u, n * mb, &e->mom2[u]);
+        if (nb) {
+            reserve(e, STRATA_CAT_OPTIMIZER, "adam_m_absmax", u, nb * 4, (void **)&e->absmax1[u]);
+            reserve(e, STRATA_CAT_OPTIMIZER, "adam_v_absmax", u, nb * 4, (void **)&e->absmax2[u]);
+        }
+        if (ns) {
+            reserve(e, STRATA_CAT_OPTIMIZER, "adam_m_small", u, ns * 4, (void **)&e->small1[u]);
+            reserve(e, STRATA_CAT_OPTIMIZER, "adam_v_small", u, ns * 4, (void **)&e->small2[u]);
+        }
     }
     if (e->off.tier) {
         size_t *n = strata_xcalloc(e->U, sizeof *n);
         for (int u = 0; u < e->U; u++) n[u] = in_tier(e, u) ? opt_n(e, u) : 0; /* 0: not the tier's */
-        e->off.tier->ops->plan(e->off.tier, e->arena, e->U, n, e->dtype);
+        e->off.tier->ops->plan(e->off.tier, e->arena, e->U, n, e->state == STRATA_OPTIM_STATE_INT8 ? e->n_small : NULL,
+                               e->dtype);
         free(n);
         e->off.ev_update = strata_xcalloc(e->U, sizeof *e->off.ev_update);
         e->off.ev_params_ready = strata_xcalloc(e->U, sizeof *e->off.ev_params_ready);
@@ -352,7 +425,7 @@ static void plan_reduction(strata_engine *e) {
  * optimizer state between the host and wherever it lives, outside a step, goes through
  * it in chunks, so no save, load or init allocates in proportion to the model. */
 static void plan_io(strata_engine *e) {
-    const size_t align = 2 * STRATA_TIER_IO_ALIGN;
+    const size_t align = 2 * strata_tier_io_align(e->state);
     size_t most = strata_round_up(e->max_opt_n, align); /* no chunk need be longer than a range */
     size_t cap = IO_STAGING_MAX_BYTES / sizeof(float) / align * align;
     /* test-only: a smaller cap, so small models cross chunk boundaries (read once, here) */
@@ -540,6 +613,11 @@ void strata_engine_destroy(strata_engine *e) {
     free(e->master);
     free(e->mom1);
     free(e->mom2);
+    free(e->absmax1);
+    free(e->absmax2);
+    free(e->small1);
+    free(e->small2);
+    free(e->n_small);
     free(e->loss_sum_host);
     free(e);
 }
@@ -819,25 +897,46 @@ static int seeded_init(void *ctx, const strata_model *m, int u, size_t lo, size_
 
 int strata_engine_init_params(strata_engine *e, uint64_t seed) { return strata_engine_init_from(e, seeded_init, &seed); }
 
+/* The byte every element of moment array `kind` starts as: 0, but the signed map's code of
+ * zero for int8's first moment. */
+static int zero_byte(const strata_engine *e, int kind) {
+    return e->state == STRATA_OPTIM_STATE_INT8 && kind == STRATA_STATE_M ? STRATA_Q8_ZERO_SIGNED : 0;
+}
+
+/* int8 state: the absmax and packed fp32 moments of unit u's range (in the tier's memory)
+ * zeroed a chunk at a time. */
+static int zero_small_state(strata_engine *e, int u) {
+    memset(e->io_buf, 0, e->io_chunk * sizeof(float));
+    for (int k = STRATA_STATE_M_ABSMAX; k < STRATA_STATE_KINDS; k++)
+        for (size_t c = 0, n = state_count(e, u, k); c < n; c += e->io_chunk)
+            if (state_put(e, u, k, c, n - c < e->io_chunk ? n - c : e->io_chunk, e->io_buf)) return -1;
+    return 0;
+}
+
 /* Unit u's initial state from `source`, a chunk at a time through the staging buffer:
  * the master weights as the source gives them, Adam's moments zero. */
 static int init_unit(strata_engine *e, int u, strata_param_source source, void *ctx) {
     strata_update_tier *tier = e->off.tier;
-    size_t lo = opt_lo(e, u), n = opt_n(e, u);
+    size_t lo = opt_lo(e, u), n = opt_n(e, u), mb = strata_optim_moment_bytes(e->state);
     float *host = e->io_buf;
     if (!in_tier(e, u)) {
-        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->mom1[u], 0, n * 4));
-        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * 4));
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->mom1[u], zero_byte(e, STRATA_STATE_M), n * mb));
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->mom2[u], 0, n * mb));
+        for (int k = STRATA_STATE_M_ABSMAX; k < STRATA_STATE_KINDS; k++)
+            if (state_count(e, u, k))
+                STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, dev_state(e, u, k), 0, state_count(e, u, k) * 4));
+    } else if (e->state == STRATA_OPTIM_STATE_INT8 && zero_small_state(e, u)) {
+        return -1;
     }
     for (size_t c = 0; c < n; c += e->io_chunk) {
         size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
         if (source(ctx, e->m, u, lo + c, lo + c + len, host)) return -1; /* its message names the source */
         if (in_tier(e, u)) {
             if (tier->ops->write_state(tier, u, STRATA_STATE_MASTER, c, len, host)) return -1;
-            memset(host, 0, len * sizeof(float));
-            if (tier->ops->write_state(tier, u, STRATA_STATE_M, c, len, host) ||
-                tier->ops->write_state(tier, u, STRATA_STATE_V, c, len, host))
-                return -1;
+            for (int k = STRATA_STATE_M; k <= STRATA_STATE_V; k++) {
+                memset(host, zero_byte(e, k), len * mb);
+                if (tier->ops->write_state(tier, u, k, c, len, host)) return -1;
+            }
             continue;
         }
         STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, e->master[u] + c, host, len * 4));
@@ -1017,19 +1116,36 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
 }
 
 /* AdamW on the device over this rank's optimizer range of unit u, split at tensor
- * boundaries so weight decay applies to matrices only. */
+ * boundaries so weight decay applies to matrices only; with bf16 moments the bf16 kernel;
+ * with int8 the fp32 kernel on the small tensors' packed moments, then the 8-bit kernel
+ * over the range's blocks for the rest. */
 static void adamw_unit(strata_engine *e, int u, const strata_adamw_args *base) {
     const strata_kernels *k = e->dev->k;
-    float *w = e->master[u], *g = opt_grad(e, u), *m1 = e->mom1[u], *m2 = e->mom2[u];
+    float *w = e->master[u], *g = opt_grad(e, u);
     char *param_out = param_dest(e, u);
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
-    int n_seg = strata_adamw_segments(e->m, u, opt_lo(e, u), opt_n(e, u), seg);
+    int n_seg = strata_adamw_segments_for(e->m, u, opt_lo(e, u), opt_n(e, u), e->state, seg);
     for (int i = 0; i < n_seg; i++) {
+        if (seg[i].quant) continue; /* the 8-bit kernel's, below */
         strata_adamw_args a = *base;
         if (!seg[i].decay) a.weight_decay = 0.0f;
         size_t off = seg[i].lo;
         int call = strata_prof_begin(e->m->prof, STRATA_PROF_ADAMW);
-        k->adamw(e->dev->compute, w + off, param_out + off * e->es, g + off, m1 + off, m2 + off, seg[i].n, &a);
+        if (e->state == STRATA_OPTIM_STATE_BF16)
+            k->adamw_bf16(e->dev->compute, w + off, param_out + off * e->es, g + off, (uint16_t *)e->mom1[u] + off,
+                          (uint16_t *)e->mom2[u] + off, seg[i].n, &a);
+        else if (e->state == STRATA_OPTIM_STATE_INT8)
+            k->adamw(e->dev->compute, w + off, param_out + off * e->es, g + off, e->small1[u] + seg[i].small,
+                     e->small2[u] + seg[i].small, seg[i].n, &a);
+        else
+            k->adamw(e->dev->compute, w + off, param_out + off * e->es, g + off, (float *)e->mom1[u] + off,
+                     (float *)e->mom2[u] + off, seg[i].n, &a);
+        strata_prof_end(e->m->prof, call);
+    }
+    if (e->state == STRATA_OPTIM_STATE_INT8) {
+        int call = strata_prof_begin(e->m->prof, STRATA_PROF_ADAMW);
+        k->adamw_q8(e->dev->compute, w, param_out, g, e->mom1[u], e->mom2[u], e->absmax1[u], e->absmax2[u], opt_n(e, u),
+                    seg, n_seg, base);
         strata_prof_end(e->m->prof, call);
     }
 }
@@ -1060,7 +1176,7 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
             adamw_unit(e, u, args);
             STRATA_TRY(strata_event_record(e->dev, e->off.ev_update[u], e->dev->compute));
         } else {
-            int n_seg = strata_adamw_segments(e->m, u, opt_lo(e, u), opt_n(e, u), seg);
+            int n_seg = strata_adamw_segments_for(e->m, u, opt_lo(e, u), opt_n(e, u), e->state, seg);
             if (tier->ops->update(tier, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, args, e->ev_compute,
                                   e->off.ev_update[u]))
                 return -1;
@@ -1205,7 +1321,7 @@ int strata_engine_profile_kernels(strata_engine *e) {
      * (strata_model_timed_calls) and up to 4 waits per unit op; then the update's AdamW
      * segments (at most a unit's tensors) and waits */
     int cap = e->A * (strata_model_timed_calls(e->m) + 4 * e->sched.n_ops) + 8;
-    for (int u = 0; u < e->U; u++) cap += e->m->units[u].n_tensors + 1;
+    for (int u = 0; u < e->U; u++) cap += e->m->units[u].n_tensors + 2; /* and int8's block kernel */
     e->prof = strata_prof_create(e->dev, cap);
     return e->prof ? 0 : -1;
 }
@@ -1289,27 +1405,48 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
 
 /* ---- checkpoints ---- */
 
+/* Elements [lo, lo + n) of state array `kind` of unit u (range-relative) into the writer
+ * as checkpoint kind ck_kind, a chunk at a time through the staging buffer. */
+static int put_state(strata_engine *e, strata_ckpt_writer *w, int u, int ck_kind, int kind, size_t lo, size_t n) {
+    for (size_t c = 0; c < n; c += e->io_chunk) {
+        size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
+        if (state_get(e, u, kind, lo + c, len, e->io_buf) || strata_ckpt_writer_put(w, u, ck_kind, e->io_buf, len))
+            return -1;
+    }
+    return 0;
+}
+
 /* This rank's standard shards into the writer, unit by unit and kind by kind, a chunk at a
  * time through the staging buffer from wherever the state lives (the device, or the
- * tier's pinned memory or NVMe file). */
+ * tier's pinned memory or NVMe file), as it is stored: with int8, each tensor's piece of m
+ * and v from its codes or (small tensors) its packed fp32 moments, then the blocks' absmax. */
 static int write_shards(strata_engine *e, strata_ckpt_writer *w, const strata_param_layout *L) {
-    strata_update_tier *tier = e->off.tier;
-    float *host = e->io_buf;
     for (int u = 0; u < e->U; u++) {
         size_t a, b, lo = opt_lo(e, u); /* the standard shard's real elements; where the range starts */
         strata_ckpt_rank_range(L, u, e->rank, e->world, &a, &b);
-        const float *src[3] = {e->master[u], e->mom1[u], e->mom2[u]};
-        for (int k = 0; k < 3; k++)
-            for (size_t c = a; c < b; c += e->io_chunk) {
-                size_t len = b - c < e->io_chunk ? b - c : e->io_chunk;
-                if (in_tier(e, u)) {
-                    if (tier->ops->read_state(tier, u, k, c - lo, len, host)) return -1;
-                } else {
-                    STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, host, src[k] + (c - lo), len * 4));
-                    STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute));
-                }
-                if (strata_ckpt_writer_put(w, u, k, host, len)) return -1;
+        if (a == b) continue;
+        if (put_state(e, w, u, STRATA_CKPT_PARAM, STRATA_STATE_MASTER, a - lo, b - a)) return -1;
+        if (e->state != STRATA_OPTIM_STATE_INT8) {
+            for (int k = STRATA_STATE_M; k <= STRATA_STATE_V; k++)
+                if (put_state(e, w, u, k, k, a - lo, b - a)) return -1;
+            continue;
+        }
+        strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
+        int n_seg = strata_adamw_segments_for(e->m, u, lo, opt_n(e, u), e->state, seg);
+        for (int k = STRATA_STATE_M; k <= STRATA_STATE_V; k++)
+            for (int i = 0; i < n_seg; i++) {
+                size_t pa = lo + seg[i].lo > a ? lo + seg[i].lo : a, pb = lo + seg[i].lo + seg[i].n;
+                if (pb > b) pb = b;
+                if (pa >= pb) continue;
+                int rc = seg[i].quant ? put_state(e, w, u, k, k, pa - lo, pb - pa)
+                                      : put_state(e, w, u, k, k == STRATA_STATE_M ? STRATA_STATE_M_SMALL : STRATA_STATE_V_SMALL,
+                                                  seg[i].small + (pa - lo - seg[i].lo), pb - pa);
+                if (rc) return -1;
             }
+        size_t blo = (a - lo) / STRATA_Q8_BLOCK, bhi = strata_q8_blocks(b - lo);
+        if (put_state(e, w, u, STRATA_CKPT_M_ABSMAX, STRATA_STATE_M_ABSMAX, blo, bhi - blo) ||
+            put_state(e, w, u, STRATA_CKPT_V_ABSMAX, STRATA_STATE_V_ABSMAX, blo, bhi - blo))
+            return -1;
     }
     return 0;
 }
@@ -1317,7 +1454,7 @@ static int write_shards(strata_engine *e, strata_ckpt_writer *w, const strata_pa
 /* This rank's files of the checkpoint in tmp. */
 static int save_rank(strata_engine *e, const char *tmp) {
     strata_param_layout layout = strata_model_layout(e->m, e->padded);
-    strata_ckpt_writer *w = strata_ckpt_writer_open(tmp, &layout, e->rank, e->world);
+    strata_ckpt_writer *w = strata_ckpt_writer_open_state(tmp, &layout, e->rank, e->world, e->state);
     if (!w) return -1;
     if (write_shards(e, w, &layout)) {
         strata_ckpt_writer_abort(w);
@@ -1341,8 +1478,10 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     if (failed) return strata_fail("checkpoint of step %lld not written: %s", (long long)step,
                                    err[0] ? err : "another rank failed to write its shard");
     strata_param_layout layout = strata_model_layout(e->m, e->padded);
+    strata_ckpt_meta stored = *meta;
+    stored.state = e->state; /* the moments as this engine stores them */
     double commit_failed = 0;
-    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, meta, e->cfg->run.keep, final_dir, final_len)) {
+    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, &stored, e->cfg->run.keep, final_dir, final_len)) {
         commit_failed = 1;
         snprintf(err, sizeof err, "%s", strata_error());
     }
@@ -1352,29 +1491,144 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     return 0;
 }
 
+/* The 8-bit state of one block of moment `kind` (M or V) from its fp32 values x[0, bn)
+ * (elements [bl, bl + bn) of unit u's range): the small tensors' pieces go to their packed
+ * fp32 array, the rest become codes (the others the zero code) with the block's absmax over
+ * them, as the update would store them. */
+static int quantize_block(strata_engine *e, int u, int kind, const strata_adamw_segment *seg, int n_seg, size_t bl,
+                          size_t bn, const float *x, uint8_t *code, float *absmax) {
+    const strata_q8_map *q = kind == STRATA_STATE_M ? strata_q8_signed() : strata_q8_unsigned();
+    memset(code, zero_byte(e, kind), bn);
+    float amax = 0;
+    for (int pass = 0; pass < 2; pass++) /* the absmax first, then the codes with it */
+        for (int i = 0; i < n_seg; i++) {
+            size_t pa = seg[i].lo > bl ? seg[i].lo : bl, pb = seg[i].lo + seg[i].n < bl + bn ? seg[i].lo + seg[i].n : bl + bn;
+            if (pa >= pb) continue;
+            if (!seg[i].quant) {
+                if (pass == 0 && state_put(e, u, kind == STRATA_STATE_M ? STRATA_STATE_M_SMALL : STRATA_STATE_V_SMALL,
+                                           seg[i].small + (pa - seg[i].lo), pb - pa, x + (pa - bl)))
+                    return -1;
+            } else if (pass == 0) {
+                float y = strata_q8_absmax(x + (pa - bl), pb - pa);
+                amax = y > amax ? y : amax;
+            } else {
+                strata_q8_quantize(q, x + (pa - bl), pb - pa, amax, code + (pa - bl));
+            }
+        }
+    *absmax = amax;
+    return 0;
+}
+
+/* Moment `kind` of unit u's range from a checkpoint that stores it otherwise (another
+ * optim.state), through its fp32 values (strata_ckpt_read_range dequantizes and widens),
+ * a chunk at a time: as they are (fp32), rounded to bf16, or quantized block by block
+ * (int8: codes in the buffer's first bytes, the chunk's absmax after them). */
+static int convert_moment(strata_engine *e, strata_ckpt *ck, int u, int kind) {
+    size_t lo = opt_lo(e, u), n = opt_n(e, u);
+    float *host = e->io_buf;
+    strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
+    int n_seg = strata_adamw_segments_for(e->m, u, lo, n, e->state, seg);
+    for (size_t c = 0; c < n; c += e->io_chunk) {
+        size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
+        if (e->state != STRATA_OPTIM_STATE_INT8) {
+            if (strata_ckpt_read_range(ck, u, kind, lo + c, lo + c + len, host)) return -1;
+            if (e->state == STRATA_OPTIM_STATE_BF16) /* in place, front to back: element i's 2 bytes never pass i's 4 */
+                for (size_t i = 0; i < len; i++) ((uint16_t *)host)[i] = strata_f32_to_bf16(host[i]);
+            if (state_put(e, u, kind, c, len, host)) return -1;
+            continue;
+        }
+        uint8_t *code = (uint8_t *)host;
+        float *absmax = host + e->io_chunk / 4, x[STRATA_Q8_BLOCK]; /* after the chunk's codes */
+        for (size_t bl = c; bl < c + len; bl += STRATA_Q8_BLOCK) {
+            size_t bn = c + len - bl < STRATA_Q8_BLOCK ? c + len - bl : STRATA_Q8_BLOCK;
+            if (strata_ckpt_read_range(ck, u, kind, lo + bl, lo + bl + bn, x) ||
+                quantize_block(e, u, kind, seg, n_seg, bl, bn, x, code + (bl - c), &absmax[(bl - c) / STRATA_Q8_BLOCK]))
+                return -1;
+        }
+        if (state_put(e, u, kind, c, len, code) ||
+            state_put(e, u, kind == STRATA_STATE_M ? STRATA_STATE_M_ABSMAX : STRATA_STATE_V_ABSMAX, c / STRATA_Q8_BLOCK,
+                      strata_q8_blocks(len), absmax))
+            return -1;
+    }
+    return 0;
+}
+
+/* Moment `kind` of unit u's range from a checkpoint of the same optim.state, as stored:
+ * bf16 as it is; int8 codes tensor piece by piece (the padding the zero code), the small
+ * tensors' fp32 values to their packed array, and the blocks' absmax (0 past the
+ * checkpoint's blocks: padding). */
+static int load_moment_raw(strata_engine *e, strata_ckpt *ck, int u, int kind) {
+    size_t lo = opt_lo(e, u), n = opt_n(e, u), numel = e->m->units[u].numel;
+    size_t mb = strata_optim_moment_bytes(e->state);
+    float *host = e->io_buf;
+    strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
+    int n_seg = strata_adamw_segments_for(e->m, u, lo, n, e->state, seg);
+    for (size_t c = 0; c < n; c += e->io_chunk) {
+        size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
+        memset(host, zero_byte(e, kind), len * mb);
+        for (int i = 0; i < n_seg; i++) { /* the quantized pieces (bf16: every piece) */
+            size_t pa = seg[i].lo > c ? seg[i].lo : c, pb = seg[i].lo + seg[i].n < c + len ? seg[i].lo + seg[i].n : c + len;
+            size_t real = numel > lo ? numel - lo : 0; /* range-relative: past it, padding */
+            if (pb > real) pb = real;
+            if (pa >= pb || (e->state == STRATA_OPTIM_STATE_INT8 && !seg[i].quant)) continue;
+            if (strata_ckpt_read_raw(ck, u, kind, lo + pa, lo + pb, (char *)host + (pa - c) * mb)) return -1;
+        }
+        if (state_put(e, u, kind, c, len, host)) return -1;
+    }
+    if (e->state != STRATA_OPTIM_STATE_INT8) return 0;
+    for (int i = 0; i < n_seg; i++) { /* the small tensors' fp32 moments: within the real elements */
+        if (seg[i].quant) continue;
+        for (size_t c = 0; c < seg[i].n; c += e->io_chunk) {
+            size_t len = seg[i].n - c < e->io_chunk ? seg[i].n - c : e->io_chunk;
+            if (strata_ckpt_read_range(ck, u, kind, lo + seg[i].lo + c, lo + seg[i].lo + c + len, host) ||
+                state_put(e, u, kind == STRATA_STATE_M ? STRATA_STATE_M_SMALL : STRATA_STATE_V_SMALL, seg[i].small + c, len,
+                          host))
+                return -1;
+        }
+    }
+    int ck_kind = kind == STRATA_STATE_M ? STRATA_CKPT_M_ABSMAX : STRATA_CKPT_V_ABSMAX;
+    size_t nb = strata_q8_blocks(n), b0 = lo / STRATA_Q8_BLOCK, stored = strata_q8_blocks(numel);
+    for (size_t c = 0; c < nb; c += e->io_chunk) {
+        size_t len = nb - c < e->io_chunk ? nb - c : e->io_chunk;
+        size_t have = b0 + c >= stored ? 0 : stored - (b0 + c) < len ? stored - (b0 + c) : len;
+        memset(host, 0, len * sizeof(float));
+        if (have && strata_ckpt_read_raw(ck, u, ck_kind, b0 + c, b0 + c + have, host)) return -1;
+        if (state_put(e, u, kind + (STRATA_STATE_M_ABSMAX - STRATA_STATE_M), c, len, host)) return -1;
+    }
+    return 0;
+}
+
 /* Unit u's optimizer range from the checkpoint, a chunk at a time through the staging
- * buffer, to wherever the state lives. */
+ * buffer, to wherever the state lives: the master weights, then the moments as stored
+ * when the checkpoint's optim.state is this run's, else converted. */
 static int load_unit(strata_engine *e, strata_ckpt *ck, int u) {
     size_t lo = opt_lo(e, u), n = opt_n(e, u);
     float *host = e->io_buf;
-    float *dst[3] = {e->master[u], e->mom1[u], e->mom2[u]};
-    for (int k = 0; k < 3; k++)
+    strata_optim_state saved = strata_ckpt_get_meta(ck)->state;
+    int kinds = e->state == STRATA_OPTIM_STATE_FP32 && saved == STRATA_OPTIM_STATE_FP32 ? 3 : 1;
+    for (int k = 0; k < kinds; k++) /* fp32 state from fp32: every kind as it always was */
         for (size_t c = 0; c < n; c += e->io_chunk) {
             size_t len = n - c < e->io_chunk ? n - c : e->io_chunk;
-            if (strata_ckpt_read_range(ck, u, k, lo + c, lo + c + len, host)) return -1;
-            if (in_tier(e, u)) {
-                if (e->off.tier->ops->write_state(e->off.tier, u, k, c, len, host)) return -1;
-                continue;
-            }
-            STRATA_TRY(strata_memcpy_async(e->dev, e->dev->compute, dst[k] + c, host, len * 4));
-            STRATA_TRY(strata_stream_sync(e->dev, e->dev->compute)); /* the buffer is reused next chunk */
+            if (strata_ckpt_read_range(ck, u, k, lo + c, lo + c + len, host) || state_put(e, u, k, c, len, host))
+                return -1;
         }
+    if (kinds == 3) return 0;
+    for (int k = STRATA_STATE_M; k <= STRATA_STATE_V; k++)
+        if (saved == e->state ? load_moment_raw(e, ck, u, k) : convert_moment(e, ck, u, k)) return -1;
     return 0;
 }
 
 int strata_engine_load(strata_engine *e, strata_ckpt *ck) {
     strata_param_layout layout = strata_model_layout(e->m, e->padded);
     if (strata_ckpt_check_layout(ck, &layout)) return -1;
+    strata_optim_state saved = strata_ckpt_get_meta(ck)->state;
+    if (saved != e->state && e->rank == 0)
+        STRATA_INFO("ckpt", "the checkpoint's optimizer state is %s, this run's optim.state is %s: Adam's moments are %s "
+                    "on load (the master weights are fp32 in both)", strata_optim_state_name(saved),
+                    strata_optim_state_name(e->state),
+                    e->state == STRATA_OPTIM_STATE_INT8 ? "quantized to 8 bits"
+                    : e->state == STRATA_OPTIM_STATE_BF16 ? (saved == STRATA_OPTIM_STATE_INT8 ? "dequantized and rounded to bf16" : "rounded to bf16")
+                    : saved == STRATA_OPTIM_STATE_INT8 ? "dequantized to fp32" : "widened to fp32");
     if (tier_open(e) || finish_updates(e)) return -1;
     int rc = 0;
     for (int u = 0; u < e->U && !rc; u++) rc = load_unit(e, ck, u);

@@ -642,11 +642,17 @@ static void test_corruption(const char *root) {
     CHECK(strata_ckpt_open_checked(dir, &bad_manifest) == NULL && bad_manifest,
           "a manifest without a mapping is the manifest's fault (exit 2)");
     char *v2 = strdup(orig);
-    memcpy(strstr(v2, "strata-checkpoint-1"), "strata-checkpoint-2", 19);
+    memcpy(strstr(v2, "strata-checkpoint-1"), "strata-checkpoint-9", 19);
     write_manifest(p, v2);
     snprintf(msg, sizeof msg,
-             "%s: format 'strata-checkpoint-2' is not strata-checkpoint-1 (written by another version of Strata?)", p);
+             "%s: format 'strata-checkpoint-9' is not strata-checkpoint-1 or strata-checkpoint-2 (written by another "
+             "version of Strata?)", p);
     CHECK_ERR(strata_ckpt_open(dir) == NULL, msg, "another format version is refused clearly");
+    /* format 2 says how the optimizer state is stored: without optim_state it is refused */
+    memcpy(strstr(v2, "strata-checkpoint-9"), "strata-checkpoint-2", 19);
+    write_manifest(p, v2);
+    CHECK(strata_ckpt_open(dir) == NULL && strstr(strata_error(), "optim_state"),
+          "a format-2 manifest without optim_state is refused naming it: %s", strata_error());
     free(v2);
     char *noworld = strdup(orig);
     memcpy(strstr(noworld, "\nworld:"), "\nwurld:", 7);

@@ -18,6 +18,8 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/kernels.h"
+#include "core/optim.h"
+#include "core/quant.h"
 #include "tests/capture.h"
 #include "tests/check.h"
 #include "tests/gate.h"
@@ -763,6 +765,76 @@ static void test_adamw(void) {
     free(master), free(m), free(v), free(pout), free(g_master), free(g_m), free(g_v), free(g_pout);
 }
 
+/* bytes up and down, as they are (codes, bf16 moments) */
+static void *up_bytes(const void *x, size_t bytes) {
+    void *d = dalloc(bytes ? bytes : 1);
+    MUST(strata_memcpy_async(G, G->compute, d, x, bytes));
+    gsync();
+    return d;
+}
+static void *down_bytes(const void *d, size_t bytes) {
+    void *x = strata_xmalloc(bytes ? bytes : 1);
+    MUST(strata_memcpy_async(G, G->compute, x, d, bytes));
+    gsync();
+    return x;
+}
+
+/* bf16 and 8-bit moments (optim.state): three steps on the GPU equal the CPU oracle's bit for
+ * bit: master, moments (bf16 bits; codes and absmax), and the bf16 parameter copy. The
+ * 8-bit range has quantized segments with and without decay, an fp32 segment the kernel
+ * must leave alone, an outlier gradient, and a partial last block. */
+static void test_adamw_moments(void) {
+    size_t n = 5 * STRATA_Q8_BLOCK + 333, nb = strata_q8_blocks(n);
+    strata_adamw_segment seg[] = {{0, 100, 0, 0, 0},          {100, 3000, 1, 1, 0}, {3100, 50, 0, 0, 100},
+                                  {3150, 4000, 1, 1, 0},       {7150, 2000, 0, 1, 0}, {9150, n - 9150 - 40, 1, 1, 0}};
+    int n_seg = (int)(sizeof seg / sizeof seg[0]);
+    float *master = host_rand(n, 0.05f, 0), *master_q = host_copy(master, n);
+    uint16_t *hm = strata_xcalloc(n, 2), *hv = strata_xcalloc(n, 2);
+    uint8_t *c1 = strata_xmalloc(n), *c2 = strata_xcalloc(n, 1);
+    float *a1 = strata_xcalloc(nb, 4), *a2 = strata_xcalloc(nb, 4);
+    memset(c1, STRATA_Q8_ZERO_SIGNED, n);
+    void *d_master = up_f32(master, n), *d_master_q = up_f32(master_q, n), *d_hm = up_bytes(hm, n * 2),
+         *d_hv = up_bytes(hv, n * 2), *d_c1 = up_bytes(c1, n), *d_c2 = up_bytes(c2, n), *d_a1 = up_f32(a1, nb),
+         *d_a2 = up_f32(a2, nb);
+    void *d_grad = dalloc(n * 4), *d_pout = dalloc(n * 2), *d_pout_q = dalloc(n * 2);
+    MUST(strata_memset_async(G, G->compute, d_pout_q, 0, n * 2));
+    float *pout = strata_xcalloc(n, 4), *pout_q = strata_xcalloc(n, 4);
+    for (int step = 1; step <= 3; step++) {
+        float *grad = host_rand(n, 0.05f, 0);
+        grad[777] = 50.0f; /* an outlier: its block's other second moments round toward 0 */
+        MUST(strata_memcpy_async(G, G->compute, d_grad, grad, n * 4));
+        strata_adamw_args a = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                               .bc1 = 1.0f - powf(0.9f, (float)step), .bc2 = 1.0f - powf(0.95f, (float)step),
+                               .grad_scale = 0.5f};
+        ck->adamw_bf16(CPU->compute, master, pout, grad, hm, hv, n, &a);
+        gk->adamw_bf16(G->compute, d_master, d_pout, d_grad, d_hm, d_hv, n, &a);
+        ck->adamw_q8(CPU->compute, master_q, pout_q, grad, c1, c2, a1, a2, n, seg, n_seg, &a);
+        gk->adamw_q8(G->compute, d_master_q, d_pout_q, d_grad, d_c1, d_c2, d_a1, d_a2, n, seg, n_seg, &a);
+        gsync();
+        free(grad);
+    }
+    float *g_master = down_f32(d_master, n), *g_master_q = down_f32(d_master_q, n), *g_pout = down_bf16(d_pout, n);
+    uint16_t *g_hm = down_bytes(d_hm, n * 2), *g_hv = down_bytes(d_hv, n * 2);
+    uint8_t *g_c1 = down_bytes(d_c1, n), *g_c2 = down_bytes(d_c2, n);
+    float *g_a1 = down_f32(d_a1, nb), *g_a2 = down_f32(d_a2, nb), *g_pout_q = down_bf16(d_pout_q, n);
+    size_t dm = count_diff_u32(g_master, master, n), dp = 0;
+    for (size_t i = 0; i < n; i++) dp += g_pout[i] != round_bf16(master[i]);
+    CHECK(dm == 0 && !memcmp(g_hm, hm, n * 2) && !memcmp(g_hv, hv, n * 2) && dp == 0,
+          "adamw_bf16 x3: master, bf16 m and v, param_out bit-identical to the CPU (%zu, %zu of %zu differ)", dm, dp, n);
+    size_t dq = count_diff_u32(g_master_q, master_q, n), dc = 0, dpq = 0;
+    for (size_t i = 0; i < n; i++) dc += g_c1[i] != c1[i] || g_c2[i] != c2[i];
+    for (int i = 0; i < n_seg; i++)
+        for (size_t j = seg[i].lo; j < seg[i].lo + seg[i].n && seg[i].quant; j++) dpq += g_pout_q[j] != round_bf16(master_q[j]);
+    CHECK(dq == 0 && dc == 0 && dpq == 0 && !memcmp(g_a1, a1, nb * 4) && !memcmp(g_a2, a2, nb * 4),
+          "adamw_q8 x3: master, codes, absmax, param_out bit-identical to the CPU (%zu, %zu, %zu of %zu differ)", dq, dc,
+          dpq, n);
+    void *dev_bufs[] = {d_master, d_master_q, d_hm, d_hv, d_c1, d_c2, d_a1, d_a2, d_grad, d_pout, d_pout_q};
+    for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; i++) dfree(dev_bufs[i]);
+    void *host_bufs[] = {master, master_q, hm, hv, c1, c2, a1, a2, pout, pout_q, g_master, g_master_q, g_pout,
+                         g_hm, g_hv, g_c1, g_c2, g_a1, g_a2, g_pout_q};
+    for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
+}
+
 static void test_utilities(void) {
     size_t n = 1000003;
     float *x = host_rand(n, 1.0f, 0);
@@ -1202,6 +1274,7 @@ int main(int argc, char **argv) {
     if (everything) {
         test_crossentropy(40, 1000, 1024);
         test_adamw();
+        test_adamw_moments();
         test_utilities();
     }
     test_no_alloc_in_step(0);
