@@ -1648,6 +1648,14 @@ int strata_engine_params_resident(strata_engine *e) {
     return 0;
 }
 
+int strata_engine_read_state(strata_engine *e, int u, int kind, size_t lo, size_t n, void *dst, size_t *count) {
+    if (u < 0 || u >= e->U || kind < 0 || kind >= STRATA_STATE_KINDS || lo + n > state_count(e, u, kind))
+        return strata_fail("engine: no elements [%zu, %zu) of state array %d of unit %d", lo, lo + n, kind, u);
+    if (count) *count = state_count(e, u, kind);
+    if (finish_updates(e)) return -1;
+    return state_get(e, u, kind, lo, n, dst);
+}
+
 const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *lo, size_t *n) {
     *lo = (size_t)e->rank * e->shard[u];
     *n = e->shard[u];

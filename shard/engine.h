@@ -132,6 +132,12 @@ int strata_engine_load(strata_engine *e, strata_ckpt *ck);
  * slots, so sampling under stage 3 is done from a checkpoint by `strata sample`). */
 int strata_engine_params_resident(strata_engine *e);
 
+/* Elements [lo, lo + n) of array `kind` (core/update_tier.h's STRATA_STATE_*, as optim.state
+ * stores it) of this rank's optimizer range of unit u, into dst, from wherever it lives;
+ * *count, when not NULL, gets the array's length. Waits for pending updates first. Tests
+ * compare the state of two runs with it. */
+int strata_engine_read_state(strata_engine *e, int u, int kind, size_t lo, size_t n, void *dst, size_t *count);
+
 /* This rank's standard shard of unit u's fp32 master weights: elements [*lo, *lo + *n) of
  * the padded flat buffer, in device memory (host-readable on the CPU backend; tests use it). */
 const float *strata_engine_master_shard(const strata_engine *e, int u, size_t *lo, size_t *n);

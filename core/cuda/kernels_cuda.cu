@@ -25,8 +25,10 @@
 
 #include "core/cuda/cuda_common.h"
 #include "core/cuda/kernels_common.cuh"
+extern "C" { /* C headers, C linkage (as core/cuda/cuda_common.h includes its own) */
 #include "core/optim.h"
 #include "core/quant.h"
+}
 
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt's advice for Hopper */
 #define PLAN_MAX 128
