@@ -31,6 +31,15 @@
  * way, and so does the NumPy reference (np.searchsorted(mid, x, side='left')). A NaN x (no
  * midpoint is below it) gets code 0.
  *
+ * One exception to "nearest": a positive x never gets code 0. Only the unsigned map has a
+ * value (0) below every positive x, so the rule touches the second moment alone: a positive
+ * x below mid[0] (1.6e-7) gets code 1, the smallest positive value. Adam divides the first
+ * moment by the square root of the second; a second moment stored as 0 under a first moment
+ * that is not (a value 10^7 below its block's largest, as an untied embedding's row whose
+ * token a batch lacks soon is, its gradient 0) turns the next step into lr x m / eps, a
+ * jump of a whole unit where the step is 1e-3. Rounded up instead, v stays at least the
+ * map's smallest step of its block, and m / sqrt(v) stays bounded as with fp32 moments.
+ *
  * Tensors of fewer than STRATA_Q8_MIN_NUMEL elements keep fp32 moments (the paper's rule:
  * their state costs little and 8 bits hurt them most). Blocks are cut on each unit's flat
  * buffer (block b holds elements [b * 2048, (b + 1) * 2048)), not per tensor, so every rank's
@@ -58,13 +67,14 @@ typedef struct strata_q8_map {
 const strata_q8_map *strata_q8_signed(void);
 const strata_q8_map *strata_q8_unsigned(void);
 
-/* The code of x (already divided by its block's absmax), as described above. Written without
- * a branch (a comparison's 0 or 1 times the step): a data-dependent branch here mispredicts
- * about half the time and made the CPU oracle ten times slower. */
+/* The code of x (already divided by its block's absmax), as described above: the nearest,
+ * a positive x never code 0. Written without a branch (a comparison's 0 or 1 times the
+ * step): a data-dependent branch here mispredicts about half the time and made the CPU
+ * oracle ten times slower. */
 static inline uint8_t strata_q8_code(const strata_q8_map *q, float x) {
     unsigned lo = 0;
     for (unsigned step = 128; step; step >>= 1) lo += step * (unsigned)(q->mid[lo + step - 1] < x);
-    return (uint8_t)lo;
+    return (uint8_t)(lo + ((unsigned)(lo == 0) & (unsigned)(x > 0.0f)));
 }
 
 /* max |x[i]| over n values, NaN ignored, 0 for none. */

@@ -375,7 +375,8 @@ static inline uint8_t lut_code(const q8_lut *L, float x) {
     uint32_t mag = (u >> 16) & 0x7fffu;
     mag = mag < Q8_KEY_LO ? Q8_KEY_LO : mag > Q8_KEY_HI ? Q8_KEY_HI : mag;
     unsigned b = L->base[(u >> 31) * Q8_KEYS + (mag - Q8_KEY_LO)];
-    return (uint8_t)(b + (L->mid[b] < x) + (L->mid[b + 1] < x));
+    unsigned c = b + (L->mid[b] < x) + (L->mid[b + 1] < x);
+    return (uint8_t)(c + ((unsigned)(c == 0) & (unsigned)(x > 0.0f))); /* a positive x never code 0 (core/quant.h) */
 }
 
 uint8_t strata_cpu_q8_code(int is_signed, float x) {

@@ -15,7 +15,9 @@ nearest map value is taken; the state is (code, absmax).
 Strata's choices, which this file follows: the map built in float64 (b_k = 0.1 + 0.9 k / F,
 midpoint (b_k + b_{k+1}) / 2, times the decimal 10^(j-6)), rounded once to float32, sorted;
 "nearest" is decided by the float32 midpoints between neighbours, a value on a midpoint
-taking the lower code (np.searchsorted side='left'); x / absmax is one float32 division, 0
+taking the lower code (np.searchsorted side='left'), except that a positive value never
+takes code 0 (the unsigned map's 0: a positive value below its first midpoint takes code
+1, so a second moment once positive is never stored as 0); x / absmax is one float32 division, 0
 when the absmax is 0; the AdamW step is core/kernels.h's, one float32 operation at a time.
 Exits 0 when every array matches bit for bit, 1 otherwise."""
 import os
@@ -61,7 +63,11 @@ def quantize(x, amax, signed):
     """codes of x (float32) with the block's absmax amax"""
     with np.errstate(all="ignore"):
         xn = (x / amax).astype(F32) if amax > 0 else np.zeros_like(x)
-    return np.searchsorted(MIDS[signed], xn, side="left").astype(np.uint8)
+    code = np.searchsorted(MIDS[signed], xn, side="left")
+    # a positive value never takes code 0 (only the unsigned map's 0 lies below it): a second
+    # moment once positive is never stored as 0, or m / sqrt(v) would be m / eps
+    code[(code == 0) & (xn > 0)] = 1
+    return code.astype(np.uint8)
 
 
 def dequantize(code, amax, signed):

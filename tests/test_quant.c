@@ -108,12 +108,13 @@ static void test_maps(void) {
 }
 
 /* The documented rule, written the slow way: the nearest value, a value on a midpoint going
- * to the lower code (NaN to code 0). */
+ * to the lower code (NaN to code 0), a positive value never to code 0. */
 static unsigned nearest_scan(const strata_q8_map *q, float x) {
     if (x != x) return 0;
     unsigned c = 0;
     for (unsigned k = 0; k < 255; k++)
         if (q->mid[k] < x) c = k + 1;
+    if (c == 0 && x > 0) c = 1;
     return c;
 }
 
@@ -143,13 +144,24 @@ static void test_nearest(void) {
         }
         /* the tie rule itself: a value exactly on a midpoint takes the lower code */
         int ties = 1;
-        for (int k = 0; k < 255; k++) ties &= strata_q8_code(q, q->mid[k]) == k;
+        for (int k = 0; k < 255; k++) /* (the unsigned map's first midpoint is positive: code 1) */
+            ties &= strata_q8_code(q, q->mid[k]) == (k == 0 && q->mid[0] > 0 ? 1 : k);
         CHECK(ties, "%s map: a value exactly on the midpoint of codes k and k+1 gets code k",
               s ? "unsigned" : "signed");
         int own = 1;
         for (int k = 0; k < 256; k++) own &= strata_q8_code(q, q->value[k]) == k;
         CHECK(own, "%s map: every map value quantizes to its own code", s ? "unsigned" : "signed");
+        /* a tiny positive value: the second moment's never comes back as 0, the first's may */
+        float tiny[] = {f_of(1), FLT_MIN, 1e-30f, 1e-8f};
+        int kept = 1;
+        for (size_t i = 0; i < sizeof tiny / sizeof tiny[0]; i++)
+            kept &= s ? q->value[strata_q8_code(q, tiny[i])] > 0 : strata_q8_code(q, tiny[i]) == STRATA_Q8_ZERO_SIGNED;
+        CHECK(kept, "%s map: a positive value below the smallest step %s", s ? "unsigned" : "signed",
+              s ? "gets the smallest positive code, not 0" : "gets the zero code (nearest)");
     }
+    CHECK(strata_q8_code(strata_q8_unsigned(), strata_q8_unsigned()->mid[0]) == 1 &&
+              strata_q8_code(strata_q8_unsigned(), 0.0f) == 0 && strata_q8_code(strata_q8_unsigned(), -0.0f) == 0,
+          "unsigned map: a positive value at or below the first midpoint gets code 1, zero code 0");
     CHECK(wrong == 0, "binary search = the nearest value by a plain scan (ties low) on %zu values (%zu differ)", tried,
           wrong);
 }
@@ -180,7 +192,10 @@ static void quant_case(const char *dir, const char *name, const float *x, size_t
             if (c > 0) gap = q->value[c] - q->value[c - 1];
             if (c < 255 && q->value[c + 1] - q->value[c] > gap) gap = q->value[c + 1] - q->value[c];
             double err = fabs((double)back[b0 + i] - x[b0 + i]);
-            if (!(err <= 0.5 * gap * absmax[b] + 2.4e-7 * fabs((double)x[b0 + i]) + 1e-45) && !(x[b0 + i] < -0.99296875f * absmax[b]))
+            if (!is_signed && c == 1 && x[b0 + i] < q->mid[0] * absmax[b]) /* rounded up from below mid[0]: */
+                bound_ok &= back[b0 + i] >= x[b0 + i] && err <= q->value[1] * (double)absmax[b] * (1 + 2.4e-7) + 1e-45;
+            else if (!(err <= 0.5 * gap * absmax[b] + 2.4e-7 * fabs((double)x[b0 + i]) + 1e-45) &&
+                     !(x[b0 + i] < -0.99296875f * absmax[b]))
                 bound_ok = 0;
         }
     }
@@ -218,7 +233,8 @@ static void test_blocks(const char *dir) {
         snprintf(name, sizeof name, "zeros_%s", sfx);
         quant_case(dir, name, x, n, s);
         for (size_t i = 0; i < n; i++) x[i] = (strata_rng_uniform(&r) - (s ? 0.5f : 0.0f)) * 1e-3f;
-        x[5] = s ? -1e30f : 1e30f; /* one huge outlier: the rest of its block rounds to 0 */
+        x[5] = s ? -1e30f : 1e30f; /* one huge outlier: the rest of its block rounds to 0 (signed) or
+                                    * to the smallest positive step (unsigned: never 0) */
         x[STRATA_Q8_BLOCK + 7] = 3.0e38f;
         snprintf(name, sizeof name, "outlier_%s", sfx);
         quant_case(dir, name, x, n, s);
@@ -347,10 +363,8 @@ static void test_adamw_q8(const char *dir) {
                 continue;
             }
             out_ok &= u_of(out[j]) == u_of(w[j]);
-            /* block 0 holds the 1e4 outlier: its other second moments quantize to 0, and
-             * those elements' steps grow by orders of magnitude (the failure the paper's
-             * blocks confine to one block); the rest must track the fp32 step */
-            if (j < STRATA_Q8_BLOCK) continue;
+            /* block 0 holds the 1e4 outlier: its other second moments sit at the map's
+             * smallest step, never 0, so their steps are smaller than fp32's, not larger */
             double dm = fabs(qs->value[c1[j]] * a1[j / STRATA_Q8_BLOCK] - fm[j]) / (a1[j / STRATA_Q8_BLOCK] + 1e-30);
             double dw = fabs((double)w[j] - fw[j]);
             if (dm > worst_m) worst_m = dm;
@@ -360,9 +374,37 @@ static void test_adamw_q8(const char *dir) {
     CHECK(untouched, "adamw_q8 leaves fp32-moment segments and elements outside every segment alone");
     CHECK(out_ok, "adamw_q8 writes the updated master to param_out");
     /* 3 steps of lr 1e-3 with x100 gradients here and there: within ten steps' worth */
-    CHECK(worst_m < 0.05 && worst_w < 3e-2, "adamw_q8 x3 tracks fp32 moments outside the outlier's block: m within %.3f "
+    CHECK(worst_m < 0.05 && worst_w < 3e-2, "adamw_q8 x3 tracks fp32 moments, the outlier's block too: m within %.3f "
           "of its block's absmax, weights within %.2e", worst_m, worst_w);
     free(w), free(w0), free(g), free(out), free(fm), free(fv), free(fw), free(c1), free(c2), free(a1), free(a2);
+}
+
+/* An element whose gradient was 10^4 times below its block's largest, then 0 (an untied
+ * embedding's row whose token the next batch lacks): its second moment is 10^8 below the
+ * block's absmax, under the map's first midpoint. Stored as 0, the next step would be
+ * lr x m / eps, thousands of times lr; kept at the smallest code, it is at most a few lr,
+ * as with fp32 moments. */
+static void test_adamw_q8_zero_gradient(void) {
+    enum { N = STRATA_Q8_BLOCK };
+    strata_adamw_segment seg = {0, N, 0, 1, 0};
+    float *w = strata_xcalloc(N, 4), *g = strata_xcalloc(N, 4), *w1 = strata_xcalloc(N, 4);
+    uint8_t *c1 = strata_xcalloc(N, 1), *c2 = strata_xcalloc(N, 1);
+    float a1 = 0, a2 = 0;
+    memset(c1, STRATA_Q8_ZERO_SIGNED, N);
+    for (int t = 1; t <= 2; t++) {
+        for (size_t i = 0; i < N; i++) g[i] = i == 0 ? 2.0f : t == 1 ? 2e-4f : 0.0f;
+        strata_adamw_args a = args_at(t);
+        a.weight_decay = 0;
+        memcpy(w1, w, N * 4);
+        K->adamw_q8(NULL, w, NULL, g, c1, c2, &a1, &a2, N, &seg, 1, &a);
+    }
+    double worst = 0;
+    for (size_t i = 1; i < N; i++) worst = fmax(worst, fabs((double)w[i] - w1[i]));
+    int v_kept = 1;
+    for (size_t i = 1; i < N; i++) v_kept &= c2[i] != 0;
+    CHECK(v_kept, "a positive second moment 10^8 below its block's absmax keeps a nonzero code");
+    CHECK(worst < 3e-3, "the step after a zero gradient, second moment 10^8 below the block's: %.2e (lr 1e-3)", worst);
+    free(w), free(g), free(w1), free(c1), free(c2);
 }
 
 int main(int argc, char **argv) {
@@ -371,6 +413,7 @@ int main(int argc, char **argv) {
     test_nearest();
     test_blocks(dir);
     test_adamw_bf16();
+    test_adamw_q8_zero_gradient();
     test_adamw_q8(dir);
     return check_report();
 }

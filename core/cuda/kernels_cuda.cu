@@ -1034,11 +1034,12 @@ struct q8_segments {
 #define Q8_THREADS 256
 #define Q8_PER_THREAD (STRATA_Q8_BLOCK / Q8_THREADS)
 
-/* core/quant.h's nearest code: the number of midpoints strictly below x (ties go low). */
+/* core/quant.h's nearest code: the number of midpoints strictly below x (ties go low), a
+ * positive x never code 0. */
 __device__ __forceinline__ uint8_t q8_code(const float *mid, float x) {
     unsigned lo = 0;
     for (unsigned step = 128; step; step >>= 1) lo = mid[lo + step - 1] < x ? lo + step : lo;
-    return (uint8_t)lo;
+    return (uint8_t)(lo + (lo == 0 && x > 0.0f)); /* a positive x never code 0 (core/quant.h) */
 }
 
 __device__ __forceinline__ float block_max(float v, float *part) {
