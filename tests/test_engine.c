@@ -22,6 +22,7 @@
  *    case of each place the state lives, and the memory checks again; every offload run's
  *    state (master, moments as stored, absmax) byte for byte the device run's. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@
 #include "core/quant.h"
 #include "io/config.h"
 #include "io/data.h"
+#include "io/files.h"
 #include "shard/comm.h"
 #include "shard/engine.h"
 #include "offload/pipeline.h"
@@ -304,6 +306,95 @@ static int same_state(run *a, run *b) {
     return same;
 }
 
+/* Array `kind` of unit u's optimizer range of r's engine, whole, into a new buffer (4
+ * bytes an element at most); *n gets its length. */
+static void *state_array(run *r, int u, int kind, size_t *n) {
+    *n = 0;
+    MUST(strata_engine_read_state(r->e, u, kind, 0, 0, NULL, n));
+    void *x = strata_xcalloc(*n * 4 + 1, 1);
+    MUST(strata_engine_read_state(r->e, u, kind, 0, *n, x, NULL));
+    return x;
+}
+
+/* A checkpoint written by `from` (this rank's range of every unit, at world `world`) and
+ * loaded into `to` (world 1, stage 0: the whole units, stored as to's optim.state says):
+ * to's state over this rank's range, real elements only (past them: padding, which differs
+ * with the world size), is what from stores there, byte for byte when both store the same
+ * way; else the moments converted as the load says: dequantized (map[code] x the block's
+ * absmax) or widened exactly, quantized block by block, or rounded to bf16. Returns the
+ * number of differing elements. */
+static size_t state_mismatches(run *from, run *to) {
+    strata_optim_state fs = from->cfg.optim.state, ts = to->cfg.optim.state;
+    size_t bad = 0;
+    for (int u = 0; u < from->m.n_units; u++) {
+        size_t S = strata_engine_padded(from->e)[u] / (from->cfg.zero.stage ? (size_t)world : 1);
+        size_t lo = from->cfg.zero.stage ? (size_t)rank * S : 0, numel = from->m.units[u].numel;
+        size_t real = numel > lo ? (numel - lo < S ? numel - lo : S) : 0; /* elements of [lo, lo + S) before the padding */
+        if (!real) continue;
+        size_t nf[STRATA_STATE_KINDS], nt[STRATA_STATE_KINDS];
+        void *f[STRATA_STATE_KINDS], *t[STRATA_STATE_KINDS];
+        for (int k = 0; k < STRATA_STATE_KINDS; k++) {
+            f[k] = state_array(from, u, k, &nf[k]);
+            t[k] = state_array(to, u, k, &nt[k]);
+        }
+        strata_adamw_segment sf[STRATA_ADAMW_MAX_SEGMENTS], st[STRATA_ADAMW_MAX_SEGMENTS];
+        strata_adamw_segments_for(&from->m, u, lo, S, fs, sf);
+        strata_adamw_segments_for(&to->m, u, 0, strata_engine_padded(to->e)[u], ts, st);
+        /* the master weights: fp32 in every state type */
+        bad += (size_t)(memcmp((float *)f[0], (float *)t[0] + lo, real * 4) != 0);
+        for (int k = STRATA_STATE_M; k <= STRATA_STATE_V; k++) {
+            const strata_q8_map *q = k == STRATA_STATE_M ? strata_q8_signed() : strata_q8_unsigned();
+            float x[STRATA_Q8_BLOCK], amax = 0; /* from's fp32 values of one block, for quantizing */
+            size_t amax_block = SIZE_MAX;
+            for (size_t i = 0; i < real; i++) {
+                /* element i of from's range: its fp32 value as from holds it */
+                int fi = 0, ti = 0;
+                while (sf[fi].lo + sf[fi].n <= i) fi++;
+                while (st[ti].lo + st[ti].n <= lo + i) ti++;
+                float v;
+                if (fs == STRATA_OPTIM_STATE_FP32) v = ((float *)f[k])[i];
+                else if (fs == STRATA_OPTIM_STATE_BF16) v = strata_bf16_to_f32(((uint16_t *)f[k])[i]);
+                else if (!sf[fi].quant) v = ((float *)f[k + 4])[sf[fi].small + (i - sf[fi].lo)];
+                else v = q->value[((uint8_t *)f[k])[i]] * ((float *)f[k + 2])[i / STRATA_Q8_BLOCK];
+                int ok;
+                if (ts == fs && ts != STRATA_OPTIM_STATE_INT8) { /* as stored */
+                    size_t mb = strata_optim_moment_bytes(ts);
+                    ok = !memcmp((char *)f[k] + i * mb, (char *)t[k] + (lo + i) * mb, mb);
+                } else if (ts == STRATA_OPTIM_STATE_FP32) {
+                    ok = ((float *)t[k])[lo + i] == v;
+                } else if (ts == STRATA_OPTIM_STATE_BF16) {
+                    ok = ((uint16_t *)t[k])[lo + i] == strata_f32_to_bf16(v);
+                } else if (!st[ti].quant) { /* a small tensor: its fp32 values, packed */
+                    ok = ((float *)t[k + 4])[st[ti].small + (lo + i - st[ti].lo)] == v;
+                } else if (fs == STRATA_OPTIM_STATE_INT8) { /* the same codes and absmax */
+                    ok = ((uint8_t *)t[k])[lo + i] == ((uint8_t *)f[k])[i] &&
+                         ((float *)t[k + 2])[(lo + i) / STRATA_Q8_BLOCK] == ((float *)f[k + 2])[i / STRATA_Q8_BLOCK];
+                } else { /* quantized on load: the block's absmax over its quantized elements, then the code
+                          * (from holds whole units here, lo = 0: a block never reaches past its range) */
+                    size_t b0 = (lo + i) / STRATA_Q8_BLOCK * STRATA_Q8_BLOCK, bn = 0;
+                    for (size_t j = b0; amax_block != b0 && j < b0 + STRATA_Q8_BLOCK && j < lo + real; j++) {
+                        int tj = 0;
+                        while (st[tj].lo + st[tj].n <= j) tj++;
+                        float w = fs == STRATA_OPTIM_STATE_FP32 ? ((float *)f[k])[j - lo]
+                                                                : strata_bf16_to_f32(((uint16_t *)f[k])[j - lo]);
+                        x[bn++] = st[tj].quant ? w : 0; /* small tensors' elements take no part in the absmax */
+                    }
+                    if (amax_block != b0) amax = strata_q8_absmax(x, bn), amax_block = b0;
+                    uint8_t code;
+                    strata_q8_quantize(q, &v, 1, amax, &code);
+                    ok = ((uint8_t *)t[k])[lo + i] == code && ((float *)t[k + 2])[(lo + i) / STRATA_Q8_BLOCK] == amax;
+                }
+                bad += (size_t)!ok;
+            }
+        }
+        for (int k = 0; k < STRATA_STATE_KINDS; k++) {
+            free(f[k]);
+            free(t[k]);
+        }
+    }
+    return bad;
+}
+
 int main(int argc, char **argv) {
     int local_rank;
     if (strata_mpi_init(&argc, &argv, &rank, &world, &local_rank)) {
@@ -568,6 +659,66 @@ int main(int argc, char **argv) {
         }
     }
     state = "fp32";
+
+    /* checkpoints across world sizes, stages and state types: a run at this world size
+     * saves, a run at world 1 (stage 0) loads; its state over each rank's range is the
+     * saver's, byte for byte when both store the moments the same way (8-bit blocks never
+     * straddle two ranks, so they mean the same at every world size), else converted as the
+     * load says. The saver offloads to NVMe, or not. */
+    static const struct { const char *from, *to; int stage, nvme; } ck_cases[] = {
+        {"int8", "int8", 3, 1}, {"int8", "int8", 1, 0}, {"bf16", "bf16", 3, 0}, {"int8", "fp32", 3, 0},
+        {"int8", "bf16", 2, 1}, {"fp32", "int8", 0, 0}, {"bf16", "int8", 0, 1}};
+    /* one directory for every rank's files: rank 0's, its name sent to the others */
+    char ck_root[64];
+    double name[sizeof ck_root];
+    for (size_t i = 0; i < sizeof ck_root; i++) name[i] = rank == 0 ? (unsigned char)dir[i] : 0;
+    MUST(strata_allreduce_host_f64(comm, name, (int)sizeof ck_root));
+    for (size_t i = 0; i < sizeof ck_root; i++) ck_root[i] = (char)name[i];
+    for (size_t c = 0; c < sizeof ck_cases / sizeof ck_cases[0]; c++) {
+        run a, b;
+        int stage = ck_cases[c].stage;
+        state = ck_cases[c].from;
+        if (ck_cases[c].nvme) {
+            snprintf(offload_sets[0], sizeof offload_sets[0], "offload.optimizer=nvme");
+            if (stage == 3) snprintf(offload_sets[1], sizeof offload_sets[1], "offload.params=nvme");
+            snprintf(offload_sets[2], sizeof offload_sets[2], "offload.nvme_path=%s", dir);
+        }
+        run_open(&a, comm, rank, world, stage, B, 1, 1);
+        for (int i = 0; i < 5; i++) offload_sets[i][0] = 0;
+        int steps = STEPS < 5 ? STEPS : 5;
+        run_steps(&a, steps);
+        char run_dir[320], ck_dir[400], final[512];
+        snprintf(run_dir, sizeof run_dir, "%s/ck%zu", ck_root, c);
+        snprintf(ck_dir, sizeof ck_dir, "%s/ckpt/step_%08d", run_dir, steps);
+        strata_ckpt_meta meta = {.step = steps, .world = world, .stage = stage, .seed = 5};
+        MUST(strata_engine_save(a.e, run_dir, &meta, final, sizeof final));
+        state = ck_cases[c].to;
+        run_open(&b, single, 0, 1, 0, B * world, 1, 1);
+        strata_ckpt *ck = strata_ckpt_open(ck_dir);
+        CHECK(ck != NULL, "%s: %s", ck_dir, strata_error());
+        if (ck) {
+            MUST(strata_engine_load(b.e, ck));
+            size_t bad = state_mismatches(&a, &b);
+            CHECK(bad == 0, "a %s-state checkpoint of world %d stage %d%s loaded at world 1 with %s state: %zu elements of "
+                  "rank %d's range differ from the saver's", ck_cases[c].from, world, stage,
+                  ck_cases[c].nvme ? " (NVMe)" : "", ck_cases[c].to, bad, rank);
+            strata_ckpt_close(ck);
+        }
+        if (rank == 0)
+            printf("checkpoint: %s state at world %d stage %d%s, loaded at world 1 as %s: %s\n", ck_cases[c].from, world,
+                   stage, ck_cases[c].nvme ? " (NVMe)" : "", ck_cases[c].to,
+                   !strcmp(ck_cases[c].from, ck_cases[c].to) ? "byte for byte" : "converted exactly");
+        run_close(&a);
+        run_close(&b);
+    }
+    state = "fp32";
+    double done = 0; /* every rank has read the checkpoints before rank 0 removes them */
+    MUST(strata_allreduce_host_f64(comm, &done, 1));
+    for (size_t c = 0; c < sizeof ck_cases / sizeof ck_cases[0] && rank == 0; c++) {
+        char run_dir[320];
+        snprintf(run_dir, sizeof run_dir, "%s/ck%zu", ck_root, c);
+        MUST(strata_rm_tree(run_dir));
+    }
 
     /* memory and communication per stage, one step without accumulation */
     for (int stage = 0; stage <= 3; stage++) {
