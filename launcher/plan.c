@@ -28,6 +28,11 @@ void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, in
         }
 }
 
+void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strata_model *m) {
+    p->optim_state = cfg->optim.state;
+    p->n_params = strata_model_num_params(m);
+}
+
 void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes) {
     p->bytes[STRATA_TIER_NVME][STRATA_CAT_OPTIMIZER] = bytes - param_bytes;
     p->bytes[STRATA_TIER_NVME][STRATA_CAT_PARAMS] = param_bytes;
@@ -44,6 +49,7 @@ void strata_plan_compute(strata_plan *p, const strata_config *cfg, int world) {
     strata_arena a;
     strata_engine *e = strata_build(cfg, NULL, NULL, 0, world, &m, &a);
     strata_plan_from_arena(p, &a, world, cfg->zero.stage);
+    strata_plan_set_model(p, cfg, &m);
     strata_plan_add_nvme(p, strata_engine_nvme_bytes(e), strata_engine_nvme_param_bytes(e));
     int gpu = cfg->device == STRATA_BACKEND_CUDA || (cfg->device == STRATA_BACKEND_AUTO && strata_cuda_available());
     strata_plan_add_pinned_buffers(p, strata_comm_planned_pinned_bytes(cfg, world, gpu));
@@ -238,6 +244,15 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
                 "", all);
         fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
     }
+    if (p->n_params) {
+        /* the optimizer state of every rank, all tiers, by parameter: 12 bytes with fp32
+         * moments, 8 with bf16, about 6 with 8-bit ones (padding and 4 KiB blocks included) */
+        size_t opt = 0;
+        for (int t = 0; t < STRATA_TIERS; t++) opt += p->bytes[t][STRATA_CAT_OPTIMIZER];
+        double all = (double)opt * (p->stage > 0 ? p->world : 1);
+        fprintf(f, "  optimizer state: %.2f bytes a parameter (fp32 master weights, %s Adam moments: optim.state)\n",
+                all / (double)p->n_params, strata_optim_state_name(p->optim_state));
+    }
     if (!p->cpu_backend && !p->capacity[STRATA_TIER_DEVICE])
         fprintf(f, "  (no GPU here: give its memory with --gpu-gb to check the device tier)\n");
     fprintf(f, "  verdict: %s%s%s\n", p->fits ? "fits" : "DOES NOT FIT (", p->why, p->fits ? "" : ")");
@@ -253,6 +268,7 @@ typedef struct option {
     int stage;
     int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
     int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
+    int q8;         /* optim.state: int8 (8-bit Adam moments: changes the optimizer's numerics) */
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
     int ratio_pct;  /* offload.optimizer_ratio in percent, found by option_fits; 0: the config's */
@@ -266,9 +282,15 @@ typedef struct option {
  *    per halving while rows stay >= 4096 tokens, 15% below (less reuse per weight read);
  *  - raising the ZeRO stage adds communication only with world > 1: stage 1 and 2 move the
  *    same bytes as stage 0 (2 psi), stage 3 half again as many (3 psi), so +50% of the
- *    communication time, which with overlap we count as 10% of the step. */
+ *    communication time, which with overlap we count as 10% of the step;
+ *  - 8-bit optimizer state: the update dequantizes and quantizes every block, about 2% of
+ *    a step with the state on the device (the update is a few percent of a step); offloaded,
+ *    the CPU update runs at about the fp32 update's speed (bench/bench_optim_state.sh) while
+ *    the tier moves half the state bytes, counted the same. What it costs is not time but
+ *    the optimizer's numerics, which is why only `strata plan` names it unasked. */
 static double option_cost(const strata_config *c, const option *o) {
     double cost = 0;
+    if (o->q8) cost += 0.02;
     int L = c->model.n_layer;
     if (o->ckpt > 0) {
         int recomputed = (L + o->ckpt - 1) / o->ckpt;
@@ -292,6 +314,10 @@ static double option_cost(const strata_config *c, const option *o) {
 static int apply_option(const strata_config *base, const option *o, strata_config *out, char sets[][96], int max_sets) {
     *out = *base;
     int n = 0;
+    if (o->q8 && n < max_sets) {
+        out->optim.state = STRATA_OPTIM_STATE_INT8;
+        snprintf(sets[n++], 96, "optim.state=int8");
+    }
     if (o->ckpt != base->train.activation_checkpointing && n < max_sets) {
         if (o->ckpt == 1) snprintf(sets[n++], 96, "train.activation_checkpointing=blocks");
         else snprintf(sets[n++], 96, "train.activation_checkpointing=every:%d", o->ckpt);
@@ -331,14 +357,17 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
 }
 
 /* Every change within reach of cfg, in a fixed order (the order breaks ties in cost), with
- * its estimated cost; returns how many (at most max). */
+ * its estimated cost; returns how many (at most max). 8-bit optimizer state is among them
+ * only when memory.allow_int8_state says so. */
 static int enumerate_options(const strata_config *cfg, int world, option *out, int max) {
+    int max_q8 = cfg->memory.allow_int8_state && cfg->optim.state != STRATA_OPTIM_STATE_INT8;
     int ckpts[3] = {cfg->train.activation_checkpointing, 2, 1};
     int max_halvings = 0;
     while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
         max_halvings++;
     int max_offload = cfg->offload.nvme_path[0] ? 2 : 1;
     int n = 0;
+    for (int q8 = 0; q8 <= max_q8; q8++)
     for (int ci = 0; ci < 3; ci++) {
         if (ci > 0 && cfg->train.activation_checkpointing && ckpts[ci] >= cfg->train.activation_checkpointing) continue;
         for (int h = 0; h <= max_halvings; h++)
@@ -350,7 +379,7 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
                 if (st != cfg->zero.stage && world == 1 && !(st == 3 && par > 0)) continue;
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
-                option o = {ckpts[ci], h, st, off, par, 0, 0, 0, 0};
+                option o = {ckpts[ci], h, st, off, par, q8, 0, 0, 0, 0};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -358,15 +387,16 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     return n;
 }
 
-/* 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 offloads: all of them */
-#define MAX_OPTIONS (3 * 32 * 4 * 3 * 3)
+/* 2 state types x 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3
+ * offloads: all of them */
+#define MAX_OPTIONS (2 * 3 * 32 * 4 * 3 * 3)
 
 /* o planned (with its ratios, found by option_fits, if any): each tier's verdict in p, and
  * whether the device's capacity is known (a GPU's, measured or from memory.gpu_gb). */
 static int plan_option(const strata_config *cfg, const option *o, int world, strata_device *dev, strata_plan *p) {
     strata_config c2;
-    char tmp[8][96];
-    apply_option(cfg, o, &c2, tmp, 8);
+    char tmp[STRATA_PLAN_MAX_SETS][96];
+    apply_option(cfg, o, &c2, tmp, STRATA_PLAN_MAX_SETS);
     strata_plan_compute(p, &c2, world);
     strata_plan_check(p, &c2, dev);
     return !p->cpu_backend && p->capacity[STRATA_TIER_DEVICE] > 0;
@@ -455,7 +485,7 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
     if (p.fits) return 0;
     option *opts = strata_xcalloc(MAX_OPTIONS, sizeof *opts);
     int n_opts = enumerate_options(cfg, world, opts, MAX_OPTIONS);
-    option best = {0, 0, 0, 0, 0, -1, 0, 0, 0};
+    option best = {0, 0, 0, 0, 0, 0, -1, 0, 0, 0};
     for (int i = 0; i < n_opts; i++) {
         if (best.cost >= 0 && opts[i].cost >= best.cost) continue;
         if (option_fits(cfg, &opts[i], world, dev)) best = opts[i];
@@ -469,6 +499,12 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
     return n;
 }
 
+int strata_plan_changes_numerics(char sets[][96], int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(sets[i], "optim.state=int8")) return 1;
+    return 0;
+}
+
 /* Blocks recomputed by a checkpointing choice (0 none, K every K). */
 static int recomputed_blocks(const strata_config *cfg, int ckpt) {
     int L = cfg->model.n_layer;
@@ -478,7 +514,7 @@ static int recomputed_blocks(const strata_config *cfg, int ckpt) {
 /* o changes everything c does, at least as far: if c fits, o only adds work. */
 static int option_extends(const strata_config *cfg, const option *o, const option *c) {
     return recomputed_blocks(cfg, o->ckpt) >= recomputed_blocks(cfg, c->ckpt) && o->halvings >= c->halvings &&
-           o->stage >= c->stage && o->offload >= c->offload && o->params >= c->params;
+           o->stage >= c->stage && o->offload >= c->offload && o->params >= c->params && o->q8 >= c->q8;
 }
 
 static int by_cost(const void *a, const void *b) {

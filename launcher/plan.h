@@ -12,6 +12,7 @@
 
 #include "core/arena.h"
 #include "core/device.h"
+#include "core/model.h"
 #include "io/config.h"
 
 enum { STRATA_TIER_DEVICE = 0, STRATA_TIER_PINNED, STRATA_TIER_HOST, STRATA_TIER_NVME, STRATA_TIERS };
@@ -30,6 +31,8 @@ enum { STRATA_TIER_DEVICE = 0, STRATA_TIER_PINNED, STRATA_TIER_HOST, STRATA_TIER
 
 typedef struct strata_plan {
     int world, stage;
+    strata_optim_state optim_state; /* how the moments are stored (optim.state) */
+    size_t n_params;                /* the model's parameters (0: unknown, no bytes-a-parameter line) */
     size_t bytes[STRATA_TIERS][STRATA_CAT_COUNT];
     size_t need[STRATA_TIERS];
     size_t capacity[STRATA_TIERS]; /* 0 = unknown / not used */
@@ -46,6 +49,8 @@ typedef struct strata_plan {
 
 /* Fills p->bytes/need from an arena that an engine was planned into. */
 void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, int stage);
+/* The state type and parameter count, for the optimizer's bytes a parameter. */
+void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strata_model *m);
 /* NVMe bytes in all, of which param_bytes are stage-3 parameter shards (offload.params). */
 void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes);
 /* Pinned buffers made outside the arena (the collectives' staging buffer). */
@@ -69,9 +74,14 @@ size_t strata_plan_device_total(const strata_plan *p);
 /* The cheapest change (by estimated extra step time) that fits, keeping the global batch:
  * writes the --set line into `sets_line` and the overrides into sets[] (up to max_sets
  * strings of 96 chars). Returns the number of overrides, 0 when cfg already fits, -1 when
- * nothing tried fits. `cost` gets the estimated fraction of step time added. */
+ * nothing tried fits. `cost` gets the estimated fraction of step time added. The changes
+ * tried keep the optimizer's numerics, unless cfg's memory.allow_int8_state lets 8-bit
+ * optimizer state (optim.state=int8) be among them. */
 int strata_plan_suggest(const strata_config *cfg, int world, strata_device *dev, char sets[][96],
                         int max_sets, char *sets_line, size_t line_len, double *cost);
+
+/* Whether a change (n --set overrides) changes the optimizer's numerics: 8-bit state. */
+int strata_plan_changes_numerics(char sets[][96], int n);
 
 /* The ratios set to auto become numbers, in steps of 0.01: offload.optimizer_ratio the
  * smallest share whose plan leaves the device 2% of its capacity free (the optimizer state
@@ -88,7 +98,7 @@ void strata_plan_resolve_auto(strata_config *cfg, int world, strata_device *dev)
 int strata_plan_auto_hint(const strata_config *cfg, int world, strata_device *dev, char *line, size_t len);
 
 /* One change that fits, as strata_plan_suggest writes it. */
-#define STRATA_PLAN_MAX_SETS 8
+#define STRATA_PLAN_MAX_SETS 9
 typedef struct strata_plan_candidate {
     char sets[STRATA_PLAN_MAX_SETS][96]; /* the --set overrides, n_sets of them */
     int n_sets;

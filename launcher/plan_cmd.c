@@ -42,11 +42,26 @@ int strata_cmd_plan(int argc, char **argv) {
     char hint[400];
     if (p.fits && strata_plan_auto_hint(&cfg, cli.world, NULL, hint, sizeof hint)) printf("  %s\n", hint);
     if (!p.fits) {
-        char sets[8][96], line[800];
+        /* the remedy ladder with its 8-bit rung: named when it is the cheapest, marked, with
+         * the cheapest change that keeps the optimizer's numerics after it */
+        char sets[STRATA_PLAN_MAX_SETS][96], line[800];
         double cost;
-        int n = strata_plan_suggest(&cfg, cli.world, NULL, sets, 8, line, sizeof line, &cost);
-        if (n > 0) printf("  cheapest change that fits (about +%.0f%% step time): %s\n", cost * 100, line);
-        else printf("  no change within reach fits: more ranks, or offload, are needed\n");
+        strata_config any = cfg, keep = cfg;
+        any.memory.allow_int8_state = 1;
+        keep.memory.allow_int8_state = 0;
+        int n = strata_plan_suggest(&any, cli.world, NULL, sets, STRATA_PLAN_MAX_SETS, line, sizeof line, &cost);
+        if (n > 0 && strata_plan_changes_numerics(sets, n)) {
+            printf("  cheapest change that fits (about +%.0f%% step time; changes the optimizer's numerics, 8-bit Adam "
+                   "moments): %s\n", cost * 100, line);
+            n = strata_plan_suggest(&keep, cli.world, NULL, sets, STRATA_PLAN_MAX_SETS, line, sizeof line, &cost);
+            if (n > 0) printf("  cheapest change that keeps the optimizer's numerics (about +%.0f%% step time): %s\n",
+                              cost * 100, line);
+            else printf("  no change that keeps the optimizer's numerics fits\n");
+        } else if (n > 0) {
+            printf("  cheapest change that fits (about +%.0f%% step time): %s\n", cost * 100, line);
+        } else {
+            printf("  no change within reach fits: more ranks, or offload, are needed\n");
+        }
         return STRATA_EXIT_NOFIT;
     }
     return STRATA_EXIT_OK;

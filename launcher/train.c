@@ -312,6 +312,7 @@ static void update_fault(trainer *t, int64_t step) {
  * collectives' pinned staging buffer, checked against the machine. */
 static void plan_this_run(trainer *t, strata_plan *plan) {
     strata_plan_from_arena(plan, &t->arena, t->world, t->cfg.zero.stage);
+    strata_plan_set_model(plan, &t->cfg, &t->m);
     strata_plan_add_nvme(plan, strata_engine_nvme_bytes(t->engine), strata_engine_nvme_param_bytes(t->engine));
     strata_plan_add_pinned_buffers(plan, strata_comm_pinned_bytes(t->comm));
     strata_plan_check(plan, &t->cfg, t->dev);
@@ -542,15 +543,31 @@ static int fit_the_plan(trainer *t, strata_plan *plan) {
     int n = strata_plan_suggest(cfg, t->world, t->dev, sets, STRATA_PLAN_MAX_SETS, line, sizeof line, &cost);
     if (!cfg->memory.auto_fit || n <= 0) {
         if (t->rank == 0) {
+            const char *config = t->cli.config_path ? t->cli.config_path : "";
             strata_plan_print(plan, stderr);
             if (n > 0)
                 fprintf(stderr, "error: the run does not fit (%s). The cheapest change that fits, keeping the "
-                                "global batch (about +%.0f%% step time):\n  strata train %s %s\n"
+                                "global batch (about +%.0f%% step time%s):\n  strata train %s %s\n"
                                 "or set memory.auto: true to apply it automatically.\n",
-                        plan->why, cost * 100, t->cli.config_path ? t->cli.config_path : "", line);
+                        plan->why, cost * 100,
+                        strata_plan_changes_numerics(sets, n) ? "; changes the optimizer's numerics, 8-bit Adam moments" : "",
+                        config, line);
             else
                 fprintf(stderr, "error: the run does not fit (%s), and no change of micro-batch, activation "
                                 "checkpointing or ZeRO stage makes it fit: add ranks or offload.\n", plan->why);
+            /* the 8-bit rung, when memory.allow_int8_state left it out and it is cheaper */
+            strata_config any = *cfg;
+            char sets8[STRATA_PLAN_MAX_SETS][96], line8[800];
+            double cost8 = 0;
+            any.memory.allow_int8_state = 1;
+            int n8 = cfg->memory.allow_int8_state ? 0
+                                                  : strata_plan_suggest(&any, t->world, t->dev, sets8, STRATA_PLAN_MAX_SETS,
+                                                                        line8, sizeof line8, &cost8);
+            if (n8 > 0 && strata_plan_changes_numerics(sets8, n8) && (n <= 0 || cost8 < cost))
+                fprintf(stderr, "Cheaper, changing the optimizer's numerics (8-bit Adam moments; about +%.0f%% step "
+                                "time):\n  strata train %s %s\n(memory.allow_int8_state: true lets memory.auto "
+                                "choose it.)\n",
+                        cost8 * 100, config, line8);
         }
         return STRATA_EXIT_NOFIT;
     }
