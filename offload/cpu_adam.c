@@ -327,6 +327,10 @@ typedef struct q8_lut {
     const strata_q8_map *q;
     float mid[257]; /* the map's 255 midpoints, then +inf twice: base + 1 is always in range */
     uint8_t base[2 * Q8_KEYS];
+    /* the same, 32 bits wide, and mid[base], mid[base + 1] by key: the SIMD versions gather
+     * the three from the key at once rather than the midpoints after the base */
+    int32_t base32[2 * Q8_KEYS];
+    float mid0[2 * Q8_KEYS], mid1[2 * Q8_KEYS];
 } q8_lut;
 
 static q8_lut luts[2]; /* signed, unsigned */
@@ -360,6 +364,9 @@ static void build_lut(q8_lut *L, const strata_q8_map *q) {
             unsigned b = count_below(q, first, 0);
             STRATA_ASSERT(count_below(q, last, 1) - b <= 2);
             L->base[sign * Q8_KEYS + k] = (uint8_t)b;
+            L->base32[sign * Q8_KEYS + k] = (int32_t)b;
+            L->mid0[sign * Q8_KEYS + k] = L->mid[b];
+            L->mid1[sign * Q8_KEYS + k] = L->mid[b + 1];
         }
 }
 
@@ -384,6 +391,8 @@ uint8_t strata_cpu_q8_code(int is_signed, float x) {
     return lut_code(&luts[is_signed ? 0 : 1], x);
 }
 
+typedef void (*q8_quantize_fn)(const q8_lut *L, const float *x, size_t n, float absmax, uint8_t *code);
+
 static void lut_quantize(const q8_lut *L, const float *x, size_t n, float absmax, uint8_t *code) {
     if (!(absmax > 0.0f)) {
         uint8_t zero = lut_code(L, 0.0f);
@@ -393,9 +402,165 @@ static void lut_quantize(const q8_lut *L, const float *x, size_t n, float absmax
     for (size_t i = 0; i < n; i++) code[i] = lut_code(L, x[i] / absmax);
 }
 
+#ifdef STRATA_X86
+/* lut_code, 8 and 16 lanes at a time: the same division, key, clamp and table (gathered),
+ * the same two ordered compares (false for NaN), NaN to code 0 and a positive value never
+ * to code 0; the tail by lut_code. Every lane equals lut_code (tests/test_cpu_adam.c). */
+__attribute__((target("avx2"))) static void lut_quantize_avx2(const q8_lut *L, const float *x, size_t n, float absmax,
+                                                            uint8_t *code) {
+    if (!(absmax > 0.0f)) {
+        lut_quantize(L, x, n, absmax, code);
+        return;
+    }
+    const __m256 am = _mm256_set1_ps(absmax), zero = _mm256_setzero_ps();
+    const __m256i key_lo = _mm256_set1_epi32((int)Q8_KEY_LO), key_hi = _mm256_set1_epi32((int)Q8_KEY_HI);
+    const __m256i keys = _mm256_set1_epi32((int)Q8_KEYS), mag_mask = _mm256_set1_epi32(0x7fff);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), am);
+        __m256i u = _mm256_castps_si256(y);
+        __m256i mag = _mm256_and_si256(_mm256_srli_epi32(u, 16), mag_mask);
+        mag = _mm256_min_epi32(_mm256_max_epi32(mag, key_lo), key_hi);
+        __m256i key = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(u, 31), keys), _mm256_sub_epi32(mag, key_lo));
+        __m256i b = _mm256_i32gather_epi32(L->base32, key, 4);
+        __m256 m0 = _mm256_i32gather_ps(L->mid0, key, 4), m1 = _mm256_i32gather_ps(L->mid1, key, 4);
+        /* a true compare is all ones, -1: subtracting it adds one */
+        __m256i c = _mm256_sub_epi32(b, _mm256_castps_si256(_mm256_cmp_ps(m0, y, _CMP_LT_OQ)));
+        c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(m1, y, _CMP_LT_OQ)));
+        __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+        c = _mm256_andnot_si256(nan, c);
+        __m256i lift = _mm256_and_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
+                                        _mm256_castps_si256(_mm256_cmp_ps(y, zero, _CMP_GT_OQ)));
+        c = _mm256_sub_epi32(c, lift);
+        __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64((__m128i *)(code + i), _mm_packus_epi16(w, w));
+    }
+    for (; i < n; i++) code[i] = lut_code(L, x[i] / absmax);
+}
+
+__attribute__((target("avx512f"))) static void lut_quantize_avx512(const q8_lut *L, const float *x, size_t n,
+                                                                 float absmax, uint8_t *code) {
+    if (!(absmax > 0.0f)) {
+        lut_quantize(L, x, n, absmax, code);
+        return;
+    }
+    const __m512 am = _mm512_set1_ps(absmax), zero = _mm512_setzero_ps();
+    const __m512i key_lo = _mm512_set1_epi32((int)Q8_KEY_LO), key_hi = _mm512_set1_epi32((int)Q8_KEY_HI);
+    const __m512i keys = _mm512_set1_epi32((int)Q8_KEYS), mag_mask = _mm512_set1_epi32(0x7fff);
+    const __m512i one = _mm512_set1_epi32(1);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), am);
+        __m512i u = _mm512_castps_si512(y);
+        __m512i mag = _mm512_and_si512(_mm512_srli_epi32(u, 16), mag_mask);
+        mag = _mm512_min_epi32(_mm512_max_epi32(mag, key_lo), key_hi);
+        __m512i key = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(u, 31), keys), _mm512_sub_epi32(mag, key_lo));
+        __m512i b = _mm512_i32gather_epi32(key, L->base32, 4);
+        __m512 m0 = _mm512_i32gather_ps(key, L->mid0, 4), m1 = _mm512_i32gather_ps(key, L->mid1, 4);
+        __m512i c = _mm512_mask_add_epi32(b, _mm512_cmp_ps_mask(m0, y, _CMP_LT_OQ), b, one);
+        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(m1, y, _CMP_LT_OQ), c, one);
+        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_setzero_si512());
+        __mmask16 lift = _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()) & _mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ);
+        c = _mm512_mask_mov_epi32(c, lift, one);
+        _mm_storeu_si128((__m128i *)(code + i), _mm512_cvtepi32_epi8(c));
+    }
+    for (; i < n; i++) code[i] = lut_code(L, x[i] / absmax);
+}
+#endif
+
+/* A block's moments out of their codes (value = map value x the block's old absmax, one
+ * multiply), and the largest magnitude of the updated ones (a NaN ignored: max with the
+ * running maximum as its second operand keeps that operand), scalar and in 16 lanes. */
+typedef void (*q8_dequant_fn)(const float *vs, const float *vu, const uint8_t *c1, const uint8_t *c2, float old1,
+                              float old2, float *tm, float *tv, size_t n);
+typedef void (*q8_absmax_fn)(const float *tm, const float *tv, size_t n, float *new1, float *new2);
+
+static void dequant_scalar(const float *vs, const float *vu, const uint8_t *c1, const uint8_t *c2, float old1,
+                           float old2, float *tm, float *tv, size_t n) {
+    for (size_t j = 0; j < n; j++) {
+        tm[j] = vs[c1[j]] * old1;
+        tv[j] = vu[c2[j]] * old2;
+    }
+}
+
+static void absmax_scalar(const float *tm, const float *tv, size_t n, float *new1, float *new2) {
+    float a1 = *new1, a2 = *new2;
+    for (size_t j = 0; j < n; j++) {
+        float y1 = fabsf(tm[j]), y2 = fabsf(tv[j]);
+        a1 = y1 > a1 ? y1 : a1; /* a NaN compares false: ignored, as core/quant.c does */
+        a2 = y2 > a2 ? y2 : a2;
+    }
+    *new1 = a1, *new2 = a2;
+}
+
+#ifdef STRATA_X86
+__attribute__((target("avx512f"))) static void dequant_avx512(const float *vs, const float *vu, const uint8_t *c1,
+                                                            const uint8_t *c2, float old1, float old2, float *tm,
+                                                            float *tv, size_t n) {
+    const __m512 o1 = _mm512_set1_ps(old1), o2 = _mm512_set1_ps(old2);
+    size_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i k1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c1 + j)));
+        __m512i k2 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c2 + j)));
+        _mm512_storeu_ps(tm + j, _mm512_mul_ps(_mm512_i32gather_ps(k1, vs, 4), o1));
+        _mm512_storeu_ps(tv + j, _mm512_mul_ps(_mm512_i32gather_ps(k2, vu, 4), o2));
+    }
+    dequant_scalar(vs, vu, c1 + j, c2 + j, old1, old2, tm + j, tv + j, n - j);
+}
+
+__attribute__((target("avx512f"))) static void absmax_avx512(const float *tm, const float *tv, size_t n, float *new1,
+                                                           float *new2) {
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+    __m512 a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps();
+    size_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 y1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(tm + j)), abs_mask));
+        __m512 y2 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(tv + j)), abs_mask));
+        a1 = _mm512_max_ps(y1, a1); /* NaN in y: a kept */
+        a2 = _mm512_max_ps(y2, a2);
+    }
+    float r1 = _mm512_reduce_max_ps(a1), r2 = _mm512_reduce_max_ps(a2);
+    *new1 = r1 > *new1 ? r1 : *new1;
+    *new2 = r2 > *new2 ? r2 : *new2;
+    absmax_scalar(tm + j, tv + j, n - j, new1, new2);
+}
+#endif
+
+static q8_dequant_fn dequant_fn(strata_cpu_isa isa) {
+#ifdef STRATA_X86
+    if (isa == STRATA_ISA_AVX512) return dequant_avx512;
+#endif
+    (void)isa;
+    return dequant_scalar;
+}
+
+static q8_absmax_fn absmax_fn(strata_cpu_isa isa) {
+#ifdef STRATA_X86
+    if (isa == STRATA_ISA_AVX512) return absmax_avx512;
+#endif
+    (void)isa;
+    return absmax_scalar;
+}
+
+static q8_quantize_fn quantize_fn(strata_cpu_isa isa) {
+#ifdef STRATA_X86
+    if (isa == STRATA_ISA_AVX512) return lut_quantize_avx512;
+    if (isa == STRATA_ISA_AVX2) return lut_quantize_avx2;
+#endif
+    (void)isa;
+    return lut_quantize;
+}
+
 /* One block [b0, b1) of the range: core/cpu/kernels_cpu.c's adamw_q8_block with the ISA's span
  * and the table's codes. */
-static void q8_block(adam_span_fn fn, float *master, void *out, strata_dtype out_dtype, const float *grad, uint8_t *c1,
+typedef struct q8_isa {
+    adam_span_fn span;
+    q8_dequant_fn dequant;
+    q8_absmax_fn absmax;
+    q8_quantize_fn quantize;
+} q8_isa;
+
+static void q8_block(const q8_isa *k, float *master, void *out, strata_dtype out_dtype, const float *grad, uint8_t *c1,
                      uint8_t *c2, float *absmax1, float *absmax2, size_t b0, size_t b1, const strata_adamw_segment *seg,
                      int n_seg, const strata_adamw_args *a) {
     const q8_lut *ls = &luts[0], *lu = &luts[1];
@@ -408,26 +573,27 @@ static void q8_block(adam_span_fn fn, float *master, void *out, strata_dtype out
         if (!seg[i].quant || lo >= hi) continue;
         strata_adamw_args sa = *a;
         if (!seg[i].decay) sa.weight_decay = 0.0f;
-        const float *vs = ls->q->value, *vu = lu->q->value;
-        for (size_t j = lo; j < hi; j++) {
-            tm[j - b0] = vs[c1[j]] * old1;
-            tv[j - b0] = vu[c2[j]] * old2;
-        }
-        fn(master + b0, out_b0, out_dtype, grad + b0, tm, tv, lo - b0, hi - b0, &sa);
-        for (size_t j = lo - b0; j < hi - b0; j++) {
-            float y1 = fabsf(tm[j]), y2 = fabsf(tv[j]);
-            new1 = y1 > new1 ? y1 : new1; /* a NaN compares false: ignored, as core/quant.c does */
-            new2 = y2 > new2 ? y2 : new2;
-        }
+        k->dequant(ls->q->value, lu->q->value, c1 + lo, c2 + lo, old1, old2, tm + (lo - b0), tv + (lo - b0), hi - lo);
+        k->span(master + b0, out_b0, out_dtype, grad + b0, tm, tv, lo - b0, hi - b0, &sa);
+        k->absmax(tm + (lo - b0), tv + (lo - b0), hi - lo, &new1, &new2);
     }
     absmax1[blk] = new1;
     absmax2[blk] = new2;
     for (int i = 0; i < n_seg; i++) {
         size_t lo = seg[i].lo > b0 ? seg[i].lo : b0, hi = seg[i].lo + seg[i].n < b1 ? seg[i].lo + seg[i].n : b1;
         if (!seg[i].quant || lo >= hi) continue;
-        lut_quantize(ls, tm + (lo - b0), hi - lo, new1, c1 + lo);
-        lut_quantize(lu, tv + (lo - b0), hi - lo, new2, c2 + lo);
+        k->quantize(ls, tm + (lo - b0), hi - lo, new1, c1 + lo);
+        k->quantize(lu, tv + (lo - b0), hi - lo, new2, c2 + lo);
     }
+}
+
+int strata_cpu_q8_quantize_ex(strata_cpu_isa isa, int is_signed, const float *x, size_t n, float absmax, uint8_t *code) {
+    if (isa == STRATA_ISA_AUTO) isa = strata_cpu_isa_auto();
+    if (!strata_cpu_isa_supported(isa))
+        return strata_fail("cpu q8: ISA %s is not supported by this CPU or build", strata_cpu_isa_name(isa));
+    pthread_once(&luts_once, build_luts);
+    quantize_fn(isa)(&luts[is_signed ? 0 : 1], x, n, absmax, code);
+    return 0;
 }
 
 /* Blocks per OpenMP work item: 16384 elements, as the fp32 path's chunks. */
@@ -440,13 +606,13 @@ int strata_cpu_adamw_q8_ex(strata_cpu_isa isa, int n_threads, float *master, voi
     int nt = resolve(&isa, n_threads, n, ADAM_CHUNK, &items);
     if (nt < 0) return -1;
     pthread_once(&luts_once, build_luts);
-    adam_span_fn fn = span_fn(isa);
+    const q8_isa k = {span_fn(isa), dequant_fn(isa), absmax_fn(isa), quantize_fn(isa)};
     size_t blocks = strata_q8_blocks(n);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (size_t c = 0; c < items; c++)
         for (size_t b = c * Q8_ITEM_BLOCKS; b < (c + 1) * Q8_ITEM_BLOCKS && b < blocks; b++) {
             size_t b0 = b * STRATA_Q8_BLOCK, b1 = b0 + STRATA_Q8_BLOCK < n ? b0 + STRATA_Q8_BLOCK : n;
-            q8_block(fn, master, param_out, out_dtype, grad, m1, m2, absmax1, absmax2, b0, b1, seg, n_seg, a);
+            q8_block(&k, master, param_out, out_dtype, grad, m1, m2, absmax1, absmax2, b0, b1, seg, n_seg, a);
         }
     return 0;
 }

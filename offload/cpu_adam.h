@@ -74,6 +74,10 @@ int strata_cpu_adamw_q8_ex(strata_cpu_isa isa, int n_threads, float *master, voi
  * (first moment) or the unsigned one, from its table: tests hold it to core/quant.h's
  * strata_q8_code. */
 uint8_t strata_cpu_q8_code(int is_signed, float x);
+/* The codes of x[0, n) divided by absmax as the 8-bit update quantizes a block with the ISA
+ * (the SIMD lanes and their scalar tail; tests hold every ISA to core/quant.h). 0, or -1
+ * when the ISA is not supported here. */
+int strata_cpu_q8_quantize_ex(strata_cpu_isa isa, int is_signed, const float *x, size_t n, float absmax, uint8_t *code);
 
 /* 1 when this CPU (and this build) can run the path. */
 int strata_cpu_isa_supported(strata_cpu_isa isa);

@@ -6,6 +6,7 @@
  * codes and absmax, on ranges of quantized and fp32 segments), and the 8-bit path's code
  * table against core/quant.h's binary search around every midpoint and table key. Ends
  * with an informational throughput table. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -279,6 +280,48 @@ static void test_q8_table(void) {
     CHECK(wrong == 0, "8-bit code table = core/quant.h's binary search on %zu values (%zu differ)", tried, wrong);
 }
 
+/* Every ISA's block quantizer (SIMD lanes and scalar tail) against core/quant.h's codes of
+ * x / absmax, on the values above: every midpoint and 16 floats each side, every key
+ * boundary, the extremes, NaN and infinities, tiny positives (never code 0), with absmax 1
+ * and 3 (so the division rounds), at lengths that leave tails of every size. */
+static void test_q8_quantize_isas(void) {
+    enum { MAX = 80000 };
+    float *x = strata_xcalloc(MAX, 4);
+    uint8_t *got = strata_xcalloc(MAX, 1);
+    strata_cpu_isa isas[] = {STRATA_ISA_SCALAR, STRATA_ISA_AVX2, STRATA_ISA_AVX512};
+    for (int s = 0; s < 2; s++) {
+        const strata_q8_map *q = s ? strata_q8_signed() : strata_q8_unsigned();
+        size_t n = 0;
+        for (int k = 0; k < 255; k++)
+            for (int d = -16; d <= 16; d++) {
+                uint32_t u;
+                memcpy(&u, &q->mid[k], 4);
+                x[n++] = f_from_bits(u + (uint32_t)d);
+            }
+        for (uint32_t key = 0x3300; key <= 0x4000; key += 3)
+            for (int sign = 0; sign < 2; sign++) x[n++] = f_from_bits((key << 16) | (sign ? 0x80000000u : 0));
+        float special[] = {0.0f, -0.0f, 1.0f, -1.0f, f_from_bits(1), f_from_bits(0x80000001u), NAN, INFINITY, -INFINITY,
+                           1e-30f, -1e-30f, FLT_MIN, 3.0f, -3.0f};
+        for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[n++] = special[i];
+        for (int k = 0; k < 3; k++) {
+            if (!strata_cpu_isa_supported(isas[k])) continue;
+            for (int amx = 0; amx < 2; amx++) {
+                float absmax = amx ? 3.0f : 1.0f;
+                size_t wrong = 0, tried = 0;
+                for (size_t len = n - 17; len <= n; len++) { /* every tail length */
+                    memset(got, 0xAA, len);
+                    MUST(strata_cpu_q8_quantize_ex(isas[k], s, x, len, absmax, got));
+                    for (size_t i = 0; i < len; i++, tried++) wrong += got[i] != strata_q8_code(q, x[i] / absmax);
+                }
+                CHECK(wrong == 0, "%-6s %s codes of x / %g = core/quant.h's on %zu values (%zu differ)",
+                      strata_cpu_isa_name(isas[k]), s ? "signed" : "unsigned", absmax, tried, wrong);
+            }
+        }
+    }
+    free(x);
+    free(got);
+}
+
 static double bench_one(strata_cpu_isa isa, int threads, int reference, state *s) {
     strata_adamw_args a = step_args(5);
     double best = 1e30;
@@ -346,6 +389,7 @@ int main(void) {
             }
     }
     test_q8_table();
+    test_q8_quantize_isas();
     /* the public entry point (auto path, default threads) on a size with a tail */
     {
         state ref, got;
