@@ -284,13 +284,14 @@ typedef struct option {
  *    same bytes as stage 0 (2 psi), stage 3 half again as many (3 psi), so +50% of the
  *    communication time, which with overlap we count as 10% of the step;
  *  - 8-bit optimizer state: the update dequantizes and quantizes every block, about 2% of
- *    a step with the state on the device (the update is a few percent of a step); offloaded,
- *    the CPU update runs at about the fp32 update's speed (bench/bench_optim_state.sh) while
- *    the tier moves half the state bytes, counted the same. What it costs is not time but
- *    the optimizer's numerics, which is why only `strata plan` names it unasked. */
+ *    a step with the state on the device (the update is a few percent of a step); with the
+ *    state offloaded 10%: the CPU's 8-bit update takes about four times the fp32 one's time
+ *    per element (docs/benchmarks.md), behind the next forward, while the tier moves half
+ *    the bytes. What it costs most is the optimizer's numerics, which is why only `strata
+ *    plan` names it unasked. */
 static double option_cost(const strata_config *c, const option *o) {
     double cost = 0;
-    if (o->q8) cost += 0.02;
+    if (o->q8) cost += o->offload ? 0.10 : 0.02;
     int L = c->model.n_layer;
     if (o->ckpt > 0) {
         int recomputed = (L + o->ckpt - 1) / o->ckpt;
