@@ -12,8 +12,9 @@
  *            The embedding (tied to the LM head) is gathered once per micro-step into a
  *            buffer of its own and kept until the head's backward has used it.
  *
- * Partition: unit u's flat buffer is padded to a multiple of world * 64 elements; rank r
- * owns elements [r*S, (r+1)*S), S = padded / world. Checkpoints store exactly those
+ * Partition: unit u's flat buffer is padded to a multiple of world * 64 elements (world *
+ * 2048 with int8 optimizer state: every rank's range starts on a quantization block); rank
+ * r owns elements [r*S, (r+1)*S), S = padded / world. Checkpoints store exactly those
  * standard shards, which is what lets any world size and stage read any other's. */
 #ifndef STRATA_ENGINE_H
 #define STRATA_ENGINE_H
