@@ -21,8 +21,9 @@ trap 'rm -rf "$W"' EXIT
 cd "$W"
 "$S" prepare --text "${fortunes[@]}" --out data/quickstart --val-fraction 0.05 > /dev/null
 val=()
+# every core (nproc alone answers ctest's OMP_NUM_THREADS=1)
 for st in fp32 int8; do
-  OMP_NUM_THREADS=$(nproc) "$S" train "$STRATA_SOURCE_DIR/configs/quickstart.yaml" --set optim.state=$st \
+  OMP_NUM_THREADS=$(nproc --all) "$S" train "$STRATA_SOURCE_DIR/configs/quickstart.yaml" --set optim.state=$st \
     --set run.dir=runs/$st --set train.steps="$STEPS" --set train.micro_batch=8 --set train.eval_every="$STEPS" \
     --set train.eval_batches=32 --set train.log_every=100 --set train.sample_tokens=0 --set run.checkpoint_every=0 \
     --set run.checkpoint_at_end=false > $st.log 2>&1 || { tail -5 $st.log; echo "FAIL: $st run"; exit 1; }
