@@ -9,7 +9,7 @@ W=$(mktemp -d /tmp/strata-e2e-shakespeare.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
 "$S" prepare --text "$corpus" --out data/tinyshakespeare --val-fraction 0.1
-OMP_NUM_THREADS=$(nproc) "$S" train "$STRATA_SOURCE_DIR/configs/tinyshakespeare.yaml" --set train.log_every=100
+OMP_NUM_THREADS=$(nproc --all) "$S" train "$STRATA_SOURCE_DIR/configs/tinyshakespeare.yaml" --set train.log_every=100
 val=$(grep -o '"val_loss": [^,]*' runs/tinyshakespeare/metrics.jsonl | tail -1 | cut -d' ' -f2)
 first=$(grep -o '"val_loss": [^,]*' runs/tinyshakespeare/metrics.jsonl | head -1 | cut -d' ' -f2)
 python3 -c "import sys; v=float('$val'); sys.exit(0 if v < 2.0 else 1)" || { echo "FAIL: final val loss $val >= 2.0"; exit 1; }
