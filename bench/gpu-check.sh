@@ -7,6 +7,7 @@
 #                     20 steps GPU bf16 vs CPU fp32, and the paths not yet verified on a
 #                     GPU probed under a hang watch (~2 min)
 #   matrix-world1     the verification matrix of bench/gpu_matrix.py: world 1, every stage,
+#                     optim.state bf16 and int8,
 #   matrix-attention  comm backend, offload tier, checkpointing and accumulation; attention
 #   matrix-ranks      kernels and 124M; 2 and 4 ranks on the GPU; the Llama family's
 #   matrix-llama      stages, CPU optimizer and tensor-core attention (~2-6 min each)

@@ -112,6 +112,17 @@ def parts():
     w1.append(row("stage 3, grad_accum 2, optimizer and params cpu, checkpointing blocks",
                   sets=half + ["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu",
                                "train.activation_checkpointing=blocks"], ref=acc))
+    # bf16 and 8-bit Adam moments (optim.state): the device's kernels against the CPU run of
+    # the same state type, stage 1 and the CPU optimizer's update bit for bit against stage 0
+    for state in ("bf16", "int8"):
+        sb = f"stage 0, state {state}"
+        w1.append(row(sb, sets=[f"optim.state={state}"]))
+        w1.append(row(f"stage 1, state {state}", sets=["zero.stage=1", f"optim.state={state}"], ref=sb))
+        w1.append(row(f"stage 0, state {state}, optimizer cpu", sets=[f"optim.state={state}", "offload.optimizer=cpu"],
+                      ref=sb))
+    w1.append(row("stage 3, state int8, optimizer and params nvme",
+                  sets=["zero.stage=3", "optim.state=int8", "offload.optimizer=nvme", "offload.params=nvme"],
+                  ref="stage 0, state int8"))
     p["world1"] = late_stages_last(w1)
 
     ranks = [row(base)]
@@ -331,9 +342,10 @@ class Runner:
         return run_dir, log, rc, secs, hung
 
     def cpu_reference(self, r):
-        # the world-1 run of the same global batch: accumulation kept, per-rank splits and
-        # the reduction dtype (meaningless at world 1) dropped
-        keep = [s for s in r["sets"] if s.startswith("train.") and "=DIV" not in s and "grad_reduce" not in s]
+        # the world-1 run of the same global batch and optimizer state type: accumulation kept,
+        # per-rank splits and the reduction dtype (meaningless at world 1) dropped
+        keep = [s for s in r["sets"] if (s.startswith("train.") or s.startswith("optim.")) and "=DIV" not in s
+                and "grad_reduce" not in s]
         key = (r["shape"], tuple(keep))
         if key not in self.cpu_refs:
             ref = dict(r, sets=keep, env={}, world=1, limit_s=600)
