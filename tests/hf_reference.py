@@ -26,6 +26,8 @@ import shutil
 import subprocess
 import sys
 
+from reference_common import Failures, run
+
 SKIP = 77
 
 UNICODE_TEXT = (
@@ -45,24 +47,6 @@ UNICODE_TEXT = (
     "\x00\x01\x7f control\x1b[0m bytes\n"
     "ends without a newline   ")
 
-
-class Failures:
-    def __init__(self):
-        self.items = []
-
-    def check(self, ok, what):
-        print("  %-4s %s" % ("ok" if ok else "FAIL", what))
-        if not ok:
-            self.items.append(what)
-        return ok
-
-
-def run(cmd, cwd, what, expect=0):
-    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-    if p.returncode != expect:
-        sys.stdout.write(p.stdout + p.stderr)
-        sys.exit("hf_reference: %s exited %d, expected %d: %s" % (what, p.returncode, expect, " ".join(cmd)))
-    return p
 
 
 def read_shards(pattern_dir, prefix="train"):

@@ -40,29 +40,13 @@ import shutil
 import subprocess
 import sys
 
+from reference_common import Failures, run
+
 SKIP = 77
 V, T, B, STEPS = 320, 32, 4, 20
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
 TOL_GRAD, TOL_TRAIN = 1e-5, 1e-4
 
-
-class Failures:
-    def __init__(self):
-        self.items = []
-
-    def check(self, ok, what):
-        print("  %-4s %s" % ("ok" if ok else "FAIL", what))
-        if not ok:
-            self.items.append(what)
-        return ok
-
-
-def run(cmd, cwd, what, expect=0):
-    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-    if p.returncode != expect:
-        sys.stdout.write(p.stdout + p.stderr)
-        sys.exit("llama_reference: %s exited %d, expected %d: %s" % (what, p.returncode, expect, " ".join(cmd)))
-    return p
 
 
 def write_token_shard(path, tokens):

@@ -40,6 +40,7 @@ import unicodedata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shard_io  # noqa: E402
+from reference_common import Failures  # noqa: E402
 
 try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -80,16 +81,6 @@ def run(cmd, cwd, what):
         print("FAIL: %s (exit %d)\n%s%s" % (what, p.returncode, p.stdout[-3000:], p.stderr[-3000:]))
         sys.exit(1)
     return p
-
-
-class Failures:
-    def __init__(self):
-        self.items = []
-
-    def check(self, ok, msg):
-        print("%s %s" % ("ok  " if ok else "FAIL", msg))
-        if not ok:
-            self.items.append(msg)
 
 
 # ---- the fixtures ----

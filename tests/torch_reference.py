@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+from reference_common import Failures
+
 SKIP = 77
 
 HF_BLOCK_SUFFIXES = [
@@ -62,17 +64,6 @@ def hf_shapes(L, C, V, P):
     s["transformer.ln_f.weight"] = [C]
     s["transformer.ln_f.bias"] = [C]
     return s
-
-
-class Failures:
-    def __init__(self):
-        self.items = []
-
-    def check(self, ok, what):
-        print("  %-4s %s" % ("ok" if ok else "FAIL", what))
-        if not ok:
-            self.items.append(what)
-        return ok
 
 
 def run(cmd, cwd, what):
