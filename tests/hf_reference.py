@@ -254,13 +254,7 @@ def main():
     weights_in(args, work, fails, torch, transformers)
     tok_json, uni = tokenizers_equal(args, work, fails, transformers, os.path.abspath(args.corpus))
     out_again(args, work, fails, torch, transformers, tok_json, os.path.abspath(args.corpus), uni)
-    if fails.items:
-        print("\nFAILED (%d):" % len(fails.items))
-        for f in fails.items:
-            print("  " + f)
-        return 1
-    print("\nPASS: strata matches transformers and tokenizers")
-    return 0
+    return fails.verdict("strata matches transformers and tokenizers")
 
 
 if __name__ == "__main__":

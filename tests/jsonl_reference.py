@@ -30,6 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shard_io  # noqa: E402
+from reference_common import Failures  # noqa: E402
 import tokenizers_reference as tref  # noqa: E402  (exits 77 without tokenizers)
 
 T = 24  # --seq-len: 24 for prompts and texts, 64 for conversations (main sets it per case)
@@ -220,7 +221,7 @@ def main():
     work = os.path.abspath(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    fails = tref.Failures()
+    fails = Failures()
     corpus = os.path.abspath(args.corpus)
     toks = {"llama3": tref.make_llama3(corpus, os.path.join(work, "llama3")),
             "qwen2": tref.make_qwen2(corpus, os.path.join(work, "qwen2")),
@@ -304,13 +305,7 @@ def main():
                 fails.check("chat_template" in cfg and cfg["eos_token"] == ("<|eot_id|>" if chat == "llama3" else "<|im_end|>"),
                             "%s: tokenizer_config.json beside the shards holds the chat template and the turn's end as "
                             "eos_token" % name)
-    if fails.items:
-        print("\nFAILED (%d):" % len(fails.items))
-        for f in fails.items:
-            print("  " + f)
-        return 1
-    print("\nPASS: strata prepare --jsonl gives the reference's ids and masks")
-    return 0
+    return fails.verdict("strata prepare --jsonl gives the reference's ids and masks")
 
 
 if __name__ == "__main__":

@@ -346,13 +346,7 @@ def main():
     print("%-16s %10s %10s %12s %12s" % ("variation", "loss", "gradients", "train loss", "weights"))
     for name, s in table:
         print("%-16s %10.1e %10.1e %12.1e %12.1e" % (name, s["loss"], s["grad"], s["train_loss"], s["weights"]))
-    if fails.items:
-        print("\nFAILED (%d):" % len(fails.items))
-        for f in fails.items:
-            print("  " + f)
-        return 1
-    print("\nPASS: strata's Llama family matches transformers")
-    return 0
+    return fails.verdict("strata's Llama family matches transformers")
 
 
 if __name__ == "__main__":

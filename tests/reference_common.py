@@ -15,6 +15,16 @@ class Failures:
             self.items.append(what)
         return ok
 
+    def verdict(self, passed):
+        """The exit code: 1 after listing the failed checks, else 0 after `PASS: passed`."""
+        if self.items:
+            print("\nFAILED (%d):" % len(self.items))
+            for f in self.items:
+                print("  " + f)
+            return 1
+        print("\nPASS: " + passed)
+        return 0
+
 
 def run(cmd, cwd, what, expect=0):
     p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")

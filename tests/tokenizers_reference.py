@@ -342,13 +342,7 @@ def main():
             "equals" if want == py else "differs from", unicodedata.unidata_version))
         fixtures.append(("nfc", hf))
 
-    if fails.items:
-        print("\nFAILED (%d):" % len(fails.items))
-        for f in fails.items:
-            print("  " + f)
-        return 1
-    print("\nPASS: strata encodes and decodes as tokenizers for %s" % ", ".join(n for n, _ in fixtures))
-    return 0
+    return fails.verdict("strata encodes and decodes as tokenizers for %s" % ", ".join(n for n, _ in fixtures))
 
 
 if __name__ == "__main__":

@@ -419,13 +419,7 @@ def main():
         print("%s: strata loss %.7f, torch fp32 %.7f, fp64 %.7f; worst error / tolerance %.3f" %
               (label, loss.item(), l32.item(), l64.item(), worst))
 
-    if fails.items:
-        print("\nFAILED (%d):" % len(fails.items))
-        for f in fails.items:
-            print("  " + f)
-        return 1
-    print("\nPASS: strata matches transformers' GPT2LMHeadModel")
-    return 0
+    return fails.verdict("strata matches transformers' GPT2LMHeadModel")
 
 
 if __name__ == "__main__":
