@@ -77,7 +77,8 @@ static void shape(int BT, int C, int Vp)
 static void shape_llama(int BT, int C, int QKV, int I, int Vp)
 {
     const product prods[] = {
-        {"q|k|v", C, QKV, 1}, {"o_proj", C, C, 1}, {"gate|up", C, 2 * I, 1}, {"down", I, C, 1}, {"lm_head", C, Vp, 1},
+        {"q|k|v", C, QKV, STRATA_W_NK}, {"o_proj", C, C, STRATA_W_NK}, {"gate|up", C, 2 * I, STRATA_W_NK},
+        {"down", I, C, STRATA_W_NK}, {"lm_head", C, Vp, STRATA_W_NK},
     };
     run_products(BT, prods, sizeof prods / sizeof prods[0]);
 }
