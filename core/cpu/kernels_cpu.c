@@ -218,7 +218,17 @@ typedef struct gemm_args {
     float *gelu_out; /* (M,N) with row stride ldc, or NULL: receives gelu(C) */
     int kind;        /* which product of a linear layer, for the BLAS choice: GEMM_* below */
     int w_layout;    /* the layer's STRATA_W_* (core/kernels.h), for the same choice */
+    int band;        /* causal attention's zeros: BAND_* below (0: none) */
+    int band_off;    /* the offset of the band's diagonal */
 } gemm_args;
+
+/* Causal attention's products hold a triangle of zeros (or of entries never read), which
+ * a tile skips: terms that are exact zeros add nothing (x + 0 * b is x for finite b), so
+ * the results are the bits of the full product (but for the sign of a zero).
+ *  BAND_A_LOWER: A (i, r) is zero for r > i + band_off (probabilities, query rows)
+ *  BAND_A_UPPER: A (i, r) is zero for r < i - band_off (probabilities, key rows)
+ *  BAND_C_UPPER: C (i, j) is never read for j < i - band_off (scores, key rows) */
+enum { BAND_NONE = 0, BAND_A_LOWER = 1, BAND_A_UPPER = 2, BAND_C_UPPER = 3 };
 
 /* the three products of a linear layer; attention's products are none of them (0) */
 enum { GEMM_FWD = 1, GEMM_DINP = 2, GEMM_DW = 3 };
@@ -337,6 +347,19 @@ static void gemm_tile(const gemm_args *g, int i, int j, int k0, int kc, const fl
         init = g->bias ? g->bias + j : zero_row;
         ldi = 0;
     }
+    int r0 = k0, r1 = k0 + kc; /* the terms this tile adds: [r0, r1) */
+    if (g->band == BAND_C_UPPER && j + cols - 1 < i - g->band_off) return;
+    if (g->band == BAND_A_LOWER && r1 > i + MR + g->band_off) r1 = i + MR + g->band_off;
+    if (g->band == BAND_A_UPPER && r0 < i - g->band_off) r0 = i - g->band_off;
+    if (r0 >= r1) {
+        if (init != c)
+            for (int ii = 0; ii < rows; ii++)
+                for (int jj = 0; jj < cols; jj++) c[(size_t)ii * g->ldc + jj] = init[ii * ldi + jj];
+        return;
+    }
+    bp += (size_t)(r0 - k0) * NR;
+    kc = r1 - r0;
+    k0 = r0;
     const float *a;
     size_t lda;
     int by_rows = 0;
@@ -804,7 +827,7 @@ static void attn_scores_t(attn_scratch *w, const float *q, const float *k, int t
         .M = nk, .N = nq, .K = hs,
         .a = k, .a_rs = (size_t)W, .a_cs = 1,
         .b = q + (size_t)t0 * W, .b_rs = 1, .b_cs = (size_t)W,
-        .c = w->st, .ldc = QB,
+        .c = w->st, .ldc = QB, .band = BAND_C_UPPER, .band_off = t0,
     };
     gemm_block(&g, 0, nk, 0, nq, &w->g);
 }
@@ -866,7 +889,7 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
                     .M = nq, .N = hs, .K = nk,
                     .a = w.st, .a_rs = 1, .a_cs = QB,
                     .b = v, .b_rs = (size_t)W, .b_cs = 1,
-                    .c = o + (size_t)t0 * C, .ldc = (size_t)C,
+                    .c = o + (size_t)t0 * C, .ldc = (size_t)C, .band = BAND_A_LOWER, .band_off = t0,
                 };
                 gemm_block(&g, 0, nq, 0, hs, &w.g);
             }
@@ -921,7 +944,7 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                         .M = nk, .N = nq, .K = hs,
                         .a = v, .a_rs = (size_t)W, .a_cs = 1,
                         .b = dob, .b_rs = 1, .b_cs = (size_t)C,
-                        .c = w.dpt, .ldc = QB,
+                        .c = w.dpt, .ldc = QB, .band = BAND_C_UPPER, .band_off = t0,
                     };
                     gemm_block(&gdp, 0, nk, 0, nq, &w.g);
                     /* dv[0..nk) += p^T @ dout block */
@@ -929,7 +952,7 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                         .M = nk, .N = hs, .K = nq,
                         .a = w.st, .a_rs = QB, .a_cs = 1,
                         .b = dob, .b_rs = (size_t)C, .b_cs = 1,
-                        .c = dv, .ldc = (size_t)W, .accumulate = 1,
+                        .c = dv, .ldc = (size_t)W, .accumulate = 1, .band = BAND_A_UPPER, .band_off = t0,
                     };
                     gemm_block(&gdv, 0, nk, 0, hs, &w.g);
                     /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
@@ -947,7 +970,7 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                         .M = nq, .N = hs, .K = nk,
                         .a = w.st, .a_rs = 1, .a_cs = QB,
                         .b = k, .b_rs = (size_t)W, .b_cs = 1,
-                        .c = dq + (size_t)t0 * W, .ldc = (size_t)W,
+                        .c = dq + (size_t)t0 * W, .ldc = (size_t)W, .band = BAND_A_LOWER, .band_off = t0,
                     };
                     gemm_block(&gdq, 0, nq, 0, hs, &w.g);
                     /* dk[0..nk) += ds^T @ q block */
@@ -955,7 +978,7 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                         .M = nk, .N = hs, .K = nq,
                         .a = w.st, .a_rs = QB, .a_cs = 1,
                         .b = q + (size_t)t0 * W, .b_rs = (size_t)W, .b_cs = 1,
-                        .c = dk, .ldc = (size_t)W, .accumulate = 1,
+                        .c = dk, .ldc = (size_t)W, .accumulate = 1, .band = BAND_A_UPPER, .band_off = t0,
                     };
                     gemm_block(&gdk, 0, nk, 0, hs, &w.g);
                 }
