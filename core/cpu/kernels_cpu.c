@@ -69,13 +69,11 @@ static void *scratch_alloc(size_t floats)
 /* ---------------------------------------------------------------------------------- */
 /* Vectorisable scalar helpers                                                          */
 
-/* e^x with about 1 ulp of error for x in [-87.3, 88]; inputs are clamped to that range
- * (e^-87.3 ~ 1e-38 stands in for smaller results) and NaN propagates. Written without
- * branches or library calls so GCC vectorises loops that use it. */
-static inline float exp_fast(float x)
+/* e^x with about 1 ulp of error for x in [-87.3, 88], where the caller keeps x (exp_fast
+ * clamps it there). Written without branches or library calls so GCC vectorises loops
+ * that use it. */
+static inline float exp_poly(float x)
 {
-    x = x < -87.3f ? -87.3f : x;
-    x = x > 88.0f ? 88.0f : x;
     /* n = round(x / ln2): adding 1.5 * 2^23 rounds to an integer, which then sits in the
      * low mantissa bits of t (no float-to-int conversion, so NaN stays defined) */
     union {
@@ -99,6 +97,15 @@ static inline float exp_fast(float x)
         float f;
     } s = {.u = (t.u - 0x4b400000u + 127u) << 23}; /* 2^n, n in [-126, 127] */
     return p * s.f;
+}
+
+/* e^x, inputs clamped to [-87.3, 88] (e^-87.3 ~ 1e-38 stands in for smaller results);
+ * NaN propagates */
+static inline float exp_fast(float x)
+{
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.0f ? 88.0f : x;
+    return exp_poly(x);
 }
 
 #define LANES 16 /* float lanes of the blocked reductions (one AVX-512 register) */
@@ -1443,7 +1450,8 @@ static void cpu_rope_backward(strata_stream *s, void *dx, const float *inv_freq,
 static inline float exp_neg_abs(float x)
 {
     float ax = fabsf(x);
-    return ax > 87.0f ? 0.0f : exp_fast(-ax);
+    float e = exp_poly(-(ax < 87.0f ? ax : 87.0f)); /* exp_fast's bits, one select fewer */
+    return ax > 87.0f ? 0.0f : e;
 }
 
 static void cpu_swiglu_forward(strata_stream *s, void *out_, const void *gu_, int N, int I)
