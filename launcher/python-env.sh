@@ -8,9 +8,20 @@
 # and a .dev/venv made before tensorboard or sentencepiece was needed gets them; when PyPI
 # cannot be reached it says so and prints nothing (or the venv without them: the tests or
 # fixtures that need them skip).
+# With --has MODULE[,MODULE...], prints the first of the same three that imports just those
+# modules (a test that needs only tokenizers runs where torch is missing), or nothing.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV="$ROOT/.dev/venv"
+if [ "${1:-}" = "--has" ]; then
+  for py in "${STRATA_PYTHON:-}" "$VENV/bin/python" python3; do
+    if [ -n "$py" ] && command -v "$py" > /dev/null 2>&1 && "$py" -c "import ${2:?--has names modules}" > /dev/null 2>&1; then
+      command -v "$py"
+      exit 0
+    fi
+  done
+  exit 0
+fi
 has() { [ -n "$1" ] && command -v "$1" > /dev/null 2>&1 &&
         "$1" -c "import torch, transformers, tokenizers, safetensors" > /dev/null 2>&1; }
 for py in "${STRATA_PYTHON:-}" "$VENV/bin/python" python3; do

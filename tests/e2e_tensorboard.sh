@@ -49,13 +49,7 @@ if [ "${1:-}" = small-disk ]; then # re-entered inside a user namespace (see bel
   exit 0
 fi
 
-PY=
-for py in "${STRATA_PYTHON:-}" "$SRC/.dev/venv/bin/python" python3; do
-  if [ -n "$py" ] && command -v "$py" > /dev/null 2>&1 && "$py" -c "import tensorboard" > /dev/null 2>&1; then
-    PY=$py
-    break
-  fi
-done
+PY=$("$SRC/launcher/python-env.sh" --has tensorboard)
 [ -n "$PY" ] || { echo "SKIP: no Python with the tensorboard package (set STRATA_PYTHON, or launcher/python-env.sh --install)"; exit 77; }
 W=$(mktemp -d /tmp/strata-e2e-tensorboard.XXXXXX)
 cleanup() { mountpoint -q "$W/small" 2> /dev/null && umount "$W/small"; [ -n "${KEEP:-}" ] || rm -rf "$W"; }

@@ -16,13 +16,7 @@ SRC=${STRATA_SOURCE_DIR:?set by ctest}
 BUILD=${STRATA_BUILD_DIR:?set by ctest}
 corpus="$SRC/../shared/data/tinyshakespeare.txt"
 [ -f "$corpus" ] || { echo "SKIP: no $corpus (tiny shakespeare)"; exit 77; }
-PY=
-for py in "${STRATA_PYTHON:-}" "$SRC/.dev/venv/bin/python" python3; do
-  if [ -n "$py" ] && command -v "$py" > /dev/null 2>&1 && "$py" -c "import tokenizers" > /dev/null 2>&1; then
-    PY=$py
-    break
-  fi
-done
+PY=$("$SRC/launcher/python-env.sh" --has tokenizers)
 [ -n "$PY" ] || { echo "SKIP: no Python with tokenizers (set STRATA_PYTHON, or launcher/python-env.sh --install)"; exit 77; }
 W=$(mktemp -d /tmp/strata-e2e-tokenizers.XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
