@@ -92,11 +92,18 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     int n_sets = 6;
     for (int i = 0; i < 5; i++)
         if (offload_sets[i][0]) sp[n_sets++] = offload_sets[i];
+    /* AdamW's eps is 1e-6, not the default 1e-8: an element whose gradient is near 1e-8 (a
+     * rare token's embedding row, reached only through the attention of masked positions)
+     * moves by lr g / (|g| + eps), which a last-bit change of g (another summation order: the
+     * world size, or a BLAS's K blocking) turns into a tenth of lr, and the comparisons below
+     * would measure that conditioning rather than the sharding. At 1e-6 the Llama model's
+     * worst weight difference at world 3 is 1e-7 whatever BLIS's KC (256 or 512); at 1e-8 it
+     * was 3e-7 with KC 256 and 1.6e-4 with KC 512. */
     char yaml[1024];
     snprintf(yaml, sizeof yaml, "device: cpu\nmodel: %s\n"
                                 "data: {train: x, shuffle: false}\n"
                                 "train: {steps: 20, seed: 5}\n"
-                                "optim: {lr: 1.0e-3, warmup_steps: 2, grad_clip: 1.0, weight_decay: 0.1}\n",
+                                "optim: {lr: 1.0e-3, warmup_steps: 2, grad_clip: 1.0, weight_decay: 0.1, eps: 1.0e-6}\n",
              model_yaml());
     if (strata_config_load_string(&r->cfg, "test.yaml", yaml, sp, n_sets)) {
         printf("config: %s\n", strata_error());
