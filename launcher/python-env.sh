@@ -13,17 +13,9 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV="$ROOT/.dev/venv"
-if [ "${1:-}" = "--has" ]; then
-  for py in "${STRATA_PYTHON:-}" "$VENV/bin/python" python3; do
-    if [ -n "$py" ] && command -v "$py" > /dev/null 2>&1 && "$py" -c "import ${2:?--has names modules}" > /dev/null 2>&1; then
-      command -v "$py"
-      exit 0
-    fi
-  done
-  exit 0
-fi
-has() { [ -n "$1" ] && command -v "$1" > /dev/null 2>&1 &&
-        "$1" -c "import torch, transformers, tokenizers, safetensors" > /dev/null 2>&1; }
+MODULES="torch, transformers, tokenizers, safetensors"
+[ "${1:-}" = "--has" ] && MODULES=${2:?--has names modules}
+has() { [ -n "$1" ] && command -v "$1" > /dev/null 2>&1 && "$1" -c "import $MODULES" > /dev/null 2>&1; }
 for py in "${STRATA_PYTHON:-}" "$VENV/bin/python" python3; do
   if has "$py"; then
     for pkg in tensorboard sentencepiece; do

@@ -92,9 +92,8 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     int n_sets = 6;
     for (int i = 0; i < 5; i++)
         if (offload_sets[i][0]) sp[n_sets++] = offload_sets[i];
-    /* AdamW's eps is 1e-6, not the default 1e-8: an element whose gradient is near 1e-8 (a
-     * rare token's embedding row, reached only through the attention of masked positions)
-     * moves by lr g / (|g| + eps), which a last-bit change of g (another summation order: the
+    /* AdamW's eps is 1e-6, not the default 1e-8: an element whose gradient is near 1e-8 (in
+     * the Llama model's masked-loss runs, a few embedding rows) moves by lr g / (|g| + eps), which a last-bit change of g (another summation order: the
      * world size, or a BLAS's K blocking) turns into a tenth of lr, and the comparisons below
      * would measure that conditioning rather than the sharding. At 1e-6 the Llama model's
      * worst weight difference at world 3 is 1e-7 whatever BLIS's KC (256 or 512); at 1e-8 it
