@@ -83,7 +83,8 @@ watched() {
   [ "$limit" -ge 1 ] || limit=1
   "$@" &
   local pid=$! _
-  for _ in $(seq "$limit"); do sleep 1; kill -0 $pid 2> /dev/null || break; done
+  # polled every 0.1 s: a run's end is seen at once (the matrix has dozens of short runs)
+  for _ in $(seq $((limit * 10))); do sleep 0.1; kill -0 $pid 2> /dev/null || break; done
   if ! kill -0 $pid 2> /dev/null; then
     wait $pid
     return

@@ -400,8 +400,11 @@ class Runner:
         if hung:
             res["reasons"].append(f"HUNG after {r['limit_s']} s (stacks in hangs.txt)")
         elif rc != 0:
-            tail = [l.strip() for l in open(log, errors="replace") if "error" in l.lower()][-1:] or ["(see log)"]
-            res["reasons"].append(f"exit {rc}: {tail[0][:160]}")
+            # Strata's own "error: ..." line first (under mpirun, Open MPI's abort noise comes after it)
+            lines = [l.strip() for l in open(log, errors="replace")]
+            ours = [l for l in lines if re.match(r"^(\[[^]]*\] )?error: ", l)]
+            why = ours[:1] or [l for l in lines if "error" in l.lower()][-1:] or ["(see log)"]
+            res["reasons"].append(f"exit {rc}: {why[0][:160]}")
         if len(m) != steps:
             res["reasons"].append(f"{len(m)} of {steps} steps")
         if m:
