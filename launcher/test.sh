@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# The second README command: build and run the whole test suite, then the unit tests
-# and the fuzz targets (tests/fuzz) again under AddressSanitizer + UndefinedBehaviorSanitizer,
-# and the stream/collective tests under ThreadSanitizer.
+# The second README command: build, then run the unit tests and the fuzz targets
+# (tests/fuzz) under AddressSanitizer + UndefinedBehaviorSanitizer, the stream/collective
+# tests under ThreadSanitizer, and the whole test suite on the Release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 launcher/install-deps.sh --tests   # nothing to do when the packages are already there
 # torch, transformers and tokenizers for the reference tests: from PyPI into .dev/venv,
-# once; when PyPI cannot be reached those tests skip and say so
-STRATA_PYTHON=$(launcher/python-env.sh --install)
-export STRATA_PYTHON
-echo "[test] reference Python: ${STRATA_PYTHON:-none (the transformers/tokenizers comparisons will skip)}"
+# once (5.6 GB); when PyPI cannot be reached those tests skip and say so. The download runs
+# while the three builds and the sanitizer suites, which need no Python, do; only the
+# Release suite waits for it.
+# A suite that fails first still waits for it (a pip killed mid-install leaves a broken venv).
+mkdir -p .dev
+launcher/python-env.sh --install > .dev/python-path 2> .dev/python-env.log &
+python_job=$!
+trap 'kill -0 $python_job 2> /dev/null && echo "[test] waiting for the reference Python install (.dev/pip.log)" &&
+      wait $python_job' EXIT
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure -j"$jobs" --timeout 900)
 echo "[test] AddressSanitizer + UndefinedBehaviorSanitizer build: unit tests (leaks checked), then the fuzz targets"
 # One build for both sanitizers, at RelWithDebInfo (-O2): at -O0 the kernel and engine
 # tests under both take several minutes each; at -O2 the unit and fuzz tests together
@@ -25,4 +29,10 @@ echo "[test] ThreadSanitizer build: streams, events, collectives, engine"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=thread -DSTRATA_CUDA=OFF > /dev/null
 cmake --build build-tsan -j"$jobs" > /dev/null
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1" ctest --output-on-failure -j"$jobs" -L tsan --timeout 900)
+wait "$python_job"
+cat .dev/python-env.log >&2
+STRATA_PYTHON=$(cat .dev/python-path)
+export STRATA_PYTHON
+echo "[test] Release build, the whole suite; reference Python: ${STRATA_PYTHON:-none (the transformers/tokenizers comparisons will skip)}"
+(cd build && ctest --output-on-failure -j"$jobs" --timeout 900)
 echo "[test] all passed"
