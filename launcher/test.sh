@@ -18,21 +18,22 @@ trap 'kill -0 $python_job 2> /dev/null && echo "[test] waiting for the reference
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build -j"$jobs"
-echo "[test] AddressSanitizer + UndefinedBehaviorSanitizer build: unit tests (leaks checked), then the fuzz targets"
+echo "[test] at ${SECONDS} s: AddressSanitizer + UndefinedBehaviorSanitizer build: unit tests (leaks checked), then the fuzz targets"
 # One build for both sanitizers, at RelWithDebInfo (-O2): at -O0 the kernel and engine
 # tests under both take several minutes each; at -O2 the unit and fuzz tests together
 # take about 90 s on two cores
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF > /dev/null
 cmake --build build-asan -j"$jobs" > /dev/null
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" -L "unit|fuzz" --timeout 900)
-echo "[test] ThreadSanitizer build: streams, events, collectives, engine"
+echo "[test] at ${SECONDS} s: ThreadSanitizer build: streams, events, collectives, engine"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=thread -DSTRATA_CUDA=OFF > /dev/null
 cmake --build build-tsan -j"$jobs" > /dev/null
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1" ctest --output-on-failure -j"$jobs" -L tsan --timeout 900)
+waited=$SECONDS
 wait "$python_job"
 cat .dev/python-env.log >&2
 STRATA_PYTHON=$(cat .dev/python-path)
 export STRATA_PYTHON
-echo "[test] Release build, the whole suite; reference Python: ${STRATA_PYTHON:-none (the transformers/tokenizers comparisons will skip)}"
+echo "[test] at ${SECONDS} s ($((SECONDS - waited)) s of them waiting for the Python install): Release build, the whole suite; reference Python: ${STRATA_PYTHON:-none (the transformers/tokenizers comparisons will skip)}"
 (cd build && ctest --output-on-failure -j"$jobs" --timeout 900)
-echo "[test] all passed"
+echo "[test] all passed in ${SECONDS} s"
