@@ -59,7 +59,11 @@ PY
 
 # --- each piece by hand first: mpirun's agent starts one process per host, each with its name
 job 60 h1,h2,h3 3 hostname
-[ $rc -eq 0 ] && [ "$(sort <<<"$out" | tr '\n' ' ')" = "h1 h2 h3 " ] || fail "mpirun across the namespaces: exit $rc: $out"
+# (only the hostname lines: mpirun's rsh agent now and then adds a harmless warning of its
+# own, "plm:rsh: Warning: setpgid(...) failed in parent with errno=Permission denied", when a
+# child has exec'd before the parent set its process group)
+[ $rc -eq 0 ] && [ "$(grep -xE 'h[0-9]+' <<<"$out" | sort | tr '\n' ' ')" = "h1 h2 h3 " ] ||
+  fail "mpirun across the namespaces: exit $rc: $out"
 pass "mpirun --host h1,h2,h3 starts one process on each namespace host, each with its own hostname"
 
 cat "$SRC"/core/*.c > corpus.txt
