@@ -50,9 +50,11 @@ struct strata_kernels {
     void (*encoder_forward)(strata_stream *s, void *out, const int32_t *tok, const void *wte,
                             const void *wpe, int B, int T, int C);
     /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over b of dout[b,t] (skipped when
-     * dwpe is NULL) */
+     * dwpe is NULL). order (B*T) lists the positions sorted by token, ties in position
+     * order (strata_token_order): every element of dwte and dwpe gets its rows added in
+     * position order, the same sums on every run and backend. */
     void (*encoder_backward)(strata_stream *s, float *dwte, float *dwpe, const void *dout,
-                             const int32_t *tok, int B, int T, int C);
+                             const int32_t *tok, const int32_t *order, int B, int T, int C);
 
     /* out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) saved for backward; eps 1e-5 */
     void (*layernorm_forward)(strata_stream *s, void *out, float *mean, float *rstd,
@@ -139,7 +141,7 @@ struct strata_kernels {
                      uint8_t *m2, float *absmax1, float *absmax2, size_t n, const struct strata_adamw_segment *seg,
                      int n_seg, const strata_adamw_args *a);
 
-    /* *out += sum of x[i]^2 (fp32 x; accumulated in double on the CPU) */
+    /* *out += sum of x[i]^2 (fp32 x; accumulated in double), the same sum on every run */
     void (*sumsq)(strata_stream *s, double *out, const float *x, size_t n);
     /* dst (fp32) += src (compute dtype when src_dtype says so) */
     void (*accumulate_f32)(strata_stream *s, float *dst, const void *src, strata_dtype src_dtype,

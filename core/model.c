@@ -149,6 +149,11 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
     strata_model_reserve(a, "dresid", BT * C * es, &m->dresid);
     strata_model_reserve(a, "inputs", BT * 4, (void **)&m->inputs);
     strata_model_reserve(a, "targets", BT * 4, (void **)&m->targets);
+    strata_model_reserve(a, "inputs.order", BT * 4, (void **)&m->order);
+    strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "inputs.order (host)", BT * 4,
+                         (void **)&m->order_host);
+    strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "token counts (host)",
+                         ((size_t)m->shape.vocab_size + 1) * 4, (void **)&m->token_counts);
 }
 
 /* ---- initialisation ---- */
@@ -181,6 +186,13 @@ void strata_model_init_params(const strata_model *m, int u, uint64_t seed, size_
 
 /* ---- forward and backward ---- */
 
+void strata_token_order(const int32_t *tok, size_t n, int V, int32_t *count, int32_t *order) {
+    memset(count, 0, ((size_t)V + 1) * sizeof *count);
+    for (size_t i = 0; i < n; i++) count[tok[i] + 1]++;
+    for (int v = 0; v < V; v++) count[v + 1] += count[v]; /* count[v]: where token v's run starts */
+    for (size_t i = 0; i < n; i++) order[count[tok[i]]++] = (int32_t)i;
+}
+
 int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets) {
     /* every token that reaches the embedding (and every target the loss indexes) passes
      * here, on any backend: an id outside the table would read past it */
@@ -200,6 +212,8 @@ int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t
     }
     size_t bytes = n * sizeof(int32_t);
     STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->inputs, inputs, bytes));
+    strata_token_order(inputs, n, V, m->token_counts, m->order_host);
+    STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->order, m->order_host, bytes));
     if (targets) STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->targets, targets, bytes));
     return 0;
 }

@@ -120,6 +120,9 @@ typedef struct strata_model {
     float *loss_sum;          /* (1) accumulated mean loss of the step */
     void *dresid;             /* (B,T,C) gradient of the residual stream being walked */
     int32_t *inputs, *targets; /* (B,T) on the device */
+    int32_t *order;           /* (B,T) on the device: the inputs' positions by token (strata_token_order) */
+    int32_t *order_host;      /* (B,T) host staging for it, and the counting sort's V+1 counts */
+    int32_t *token_counts;
     /* the family's own activations, gradient buffers and constants (arena): a struct only
      * its file knows (GPT-2's gpt2_acts, the Llama family's llama_acts) */
     void *acts;
@@ -161,8 +164,13 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
 void strata_model_init_params(const strata_model *m, int u, uint64_t seed, size_t lo, size_t hi,
                               float *dst);
 
+/* order (n) = the positions 0..n-1 sorted by tok[position], ties in position order: a
+ * counting sort over count (V+1 entries, scratch). The embedding's backward adds each
+ * token's rows in this order, so its sums do not depend on thread timing. */
+void strata_token_order(const int32_t *tok, size_t n, int V, int32_t *count, int32_t *order);
+
 /* Uploads a micro-batch's tokens (host int32 (B,T)) to the device buffers: the one way
- * into m->inputs and m->targets, so the one place ids are checked. An input outside
+ * into m->inputs, m->targets and m->order, so the one place ids are checked. An input outside
  * [0, vocab_size) or a target >= vocab_size (negative: ignored) is refused, naming the id,
  * its row and position, before anything is copied: 0, or -1 with strata_error() set. The
  * first call also uploads the family's constants (the Llama family's RoPE frequencies),

@@ -260,7 +260,7 @@ static int backward(strata_model *m, int u) {
         block_backward(m, u);
         break;
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, B, T, C));
+        TIMED(EMBEDDING, k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, m->order, B, T, C));
         break;
     }
     return 0;

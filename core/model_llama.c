@@ -459,7 +459,7 @@ static int backward(strata_model *m, int u) {
         block_backward(m, u);
         break;
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_backward(s, m->grads[0], NULL, m->dresid, m->inputs, B, T, d.C)); /* (Vp,C) */
+        TIMED(EMBEDDING, k->encoder_backward(s, m->grads[0], NULL, m->dresid, m->inputs, m->order, B, T, d.C)); /* (Vp,C) */
         break;
     }
     return 0;

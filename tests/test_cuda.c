@@ -18,6 +18,7 @@
 #include "core/common.h"
 #include "core/device.h"
 #include "core/kernels.h"
+#include "core/model.h"
 #include "core/optim.h"
 #include "core/quant.h"
 #include "tests/capture.h"
@@ -157,6 +158,13 @@ static int close_enough(const char *what, const float *gpu, const float *cpu, si
     return bad == 0;
 }
 
+/* elements whose bits differ */
+static size_t count_diff_u32(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
 #define BF16_RTOL 2e-2
 #define F32_RTOL 2e-3 /* fp32 results of bf16 inputs: only the summation order differs */
 /* The tensor-core attention rounds P (forward, dV) and dS (dQ, dK) to bf16 as mma inputs,
@@ -202,15 +210,21 @@ static void test_encoder(void) {
     float *g_out = down_bf16(d_out, BTC);
     close_enough("encoder_forward out", g_out, out, BTC, BF16_RTOL);
 
+    /* dout is bf16-exact, so both backends add the same values in the same (position)
+     * order: the same bits, which also says the GPU's sums do not depend on timing */
     float *dout = host_rand(BTC, 1.0f, 1);
     float *dwte = host_rand((size_t)V * C, 1.0f, 0), *dwpe = host_rand((size_t)maxT * C, 1.0f, 0);
     void *d_dout = up_bf16(dout, BTC), *d_dwte = up_f32(dwte, (size_t)V * C), *d_dwpe = up_f32(dwpe, (size_t)maxT * C);
-    ck->encoder_backward(CPU->compute, dwte, dwpe, dout, tok, B, T, C);
-    gk->encoder_backward(G->compute, d_dwte, d_dwpe, d_dout, d_tok, B, T, C);
+    int32_t *order = strata_xmalloc((size_t)B * T * 4), *count = strata_xmalloc((size_t)(V + 1) * 4);
+    strata_token_order(tok, (size_t)B * T, V, count, order);
+    void *d_order = up_i32(order, (size_t)B * T);
+    ck->encoder_backward(CPU->compute, dwte, dwpe, dout, tok, order, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, d_dwpe, d_dout, d_tok, d_order, B, T, C);
     float *g_dwte = down_f32(d_dwte, (size_t)V * C), *g_dwpe = down_f32(d_dwpe, (size_t)maxT * C);
-    close_enough("encoder_backward dwte (+=)", g_dwte, dwte, (size_t)V * C, 1e-5);
-    close_enough("encoder_backward dwpe (+=)", g_dwpe, dwpe, (size_t)maxT * C, 1e-5);
-    dfree(d_wte), dfree(d_wpe), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte), dfree(d_dwpe);
+    CHECK(count_diff_u32(g_dwte, dwte, (size_t)V * C) == 0, "encoder_backward dwte (+=): bit-identical to the CPU");
+    CHECK(count_diff_u32(g_dwpe, dwpe, (size_t)maxT * C) == 0, "encoder_backward dwpe (+=): bit-identical to the CPU");
+    dfree(d_wte), dfree(d_wpe), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte), dfree(d_dwpe), dfree(d_order);
+    free(order), free(count);
     free(wte), free(wpe), free(tok), free(out), free(g_out), free(dout), free(dwte), free(dwpe);
     free(g_dwte), free(g_dwpe);
 }
@@ -241,6 +255,19 @@ static void test_layernorm(int N, int C) {
     close_enough("layernorm_backward dinp (+=)", g_dinp, dinp, NC, BF16_RTOL);
     close_enough("layernorm_backward dw (+=)", g_dw, dw, C, F32_RTOL);
     close_enough("layernorm_backward db (+=)", g_db, db, C, F32_RTOL);
+    /* again from the same start: the same bits (no atomics: the sums never depend on timing) */
+    float *dw0 = host_rand(C, 1.0f, 0);
+    MUST(strata_memcpy_async(G, G->compute, d_dw, dw0, (size_t)C * 4));
+    MUST(strata_memcpy_async(G, G->compute, d_db, dw0, (size_t)C * 4));
+    gk->layernorm_backward(G->compute, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    float *a_dw = down_f32(d_dw, C), *a_db = down_f32(d_db, C);
+    MUST(strata_memcpy_async(G, G->compute, d_dw, dw0, (size_t)C * 4));
+    MUST(strata_memcpy_async(G, G->compute, d_db, dw0, (size_t)C * 4));
+    gk->layernorm_backward(G->compute, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    float *b_dw = down_f32(d_dw, C), *b_db = down_f32(d_db, C);
+    CHECK(count_diff_u32(a_dw, b_dw, C) == 0 && count_diff_u32(a_db, b_db, C) == 0,
+          "layernorm_backward dw, db (%dx%d): the same bits run after run", N, C);
+    free(dw0), free(a_dw), free(a_db), free(b_dw), free(b_db);
     dfree(d_inp), dfree(d_w), dfree(d_b), dfree(d_out), dfree(d_mean), dfree(d_rstd);
     dfree(d_dout), dfree(d_dinp), dfree(d_dw), dfree(d_db);
     free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(g_out), free(g_mean), free(g_rstd);
@@ -282,6 +309,15 @@ static void test_matmul(int M, int K, int N, int w_nk, int with_bias, int with_g
     if (with_bias) {
         snprintf(what, sizeof what, "matmul_backward dbias (+=), %s", name);
         close_enough(what, g_db, db, N, F32_RTOL);
+        /* again from the same start (dbias only: dw's product is cuBLASLt's): the same bits */
+        float *runs[2];
+        for (int r = 0; r < 2; r++) {
+            MUST(strata_memcpy_async(G, G->compute, d_db, dw, (size_t)N * 4));
+            gk->matmul_backward(G->compute, NULL, d_dw, d_db, d_dout, d_inp, d_w, M, K, N, w_nk);
+            runs[r] = down_f32(d_db, N);
+        }
+        CHECK(count_diff_u32(runs[0], runs[1], N) == 0, "matmul_backward dbias, %s: the same bits run after run", name);
+        free(runs[0]), free(runs[1]);
     }
     dfree(d_inp), dfree(d_w), dfree(d_bias), dfree(d_out), dfree(d_dout), dfree(d_dw), dfree(d_db), dfree(d_dinp);
     if (d_gout) dfree(d_gout);
@@ -404,12 +440,6 @@ static size_t count_outside_changed(const float *x, const float *canvas, int N, 
     return bad;
 }
 
-static size_t count_diff_u32(const float *a, const float *b, size_t n) {
-    size_t d = 0;
-    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
-    return d;
-}
-
 /* No learned positions: encoder_forward with wpe NULL is wte's rows (to the value), and
  * encoder_backward with dwpe NULL accumulates dwte only. */
 static void test_encoder_no_wpe(void) {
@@ -429,11 +459,15 @@ static void test_encoder_no_wpe(void) {
 
     float *dout = host_rand(BTC, 1.0f, 1), *dwte = host_rand((size_t)V * C, 1.0f, 0);
     void *d_dout = up_bf16(dout, BTC), *d_dwte = up_f32(dwte, (size_t)V * C);
-    ck->encoder_backward(CPU->compute, dwte, NULL, dout, tok, B, T, C);
-    gk->encoder_backward(G->compute, d_dwte, NULL, d_dout, d_tok, B, T, C);
+    int32_t *order = strata_xmalloc((size_t)B * T * 4), *count = strata_xmalloc((size_t)(V + 1) * 4);
+    strata_token_order(tok, (size_t)B * T, V, count, order);
+    void *d_order = up_i32(order, (size_t)B * T);
+    ck->encoder_backward(CPU->compute, dwte, NULL, dout, tok, order, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, NULL, d_dout, d_tok, d_order, B, T, C);
     float *g_dwte = down_f32(d_dwte, (size_t)V * C);
-    close_enough("encoder_backward, dwpe NULL: dwte (+=)", g_dwte, dwte, (size_t)V * C, 1e-5);
-    dfree(d_wte), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte);
+    CHECK(count_diff_u32(g_dwte, dwte, (size_t)V * C) == 0, "encoder_backward, dwpe NULL: dwte (+=) bit-identical to the CPU");
+    dfree(d_wte), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte), dfree(d_order);
+    free(order), free(count);
     free(wte), free(tok), free(out), free(g_out), free(dout), free(dwte), free(g_dwte);
 }
 
@@ -848,6 +882,15 @@ static void test_utilities(void) {
     MUST(strata_memcpy_async(G, G->compute, &g_ss, d_ss, 8));
     gsync();
     CHECK(fabs(g_ss - cpu_ss) <= 1e-9 * cpu_ss, "sumsq (+=) %.12g vs cpu %.12g", g_ss, cpu_ss);
+    double again = 0.0, first = 0.0;
+    for (int r = 0; r < 2; r++) {
+        MUST(strata_memcpy_async(G, G->compute, d_ss, &init, 8));
+        gk->sumsq(G->compute, d_ss, d_x, n);
+        MUST(strata_memcpy_async(G, G->compute, r ? &again : &first, d_ss, 8));
+        gsync();
+    }
+    CHECK(!memcmp(&first, &again, 8) && !memcmp(&first, &g_ss, 8), "sumsq: the same bits run after run (%.17g, %.17g)",
+          first, again);
 
     /* convert both ways: bit for bit */
     void *d_h = dalloc(n * 2), *d_back = dalloc(n * 4);
@@ -1158,8 +1201,13 @@ static void test_memory(void) {
           "a 1 PiB device alloc fails and says why: %s", strata_error());
     size_t fr = 0, tot = 0;
     CHECK(G->ops->mem_info(G, &fr, &tot) == 0 && tot > 0 && fr <= tot, "mem_info free %zu <= total %zu", fr, tot);
-    strata_device *bad = strata_device_open("cuda", 999);
-    CHECK(!bad && strstr(strata_error(), "999"), "opening cuda ordinal 999 fails naming it: %s", strata_error());
+    strata_device *bad = strata_device_open("cuda", -1);
+    CHECK(!bad && strstr(strata_error(), "-1"), "opening cuda ordinal -1 fails naming it: %s", strata_error());
+    /* local rank 999 of a node with fewer GPUs shares one of them (with a warning) */
+    strata_device *shared = strata_device_open("cuda", 999);
+    CHECK(shared && shared->ordinal >= 0 && shared->ordinal < 999, "ordinal 999 opens a shared GPU: %s",
+          shared ? shared->description : strata_error());
+    strata_device_close(shared);
 }
 
 /* The device layer's waits: host waits, the long-wait report, then GPU-side waits on host

@@ -27,6 +27,7 @@
 
 #include "core/common.h"
 #include "core/kernels.h"
+#include "core/model.h"
 #include "tests/check.h"
 
 
@@ -353,7 +354,11 @@ static void test_encoder(void)
     float *R = f64_to_f32(c.R, no);
     float *dwte0 = randf((size_t)V * C, -1, 1), *dwpe0 = randf((size_t)maxT * C, -1, 1);
     float *dwte = copyf(dwte0, (size_t)V * C), *dwpe = copyf(dwpe0, (size_t)maxT * C);
-    K->encoder_backward(S, dwte, dwpe, R, tok, B, T, C);
+    int32_t order[10], count[12];
+    strata_token_order(tok, 10, V, count, order);
+    static const int32_t want[10] = {3, 7, 0, 2, 8, 1, 5, 6, 9, 4}; /* by token, ties by position */
+    CHECK(!memcmp(order, want, sizeof want), "strata_token_order: positions by token, ties in position order");
+    K->encoder_backward(S, dwte, dwpe, R, tok, order, B, T, C);
     double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
     double *g_wpe = fd_grad(enc_loss, &c, c.wpe, (size_t)maxT * C);
     check_grad("encoder_backward dwte (+=)", dwte, dwte0, g_wte, (size_t)V * C);
@@ -379,7 +384,9 @@ static void test_encoder_no_positions(void)
 
     float *R = f64_to_f32(c.R, no);
     float *dwte0 = randf((size_t)V * C, -1, 1), *dwte = copyf(dwte0, (size_t)V * C);
-    K->encoder_backward(S, dwte, NULL, R, tok, B, T, C);
+    int32_t order[10], count[12];
+    strata_token_order(tok, 10, V, count, order);
+    K->encoder_backward(S, dwte, NULL, R, tok, order, B, T, C);
     double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
     check_grad("encoder_backward dwte (+=), dwpe NULL", dwte, dwte0, g_wte, (size_t)V * C);
     free(wte), free(out), free(c.wte), free(c.out), free((void *)c.R), free(R), free(dwte0), free(dwte);

@@ -665,9 +665,11 @@ static int ch_block(int C)
     return w < 16 ? 16 : w > CH_BLOCK_MAX ? CH_BLOCK_MAX : w;
 }
 
+/* Position order already (each channel block walks the batch in order): order is unused. */
 static void cpu_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout_,
-                                 const int32_t *tok, int B, int T, int C)
+                                 const int32_t *tok, const int32_t *order, int B, int T, int C)
 {
+    (void)order;
     const float *dout = dout_;
     int cb = ch_block(C), nblk = (C + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if ((long)B * T * C > PAR_MIN)

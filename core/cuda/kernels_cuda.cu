@@ -182,26 +182,59 @@ static void cuda_encoder_forward(strata_stream *s, void *out, const int32_t *tok
     LAUNCH_CHECK("encoder_forward");
 }
 
-/* Repeated tokens meet in dwte, and the B rows of a position in dwpe: fp32 atomics.
- * dwpe NULL: no learned positions to train. */
-__global__ void encoder_bwd_kernel(float *dwte, float *dwpe, const bf16 *dout, const int32_t *tok,
-                                   int T, int C, size_t n) {
-    GRID_STRIDE(i, n) {
-        size_t bt = i / (size_t)C;
-        int c = (int)(i % (size_t)C), t = (int)(bt % (size_t)T);
-        float d = ld(dout[i]);
-        atomicAdd(dwte + (size_t)tok[bt] * C + c, d);
-        if (dwpe) atomicAdd(dwpe + (size_t)t * C + c, d);
+/* The embedding's backward without atomics, so its sums are the same on every run: each
+ * element of dwte and dwpe gets its rows added one by one in position order, starting from
+ * its old value, as the CPU oracle adds them (the same bits, given the same dout).
+ * dwpe: a thread per (t, c) walks the B rows of position t. */
+__global__ void encoder_bwd_wpe_kernel(float *dwpe, const bf16 *dout, int B, size_t TC) {
+    GRID_STRIDE(i, TC) {
+        float acc = dwpe[i];
+        for (int b = 0; b < B; b++) acc += ld(dout[(size_t)b * TC + i]);
+        dwpe[i] = acc;
     }
 }
 
+/* dwte: order lists the positions by token, ties in position order, so a token's positions
+ * are a run of it. Block (i, y) owns ENC_COLS channels of entry i; only the block at a run's
+ * first entry works, adding the run's rows into the token's row, four loads ahead of the
+ * adds so a long run (a frequent token) is not one load at a time. */
+#define ENC_COLS 128
+
+__global__ void __launch_bounds__(ENC_COLS)
+    encoder_bwd_wte_kernel(float *dwte, const bf16 *dout, const int32_t *tok, const int32_t *order, int n, int C) {
+    const int i = blockIdx.x, c = blockIdx.y * ENC_COLS + threadIdx.x;
+    const int v = tok[order[i]];
+    if ((i > 0 && tok[order[i - 1]] == v) || c >= C) return;
+    int end = i + 1;
+    while (end < n && tok[order[end]] == v) end++;
+    float *w = dwte + (size_t)v * C + c;
+    float acc = *w;
+    int j = i;
+    for (; j + 4 <= end; j += 4) {
+        const float d0 = ld(dout[(size_t)order[j] * C + c]), d1 = ld(dout[(size_t)order[j + 1] * C + c]);
+        const float d2 = ld(dout[(size_t)order[j + 2] * C + c]), d3 = ld(dout[(size_t)order[j + 3] * C + c]);
+        acc += d0;
+        acc += d1;
+        acc += d2;
+        acc += d3;
+    }
+    for (; j < end; j++) acc += ld(dout[(size_t)order[j] * C + c]);
+    *w = acc;
+}
+
 static void cuda_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout,
-                                  const int32_t *tok, int B, int T, int C) {
-    size_t n = (size_t)B * T * C;
-    if (!n) return;
-    encoder_bwd_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
-        dwte, dwpe, (const bf16 *)dout, tok, T, C, n);
-    LAUNCH_CHECK("encoder_backward");
+                                  const int32_t *tok, const int32_t *order, int B, int T, int C) {
+    int n = B * T;
+    if (n <= 0 || C <= 0) return;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    dim3 grid((unsigned)n, (unsigned)((C + ENC_COLS - 1) / ENC_COLS));
+    encoder_bwd_wte_kernel<<<grid, ENC_COLS, 0, st>>>(dwte, (const bf16 *)dout, tok, order, n, C);
+    LAUNCH_CHECK("encoder_backward (dwte)");
+    if (dwpe) {
+        size_t TC = (size_t)T * C;
+        encoder_bwd_wpe_kernel<<<grid_for(TC, EW_THREADS), EW_THREADS, 0, st>>>(dwpe, (const bf16 *)dout, B, TC);
+        LAUNCH_CHECK("encoder_backward (dwpe)");
+    }
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -260,34 +293,59 @@ __global__ void ln_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp
     }
 }
 
-/* Column reductions (dw, db, dbias): a block owns 32 columns and COL_ROWS rows; its
- * 8 row-lanes' partial sums meet in shared memory and go out with one atomic each. */
-#define COL_ROWS 128
+/* Column sums without atomics (LayerNorm's dw and db, a bias's gradient), the same on every
+ * run: a block owns COL_COLS columns and walks every row, its COL_LANES row lanes taking
+ * every COL_LANES-th row in order, and their partial sums meet in shared memory in lane
+ * order (as rms_bwd_dw_kernel). A warp reads two rows' 16 columns, two 32-byte segments.
+ * Op(r, c, &a0, &a1) gives row r's terms of column c; a1 is dropped when out1 is NULL. */
+#define COL_COLS 16
+#define COL_LANES 64 /* 1024 threads */
 
-__global__ void ln_bwd_dwdb_kernel(float *dw, float *db, const bf16 *dout, const bf16 *inp,
-                                   const float *mean, const float *rstd, int N, int C) {
-    __shared__ float sw[8][33], sb[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * COL_ROWS, r1 = min(N, r0 + COL_ROWS);
-    float aw = 0.0f, ab = 0.0f;
-    if (c < C) {
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
-            float d = ld(dout[(size_t)r * C + c]);
-            aw += (ld(inp[(size_t)r * C + c]) - mean[r]) * rstd[r] * d;
-            ab += d;
-        }
-    }
-    sw[threadIdx.y][threadIdx.x] = aw;
-    sb[threadIdx.y][threadIdx.x] = ab;
+template <class Op>
+__global__ void __launch_bounds__(COL_COLS * COL_LANES) colsum2_kernel(Op op, float *out0, float *out1, int N, int C) {
+    __shared__ float p0[COL_LANES][COL_COLS + 1], p1[COL_LANES][COL_COLS + 1];
+    const int col = threadIdx.x % COL_COLS, lane = threadIdx.x / COL_COLS;
+    const int c = blockIdx.x * COL_COLS + col;
+    float a0 = 0.0f, a1 = 0.0f;
+    if (c < C)
+        for (int r = lane; r < N; r += COL_LANES) op(r, c, a0, a1);
+    p0[lane][col] = a0;
+    p1[lane][col] = a1;
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        for (int y = 1; y < 8; y++) {
-            aw += sw[y][threadIdx.x];
-            ab += sb[y][threadIdx.x];
+    if (lane == 0 && c < C) {
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int l = 0; l < COL_LANES; l++) {
+            s0 += p0[l][col];
+            s1 += p1[l][col];
         }
-        atomicAdd(dw + c, aw);
-        atomicAdd(db + c, ab);
+        out0[c] += s0;
+        if (out1) out1[c] += s1;
     }
+}
+
+struct ln_dwdb_terms { /* a0: dout * norm (dw), a1: dout (db) */
+    const bf16 *dout, *inp;
+    const float *mean, *rstd;
+    int C;
+    __device__ void operator()(int r, int c, float &a0, float &a1) const {
+        const size_t i = (size_t)r * C + c;
+        const float d = ld(dout[i]);
+        a0 += (ld(inp[i]) - mean[r]) * rstd[r] * d;
+        a1 += d;
+    }
+};
+
+struct col_terms { /* a0: x */
+    const bf16 *x;
+    int C;
+    __device__ void operator()(int r, int c, float &a0, float &) const { a0 += ld(x[(size_t)r * C + c]); }
+};
+
+template <class Op>
+static void colsum2_launch(strata_stream *s, const char *what, Op op, float *out0, float *out1, int N, int C) {
+    colsum2_kernel<<<(C + COL_COLS - 1) / COL_COLS, COL_COLS * COL_LANES, 0, strata_cuda_stream_handle(s)>>>(
+        op, out0, out1, N, C);
+    LAUNCH_CHECK(what);
 }
 
 static void cuda_layernorm_backward(strata_stream *s, void *dinp, float *dw, float *db,
@@ -298,26 +356,8 @@ static void cuda_layernorm_backward(strata_stream *s, void *dinp, float *dw, flo
     ln_bwd_dinp_kernel<<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0, st>>>(
         (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, mean, rstd, N, C);
     LAUNCH_CHECK("layernorm_backward (dinp)");
-    dim3 grid((C + 31) / 32, (N + COL_ROWS - 1) / COL_ROWS), block(32, 8);
-    ln_bwd_dwdb_kernel<<<grid, block, 0, st>>>(dw, db, (const bf16 *)dout, (const bf16 *)inp, mean,
-                                                rstd, N, C);
-    LAUNCH_CHECK("layernorm_backward (dw, db)");
-}
-
-/* out (N) += column sums of x (M,N) */
-__global__ void colsum_kernel(float *out, const bf16 *x, int M, int N) {
-    __shared__ float part[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * COL_ROWS, r1 = min(M, r0 + COL_ROWS);
-    float acc = 0.0f;
-    if (c < N)
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) acc += ld(x[(size_t)r * N + c]);
-    part[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < N) {
-        for (int y = 1; y < 8; y++) acc += part[y][threadIdx.x];
-        atomicAdd(out + c, acc);
-    }
+    colsum2_launch(s, "layernorm_backward (dw, db)", ln_dwdb_terms{(const bf16 *)dout, (const bf16 *)inp, mean, rstd, C},
+                   dw, db, N, C);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -571,10 +611,13 @@ typedef struct gemm_plan {
     int found; /* 0: the heuristic offered nothing for this key */
 } gemm_plan;
 
+#define SUMSQ_BLOCKS 1024
+
 struct strata_cuda_kstate {
     int ordinal;
     cublasLtHandle_t lt;
     void *workspace;
+    double *sumsq_part; /* SUMSQ_BLOCKS block sums of sumsq, compute stream only */
     pthread_mutex_t mu; /* the plan cache, and descriptor pointers set per call */
     gemm_plan plans[PLAN_MAX];
     int n_plans, next_evict;
@@ -599,6 +642,10 @@ int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
         return strata_fail("cublasLtCreate on cuda:%d failed: %s", ordinal, cublasLtGetStatusString(st));
     }
     cudaError_t e = cudaMalloc(&ks->workspace, LT_WORKSPACE_BYTES);
+    if (e == cudaSuccess) {
+        e = cudaMalloc(&ks->sumsq_part, SUMSQ_BLOCKS * sizeof(double));
+        if (e != cudaSuccess) cudaFree(ks->workspace);
+    }
     if (e != cudaSuccess) {
         cublasLtDestroy(ks->lt);
         free(ks);
@@ -606,6 +653,7 @@ int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
                            LT_WORKSPACE_BYTES >> 20, ordinal, cudaGetErrorString(e));
     }
     if (upload_q8_tables(ordinal)) {
+        cudaFree(ks->sumsq_part);
         cudaFree(ks->workspace);
         cublasLtDestroy(ks->lt);
         free(ks);
@@ -626,6 +674,7 @@ static void plan_release(gemm_plan *p) {
 void strata_cuda_kstate_destroy(strata_cuda_kstate *ks) {
     if (!ks) return;
     for (int i = 0; i < ks->n_plans; i++) plan_release(&ks->plans[i]);
+    cudaFree(ks->sumsq_part);
     cudaFree(ks->workspace);
     cublasLtDestroy(ks->lt);
     pthread_mutex_destroy(&ks->mu);
@@ -864,9 +913,7 @@ static void cuda_matmul_backward(strata_stream *s, void *dinp, float *dw, float 
     }
     lt_matmul_or_die(s, &g, "matmul_backward (dw)");
     if (dbias) {
-        dim3 grid((N + 31) / 32, (M + COL_ROWS - 1) / COL_ROWS), block(32, 8);
-        colsum_kernel<<<grid, block, 0, strata_cuda_stream_handle(s)>>>(dbias, (const bf16 *)dout, M, N);
-        LAUNCH_CHECK("matmul_backward (dbias)");
+        colsum2_launch(s, "matmul_backward (dbias)", col_terms{(const bf16 *)dout, N}, dbias, NULL, M, N);
     }
 }
 
@@ -1145,22 +1192,38 @@ static int upload_q8_tables(int ordinal) {
 
 #define SUMSQ_THREADS 256
 
-__global__ void sumsq_kernel(double *out, const float *x, size_t n) {
+/* In two kernels, without atomics, so the sum is the same on every run: each of at most
+ * SUMSQ_BLOCKS blocks writes its part of the sum, then one block adds the parts in a fixed
+ * tree. The parts live in the device's one buffer for them, so sumsq runs on the compute
+ * stream only (where the engine calls it), in stream order. */
+__global__ void sumsq_part_kernel(double *part, const float *x, size_t n) {
     double acc = 0.0;
     GRID_STRIDE(i, n) {
         double v = (double)x[i];
         acc += v * v;
     }
     acc = block_sum_d(acc);
-    if (threadIdx.x == 0) atomicAdd(out, acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(SUMSQ_BLOCKS) sumsq_total_kernel(double *out, const double *part, unsigned nb) {
+    double total = block_sum_d(threadIdx.x < nb ? part[threadIdx.x] : 0.0);
+    if (threadIdx.x == 0) *out += total;
 }
 
 static void cuda_sumsq(strata_stream *s, double *out, const float *x, size_t n) {
     if (!n) return;
+    if (!strata_cuda_is_compute(s))
+        strata_panic(__FILE__, __LINE__, "sumsq launched off the compute stream: it runs there only (its block "
+                     "sums share one buffer)");
     unsigned blocks = grid_for(n, SUMSQ_THREADS);
-    if (blocks > 1024) blocks = 1024; /* few atomics on one double */
-    sumsq_kernel<<<blocks, SUMSQ_THREADS, 0, strata_cuda_stream_handle(s)>>>(out, x, n);
-    LAUNCH_CHECK("sumsq");
+    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
+    double *part = strata_cuda_kstate_of(s)->sumsq_part;
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    sumsq_part_kernel<<<blocks, SUMSQ_THREADS, 0, st>>>(part, x, n);
+    LAUNCH_CHECK("sumsq (parts)");
+    sumsq_total_kernel<<<1, SUMSQ_BLOCKS, 0, st>>>(out, part, blocks);
+    LAUNCH_CHECK("sumsq (total)");
 }
 
 __global__ void acc_bf16_kernel(float *dst, const bf16 *src, size_t n) {
