@@ -317,7 +317,8 @@ trap 'exit 143' TERM INT
 {
   echo "# bench/gpu-check.sh"
   echo
-  echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo '?'); $(date -u '+%Y-%m-%d %H:%M UTC'); parts: $PARTS"
+  # GPU_CHECK_COMMIT (the caller's HEAD): the device tool's copy of the tree can carry an older .git
+  echo "commit ${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo '?')}; $(date -u '+%Y-%m-%d %H:%M UTC'); parts: $PARTS"
   echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || echo 'none (nvidia-smi failed)')"
   echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 2^20}' /proc/meminfo); kernel $(uname -r)$([ "$(uname -r)" = 4.4.0 ] && echo ' (gVisor: no compute-sanitizer, no ncu counters)')"
   # where NVMe offload files go (/tmp): a tmpfs there would be host memory, not disk
