@@ -1195,7 +1195,13 @@ static int update_on_device(strata_engine *e, const strata_adamw_args *args) {
             (comm_after_compute(e) || strata_allgather(e->comm, e->params_full[u], param_dest(e, u), e->shard[u] * e->es)))
             return -1;
     }
-    return comm_sync(e);
+    if (comm_sync(e)) return -1;
+    /* Stage 3: the next gathers (the next step's, an eval's) read the shards this update
+     * writes on the compute stream, and the slot events they wait for were recorded before
+     * it, so the collective stream waits for the update itself. The suspect for 4 ranks
+     * sharing the H200 parting from stage 2 by step 3 (2026-11-27), when the GPU's
+     * time-slicing between them can delay an update past the next step's first gather. */
+    return e->z.params_sharded ? comm_after_compute(e) : 0;
 }
 
 /* A device fault recorded in the micro-steps (out of memory: a kernel or copy that did not
