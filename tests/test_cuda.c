@@ -1214,6 +1214,8 @@ static void test_memory(void) {
  * records (STRATA_CUDA_DEVICE_WAITS=1): the gated chains below enqueue a device wait before
  * the gate opens, which only GPU-side waits allow; with stream memory operations, then with
  * the polling-kernel fallback */
+static int under_sanitizer; /* `test_cuda sanitize` */
+
 static void test_device_layer(void) {
     test_host_waits(G);
     test_long_wait_report(G);
@@ -1225,6 +1227,12 @@ static void test_device_layer(void) {
         test_cross_kind_events(dw, "device waits, memops");
         test_wait_snapshot(dw, "device waits, memops");
         strata_device_close(dw);
+    }
+    /* compute-sanitizer runs one kernel at a time, so a polling kernel that waits for a
+     * later launch never ends there (the H200's memcheck run hung here, 2026-11-27) */
+    if (under_sanitizer) {
+        unsetenv("STRATA_CUDA_DEVICE_WAITS");
+        return;
     }
     setenv("STRATA_CUDA_MEMOPS", "0", 1);
     strata_device *f = strata_device_open("cuda", 0);
@@ -1273,12 +1281,14 @@ static void test_llama_family(void) {
 
 /* test_cuda [all|llama]: everything (the default), or only what the Llama family added */
 int main(int argc, char **argv) {
+    /* sanitize: all but the polling-kernel waits, which compute-sanitizer cannot run */
     const char *only = argc > 1 ? argv[1] : "all";
-    if (strcmp(only, "all") && strcmp(only, "llama")) {
-        printf("usage: test_cuda [all|llama]\n");
+    if (strcmp(only, "all") && strcmp(only, "llama") && strcmp(only, "sanitize")) {
+        printf("usage: test_cuda [all|llama|sanitize]\n");
         return 2;
     }
-    int everything = !strcmp(only, "all");
+    under_sanitizer = !strcmp(only, "sanitize");
+    int everything = strcmp(only, "llama") != 0;
     if (!strata_cuda_available()) {
         printf("skip: no CUDA GPU answers on this machine\n");
         return 77;
