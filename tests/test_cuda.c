@@ -443,11 +443,13 @@ static size_t count_outside_changed(const float *x, const float *canvas, int N, 
 /* No learned positions: encoder_forward with wpe NULL is wte's rows (to the value), and
  * encoder_backward with dwpe NULL accumulates dwte only. */
 static void test_encoder_no_wpe(void) {
-    int B = 2, T = 40, C = 64, V = 50;
+    int B = 4, T = 300, C = 200, V = 50;
     size_t BTC = (size_t)B * T * C;
     float *wte = host_rand((size_t)V * C, 0.5f, 1);
     int32_t *tok = strata_xmalloc((size_t)B * T * 4);
-    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((unsigned)(i * 7) % 11u); /* repeats */
+    /* repeats, and one token at 7 positions in 10: a run of 840 entries, many chunks of the
+     * kernel's walk, ending inside one; C spans two channel blocks, the second partial */
+    for (int i = 0; i < B * T; i++) tok[i] = i % 10 < 7 ? 3 : (int32_t)((unsigned)(i * 7) % 11u);
     float *out = strata_xmalloc(BTC * 4);
     ck->encoder_forward(CPU->compute, out, tok, wte, NULL, B, T, C);
     void *d_wte = up_bf16(wte, (size_t)V * C), *d_tok = up_i32(tok, (size_t)B * T), *d_out = dalloc(BTC * 2);

@@ -196,30 +196,42 @@ __global__ void encoder_bwd_wpe_kernel(float *dwpe, const bf16 *dout, int B, siz
 
 /* dwte: order lists the positions by token, ties in position order, so a token's positions
  * are a run of it. Block (i, y) owns ENC_COLS channels of entry i; only the block at a run's
- * first entry works, adding the run's rows into the token's row, four loads ahead of the
- * adds so a long run (a frequent token) is not one load at a time. */
+ * first entry works. It walks the run ENC_COLS entries at a time: the threads read a chunk's
+ * positions into shared memory at once and find where the run ends in it (a shared
+ * atomicMin: the smallest index wins whatever the order), then each adds the chunk's rows
+ * of its channel in order. So a frequent token (a long run: padding, a space) costs a few
+ * chunks' loads rather than a chain of dependent ones per entry. */
 #define ENC_COLS 128
 
 __global__ void __launch_bounds__(ENC_COLS)
     encoder_bwd_wte_kernel(float *dwte, const bf16 *dout, const int32_t *tok, const int32_t *order, int n, int C) {
+    __shared__ int s_pos[ENC_COLS];
+    __shared__ int s_end;
     const int i = blockIdx.x, c = blockIdx.y * ENC_COLS + threadIdx.x;
     const int v = tok[order[i]];
-    if ((i > 0 && tok[order[i - 1]] == v) || c >= C) return;
-    int end = i + 1;
-    while (end < n && tok[order[end]] == v) end++;
-    float *w = dwte + (size_t)v * C + c;
-    float acc = *w;
-    int j = i;
-    for (; j + 4 <= end; j += 4) {
-        const float d0 = ld(dout[(size_t)order[j] * C + c]), d1 = ld(dout[(size_t)order[j + 1] * C + c]);
-        const float d2 = ld(dout[(size_t)order[j + 2] * C + c]), d3 = ld(dout[(size_t)order[j + 3] * C + c]);
-        acc += d0;
-        acc += d1;
-        acc += d2;
-        acc += d3;
+    if (i > 0 && tok[order[i - 1]] == v) return; /* the whole block: not the run's first entry */
+    float acc = c < C ? dwte[(size_t)v * C + c] : 0.0f;
+    for (int base = i;; base += ENC_COLS) {
+        if (threadIdx.x == 0) s_end = n;
+        __syncthreads();
+        const int j = base + (int)threadIdx.x;
+        int p = -1;
+        if (j < n) {
+            p = order[j];
+            if (tok[p] != v) atomicMin(&s_end, j);
+        }
+        s_pos[threadIdx.x] = p;
+        __syncthreads();
+        const int stop = s_end; /* the run's end, if it is in this chunk (else n or later) */
+        const int cnt = min(stop, base + ENC_COLS) - base;
+        if (c < C) {
+#pragma unroll 8
+            for (int k = 0; k < cnt; k++) acc += ld(dout[(size_t)s_pos[k] * C + c]);
+        }
+        if (stop < base + ENC_COLS) break; /* the same s_end for every thread: all leave */
+        __syncthreads();                   /* every thread has read s_pos and s_end */
     }
-    for (; j < end; j++) acc += ld(dout[(size_t)order[j] * C + c]);
-    *w = acc;
+    if (c < C) dwte[(size_t)v * C + c] = acc;
 }
 
 static void cuda_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout,
