@@ -16,7 +16,7 @@
 #   BENCH_SIZES     sizes, in order (default "124m 350m 774m 1.5b"); one call of the
 #                   device tool has 10 minutes, so give it one or two sizes at a time
 #   BENCH_ROWS      rows per size, in the order they run (default "strata0 compile strata3
-#                   eager hf"; strata0-tc adds Strata with STRATA_ATTENTION=tc)
+#                   eager hf"; strata0-tc and strata3-tc add Strata with STRATA_ATTENTION=tc)
 #   BENCH_PROFILE   1 (default when 124m is in BENCH_SIZES): the kernel breakdown at 124M
 #   BENCH_BUDGET_S  the whole call's seconds (default 560): a row that would start past
 #                   it is reported as skipped, and each row is cut at what is left
@@ -46,8 +46,8 @@ DEADLINE=$(($(date +%s) + BUDGET))
 log() { echo "[bench_gpu] $*"; }
 for row in $ROWS; do
   case $row in
-    strata0 | strata0-tc | strata3 | compile | eager | hf) ;;
-    *) echo "bench_gpu: BENCH_ROWS: unknown row '$row' (strata0 strata0-tc strata3 compile eager hf)" >&2; exit 2 ;;
+    strata0 | strata0-tc | strata3 | strata3-tc | compile | eager | hf) ;;
+    *) echo "bench_gpu: BENCH_ROWS: unknown row '$row' (strata0 strata0-tc strata3 strata3-tc compile eager hf)" >&2; exit 2 ;;
   esac
 done
 [ -x "$S" ] || { echo "bench_gpu: no strata binary at $S (build with CUDA, or set STRATA)" >&2; exit 2; }
@@ -143,6 +143,7 @@ for size in $SIZES; do
       strata0) strata_row "$size" "Strata stage 0" 0 ;;
       strata0-tc) strata_row "$size" "Strata stage 0, STRATA_ATTENTION=tc" 0 STRATA_ATTENTION=tc ;;
       strata3) strata_row "$size" "Strata stage 3 (world 1)" 3 ;;
+      strata3-tc) strata_row "$size" "Strata stage 3 (world 1), STRATA_ATTENTION=tc" 3 STRATA_ATTENTION=tc ;;
       compile | eager | hf)
         if [ $have_torch = 0 ]; then failed_row "PyTorch $row" "$size" "no torch in $PY"
         elif [ "$row" = hf ] && [ $have_hf = 0 ]; then failed_row "PyTorch hf" "$size" "no transformers in $PY"
@@ -158,24 +159,29 @@ done
   "$PY" "$ROOT/bench/bench_gpu.py" render --rows "$ROWS_FILE" --peak "$PEAK"
 } > "$OUT/$NAME.md"
 
+# the step by kernel group, with attention on CUDA cores and on tensor cores (the "before"
+# and "after" of issue 17's largest change)
 if [ "$PROFILE" = 1 ]; then
   size=$([ "$TINY" = 1 ] && echo tiny || echo 124m)
-  limit=$(row_limit)
-  echo "Strata's step at $size, B=$(batch_of "$size"), stage 0, by kernel group (STRATA_PROFILE=kernels):" >> "$OUT/$NAME.md"
-  echo >> "$OUT/$NAME.md"
-  if [ "$limit" -ge 20 ]; then
-    log "kernel profile ($size), at most $limit s"
-    rm -rf runs/prof
-    if STRATA_PROFILE=kernels timeout -k 10 "$limit" "$S" train "$(config_of "$size")" --set device=$DEVICE --set train.steps=6 \
-         --set train.micro_batch="$(batch_of "$size")" --set run.dir=runs/prof --set run.checkpoint_every=0 \
-         --set run.checkpoint_at_end=false --set train.eval_every=0 --set train.sample_tokens=0 \
-         --set 'data.train=data/train_*.bin' --set data.val= > "$OUT/bench-logs/profile.log" 2>&1; then
-      { echo '```'; grep '\[prof\]' "$OUT/bench-logs/profile.log" | sed 's/^\[prof\] //'; echo '```'; } >> "$OUT/$NAME.md"
+  for att in simt tc; do
+    limit=$(row_limit)
+    echo "Strata's step at $size, B=$(batch_of "$size"), stage 0, STRATA_ATTENTION=$att, by kernel group (STRATA_PROFILE=kernels):" >> "$OUT/$NAME.md"
+    echo >> "$OUT/$NAME.md"
+    if [ "$limit" -ge 20 ]; then
+      log "kernel profile ($size, attention $att), at most $limit s"
+      rm -rf runs/prof
+      if STRATA_ATTENTION=$att STRATA_PROFILE=kernels timeout -k 10 "$limit" "$S" train "$(config_of "$size")" --set device=$DEVICE \
+           --set train.steps=6 --set train.micro_batch="$(batch_of "$size")" --set run.dir=runs/prof --set run.checkpoint_every=0 \
+           --set run.checkpoint_at_end=false --set train.eval_every=0 --set train.sample_tokens=0 \
+           --set 'data.train=data/train_*.bin' --set data.val= > "$OUT/bench-logs/profile-$att.log" 2>&1; then
+        { echo '```'; grep '\[prof\]' "$OUT/bench-logs/profile-$att.log" | sed 's/^\[prof\] //'; echo '```'; } >> "$OUT/$NAME.md"
+      else
+        echo "failed: exit $? ($(first_error "$OUT/bench-logs/profile-$att.log"))" >> "$OUT/$NAME.md"
+      fi
     else
-      echo "failed: exit $? ($(first_error "$OUT/bench-logs/profile.log"))" >> "$OUT/$NAME.md"
+      echo "skipped: the call's budget (BENCH_BUDGET_S=$BUDGET) ran out" >> "$OUT/$NAME.md"
     fi
-  else
-    echo "skipped: the call's budget (BENCH_BUDGET_S=$BUDGET) ran out" >> "$OUT/$NAME.md"
-  fi
+    echo >> "$OUT/$NAME.md"
+  done
 fi
 cat "$OUT/$NAME.md"
