@@ -134,8 +134,8 @@ check_refusal() { # name world config budget_gb expected_change min_trials
   check_auto "$name" "$n" "$cfg" "$gb" "$min_trials"
   pass "$name at world $n with $gb GiB: refused, suggested '$line', which trains; memory.auto trains with $(cat verdict.txt)"
 }
-check_refusal quick-50m 1 quick.yaml 0.05 "train.micro_batch=4 --set train.grad_accum=4" 3
-check_refusal quick-20m 1 quick.yaml 0.02 "offload.optimizer=cpu" 3
+check_refusal quick-45m 1 quick.yaml 0.045 "train.micro_batch=4 --set train.grad_accum=4" 3
+check_refusal quick-18m 1 quick.yaml 0.018 "offload.optimizer=cpu" 3
 check_refusal deep-40m 1 deep.yaml 0.04 "offload.optimizer=cpu" 2
 check_refusal deep-25m 1 deep.yaml 0.025 "train.activation_checkpointing=every:2" 0
 check_refusal long-20m 1 long.yaml 0.02 "zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu" 0
@@ -145,13 +145,13 @@ check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3" 2
 # a trial that fails is skipped with its reason; when none runs, memory.auto takes the
 # cheapest estimate and warns
 rm -rf runs/q
-STRATA_FAULT_NAN_STEP=2 "$S" train quick.yaml --set memory.gpu_gb=0.05 --set memory.auto=true > nan.log 2>&1 ||
+STRATA_FAULT_NAN_STEP=2 "$S" train quick.yaml --set memory.gpu_gb=0.045 --set memory.auto=true > nan.log 2>&1 ||
   fail "memory.auto with every trial failing did not train: $(tail -3 nan.log)"
 [ "$(grep -c "skipped  .* (step 2: loss not finite)" nan.log)" -eq 3 ] || fail "each failed trial should say why: $(cat nan.log)"
 grep -q "warning: \[plan\] memory.auto: no trial could run .*; chose --set train.micro_batch=4 --set train.grad_accum=4 (cheapest estimate" nan.log &&
   grep -q '"memory_auto_basis": "cheapest estimate, no trial ran"' runs/q/metrics.jsonl ||
   fail "with no trial run, memory.auto should warn and take the cheapest estimate: $(grep plan nan.log)"
-STRATA_AUTO_TRIALS=1 "$S" train quick.yaml --set memory.gpu_gb=0.05 --set memory.auto=true > one.log 2>&1 &&
+STRATA_AUTO_TRIALS=1 "$S" train quick.yaml --set memory.gpu_gb=0.045 --set memory.auto=true > one.log 2>&1 &&
   ! grep -q "ms/step" one.log && grep -q '"memory_auto": "--set train.micro_batch=4 --set train.grad_accum=4"' runs/q/metrics.jsonl ||
   fail "STRATA_AUTO_TRIALS=1 should take the cheapest estimate unmeasured: $(grep plan one.log)"
 pass "memory.auto: failed trials skipped with their reason, then the cheapest estimate with a warning; STRATA_AUTO_TRIALS=1 measures nothing"
