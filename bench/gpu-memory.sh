@@ -90,18 +90,19 @@ for st in 0 3; do
 done
 measure "1.5b-stage0-offload-cpu" "$C15" --set zero.stage=0 --set train.micro_batch=8 --set offload.optimizer=cpu
 
-# A 1.5B run at stage 0 that does not fit one GPU (micro-batch 64, no checkpointing: ~185 GiB
-# planned) is refused before allocating, with the cheapest change that fits; applied, it trains.
+# A 1.5B run at stage 0 that does not fit one GPU, an H200's 140 GiB included (micro-batch 96,
+# no checkpointing: 210 GiB planned) is refused before allocating, with the cheapest change
+# that fits; applied, it trains.
 echo
-refuse=(--set zero.stage=0 --set train.micro_batch=64 --set train.activation_checkpointing=none)
+refuse=(--set zero.stage=0 --set train.micro_batch=96 --set train.activation_checkpointing=none)
 rc=0
 "$S" train "$C15" "${common[@]}" --set train.steps=3 --set run.dir=runs/refused "${refuse[@]}" > refused.log 2>&1 || rc=$?
 line=$(grep -o -- "--set [^ ]*\( --set [^ ]*\)*" refused.log | head -1 || true)
 if [ $rc -ne 3 ] || [ -z "$line" ]; then
-  echo "refusal: FAIL: 1.5B stage 0 micro-batch 64 exited $rc (3 expected) with suggestion '$line'"
+  echo "refusal: FAIL: 1.5B stage 0 micro-batch 96 exited $rc (3 expected) with suggestion '$line'"
   grep -E "error|verdict" refused.log | head -3
 else
-  echo "refusal: 1.5B stage 0 micro-batch 64 refused (exit 3); suggested: $line"
+  echo "refusal: 1.5B stage 0 micro-batch 96 refused (exit 3); suggested: $line"
   read -r -a applied <<< "$line"
   echo
   echo "| run | predicted peak | nvidia-smi peak | difference | in-process peak (total - free) | nvidia-smi before |"

@@ -64,7 +64,6 @@ typedef struct block_acts {
     void *ln2;          /* (B,T,C) */
     float *ln2_rstd;    /* (B,T) */
     void *gu;           /* (B,T,2I) gate|up */
-    void *mlp;          /* (B,T,I) silu(gate) * up */
 } block_acts;
 
 /* Everything the family keeps beside the residual streams and the logits (arena). */
@@ -72,6 +71,11 @@ typedef struct llama_acts {
     block_acts *h;      /* per block; blocks recomputed in backward share `recompute` */
     block_acts recompute;
     void *scratch_btc;  /* (B,T,C) o_proj and down_proj outputs before the residual add */
+    /* (B,T,I) silu(gate) * up of the block at hand: its forward writes it for down_proj,
+     * its backward rebuilds it from gu (the same kernel: the same bits) for down_proj's
+     * weight gradient, unless a recompute just did. One buffer for all blocks instead of
+     * one each: L-1 times B T I elements less without activation checkpointing. */
+    void *mlp;
     void *lnf;          /* (B,T,C) model.norm(resid[L]) */
     float *lnf_rstd;    /* (B,T) */
     float *inv_freq;    /* (hd/2) fp32: RoPE's inverse frequencies */
@@ -190,9 +194,9 @@ static double flops_per_token(const strata_model *m, int T) {
     return 6.0 * n_matmul + 12.0 * d.L * (double)d.A * T;
 }
 
-/* per block: the forward's 13 timed calls (12 without qk_norm), the backward's 10, a
- * recompute's 13; the embedding's forward and backward, the head's 3 + 2 */
-static int timed_calls(const strata_model *m) { return 36 * m->shape.n_layer + 7; }
+/* per block: the forward's 13 timed calls (12 without qk_norm), the backward's 10 and the
+ * rebuilt mlp's 1, a recompute's 13; the embedding's forward and backward, the head's 3 + 2 */
+static int timed_calls(const strata_model *m) { return 37 * m->shape.n_layer + 7; }
 
 /* ---- RoPE's inverse frequencies ---- */
 
@@ -252,7 +256,6 @@ static void plan_block_acts(strata_model *m, strata_arena *a, block_acts *x, con
     R(ln2, BT * d.C * es);
     R(ln2_rstd, BT * 4);
     R(gu, BT * 2 * d.I * es);
-    R(mlp, BT * d.I * es);
 #undef R
 }
 
@@ -281,6 +284,7 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
     }
     if (any_recomputed) plan_block_acts(m, a, &x->recompute, "recompute", es);
     strata_model_reserve(a, "scratch_btc", BT * d.C * es, &x->scratch_btc);
+    strata_model_reserve(a, "mlp", BT * d.I * es, &x->mlp);
     strata_model_reserve(a, "lnf", BT * d.C * es, &x->lnf);
     strata_model_reserve(a, "lnf_rstd", BT * 4, (void **)&x->lnf_rstd);
     strata_model_reserve(a, "rope_inv_freq", (size_t)(d.hd / 2) * 4, (void **)&x->inv_freq);
@@ -362,8 +366,8 @@ static void block_forward(strata_model *m, int u) {
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * d.C));
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln2, a->ln2_rstd, a->resid2, p.ln2, BT, 1, d.C, d.C, eps));
     TIMED(MATMUL_FC, k->matmul_forward(s, a->gu, NULL, a->ln2, p.gu, NULL, BT, d.C, 2 * d.I, STRATA_W_NK)); /* (B,T,2I) */
-    TIMED(SWIGLU, k->swiglu_forward(s, a->mlp, a->gu, BT, d.I));                                   /* (B,T,I) */
-    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->mlp, p.down, NULL, BT, d.I, d.C, STRATA_W_NK)); /* (B,T,C) */
+    TIMED(SWIGLU, k->swiglu_forward(s, g->mlp, a->gu, BT, d.I));                                   /* (B,T,I) */
+    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, g->mlp, p.down, NULL, BT, d.I, d.C, STRATA_W_NK)); /* (B,T,C) */
     TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * d.C));
 }
 
@@ -401,17 +405,19 @@ static void block_backward(strata_model *m, int u) {
     dims d = dims_of(m);
     int l = m->units[u].layer;
     int B = m->cur_B, T = m->cur_T, BT = B * T;
-    if (strata_model_block_recomputed(m, l)) { /* activation checkpointing: rebuild acts */
-        strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
-        block_forward(m, u);
-        strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
-    }
     block_params p = block_tensors(m, m->params[u], u, es);
     block_params gr = block_tensors(m, m->grads[u], u, sizeof(float));
     block_acts *a = acts_of(m, l);
+    if (strata_model_block_recomputed(m, l)) { /* activation checkpointing: rebuild acts (and mlp) */
+        strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
+        block_forward(m, u);
+        strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
+    } else { /* the shared mlp buffer holds a later block's: rebuild this one's */
+        TIMED(SWIGLU, k->swiglu_forward(s, g->mlp, a->gu, BT, d.I));
+    }
     size_t k_at = (size_t)d.NH * d.hd * es;
     /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. */
-    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dmlp, gr.down, NULL, m->dresid, a->mlp, p.down, BT, d.I, d.C, STRATA_W_NK));
+    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dmlp, gr.down, NULL, m->dresid, g->mlp, p.down, BT, d.I, d.C, STRATA_W_NK));
     TIMED(SWIGLU, k->swiglu_backward(s, g->dgu, g->dmlp, a->gu, BT, d.I));
     TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, gr.gu, NULL, g->dgu, a->ln2, p.gu, BT, d.C, 2 * d.I, STRATA_W_NK));
     TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln2, g->dbtc, a->resid2, p.ln2, a->ln2_rstd, BT, 1, d.C, d.C));
