@@ -291,6 +291,10 @@ PARTS=${GPU_CHECK_PARTS:-$ALL_PARTS}
 for p in $PARTS; do
   [ -n "${NEEDS[$p]:-}" ] || { echo "gpu-check: GPU_CHECK_PARTS: unknown part '$p' (parts: $ALL_PARTS)" >&2; exit 2; }
 done
+# which commit the tables name: GPU_CHECK_COMMIT, else what bench/gpu-prep.sh wrote where the
+# call was prepared (the device tool's copy of the tree can carry an older .git), else git
+if [ -z "${GPU_CHECK_COMMIT:-}" ] && [ -s "$ROOT/.dev/wheels/COMMIT" ]; then GPU_CHECK_COMMIT=$(cat "$ROOT/.dev/wheels/COMMIT"); fi
+export GPU_CHECK_COMMIT=${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo '?')}
 START=$(date +%s)
 export GPU_CHECK_END=$((START + ${GPU_CHECK_DEADLINE_S:-570}))
 rm -rf "$RES"
@@ -320,8 +324,7 @@ trap 'exit 143' TERM INT
 {
   echo "# bench/gpu-check.sh"
   echo
-  # GPU_CHECK_COMMIT (the caller's HEAD): the device tool's copy of the tree can carry an older .git
-  echo "commit ${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo '?')}; $(date -u '+%Y-%m-%d %H:%M UTC'); parts: $PARTS"
+  echo "commit $GPU_CHECK_COMMIT; $(date -u '+%Y-%m-%d %H:%M UTC'); parts: $PARTS"
   echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || echo 'none (nvidia-smi failed)')"
   echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 2^20}' /proc/meminfo); kernel $(uname -r)$([ "$(uname -r)" = 4.4.0 ] && echo ' (gVisor: no compute-sanitizer, no ncu counters)')"
   # where NVMe offload files go (/tmp): a tmpfs there would be host memory, not disk
