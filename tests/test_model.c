@@ -309,6 +309,17 @@ int main(void) {
               strstr(strata_error(), "target id 1073741824 at row 0, position 5"),
           "a target id past the vocabulary is refused: %s", strata_error());
     CHECK(strata_model_set_batch(m, r.inputs, r.targets) == 0, "ids in range, and an ignored (-1) target, pass");
+    /* the embedding's backward on a GPU adds each token's rows in the order set_batch
+     * uploads (the CPU's kernel walks positions itself, so only this sees a wrong one) */
+    int32_t want[B * T], counts[11 + 1];
+    strata_token_order(r.inputs, B * T, 11, counts, want);
+    MUST(strata_stream_sync(r.dev, r.dev->compute));
+    int sorted = 1;
+    for (int i = 1; i < B * T; i++)
+        sorted &= r.inputs[want[i - 1]] < r.inputs[want[i]] ||
+                  (r.inputs[want[i - 1]] == r.inputs[want[i]] && want[i - 1] < want[i]);
+    CHECK(sorted && !memcmp(m->order, want, sizeof want),
+          "set_batch uploads the positions sorted by token, ties in position order");
     CHECK(strata_model_forward_logits(m, bad, 1, T) != 0, "forward_logits refuses out-of-range ids too");
 
     /* names and layout are Hugging Face's */
