@@ -121,8 +121,8 @@ typedef struct strata_model {
     void *dresid;             /* (B,T,C) gradient of the residual stream being walked */
     int32_t *inputs, *targets; /* (B,T) on the device */
     int32_t *order;           /* (B,T) on the device: the inputs' positions by token (strata_token_order) */
-    int32_t *order_host;      /* (B,T) host staging for it, and the counting sort's V+1 counts */
-    int32_t *token_counts;
+    int32_t *order_host;      /* (B,T) host staging for order */
+    int32_t *token_counts;    /* (V+1) host: the counting sort's scratch */
     /* the family's own activations, gradient buffers and constants (arena): a struct only
      * its file knows (GPT-2's gpt2_acts, the Llama family's llama_acts) */
     void *acts;
