@@ -207,7 +207,8 @@ part_sanitize() {
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
     rc=0
-    # `sanitize`: all but the polling-kernel waits, which never end under the sanitizer
+    # `sanitize`: all but the polling-kernel waits, which never end under the sanitizer, and
+    # attention at T <= 256 (racecheck follows every shared-memory access of every tile)
     watched 280 "sanitize $tool test_cuda" "$CS" --tool $tool --error-exitcode 99 "$BUILD/tests/test_cuda" sanitize \
       > "$OUT/sanitize-$tool-test_cuda.log" 2>&1 || rc=$?
     say "- compute-sanitizer $tool test_cuda: $(exit_text $rc); $(first_line 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool-test_cuda.log")"
