@@ -97,6 +97,9 @@ strata_row() { # size name stage [env...]
   log=$OUT/bench-logs/$size-$tag.log
   cfg=$(config_of "$size")
   ckpt=$(grep -oE "activation_checkpointing: *[a-z:0-9]+" "$cfg" | awk '{print $2}' || true)
+  for w in ${STRATA_BENCH_SETS:-}; do # the row's own setting, when one is given
+    [[ $w == train.activation_checkpointing=* ]] && ckpt=${w#*=}
+  done
   [ -n "$ckpt" ] && [ "$ckpt" != none ] && name="$name (activation checkpointing: $ckpt)"
   limit=$(row_limit)
   [ "$limit" -ge 20 ] || { failed_row "$name" "$size" "skipped: the call's budget (BENCH_BUDGET_S=$BUDGET) ran out"; return 0; }
