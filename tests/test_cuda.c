@@ -1321,11 +1321,13 @@ int main(int argc, char **argv) {
         test_encoder();
         test_layernorm(256, 768);
         test_layernorm(33, 100);
+        test_layernorm(3000, 768); /* dw, db in 12 chunks of rows, the last one partial */
         test_matmul(256, 192, 384, 0, 1, 0);
         test_matmul(256, 192, 384, 0, 1, 1);
         test_matmul(77, 64, 100, 0, 1, 1); /* N % 8 != 0: the unfused GELU path */
         test_matmul(128, 96, 256, 1, 0, 0); /* the tied head's layout */
         test_matmul(50, 40, 72, 1, 1, 0);
+        test_matmul(1100, 64, 96, 0, 1, 0); /* dbias in 5 chunks of rows */
         test_attention_shapes(0);
         test_attention_shapes(1);
         test_attention_tc_vs_simt(2, 1024, 12, 12, 64); /* GPT-2 124M's heads */

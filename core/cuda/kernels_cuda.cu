@@ -18,6 +18,7 @@
  * names the kernel; CUDA's asynchronous errors surface at the next synchronisation. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -306,21 +307,39 @@ __global__ void ln_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp
 }
 
 /* Column sums without atomics (LayerNorm's dw and db, a bias's gradient), the same on every
- * run: a block owns COL_COLS columns and walks every row, its COL_LANES row lanes taking
- * every COL_LANES-th row in order, and their partial sums meet in shared memory in lane
- * order (as rms_bwd_dw_kernel). A warp reads two rows' 16 columns, two 32-byte segments.
+ * run: a block owns COL_COLS columns of a chunk of rows, its COL_LANES row lanes taking
+ * every COL_LANES-th row of the chunk in order, and their partial sums meet in shared
+ * memory in lane order. A warp reads two rows' 16 columns, two
+ * 32-byte segments. One block per COL_COLS columns alone leaves a narrow matrix's GPU
+ * mostly idle (GPT-2 124M's 768 columns: 48 blocks for 132 SMs), so the rows are cut into
+ * chunks (grid.y; col_chunks decides from N and C alone, so the bits never depend on the
+ * GPU): each chunk's sums go to the device's buffer for them (strata_cuda_kstate) and
+ * colsum_parts_kernel adds them in chunk order. A single chunk adds to out directly.
  * Op(r, c, &a0, &a1) gives row r's terms of column c; a1 is dropped when out1 is NULL. */
 #define COL_COLS 16
-#define COL_LANES 64 /* 1024 threads */
+#define COL_LANES 64       /* 1024 threads */
+#define COL_BLOCKS 1024    /* chunks x column blocks, at most (about 4 waves of 2 per SM) */
+#define COL_CHUNK_ROWS 256 /* rows a chunk has at least */
+/* the chunks' sums of both outputs: chunks * C <= COL_BLOCKS * COL_COLS (col_chunks) */
+#define COL_PART_FLOATS (2 * COL_BLOCKS * COL_COLS)
+
+static int col_chunks(int N, int C) {
+    int blocks_x = (C + COL_COLS - 1) / COL_COLS;
+    int by_rows = (N + COL_CHUNK_ROWS - 1) / COL_CHUNK_ROWS, by_grid = COL_BLOCKS / blocks_x;
+    int chunks = by_rows < by_grid ? by_rows : by_grid;
+    return chunks > 1 ? chunks : 1;
+}
 
 template <class Op>
-__global__ void __launch_bounds__(COL_COLS * COL_LANES) colsum2_kernel(Op op, float *out0, float *out1, int N, int C) {
+__global__ void __launch_bounds__(COL_COLS * COL_LANES)
+    colsum2_kernel(Op op, float *out0, float *out1, float *part, int N, int C, int chunk_rows) {
     __shared__ float p0[COL_LANES][COL_COLS + 1], p1[COL_LANES][COL_COLS + 1];
     const int col = threadIdx.x % COL_COLS, lane = threadIdx.x / COL_COLS;
     const int c = blockIdx.x * COL_COLS + col;
+    const int r0 = blockIdx.y * chunk_rows, r1 = N - r0 < chunk_rows ? N : r0 + chunk_rows;
     float a0 = 0.0f, a1 = 0.0f;
     if (c < C)
-        for (int r = lane; r < N; r += COL_LANES) op(r, c, a0, a1);
+        for (int r = r0 + lane; r < r1; r += COL_LANES) op(r, c, a0, a1);
     p0[lane][col] = a0;
     p1[lane][col] = a1;
     __syncthreads();
@@ -330,9 +349,27 @@ __global__ void __launch_bounds__(COL_COLS * COL_LANES) colsum2_kernel(Op op, fl
             s0 += p0[l][col];
             s1 += p1[l][col];
         }
-        out0[c] += s0;
-        if (out1) out1[c] += s1;
+        if (gridDim.y == 1) {
+            out0[c] += s0;
+            if (out1) out1[c] += s1;
+        } else {
+            part[(size_t)blockIdx.y * C + c] = s0;
+            if (out1) part[((size_t)gridDim.y + blockIdx.y) * C + c] = s1;
+        }
     }
+}
+
+/* out0[c] (and out1[c]) += the chunks' sums of column c, in chunk order */
+__global__ void colsum_parts_kernel(float *out0, float *out1, const float *part, int chunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s0 = 0.0f, s1 = 0.0f;
+    for (int k = 0; k < chunks; k++) {
+        s0 += part[(size_t)k * C + c];
+        if (out1) s1 += part[(size_t)(chunks + k) * C + c];
+    }
+    out0[c] += s0;
+    if (out1) out1[c] += s1;
 }
 
 struct ln_dwdb_terms { /* a0: dout * norm (dw), a1: dout (db) */
@@ -353,11 +390,25 @@ struct col_terms { /* a0: x */
     __device__ void operator()(int r, int c, float &a0, float &) const { a0 += ld(x[(size_t)r * C + c]); }
 };
 
+static float *col_part_of(strata_stream *s); /* the chunks' buffer (kstate, below) */
+
+/* The chunks' sums share one buffer per device, so column sums run on the compute stream
+ * only (where the model calls them), in stream order, as sumsq does. */
 template <class Op>
 static void colsum2_launch(strata_stream *s, const char *what, Op op, float *out0, float *out1, int N, int C) {
-    colsum2_kernel<<<(C + COL_COLS - 1) / COL_COLS, COL_COLS * COL_LANES, 0, strata_cuda_stream_handle(s)>>>(
-        op, out0, out1, N, C);
+    if (!strata_cuda_is_compute(s))
+        strata_panic(__FILE__, __LINE__, "%s launched off the compute stream: column sums run there only (their "
+                     "chunks' sums share one buffer)", what);
+    cudaStream_t st = strata_cuda_stream_handle(s);
+    int chunks = col_chunks(N, C), chunk_rows = (N + chunks - 1) / chunks;
+    float *part = col_part_of(s);
+    dim3 grid((unsigned)((C + COL_COLS - 1) / COL_COLS), (unsigned)chunks);
+    colsum2_kernel<<<grid, COL_COLS * COL_LANES, 0, st>>>(op, out0, out1, part, N, C, chunk_rows);
     LAUNCH_CHECK(what);
+    if (chunks > 1) {
+        colsum_parts_kernel<<<(C + EW_THREADS - 1) / EW_THREADS, EW_THREADS, 0, st>>>(out0, out1, part, chunks, C);
+        LAUNCH_CHECK(what);
+    }
 }
 
 static void cuda_layernorm_backward(strata_stream *s, void *dinp, float *dw, float *db,
@@ -432,46 +483,18 @@ __global__ void rms_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *in
         di[c] = to_bf16(ld(di[c]) + (ld(w[c]) * ld(d[c]) - (ld(x[c]) * rs) * dnmean) * rs);
 }
 
-/* dw (+=) = sum over vectors of dout * norm, without atomics: a block owns RMS_DW_COLS
- * channels and walks every vector, its RMS_DW_LANES row lanes taking every
- * RMS_DW_LANES-th vector in order, and their partial sums meet in shared memory in lane
- * order, so the result is the same on every run. A warp reads two vectors' 16 channels
- * (two 32-byte segments). The price is parallelism: ceil(C / 16) blocks, few for a
- * per-head norm (C = hs). A lane steps from vector v = n heads + hd to v + RMS_DW_LANES
- * by whole rows and a remainder of heads, so the loop divides nothing. */
-#define RMS_DW_COLS 16
-#define RMS_DW_LANES 64 /* 1024 threads */
-
-__global__ void __launch_bounds__(RMS_DW_COLS * RMS_DW_LANES)
-    rms_bwd_dw_kernel(float *dw, const bf16 *dout, const bf16 *inp, const float *rstd, size_t nv, int heads,
-                      int C, int stride) {
-    __shared__ float part[RMS_DW_LANES][RMS_DW_COLS + 1];
-    int col = threadIdx.x % RMS_DW_COLS, lane = threadIdx.x / RMS_DW_COLS;
-    int c = blockIdx.x * RMS_DW_COLS + col;
-    float acc = 0.0f;
-    if (c < C) {
-        const int step_rows = RMS_DW_LANES / heads, step_heads = RMS_DW_LANES % heads;
-        size_t n = (size_t)(lane / heads); /* vector v = n heads + hd */
-        int hd = lane % heads;
-        for (size_t v = lane; v < nv; v += RMS_DW_LANES) {
-            size_t off = n * (size_t)stride + (size_t)hd * C + (size_t)c;
-            acc += ld(dout[off]) * (ld(inp[off]) * rstd[v]);
-            n += step_rows;
-            hd += step_heads;
-            if (hd >= heads) {
-                hd -= heads;
-                n++;
-            }
-        }
+/* dw (+=) = sum over vectors of dout * norm: colsum2's column sums over the N * heads
+ * vectors (a vector's offset takes one division; the kernel waits on memory, not on it) */
+struct rms_dw_terms { /* a0: dout * norm */
+    const bf16 *dout, *inp;
+    const float *rstd;
+    int heads, C, stride;
+    __device__ void operator()(int v, int c, float &a0, float &) const {
+        const int n = v / heads, hd = v - n * heads;
+        const size_t off = (size_t)n * stride + (size_t)hd * C + (size_t)c;
+        a0 += ld(dout[off]) * (ld(inp[off]) * rstd[v]);
     }
-    part[lane][col] = acc;
-    __syncthreads();
-    if (lane == 0 && c < C) {
-        float sum = 0.0f;
-        for (int l = 0; l < RMS_DW_LANES; l++) sum += part[l][col];
-        dw[c] += sum;
-    }
-}
+};
 
 static void cuda_rmsnorm_backward(strata_stream *s, void *dinp, float *dw, const void *dout, const void *inp,
                                   const void *w, const float *rstd, int N, int heads, int C, int stride) {
@@ -481,9 +504,9 @@ static void cuda_rmsnorm_backward(strata_stream *s, void *dinp, float *dw, const
     rms_bwd_dinp_kernel<<<(unsigned)((nv + RMS_WARPS - 1) / RMS_WARPS), RMS_WARPS * 32, 0, st>>>(
         (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, nv, heads, C, stride);
     LAUNCH_CHECK("rmsnorm_backward (dinp)");
-    rms_bwd_dw_kernel<<<(C + RMS_DW_COLS - 1) / RMS_DW_COLS, RMS_DW_COLS * RMS_DW_LANES, 0, st>>>(
-        dw, (const bf16 *)dout, (const bf16 *)inp, rstd, nv, heads, C, stride);
-    LAUNCH_CHECK("rmsnorm_backward (dw)");
+    if (nv > INT_MAX) strata_panic(__FILE__, __LINE__, "rmsnorm_backward: %zu vectors (dw sums at most INT_MAX)", nv);
+    colsum2_launch(s, "rmsnorm_backward (dw)", rms_dw_terms{(const bf16 *)dout, (const bf16 *)inp, rstd, heads, C, stride},
+                   dw, NULL, (int)nv, C);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -630,6 +653,7 @@ struct strata_cuda_kstate {
     cublasLtHandle_t lt;
     void *workspace;
     double *sumsq_part; /* SUMSQ_BLOCKS block sums of sumsq, compute stream only */
+    float *col_part;    /* COL_PART_FLOATS: the chunks' column sums, compute stream only */
     pthread_mutex_t mu; /* the plan cache, and descriptor pointers set per call */
     gemm_plan plans[PLAN_MAX];
     int n_plans, next_evict;
@@ -658,13 +682,18 @@ int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
         e = cudaMalloc(&ks->sumsq_part, SUMSQ_BLOCKS * sizeof(double));
         if (e != cudaSuccess) cudaFree(ks->workspace);
     }
+    if (e == cudaSuccess) {
+        e = cudaMalloc(&ks->col_part, COL_PART_FLOATS * sizeof(float));
+        if (e != cudaSuccess) cudaFree(ks->sumsq_part), cudaFree(ks->workspace);
+    }
     if (e != cudaSuccess) {
         cublasLtDestroy(ks->lt);
         free(ks);
-        return strata_fail("cuBLASLt workspace of %zu MiB on cuda:%d: cudaMalloc failed: %s",
-                           LT_WORKSPACE_BYTES >> 20, ordinal, cudaGetErrorString(e));
+        return strata_fail("the kernels' buffers on cuda:%d (cuBLASLt workspace of %zu MiB, column and norm "
+                           "sums): cudaMalloc failed: %s", ordinal, LT_WORKSPACE_BYTES >> 20, cudaGetErrorString(e));
     }
     if (upload_q8_tables(ordinal)) {
+        cudaFree(ks->col_part);
         cudaFree(ks->sumsq_part);
         cudaFree(ks->workspace);
         cublasLtDestroy(ks->lt);
@@ -676,6 +705,8 @@ int strata_cuda_kstate_create(int ordinal, strata_cuda_kstate **out) {
     return 0;
 }
 
+static float *col_part_of(strata_stream *s) { return strata_cuda_kstate_of(s)->col_part; }
+
 static void plan_release(gemm_plan *p) {
     cublasLtMatrixLayoutDestroy(p->la);
     cublasLtMatrixLayoutDestroy(p->lb);
@@ -686,6 +717,7 @@ static void plan_release(gemm_plan *p) {
 void strata_cuda_kstate_destroy(strata_cuda_kstate *ks) {
     if (!ks) return;
     for (int i = 0; i < ks->n_plans; i++) plan_release(&ks->plans[i]);
+    cudaFree(ks->col_part);
     cudaFree(ks->sumsq_part);
     cudaFree(ks->workspace);
     cublasLtDestroy(ks->lt);
