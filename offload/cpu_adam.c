@@ -65,28 +65,77 @@ static void adam_span_scalar(float *master, void *out, strata_dtype out_dtype,
     }
 }
 
+/* Elements per widened piece: the fp32 copies of m and v live on the stack. */
+#define WIDE_PIECE 512
+
+static size_t out_bytes(strata_dtype out_dtype) { return out_dtype == STRATA_BF16 ? 2 : 4; }
+
+/* The same with bf16 moments (optim.state bf16). */
+typedef void (*adam_span16_fn)(float *master, void *out, strata_dtype out_dtype, const float *grad,
+                               uint16_t *m, uint16_t *v, size_t i0, size_t i1, const strata_adamw_args *a);
+
+/* [i0, i1) a piece at a time: m and v widened (exact), the scalar kernel over the copies,
+ * rounded back to nearest even; the SIMD kernels' tails too. */
+static void adam_span16_scalar(float *master, void *out, strata_dtype out_dtype, const float *grad, uint16_t *m,
+                               uint16_t *v, size_t i0, size_t i1, const strata_adamw_args *a) {
+    float tm[WIDE_PIECE], tv[WIDE_PIECE];
+    for (size_t j0 = i0; j0 < i1; j0 += WIDE_PIECE) {
+        size_t nb = i1 - j0 < WIDE_PIECE ? i1 - j0 : WIDE_PIECE;
+        for (size_t i = 0; i < nb; i++) {
+            tm[i] = strata_bf16_to_f32(m[j0 + i]);
+            tv[i] = strata_bf16_to_f32(v[j0 + i]);
+        }
+        void *o = out ? (char *)out + j0 * out_bytes(out_dtype) : NULL;
+        adam_span_scalar(master + j0, o, out_dtype, grad + j0, tm, tv, 0, nb, a);
+        for (size_t i = 0; i < nb; i++) {
+            m[j0 + i] = strata_f32_to_bf16(tm[i]);
+            v[j0 + i] = strata_f32_to_bf16(tv[i]);
+        }
+    }
+}
+
 #ifdef STRATA_X86
-__attribute__((target("avx2"))) static void adam_span_avx2(float *master, void *out,
-                                                           strata_dtype out_dtype,
-                                                           const float *grad, float *m,
-                                                           float *v, size_t i0, size_t i1,
-                                                           const strata_adamw_args *a) {
+/* The SIMD kernels, each with its moments in fp32 or in bf16 (widened exactly on load,
+ * rounded to nearest even on store, in the registers: no second pass over a copy). One
+ * always-inlined body per ISA; the wrappers below fix the moments' type at compile time. */
+/* strata_f32_to_bf16 in 8 lanes: nearest even, a NaN quieted (both sides of the compare are
+ * non-negative as int32, so the signed compare is the unsigned one) */
+__attribute__((target("avx2"), always_inline)) static inline __m128i bf16x8_avx2(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+    __m256i h = _mm256_blendv_epi8(rne, qn, nan);
+    /* every lane is <= 0xffff, so the saturating pack only narrows */
+    return _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+__attribute__((target("avx2"), always_inline)) static inline __m256 ld8_avx2(const void *p, size_t i, int m16) {
+    if (!m16) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2"), always_inline)) static inline void st8_avx2(void *p, size_t i, __m256 x, int m16) {
+    if (m16) _mm_storeu_si128((__m128i *)((uint16_t *)p + i), bf16x8_avx2(x));
+    else _mm256_storeu_ps((float *)p + i, x);
+}
+
+/* [i0, i1) in steps of 8; returns where the scalar tail starts */
+__attribute__((target("avx2"), always_inline)) static inline size_t adam_body_avx2(
+    float *master, void *out, strata_dtype out_dtype, const float *grad, void *m, void *v, int m16, size_t i0,
+    size_t i1, const strata_adamw_args *a) {
     const __m256 lr = _mm256_set1_ps(a->lr), b1 = _mm256_set1_ps(a->beta1);
     const __m256 b2 = _mm256_set1_ps(a->beta2), eps = _mm256_set1_ps(a->eps);
     const __m256 wd = _mm256_set1_ps(a->weight_decay), gs = _mm256_set1_ps(a->grad_scale);
     const __m256 bc1 = _mm256_set1_ps(a->bc1), bc2 = _mm256_set1_ps(a->bc2);
     const __m256 omb1 = _mm256_set1_ps(1.0f - a->beta1), omb2 = _mm256_set1_ps(1.0f - a->beta2);
-    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i round = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-    const __m256i quiet = _mm256_set1_epi32(0x0040);
     size_t i = i0;
     for (; i + 8 <= i1; i += 8) {
         __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gs);
-        __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, g));
-        __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
-                                  _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, ld8_avx2(m, i, m16)), _mm256_mul_ps(omb1, g));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, ld8_avx2(v, i, m16)), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+        st8_avx2(m, i, mi, m16);
+        st8_avx2(v, i, vi, m16);
         __m256 mhat = _mm256_div_ps(mi, bc1);
         __m256 root = _mm256_sqrt_ps(_mm256_div_ps(vi, bc2));
         __m256 p = _mm256_loadu_ps(master + i);
@@ -94,45 +143,49 @@ __attribute__((target("avx2"))) static void adam_span_avx2(float *master, void *
         p = _mm256_sub_ps(p, _mm256_mul_ps(lr, upd));
         _mm256_storeu_ps(master + i, p);
         if (!out) continue;
-        if (out_dtype != STRATA_BF16) {
-            _mm256_storeu_ps((float *)out + i, p);
-            continue;
-        }
-        __m256i u = _mm256_castps_si256(p);
-        /* both sides are non-negative as int32, so the signed compare is the unsigned one */
-        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-        __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, round), lsb), 16);
-        __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
-        __m256i h = _mm256_blendv_epi8(rne, qn, nan);
-        /* every lane is <= 0xffff, so the saturating pack only narrows */
-        __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h16);
+        if (out_dtype == STRATA_BF16) _mm_storeu_si128((__m128i *)((uint16_t *)out + i), bf16x8_avx2(p));
+        else _mm256_storeu_ps((float *)out + i, p);
     }
-    if (i < i1) adam_span_scalar(master, out, out_dtype, grad, m, v, i, i1, a);
+    return i;
+}
+/* strata_f32_to_bf16 in 16 lanes */
+__attribute__((target("avx512f"), always_inline)) static inline __m256i bf16x16_avx512(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rne, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040))));
+}
+__attribute__((target("avx512f"), always_inline)) static inline __m512 ld16_avx512(const void *p, size_t i, int m16) {
+    if (!m16) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx512f"), always_inline)) static inline void st16_avx512(void *p, size_t i, __m512 x,
+                                                                                 int m16) {
+    if (m16) _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), bf16x16_avx512(x));
+    else _mm512_storeu_ps((float *)p + i, x);
 }
 
-__attribute__((target("avx512f"))) static void adam_span_avx512(float *master, void *out,
-                                                                strata_dtype out_dtype,
-                                                                const float *grad, float *m,
-                                                                float *v, size_t i0, size_t i1,
-                                                                const strata_adamw_args *a) {
+/* [i0, i1) in steps of 16; returns where the scalar tail starts */
+__attribute__((target("avx512f"), always_inline)) static inline size_t adam_body_avx512(
+    float *master, void *out, strata_dtype out_dtype, const float *grad, void *m, void *v, int m16, size_t i0,
+    size_t i1, const strata_adamw_args *a) {
     const __m512 lr = _mm512_set1_ps(a->lr), b1 = _mm512_set1_ps(a->beta1);
     const __m512 b2 = _mm512_set1_ps(a->beta2), eps = _mm512_set1_ps(a->eps);
     const __m512 wd = _mm512_set1_ps(a->weight_decay), gs = _mm512_set1_ps(a->grad_scale);
     const __m512 bc1 = _mm512_set1_ps(a->bc1), bc2 = _mm512_set1_ps(a->bc2);
     const __m512 omb1 = _mm512_set1_ps(1.0f - a->beta1), omb2 = _mm512_set1_ps(1.0f - a->beta2);
-    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i quiet = _mm512_set1_epi32(0x0040);
     size_t i = i0;
     for (; i + 16 <= i1; i += 16) {
         __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), gs);
-        __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, g));
-        __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, ld16_avx512(m, i, m16)), _mm512_mul_ps(omb1, g));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, ld16_avx512(v, i, m16)),
                                   _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
+        st16_avx512(m, i, mi, m16);
+        st16_avx512(v, i, vi, m16);
         __m512 mhat = _mm512_div_ps(mi, bc1);
         __m512 root = _mm512_sqrt_ps(_mm512_div_ps(vi, bc2));
         __m512 p = _mm512_loadu_ps(master + i);
@@ -140,20 +193,29 @@ __attribute__((target("avx512f"))) static void adam_span_avx512(float *master, v
         p = _mm512_sub_ps(p, _mm512_mul_ps(lr, upd));
         _mm512_storeu_ps(master + i, p);
         if (!out) continue;
-        if (out_dtype != STRATA_BF16) {
-            _mm512_storeu_ps((float *)out + i, p);
-            continue;
-        }
-        __m512i u = _mm512_castps_si512(p);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-        __m512i hi = _mm512_srli_epi32(u, 16);
-        __m512i lsb = _mm512_and_si512(hi, one);
-        __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, round), lsb), 16);
-        __m512i h = _mm512_mask_blend_epi32(nan, rne, _mm512_or_si512(hi, quiet));
-        _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), _mm512_cvtepi32_epi16(h));
+        if (out_dtype == STRATA_BF16) _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), bf16x16_avx512(p));
+        else _mm512_storeu_ps((float *)out + i, p);
     }
-    if (i < i1) adam_span_scalar(master, out, out_dtype, grad, m, v, i, i1, a);
+    return i;
 }
+
+/* the kernels: fp32 moments (tail: the scalar kernel) and bf16 moments (tail: widened) */
+#define ADAM_SIMD_KERNELS(isa, target_isa)                                                                           \
+    __attribute__((target(target_isa))) static void adam_span_##isa(float *master, void *out, strata_dtype out_dtype, \
+                                                                    const float *grad, float *m, float *v, size_t i0, \
+                                                                    size_t i1, const strata_adamw_args *a) {          \
+        size_t i = adam_body_##isa(master, out, out_dtype, grad, m, v, 0, i0, i1, a);                                 \
+        if (i < i1) adam_span_scalar(master, out, out_dtype, grad, m, v, i, i1, a);                                   \
+    }                                                                                                                \
+    __attribute__((target(target_isa))) static void adam_span16_##isa(float *master, void *out,                      \
+                                                                      strata_dtype out_dtype, const float *grad,      \
+                                                                      uint16_t *m, uint16_t *v, size_t i0, size_t i1, \
+                                                                      const strata_adamw_args *a) {                   \
+        size_t i = adam_body_##isa(master, out, out_dtype, grad, m, v, 1, i0, i1, a);                                 \
+        if (i < i1) adam_span16_scalar(master, out, out_dtype, grad, m, v, i, i1, a);                                 \
+    }
+ADAM_SIMD_KERNELS(avx2, "avx2")
+ADAM_SIMD_KERNELS(avx512, "avx512f")
 #endif
 
 int strata_cpu_isa_supported(strata_cpu_isa isa) {
@@ -212,6 +274,15 @@ static adam_span_fn span_fn(strata_cpu_isa isa) {
     return adam_span_scalar;
 }
 
+static adam_span16_fn span16_fn(strata_cpu_isa isa) {
+#ifdef STRATA_X86
+    if (isa == STRATA_ISA_AVX512) return adam_span16_avx512;
+    if (isa == STRATA_ISA_AVX2) return adam_span16_avx2;
+#endif
+    (void)isa;
+    return adam_span16_scalar;
+}
+
 int strata_cpu_adamw_ex(strata_cpu_isa isa, int n_threads, float *master, void *param_out,
                         strata_dtype out_dtype, const float *grad, float *m, float *v, size_t n,
                         const strata_adamw_args *a) {
@@ -247,30 +318,6 @@ void strata_cpu_adamw(float *master, void *param_out, strata_dtype out_dtype, co
 
 /* ---- bf16 moments ---- */
 
-/* Elements per widened piece: the fp32 copies of m and v live on the stack. */
-#define WIDE_PIECE 512
-
-static size_t out_bytes(strata_dtype out_dtype) { return out_dtype == STRATA_BF16 ? 2 : 4; }
-
-/* [i0, i1) a piece at a time: m and v widened (exact), the ISA's fp32 span over the
- * copies, rounded back to nearest even. */
-static void bf16_span(adam_span_fn fn, float *master, void *out, strata_dtype out_dtype, const float *grad,
-                      uint16_t *m, uint16_t *v, size_t i0, size_t i1, const strata_adamw_args *a) {
-    float tm[WIDE_PIECE], tv[WIDE_PIECE];
-    for (size_t j0 = i0; j0 < i1; j0 += WIDE_PIECE) {
-        size_t nb = i1 - j0 < WIDE_PIECE ? i1 - j0 : WIDE_PIECE;
-        for (size_t i = 0; i < nb; i++) {
-            tm[i] = strata_bf16_to_f32(m[j0 + i]);
-            tv[i] = strata_bf16_to_f32(v[j0 + i]);
-        }
-        fn(master + j0, out ? (char *)out + j0 * out_bytes(out_dtype) : NULL, out_dtype, grad + j0, tm, tv, 0, nb, a);
-        for (size_t i = 0; i < nb; i++) {
-            m[j0 + i] = strata_f32_to_bf16(tm[i]);
-            v[j0 + i] = strata_f32_to_bf16(tv[i]);
-        }
-    }
-}
-
 /* The ISA and thread count as strata_cpu_adamw_ex resolves them; -1 when the ISA cannot run. */
 static int resolve(strata_cpu_isa *isa, int n_threads, size_t n, size_t item, size_t *items) {
     if (*isa == STRATA_ISA_AUTO) *isa = strata_cpu_isa_auto();
@@ -291,15 +338,15 @@ int strata_cpu_adamw_bf16_ex(strata_cpu_isa isa, int n_threads, float *master, v
     size_t chunks;
     int nt = resolve(&isa, n_threads, n, ADAM_CHUNK, &chunks);
     if (nt < 0) return -1;
-    adam_span_fn fn = span_fn(isa);
+    adam_span16_fn fn = span16_fn(isa);
     if (nt <= 1) {
-        if (n) bf16_span(fn, master, param_out, out_dtype, grad, m, v, 0, n, a);
+        if (n) fn(master, param_out, out_dtype, grad, m, v, 0, n, a);
         return 0;
     }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (size_t c = 0; c < chunks; c++) {
         size_t i0 = c * ADAM_CHUNK, i1 = i0 + ADAM_CHUNK < n ? i0 + ADAM_CHUNK : n;
-        bf16_span(fn, master, param_out, out_dtype, grad, m, v, i0, i1, a);
+        fn(master, param_out, out_dtype, grad, m, v, i0, i1, a);
     }
     return 0;
 }
