@@ -359,25 +359,24 @@ void strata_cpu_adamw_bf16(float *master, void *param_out, strata_dtype out_dtyp
 
 /* ---- 8-bit moments ---- */
 
-/* The nearest code of core/quant.h from a table instead of 8 dependent comparisons: the key is
- * a value's top 16 bits (sign, exponent, 7 fraction bits), its magnitude clamped to
- * [Q8_KEY_LO, Q8_KEY_HI] (2^-24, below which every value sits between the same two midpoints,
- * to 1, above which none is). base[key] is the code of the smallest value with that key; at
- * most two midpoints lie among the key's values (checked when the table is built: the
- * midpoints closest together, near 1 in the unsigned map, are 0.0035 apart, a key there
- * spans 0.0039), so code = base + the number of mid[base], mid[base + 1] below the value. */
-#define Q8_KEY_LO 0x3380u
-#define Q8_KEY_HI 0x3F80u
-#define Q8_KEYS (Q8_KEY_HI - Q8_KEY_LO + 1)
+/* The nearest code of core/quant.h from one table lookup instead of 8 dependent comparisons.
+ * The key is a value's sign and the top 16 bits of its magnitude (8 exponent, 8 fraction
+ * bits), so a key's values differ only in their low 15 bits; magnitudes below 2^-24 share
+ * one key (every such value sits between the same two midpoints) and those past 1's key
+ * another (no midpoint is above 1). At most one midpoint lies among a key's values (checked
+ * when the table is built: the midpoints closest together, near 1 in the unsigned map, are
+ * 0.0035 apart, a key there spans 0.0020), so an entry holds base, the code of the key's
+ * smallest value, and thr, that midpoint's low 15 bits: a value is above the midpoint when
+ * its low bits are above thr (positive) or below it (negative: a larger magnitude is a
+ * smaller value). A key without a midpoint has the thr no value passes, 0x7fff when
+ * positive and 0 when negative. Entry: base | thr << 8. */
+#define Q8_MAG_LO 0x6700u /* 2^-24 */
+#define Q8_MAG_HI 0x7F00u /* 1 */
+#define Q8_KEYS (Q8_MAG_HI - Q8_MAG_LO + 3) /* with the tiny and the past-1 keys */
 
 typedef struct q8_lut {
     const strata_q8_map *q;
-    float mid[257]; /* the map's 255 midpoints, then +inf twice: base + 1 is always in range */
-    uint8_t base[2 * Q8_KEYS];
-    /* the same, 32 bits wide, and mid[base], mid[base + 1] by key: the SIMD versions gather
-     * the three from the key at once rather than the midpoints after the base */
-    int32_t base32[2 * Q8_KEYS];
-    float mid0[2 * Q8_KEYS], mid1[2 * Q8_KEYS];
+    int32_t entry[2 * Q8_KEYS]; /* positive keys, then negative */
 } q8_lut;
 
 static q8_lut luts[2]; /* signed, unsigned */
@@ -396,24 +395,33 @@ static unsigned count_below(const strata_q8_map *q, float x, int or_equal) {
     return c;
 }
 
+/* a magnitude's key, clamped to the table: 0 is tiny, Q8_KEYS - 1 past 1 */
+static inline uint32_t q8_key(uint32_t u) {
+    uint32_t mag = (u >> 15) & 0xffffu;
+    mag = mag < Q8_MAG_LO - 1 ? Q8_MAG_LO - 1 : mag > Q8_MAG_HI + 1 ? Q8_MAG_HI + 1 : mag;
+    return (u >> 31) * Q8_KEYS + (mag - (Q8_MAG_LO - 1));
+}
+
 static void build_lut(q8_lut *L, const strata_q8_map *q) {
     L->q = q;
-    memcpy(L->mid, q->mid, sizeof q->mid);
-    L->mid[255] = L->mid[256] = INFINITY;
     for (uint32_t sign = 0; sign < 2; sign++)
         for (uint32_t k = 0; k < Q8_KEYS; k++) {
-            uint32_t key = Q8_KEY_LO + k;
-            /* the key's magnitudes [lo, top] (the clamped ends reach 0 and infinity), in
-             * ascending order [first, last]: [lo, top] when positive, [-top, -lo] when negative */
-            float lo = k == 0 ? 0.0f : float_of(key << 16);
-            float top = key == Q8_KEY_HI ? INFINITY : float_of(((key + 1) << 16) - 1);
+            uint32_t key = Q8_MAG_LO - 1 + k;
+            int clamped = k == 0 || k == Q8_KEYS - 1;
+            /* the key's magnitudes [lo, top], in ascending order [first, last]: [lo, top]
+             * when positive, [-top, -lo] when negative */
+            float lo = k == 0 ? 0.0f : float_of(key << 15);
+            float top = k == Q8_KEYS - 1 ? INFINITY : float_of(((key + 1) << 15) - 1);
             float first = sign ? -top : lo, last = sign ? -lo : top;
-            unsigned b = count_below(q, first, 0);
-            STRATA_ASSERT(count_below(q, last, 1) - b <= 2);
-            L->base[sign * Q8_KEYS + k] = (uint8_t)b;
-            L->base32[sign * Q8_KEYS + k] = (int32_t)b;
-            L->mid0[sign * Q8_KEYS + k] = L->mid[b];
-            L->mid1[sign * Q8_KEYS + k] = L->mid[b + 1];
+            unsigned b = count_below(q, first, 0), inside = count_below(q, last, 1) - b;
+            STRATA_ASSERT(inside <= (clamped ? 0u : 1u));
+            uint32_t thr = sign ? 0 : 0x7fffu, mid;
+            if (inside) {
+                memcpy(&mid, &q->mid[b], sizeof mid);
+                STRATA_ASSERT(((mid >> 15) & 0xffffu) == key);
+                thr = mid & 0x7fffu;
+            }
+            L->entry[sign * Q8_KEYS + k] = (int32_t)(b | thr << 8);
         }
 }
 
@@ -426,10 +434,8 @@ static inline uint8_t lut_code(const q8_lut *L, float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0; /* NaN: no midpoint is below it */
-    uint32_t mag = (u >> 16) & 0x7fffu;
-    mag = mag < Q8_KEY_LO ? Q8_KEY_LO : mag > Q8_KEY_HI ? Q8_KEY_HI : mag;
-    unsigned b = L->base[(u >> 31) * Q8_KEYS + (mag - Q8_KEY_LO)];
-    unsigned c = b + (L->mid[b] < x) + (L->mid[b + 1] < x);
+    uint32_t e = (uint32_t)L->entry[q8_key(u)], thr = e >> 8, low = u & 0x7fffu;
+    unsigned c = (e & 0xffu) + (u >> 31 ? thr > low : thr < low);
     return (uint8_t)(c + ((unsigned)(c == 0) & (unsigned)(x > 0.0f))); /* a positive x never code 0 (core/quant.h) */
 }
 
@@ -460,20 +466,23 @@ __attribute__((target("avx2"))) static void lut_quantize_avx2(const q8_lut *L, c
         return;
     }
     const __m256 am = _mm256_set1_ps(absmax), zero = _mm256_setzero_ps();
-    const __m256i key_lo = _mm256_set1_epi32((int)Q8_KEY_LO), key_hi = _mm256_set1_epi32((int)Q8_KEY_HI);
-    const __m256i keys = _mm256_set1_epi32((int)Q8_KEYS), mag_mask = _mm256_set1_epi32(0x7fff);
+    const __m256i mag_lo = _mm256_set1_epi32((int)Q8_MAG_LO - 1), mag_hi = _mm256_set1_epi32((int)Q8_MAG_HI + 1);
+    const __m256i keys = _mm256_set1_epi32((int)Q8_KEYS), mag_mask = _mm256_set1_epi32(0xffff);
+    const __m256i low_mask = _mm256_set1_epi32(0x7fff), byte = _mm256_set1_epi32(0xff);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), am);
         __m256i u = _mm256_castps_si256(y);
-        __m256i mag = _mm256_and_si256(_mm256_srli_epi32(u, 16), mag_mask);
-        mag = _mm256_min_epi32(_mm256_max_epi32(mag, key_lo), key_hi);
-        __m256i key = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(u, 31), keys), _mm256_sub_epi32(mag, key_lo));
-        __m256i b = _mm256_i32gather_epi32(L->base32, key, 4);
-        __m256 m0 = _mm256_i32gather_ps(L->mid0, key, 4), m1 = _mm256_i32gather_ps(L->mid1, key, 4);
-        /* a true compare is all ones, -1: subtracting it adds one */
-        __m256i c = _mm256_sub_epi32(b, _mm256_castps_si256(_mm256_cmp_ps(m0, y, _CMP_LT_OQ)));
-        c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(m1, y, _CMP_LT_OQ)));
+        __m256i mag = _mm256_and_si256(_mm256_srli_epi32(u, 15), mag_mask);
+        mag = _mm256_min_epi32(_mm256_max_epi32(mag, mag_lo), mag_hi);
+        __m256i neg = _mm256_srai_epi32(u, 31); /* all ones where negative */
+        __m256i key = _mm256_add_epi32(_mm256_and_si256(neg, keys), _mm256_sub_epi32(mag, mag_lo));
+        __m256i e = _mm256_i32gather_epi32(L->entry, key, 4);
+        __m256i thr = _mm256_srli_epi32(e, 8), low = _mm256_and_si256(u, low_mask);
+        /* above the midpoint: low > thr when positive, thr > low when negative (a true
+         * compare is all ones, -1: subtracting it adds one) */
+        __m256i above = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, thr), _mm256_cmpgt_epi32(thr, low), neg);
+        __m256i c = _mm256_sub_epi32(_mm256_and_si256(e, byte), above);
         __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q));
         c = _mm256_andnot_si256(nan, c);
         __m256i lift = _mm256_and_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
@@ -492,20 +501,24 @@ __attribute__((target("avx512f"))) static void lut_quantize_avx512(const q8_lut 
         return;
     }
     const __m512 am = _mm512_set1_ps(absmax), zero = _mm512_setzero_ps();
-    const __m512i key_lo = _mm512_set1_epi32((int)Q8_KEY_LO), key_hi = _mm512_set1_epi32((int)Q8_KEY_HI);
-    const __m512i keys = _mm512_set1_epi32((int)Q8_KEYS), mag_mask = _mm512_set1_epi32(0x7fff);
+    const __m512i mag_lo = _mm512_set1_epi32((int)Q8_MAG_LO - 1), mag_hi = _mm512_set1_epi32((int)Q8_MAG_HI + 1);
+    const __m512i keys = _mm512_set1_epi32((int)Q8_KEYS), mag_mask = _mm512_set1_epi32(0xffff);
+    const __m512i low_mask = _mm512_set1_epi32(0x7fff), byte = _mm512_set1_epi32(0xff);
     const __m512i one = _mm512_set1_epi32(1);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), am);
         __m512i u = _mm512_castps_si512(y);
-        __m512i mag = _mm512_and_si512(_mm512_srli_epi32(u, 16), mag_mask);
-        mag = _mm512_min_epi32(_mm512_max_epi32(mag, key_lo), key_hi);
-        __m512i key = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(u, 31), keys), _mm512_sub_epi32(mag, key_lo));
-        __m512i b = _mm512_i32gather_epi32(key, L->base32, 4);
-        __m512 m0 = _mm512_i32gather_ps(key, L->mid0, 4), m1 = _mm512_i32gather_ps(key, L->mid1, 4);
-        __m512i c = _mm512_mask_add_epi32(b, _mm512_cmp_ps_mask(m0, y, _CMP_LT_OQ), b, one);
-        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(m1, y, _CMP_LT_OQ), c, one);
+        __m512i mag = _mm512_and_si512(_mm512_srli_epi32(u, 15), mag_mask);
+        mag = _mm512_min_epi32(_mm512_max_epi32(mag, mag_lo), mag_hi);
+        __mmask16 neg = _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512()); /* the sign bit */
+        __m512i key = _mm512_mask_add_epi32(_mm512_sub_epi32(mag, mag_lo), neg, _mm512_sub_epi32(mag, mag_lo), keys);
+        __m512i e = _mm512_i32gather_epi32(key, L->entry, 4);
+        __m512i thr = _mm512_srli_epi32(e, 8), low = _mm512_and_si512(u, low_mask);
+        /* above the midpoint: low > thr when positive, thr > low when negative */
+        __mmask16 above = (_mm512_cmpgt_epi32_mask(low, thr) & (__mmask16)~neg) | (_mm512_cmpgt_epi32_mask(thr, low) & neg);
+        __m512i c = _mm512_and_si512(e, byte);
+        c = _mm512_mask_add_epi32(c, above, c, one);
         c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_setzero_si512());
         __mmask16 lift = _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()) & _mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ);
         c = _mm512_mask_mov_epi32(c, lift, one);
