@@ -16,7 +16,8 @@
 #   BENCH_SIZES     sizes, in order (default "124m 350m 774m 1.5b"); one call of the
 #                   device tool has 10 minutes, so give it one or two sizes at a time
 #   BENCH_ROWS      rows per size, in the order they run (default "strata0 compile strata3
-#                   eager hf"; strata0-tc and strata3-tc add Strata with STRATA_ATTENTION=tc)
+#                   eager hf"; strata0-tc and strata3-tc add Strata with STRATA_ATTENTION=tc,
+#                   strata0-tc-ckpt the same with activation checkpointing per block)
 #   BENCH_PROFILE   1 (default when 124m is in BENCH_SIZES): the kernel breakdown at 124M
 #   BENCH_BUDGET_S  the whole call's seconds (default 560): a row that would start past
 #                   it is reported as skipped, and each row is cut at what is left
@@ -46,8 +47,8 @@ DEADLINE=$(($(date +%s) + BUDGET))
 log() { echo "[bench_gpu] $*"; }
 for row in $ROWS; do
   case $row in
-    strata0 | strata0-tc | strata3 | strata3-tc | compile | eager | hf) ;;
-    *) echo "bench_gpu: BENCH_ROWS: unknown row '$row' (strata0 strata0-tc strata3 strata3-tc compile eager hf)" >&2; exit 2 ;;
+    strata0 | strata0-tc | strata3 | strata3-tc | strata0-tc-ckpt | compile | eager | hf) ;;
+    *) echo "bench_gpu: BENCH_ROWS: unknown row '$row' (strata0 strata0-tc strata3 strata3-tc strata0-tc-ckpt compile eager hf)" >&2; exit 2 ;;
   esac
 done
 [ -x "$S" ] || { echo "bench_gpu: no strata binary at $S (build with CUDA, or set STRATA)" >&2; exit 2; }
@@ -93,18 +94,18 @@ strata_row() { # size name stage [env...]
   local size=$1 name=$2 st=$3
   shift 3
   local tag log limit cfg ckpt
-  tag=$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_')
-  log=$OUT/bench-logs/$size-$tag.log
   cfg=$(config_of "$size")
   ckpt=$(grep -oE "activation_checkpointing: *[a-z:0-9]+" "$cfg" | awk '{print $2}' || true)
-  for w in ${STRATA_BENCH_SETS:-}; do # the row's own setting, when one is given
+  for w in ${STRATA_BENCH_SETS:-} ${ROW_SETS:-}; do # the row's own setting, when one is given
     [[ $w == train.activation_checkpointing=* ]] && ckpt=${w#*=}
   done
   [ -n "$ckpt" ] && [ "$ckpt" != none ] && name="$name (activation checkpointing: $ckpt)"
+  tag=$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_')
+  log=$OUT/bench-logs/$size-$tag.log
   limit=$(row_limit)
   [ "$limit" -ge 20 ] || { failed_row "$name" "$size" "skipped: the call's budget (BENCH_BUDGET_S=$BUDGET) ran out"; return 0; }
   local sets=()
-  for w in ${STRATA_BENCH_SETS:-}; do sets+=(--set "$w"); done
+  for w in ${STRATA_BENCH_SETS:-} ${ROW_SETS:-}; do sets+=(--set "$w"); done
   rm -rf "runs/$tag"
   log "$name ($size), at most $limit s"
   if env STRATA_CUDA_UNVERIFIED=1 "$@" timeout -k 10 "$limit" "$S" train "$cfg" --set device=$DEVICE \
@@ -147,6 +148,8 @@ for size in $SIZES; do
       strata0-tc) strata_row "$size" "Strata stage 0, STRATA_ATTENTION=tc" 0 STRATA_ATTENTION=tc ;;
       strata3) strata_row "$size" "Strata stage 3 (world 1)" 3 ;;
       strata3-tc) strata_row "$size" "Strata stage 3 (world 1), STRATA_ATTENTION=tc" 3 STRATA_ATTENTION=tc ;;
+      strata0-tc-ckpt) ROW_SETS=train.activation_checkpointing=blocks \
+        strata_row "$size" "Strata stage 0, STRATA_ATTENTION=tc" 0 STRATA_ATTENTION=tc ;;
       compile | eager | hf)
         if [ $have_torch = 0 ]; then failed_row "PyTorch $row" "$size" "no torch in $PY"
         elif [ "$row" = hf ] && [ $have_hf = 0 ]; then failed_row "PyTorch hf" "$size" "no transformers in $PY"
