@@ -249,6 +249,8 @@ static const key_spec schema[] = {
     DBL("offload", "pinned_budget_gb", offload.pinned_budget_gb, 0, 1e6, "0", 0,
         "pinned host memory; 0 = what the plan needs"),
     INT_("offload", "buffer_count", offload.buffer_count, 1, 1024, "4", "pinned staging buffers per direction for offloaded updates"),
+    INT_("offload", "chunk_kb", offload.chunk_kb, 16, 4194304, "65536",
+         "KiB of fp32 gradient a staging buffer holds; a larger unit's update streams through the buffers in chunks of it"),
     INT_("offload", "block_kb", offload.block_kb, 4, 1048576, "1024", "nvme I/O size; a multiple of 4"),
     INT_("offload", "queue_depth", offload.queue_depth, 1, 4096, "32", "io_uring submission queue depth"),
 

@@ -9,9 +9,14 @@
  *   run (CPU)   [NVMe state prefetched] AdamW: grad_stage[b] -> state, param_stage[b]
  *   out (H2D)   param_stage[b] -> the unit's parameters; then the caller's `done` event
  *
- * b cycles over offload.buffer_count staging buffers per direction. Every wait and record
- * is enqueued by the caller's thread in unit order, so a wait on ev_x[b] always captures
- * the record made for the unit that used buffer b before.
+ * b cycles over offload.buffer_count staging buffers per direction. A unit larger than a
+ * buffer (offload.chunk_kb of fp32 gradient) goes through them in chunks of whole 4096-
+ * element blocks (4 KiB of the narrowest array: the NVMe reads and writes stay aligned, an
+ * 8-bit block's absmax stays whole), each chunk its own trip through the three stages, so
+ * pinned staging is bounded by the chunk, not by the largest unit (a 14B model's embedding
+ * is 778 M parameters). AdamW is element-wise, so the chunks change no bit. Every wait and
+ * record is enqueued by the caller's thread in unit and chunk order, so a wait on ev_x[b]
+ * always captures the record made for the chunk that used buffer b before.
  *
  * The state is stored as optim.state says (core/update_tier.h): the master and the two
  * moment arrays (fp32, bf16 or 8-bit codes) in pinned memory or in the unit's blocks of the
@@ -37,12 +42,15 @@
 #include "offload/nvme.h"
 
 #define NVME_ALIGN STRATA_NVME_ALIGN
+/* chunks start on a multiple of this many elements: 4 KiB of 8-bit codes, two 8-bit blocks */
+#define CHUNK_ALIGN ((size_t)4096)
 
 /* offload-out's task when the parameters live on NVMe: write the staged update home;
  * param-in's task: read a unit's parameters for a gather. */
 typedef struct param_io {
     struct offload_tier *o;
     int u, b;
+    int task; /* a write: the chunk's task */
     void *dst;
 } param_io;
 
@@ -56,6 +64,7 @@ typedef struct stream_clock {
 typedef struct update_task {
     struct offload_tier *o;
     int u, b;
+    size_t c0, n; /* the chunk: elements [c0, c0 + n) of unit u's range */
     void *param_host; /* offload.params: cpu: the unit's shard in pinned memory, written in place */
     param_io write;
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
@@ -73,14 +82,19 @@ typedef struct offload_tier {
     int params_nvme; /* 1: the units' compute-dtype parameters live on NVMe too (stage 3) */
     int params_host; /* 1: they live in pinned memory (offload.params: cpu): the update writes them there */
     int n_units, rank;
-    size_t *n, max_n;
+    size_t *n;
+    size_t chunk;             /* elements a staging buffer holds: a multiple of CHUNK_ALIGN */
+    size_t max_chunk;         /* the largest chunk any unit has: what the buffers are sized for */
+    int *first_task;          /* per unit: its first chunk's index in tasks (chunks in order) */
+    int n_tasks;
     size_t *n_small;          /* int8 state: fp32 moments per unit (packed small tensors) */
     strata_dtype param_dtype;
     size_t es;
     strata_optim_state state_type;
     size_t state_es[3];       /* bytes of a master, m, v element */
     void *(*state)[STRATA_STATE_KINDS]; /* per unit and kind: pinned memory (MASTER, M, V: units not on NVMe) */
-    void *slot_state[2][3];   /* units on NVMe: two pinned slots per kind, of the largest one */
+    void *slot_state[2][3];   /* units on NVMe: two pinned slots per kind, of the largest chunk */
+    size_t slot_bytes[3];
     size_t *file_off;         /* units on NVMe: offset of the master's block; m's and v's follow */
     size_t *param_off;        /* params on nvme: per unit, offset of its parameters */
     size_t *param_stride;     /* their bytes, 4096-aligned */
@@ -98,8 +112,8 @@ typedef struct offload_tier {
      * written); parameters copied out */
     strata_event **ev_grad_in, **ev_updated, **ev_param_free;
     strata_nvme_store *store;
-    update_task *tasks;
-    int prefetched_unit, prefetch_slot, next_slot;
+    update_task *tasks;       /* one per chunk of every unit, in update order */
+    int prefetched_task, prefetch_slot, next_slot;
     strata_nvme_ticket prefetch_ticket[3];
     /* the split's counters, each written by one thread only: the caller (bytes it
      * enqueues), the AdamW's worker, the param-in worker, the offload-out worker */
@@ -148,7 +162,6 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
     o->file_off = strata_xcalloc(n_units, sizeof *o->file_off);
     o->param_off = strata_xcalloc(n_units, sizeof *o->param_off);
     o->param_stride = strata_xcalloc(n_units, sizeof *o->param_stride);
-    o->tasks = strata_xcalloc(n_units, sizeof *o->tasks);
     /* offload.nvme_ratio: the first units' state in pinned memory (their updates need no
      * disk), the rest on NVMe; units of n = 0 stay on the device (offload.optimizer_ratio) */
     o->on_nvme = strata_xcalloc(n_units, 1);
@@ -160,10 +173,25 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
                                                          "offload.adam_v",        "offload.adam_m_absmax",
                                                          "offload.adam_v_absmax", "offload.adam_m_small",
                                                          "offload.adam_v_small"};
+    /* the chunk: offload.chunk_kb of fp32 gradient, whole CHUNK_ALIGN blocks, at least one */
+    o->chunk = (size_t)cfg->offload.chunk_kb * 1024 / sizeof(float) / CHUNK_ALIGN * CHUNK_ALIGN;
+    if (o->chunk < CHUNK_ALIGN) o->chunk = CHUNK_ALIGN;
+    o->first_task = strata_xcalloc(n_units + 1, sizeof *o->first_task);
+    for (int u = 0; u < n_units; u++) {
+        o->first_task[u] = o->n_tasks;
+        o->n_tasks += (int)((n[u] + o->chunk - 1) / o->chunk);
+    }
+    o->first_task[n_units] = o->n_tasks;
+    o->tasks = strata_xcalloc(o->n_tasks ? o->n_tasks : 1, sizeof *o->tasks);
+    for (int u = 0; u < n_units; u++)
+        for (int i = o->first_task[u]; i < o->first_task[u + 1]; i++) {
+            size_t c0 = (size_t)(i - o->first_task[u]) * o->chunk;
+            o->tasks[i] = (update_task){.o = o, .u = u, .c0 = c0, .n = n[u] - c0 < o->chunk ? n[u] - c0 : o->chunk};
+            if (o->tasks[i].n > o->max_chunk) o->max_chunk = o->tasks[i].n;
+        }
     for (int u = 0; u < n_units; u++) {
         o->n[u] = n[u];
         o->n_small[u] = n[u] && n_small ? n_small[u] : 0;
-        if (n[u] > o->max_n) o->max_n = n[u];
         if (!n[u]) continue;
         if (o->on_nvme[u]) {
             if (n[u] > max_nvme_n) max_nvme_n = n[u];
@@ -185,23 +213,27 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
             o->param_off[u] = o->file_bytes;
             o->file_bytes += o->param_stride[u];
         }
-        reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_io", -1, strata_round_up(o->max_n * o->es, NVME_ALIGN),
+        reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_io", -1, strata_round_up(o->max_chunk * o->es, NVME_ALIGN),
                        &o->param_io);
         o->n_fetch = cfg->zero.prefetch_units + 2; /* the gather ring and the embedding */
         o->fetch = strata_xcalloc(o->n_fetch, sizeof *o->fetch);
     }
+    /* a slot holds a chunk's blocks, and two more: a blocking read of any range no longer
+     * than a chunk, widened to whole blocks at both ends, fits too */
+    size_t slot_n = max_nvme_n < o->chunk ? max_nvme_n : o->chunk;
+    for (int k = 0; k < 3 && max_nvme_n; k++) o->slot_bytes[k] = strata_round_up(slot_n * o->state_es[k], NVME_ALIGN) + 2 * NVME_ALIGN;
     if (max_nvme_n)
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 3; k++)
-                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s,
-                               strata_round_up(max_nvme_n * o->state_es[k], NVME_ALIGN), &o->slot_state[s][k]);
+                reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, o->slot_bytes[k], &o->slot_state[s][k]);
     for (int b = 0; b < o->n_buf; b++) {
-        reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_n * sizeof(float), (void **)&o->grad_stage[b]);
+        reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_chunk * sizeof(float),
+                       (void **)&o->grad_stage[b]);
         /* rounded up so a parameter write to NVMe is whole 4 KiB blocks; none when the
          * update writes the parameters in place (offload.params: cpu) */
         if (!o->params_host)
             reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_stage", b,
-                           strata_round_up(o->max_n * o->es, NVME_ALIGN), &o->param_stage[b]);
+                           strata_round_up(o->max_chunk * o->es, NVME_ALIGN), &o->param_stage[b]);
     }
 }
 
@@ -232,6 +264,7 @@ static void offload_destroy(strata_update_tier *t) {
     free(o->fetch);
     free(o->param_stride);
     free(o->tasks);
+    free(o->first_task);
     free(o);
 }
 
@@ -265,9 +298,9 @@ static size_t state_offset(const offload_tier *o, int u, int kind) {
 /* A prefetch still in flight into a slot a blocking call is about to reuse: wait for it. */
 static int drain_prefetch(offload_tier *o) {
     int rc = 0;
-    if (o->prefetched_unit >= 0)
+    if (o->prefetched_task >= 0)
         for (int k = 0; k < 3; k++) rc |= strata_nvme_wait(o->store, o->prefetch_ticket[k]);
-    o->prefetched_unit = -1;
+    o->prefetched_task = -1;
     return rc ? -1 : 0;
 }
 
@@ -308,15 +341,17 @@ static int offload_read_state(strata_update_tier *t, int u, int kind, size_t lo,
         memcpy(dst, (char *)o->state[u][kind] + lo * es, n * es);
         return 0;
     }
-    /* through a pinned slot: O_DIRECT needs whole aligned blocks, the caller's buffer is
-     * neither; the blocks that hold the range lie within the unit's stride, which the slot
-     * holds */
+    /* through a pinned slot, a chunk at a time: O_DIRECT needs whole aligned blocks, the
+     * caller's buffer is neither; a chunk's blocks, widened at both ends, fit the slot */
     if (drain_prefetch(o)) return -1;
     void *slot = o->slot_state[0][kind];
-    size_t first = lo * es / NVME_ALIGN * NVME_ALIGN;
-    size_t end = strata_round_up((lo + n) * es, NVME_ALIGN);
-    if (strata_nvme_read(o->store, state_offset(o, u, kind) + first, slot, end - first)) return -1;
-    memcpy(dst, (char *)slot + (lo * es - first), n * es);
+    for (size_t done = 0; done < n; done += o->chunk) {
+        size_t p0 = lo + done, pn = n - done < o->chunk ? n - done : o->chunk;
+        size_t first = p0 * es / NVME_ALIGN * NVME_ALIGN;
+        size_t end = strata_round_up((p0 + pn) * es, NVME_ALIGN);
+        if (strata_nvme_read(o->store, state_offset(o, u, kind) + first, slot, end - first)) return -1;
+        memcpy((char *)dst + done * es, (char *)slot + (p0 * es - first), pn * es);
+    }
     return 0;
 }
 
@@ -337,15 +372,23 @@ static int offload_write_state(strata_update_tier *t, int u, int kind, size_t lo
         return 0;
     }
     if (drain_prefetch(o)) return -1; /* its slot is reused, and its unit may be the one written */
-    return write_block_range(o, state_offset(o, u, kind), kind_stride(o, u, kind), o->n[u], es, lo, n, src,
-                             o->slot_state[0][kind]);
+    for (size_t done = 0; done < n; done += o->chunk) /* a chunk at a time, through the slot */
+        if (write_block_range(o, state_offset(o, u, kind), kind_stride(o, u, kind), o->n[u], es, lo + done,
+                              n - done < o->chunk ? n - done : o->chunk, (const char *)src + done * es,
+                              o->slot_state[0][kind]))
+            return -1;
+    return 0;
 }
 
 static int offload_write_params(strata_update_tier *t, int u, size_t lo, size_t n, const void *src) {
     offload_tier *o = offload_of(t);
     STRATA_ASSERT(o->params_nvme);
     if (check_io_range("writing parameters", u, lo, n, o->n[u], o->es)) return -1;
-    return write_block_range(o, o->param_off[u], o->param_stride[u], o->n[u], o->es, lo, n, src, o->param_io);
+    for (size_t done = 0; done < n; done += o->chunk) /* a chunk at a time, through param_io */
+        if (write_block_range(o, o->param_off[u], o->param_stride[u], o->n[u], o->es, lo + done,
+                              n - done < o->chunk ? n - done : o->chunk, (const char *)src + done * o->es, o->param_io))
+            return -1;
+    return 0;
 }
 
 static strata_stream *offload_param_stream(strata_update_tier *t) { return offload_of(t)->param_in; }
@@ -367,7 +410,7 @@ static void param_read_run(void *arg) {
 static int offload_fetch_params(strata_update_tier *t, int u, void *dst, int tag) {
     offload_tier *o = offload_of(t);
     STRATA_ASSERT(o->params_nvme && tag >= 0 && tag < o->n_fetch);
-    o->fetch[tag] = (param_io){o, u, 0, dst};
+    o->fetch[tag] = (param_io){o, u, 0, 0, dst};
     return strata_host_task(o->dev, o->param_in, param_read_run, &o->fetch[tag]);
 }
 
@@ -377,16 +420,25 @@ static void record_error(offload_tier *o, const char *what) {
     pthread_mutex_unlock(&o->mu);
 }
 
+/* Bytes of a chunk's piece of an array of stride bytes holding `total` elements of es
+ * bytes on NVMe: whole 4 KiB blocks (c0 es is one's start); the last chunk runs to the
+ * stride, whose padding its staging buffer holds too. */
+static size_t chunk_span(const update_task *t, size_t total, size_t stride, size_t es) {
+    return t->c0 + t->n == total ? stride - t->c0 * es : t->n * es;
+}
+
 static void param_write_run(void *arg) {
     param_io *w = arg;
     offload_tier *o = w->o;
+    const update_task *t = &o->tasks[w->task];
+    size_t span = chunk_span(t, o->n[t->u], o->param_stride[t->u], o->es);
     double t0 = strata_now_ms();
-    if (strata_nvme_write(o->store, o->param_off[w->u], o->param_stage[w->b], o->param_stride[w->u])) {
+    if (strata_nvme_write(o->store, o->param_off[t->u] + t->c0 * o->es, o->param_stage[w->b], span)) {
         record_error(o, "offload: writing parameters");
         return;
     }
     o->by_out.param_write_s += (strata_now_ms() - t0) / 1e3;
-    o->by_out.disk_write_bytes += o->param_stride[w->u];
+    o->by_out.disk_write_bytes += span;
 }
 
 static void clock_start(void *arg) { ((stream_clock *)arg)->t0_ms = strata_now_ms(); }
@@ -395,64 +447,73 @@ static void clock_stop(void *arg) {
     c->busy_s += (strata_now_ms() - c->t0_ms) / 1e3;
 }
 
-static int prefetch(offload_tier *o, int u, int slot) {
+/* Task i's chunk of state, read into `slot` in the background. */
+static int prefetch(offload_tier *o, int i, int slot) {
+    const update_task *t = &o->tasks[i];
     for (int k = 0; k < 3; k++)
-        if (strata_nvme_read_async(o->store, state_offset(o, u, k), o->slot_state[slot][k], kind_stride(o, u, k),
+        if (strata_nvme_read_async(o->store, state_offset(o, t->u, k) + t->c0 * o->state_es[k], o->slot_state[slot][k],
+                                   chunk_span(t, o->n[t->u], kind_stride(o, t->u, k), o->state_es[k]),
                                    &o->prefetch_ticket[k]))
             return -1;
-    o->prefetched_unit = u;
+    o->prefetched_task = i;
     o->prefetch_slot = slot;
     return 0;
 }
 
-/* The first unit after u whose state is on NVMe (n_units: none). */
-static int next_on_nvme(const offload_tier *o, int u) {
-    int next = u + 1;
-    while (next < o->n_units && !o->on_nvme[next]) next++;
+/* The first task after i whose unit's state is on NVMe (n_tasks: none). */
+static int next_on_nvme(const offload_tier *o, int i) {
+    int next = i + 1;
+    while (next < o->n_tasks && !o->on_nvme[o->tasks[next].u]) next++;
     return next;
 }
 
 static void update_run(void *arg) {
     update_task *t = arg;
     offload_tier *o = t->o;
-    int u = t->u;
+    const int u = t->u, i = (int)(t - o->tasks);
+    const size_t c0 = t->c0;
+    /* the chunk's state: its elements of MASTER, M, V; its blocks' absmax (c0 starts a
+     * block); the small tensors' packed fp32 moments whole (the segments say where) */
     void *state[STRATA_STATE_KINDS];
     for (int k = 0; k < STRATA_STATE_KINDS; k++) state[k] = o->state[u][k];
+    for (int k = 0; k < 3 && state[k]; k++) state[k] = (char *)state[k] + c0 * o->state_es[k];
+    for (int k = STRATA_STATE_M_ABSMAX; k <= STRATA_STATE_V_ABSMAX; k++)
+        if (state[k]) state[k] = (float *)state[k] + c0 / STRATA_Q8_BLOCK;
     int slot = 0;
     strata_tier_stats *st = &o->by_run;
     double t0 = strata_now_ms();
     if (o->on_nvme[u]) {
-        if (o->prefetched_unit != u) { /* not prefetched (first unit of a step): read now */
+        if (o->prefetched_task != i) { /* not prefetched (first chunk of a step): read now */
             slot = o->next_slot;
-            if (prefetch(o, u, slot)) { record_error(o, "offload: reading optimizer state"); return; }
+            if (prefetch(o, i, slot)) { record_error(o, "offload: reading optimizer state"); return; }
         }
         slot = o->prefetch_slot;
         for (int k = 0; k < 3; k++)
             if (strata_nvme_wait(o->store, o->prefetch_ticket[k])) { record_error(o, "offload: reading optimizer state"); return; }
-        for (int k = 0; k < 3; k++) st->disk_read_bytes += kind_stride(o, u, k);
-        o->prefetched_unit = -1;
+        for (int k = 0; k < 3; k++) st->disk_read_bytes += chunk_span(t, o->n[u], kind_stride(o, u, k), o->state_es[k]);
+        o->prefetched_task = -1;
         for (int k = 0; k < 3; k++) state[k] = o->slot_state[slot][k];
-        /* the next unit's state streams in while this one updates */
-        int next = next_on_nvme(o, u);
-        if (next < o->n_units && prefetch(o, next, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
+        /* the next chunk's state streams in while this one updates */
+        int next = next_on_nvme(o, i);
+        if (next < o->n_tasks && prefetch(o, next, slot ^ 1)) { record_error(o, "offload: prefetching optimizer state"); return; }
         o->next_slot = slot ^ 1;
         double t1 = strata_now_ms();
         st->state_wait_s += (t1 - t0) / 1e3;
         t0 = t1;
     } else {
-        /* the disk starts on the first unit it holds while the pinned ones update */
-        int next = next_on_nvme(o, u);
-        if (o->prefetched_unit < 0 && next < o->n_units && prefetch(o, next, o->next_slot)) {
+        /* the disk starts on the first chunk it holds while the pinned ones update */
+        int next = next_on_nvme(o, i);
+        if (o->prefetched_task < 0 && next < o->n_tasks && prefetch(o, next, o->next_slot)) {
             record_error(o, "offload: prefetching optimizer state");
             return;
         }
     }
     float *grad = o->grad_stage[t->b], *master = state[STRATA_STATE_MASTER];
-    char *param = t->param_host ? t->param_host : o->param_stage[t->b];
+    char *param = t->param_host ? (char *)t->param_host + c0 * o->es : o->param_stage[t->b];
     /* reads grad, master, m, v; writes those three and the param */
     size_t moment_bytes = 4 * o->state_es[STRATA_STATE_M];
-    for (int i = 0; i < t->n_seg; i++) {
-        const strata_adamw_segment *s = &t->seg[i];
+    for (int j = 0; j < t->n_seg; j++) {
+        const strata_adamw_segment *s = &t->seg[j];
         strata_adamw_args a = t->args;
         if (!s->decay) a.weight_decay = 0.0f;
         st->adamw_elements += s->n;
@@ -461,7 +522,7 @@ static void update_run(void *arg) {
                                   (uint16_t *)state[STRATA_STATE_M] + s->lo, (uint16_t *)state[STRATA_STATE_V] + s->lo,
                                   s->n, &a);
         } else if (o->state_type == STRATA_OPTIM_STATE_INT8 && s->quant) {
-            /* below, with the whole range's blocks */
+            /* below, with the whole chunk's blocks */
         } else if (o->state_type == STRATA_OPTIM_STATE_INT8) { /* a small tensor's fp32 moments, packed */
             strata_cpu_adamw(master + s->lo, param + s->lo * o->es, o->param_dtype, grad + s->lo,
                              (float *)state[STRATA_STATE_M_SMALL] + s->small,
@@ -476,20 +537,37 @@ static void update_run(void *arg) {
     }
     if (o->state_type == STRATA_OPTIM_STATE_INT8)
         strata_cpu_adamw_q8(master, param, o->param_dtype, grad, state[STRATA_STATE_M], state[STRATA_STATE_V],
-                            state[STRATA_STATE_M_ABSMAX], state[STRATA_STATE_V_ABSMAX], o->n[u], t->seg, t->n_seg,
+                            state[STRATA_STATE_M_ABSMAX], state[STRATA_STATE_V_ABSMAX], t->n, t->seg, t->n_seg,
                             &t->args);
     double t1 = strata_now_ms();
     st->adamw_s += (t1 - t0) / 1e3;
     if (o->on_nvme[u]) {
         for (int k = 0; k < 3; k++) {
-            if (strata_nvme_write(o->store, state_offset(o, u, k), state[k], kind_stride(o, u, k))) {
+            size_t span = chunk_span(t, o->n[u], kind_stride(o, u, k), o->state_es[k]);
+            if (strata_nvme_write(o->store, state_offset(o, u, k) + c0 * o->state_es[k], state[k], span)) {
                 record_error(o, "offload: writing optimizer state");
                 return;
             }
-            st->disk_write_bytes += kind_stride(o, u, k);
+            st->disk_write_bytes += span;
         }
         st->state_write_s += (strata_now_ms() - t1) / 1e3;
     }
+}
+
+/* The segments of [c0, c0 + n) of a range cut into them: clipped, relative to c0 (a small
+ * tensor's packed index moved by what was cut from its front); returns how many. */
+static int clip_segments(const strata_adamw_segment *seg, int n_seg, size_t c0, size_t n, strata_adamw_segment *out) {
+    int k = 0;
+    for (int j = 0; j < n_seg; j++) {
+        size_t lo = seg[j].lo > c0 ? seg[j].lo : c0, hi = seg[j].lo + seg[j].n < c0 + n ? seg[j].lo + seg[j].n : c0 + n;
+        if (lo >= hi) continue;
+        out[k] = seg[j];
+        out[k].lo = lo - c0;
+        out[k].n = hi - lo;
+        out[k].small = seg[j].small + (lo - seg[j].lo);
+        k++;
+    }
+    return k;
 }
 
 static int offload_update(strata_update_tier *tier, int u, const float *grad, void *param_out,
@@ -497,43 +575,43 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
                           strata_event *after, strata_event *done) {
     offload_tier *o = offload_of(tier);
     STRATA_ASSERT(n_seg <= STRATA_ADAMW_MAX_SEGMENTS);
-    update_task *t = &o->tasks[u];
-    t->o = o;
-    t->u = u;
-    memcpy(t->seg, seg, (size_t)n_seg * sizeof *seg);
-    t->n_seg = n_seg;
-    t->args = *args;
-    t->param_host = o->params_host ? param_out : NULL; /* before the task that reads it is queued */
-    int b = t->b = (int)(o->seq++ % (uint64_t)o->n_buf);
     strata_device *d = o->dev;
-    size_t n = o->n[u];
-    /* in: once the gradient is final and the update that last read this buffer is done */
+    /* in: once the gradient is final (later chunks follow the first on the same stream) */
     int rc = after ? strata_stream_wait_event(d, o->in, after) : 0;
-    rc = rc || strata_stream_wait_event(d, o->in, o->ev_updated[b]);
-    rc = rc || strata_host_task(d, o->in, clock_start, &o->clock_in);
-    rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad, n * sizeof(float));
-    rc = rc || strata_host_task(d, o->in, clock_stop, &o->clock_in);
-    rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
-    o->by_caller.d2h_bytes += n * sizeof(float);
-    /* run: once the gradient is in and the parameters this buffer held last have left */
-    rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
-    rc = rc || strata_stream_wait_event(d, o->stream, o->ev_param_free[b]);
-    rc = rc || strata_host_task(d, o->stream, update_run, t);
-    rc = rc || strata_event_record(d, o->ev_updated[b], o->stream);
-    /* out: the updated parameters to where the device reads them */
-    rc = rc || strata_stream_wait_event(d, o->out, o->ev_updated[b]);
-    if (o->params_nvme) {
-        t->write = (param_io){o, u, b, NULL};
-        rc = rc || strata_host_task(d, o->out, param_write_run, &t->write);
-    } else if (o->params_host) {
-        /* written in place by the update: nothing crosses PCIe; the gathers read them */
-    } else {
-        rc = rc || strata_host_task(d, o->out, clock_start, &o->clock_out);
-        rc = rc || strata_memcpy_async(d, o->out, param_out, o->param_stage[b], n * o->es);
-        rc = rc || strata_host_task(d, o->out, clock_stop, &o->clock_out);
-        o->by_caller.h2d_bytes += n * o->es;
+    for (int i = o->first_task[u]; i < o->first_task[u + 1] && !rc; i++) {
+        update_task *t = &o->tasks[i];
+        const size_t c0 = t->c0, n = t->n;
+        t->n_seg = clip_segments(seg, n_seg, c0, n, t->seg);
+        t->args = *args;
+        t->param_host = o->params_host ? param_out : NULL; /* before the task that reads it is queued */
+        int b = t->b = (int)(o->seq++ % (uint64_t)o->n_buf);
+        /* in: once the update that last read this buffer is done */
+        rc = rc || strata_stream_wait_event(d, o->in, o->ev_updated[b]);
+        rc = rc || strata_host_task(d, o->in, clock_start, &o->clock_in);
+        rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad + c0, n * sizeof(float));
+        rc = rc || strata_host_task(d, o->in, clock_stop, &o->clock_in);
+        rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
+        o->by_caller.d2h_bytes += n * sizeof(float);
+        /* run: once the gradient is in and the parameters this buffer held last have left */
+        rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
+        rc = rc || strata_stream_wait_event(d, o->stream, o->ev_param_free[b]);
+        rc = rc || strata_host_task(d, o->stream, update_run, t);
+        rc = rc || strata_event_record(d, o->ev_updated[b], o->stream);
+        /* out: the updated parameters to where the device reads them */
+        rc = rc || strata_stream_wait_event(d, o->out, o->ev_updated[b]);
+        if (o->params_nvme) {
+            t->write = (param_io){o, u, b, i, NULL};
+            rc = rc || strata_host_task(d, o->out, param_write_run, &t->write);
+        } else if (o->params_host) {
+            /* written in place by the update: nothing crosses PCIe; the gathers read them */
+        } else {
+            rc = rc || strata_host_task(d, o->out, clock_start, &o->clock_out);
+            rc = rc || strata_memcpy_async(d, o->out, (char *)param_out + c0 * o->es, o->param_stage[b], n * o->es);
+            rc = rc || strata_host_task(d, o->out, clock_stop, &o->clock_out);
+            o->by_caller.h2d_bytes += n * o->es;
+        }
+        rc = rc || strata_event_record(d, o->ev_param_free[b], o->out);
     }
-    rc = rc || strata_event_record(d, o->ev_param_free[b], o->out);
     if (!rc && done) rc = strata_event_record(d, done, o->out);
     return rc ? -1 : 0;
 }
@@ -590,7 +668,7 @@ strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device 
     o->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
     o->params_host = cfg->offload.params == STRATA_OFFLOAD_CPU;
     o->rank = rank;
-    o->prefetched_unit = -1;
+    o->prefetched_task = -1;
     pthread_mutex_init(&o->mu, NULL);
     o->n_buf = cfg->offload.buffer_count;
     o->grad_stage = strata_xcalloc(o->n_buf, sizeof *o->grad_stage);

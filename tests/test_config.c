@@ -356,7 +356,7 @@ static void test_defaults(void) {
           "zero defaults");
     CHECK(c.comm.backend == STRATA_COMM_AUTO && c.comm.timeout_s == 300, "comm defaults");
     CHECK(c.offload.optimizer == STRATA_OFFLOAD_NONE && c.offload.params == STRATA_OFFLOAD_NONE &&
-              !strcmp(c.offload.nvme_path, "") && c.offload.pinned_budget_gb == 0 && c.offload.buffer_count == 4 &&
+              !strcmp(c.offload.nvme_path, "") && c.offload.pinned_budget_gb == 0 && c.offload.buffer_count == 4 && c.offload.chunk_kb == 65536 &&
               c.offload.block_kb == 1024 && c.offload.queue_depth == 32,
           "offload defaults");
     CHECK(c.memory.auto_fit == 0 && c.memory.gpu_gb == 0 && c.memory.host_gb == 0 && c.memory.nvme_gb == 0,

@@ -48,7 +48,8 @@ enum { MAX_STEPS = 20, B = 2 };
  * (STRATA_TEST_STEPS) since it checks threads, not numerics, at 10-50x the cost. */
 static int STEPS = MAX_STEPS;
 static char data_glob[256];
-static char offload_sets[5][320]; /* extra --set lines for the offload runs, "" when unused */
+#define OFFLOAD_SETS 6
+static char offload_sets[OFFLOAD_SETS][320]; /* extra --set lines for the offload runs, "" when unused */
 static const char *state = "fp32";  /* optim.state of the runs */
 static strata_device *dev;
 static strata_stream *comm_stream, *single_stream;
@@ -88,9 +89,9 @@ static void run_open(run *r, strata_comm *c, int r_rank, int r_world, int stage,
     snprintf(sets[3], 320, "zero.overlap_comm=%s", overlap ? "true" : "false");
     snprintf(sets[4], 320, "data.train=%s", data_glob);
     snprintf(sets[5], 320, "optim.state=%s", state);
-    const char *sp[11] = {sets[0], sets[1], sets[2], sets[3], sets[4], sets[5]};
+    const char *sp[6 + OFFLOAD_SETS] = {sets[0], sets[1], sets[2], sets[3], sets[4], sets[5]};
     int n_sets = 6;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < OFFLOAD_SETS; i++)
         if (offload_sets[i][0]) sp[n_sets++] = offload_sets[i];
     /* AdamW's eps is 1e-6, not the default 1e-8: an element whose gradient is near 1e-8 (in
      * the Llama model's masked-loss runs, a few embedding rows) moves by lr g / (|g| + eps), which a last-bit change of g (another summation order: the
@@ -500,13 +501,17 @@ int main(int argc, char **argv) {
             snprintf(offload_sets[2], sizeof offload_sets[2], "offload.buffer_count=%d", stage + 1);
             snprintf(offload_sets[3], sizeof offload_sets[3], "offload.nvme_path=%s", dir);
             if (nvme_ratio < 1) snprintf(offload_sets[4], sizeof offload_sets[4], "offload.nvme_ratio=%g", nvme_ratio);
+            /* every other case streams each unit through the buffers in chunks of 4096
+             * elements (16 KiB of gradient), the smallest there is: exact all the same */
+            if (c % 2) snprintf(offload_sets[5], sizeof offload_sets[5], "offload.chunk_kb=16");
             run_open(&off, comm, rank, world, stage, B, 2, 1);
-            for (int i = 0; i < 5; i++) offload_sets[i][0] = 0;
+            for (int i = 0; i < OFFLOAD_SETS; i++) offload_sets[i][0] = 0;
             run_steps(&off, steps);
             int same = 1;
             for (int s = 0; s < steps; s++) same &= plain.loss[s] == off.loss[s];
-            CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers, ratio %g, nvme ratio %g) gives "
-                  "bitwise the losses of no offload", state, world, stage, tier, stage + 1, ratio, nvme_ratio);
+            CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers%s, ratio %g, nvme ratio %g) gives "
+                  "bitwise the losses of no offload", state, world, stage, tier, stage + 1,
+                  c % 2 ? " of 4096-element chunks" : "", ratio, nvme_ratio);
             check_split(&off, steps, stage, nvme, ratio, nvme_ratio);
             double val_plain = 0, val_off = 0;
             CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 &&
@@ -693,7 +698,7 @@ int main(int argc, char **argv) {
             snprintf(offload_sets[2], sizeof offload_sets[2], "offload.nvme_path=%s", dir);
         }
         run_open(&a, comm, rank, world, stage, B, 1, 1);
-        for (int i = 0; i < 5; i++) offload_sets[i][0] = 0;
+        for (int i = 0; i < OFFLOAD_SETS; i++) offload_sets[i][0] = 0;
         int steps = STEPS < 5 ? STEPS : 5;
         run_steps(&a, steps);
         char run_dir[320], ck_dir[400], final[512];
