@@ -501,9 +501,10 @@ int main(int argc, char **argv) {
             snprintf(offload_sets[2], sizeof offload_sets[2], "offload.buffer_count=%d", stage + 1);
             snprintf(offload_sets[3], sizeof offload_sets[3], "offload.nvme_path=%s", dir);
             if (nvme_ratio < 1) snprintf(offload_sets[4], sizeof offload_sets[4], "offload.nvme_ratio=%g", nvme_ratio);
-            /* every other case streams each unit through the buffers in chunks of 4096
-             * elements (16 KiB of gradient), the smallest there is: exact all the same */
-            if (c % 2) snprintf(offload_sets[5], sizeof offload_sets[5], "offload.chunk_kb=16");
+            /* every other case streams each unit through the buffers in chunks of 16384
+             * elements (64 KiB of gradient; a block here is 2-4 of them, the last partial):
+             * exact all the same */
+            if (c % 2) snprintf(offload_sets[5], sizeof offload_sets[5], "offload.chunk_kb=64");
             run_open(&off, comm, rank, world, stage, B, 2, 1);
             for (int i = 0; i < OFFLOAD_SETS; i++) offload_sets[i][0] = 0;
             run_steps(&off, steps);
@@ -511,7 +512,7 @@ int main(int argc, char **argv) {
             for (int s = 0; s < steps; s++) same &= plain.loss[s] == off.loss[s];
             CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers%s, ratio %g, nvme ratio %g) gives "
                   "bitwise the losses of no offload", state, world, stage, tier, stage + 1,
-                  c % 2 ? " of 4096-element chunks" : "", ratio, nvme_ratio);
+                  c % 2 ? " of 16384-element chunks" : "", ratio, nvme_ratio);
             check_split(&off, steps, stage, nvme, ratio, nvme_ratio);
             double val_plain = 0, val_off = 0;
             CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 &&
