@@ -174,7 +174,6 @@ static const rule zero_rules[] = {
     {"stage3_gather_16bit_weights_on_model_save", FEATURE, "`strata export` writes the fp32 weights at any stage"},
     {"stage3_gather_fp16_weights_on_model_save", FEATURE, "`strata export` writes the fp32 weights at any stage"},
     {"gather_16bit_weights_on_model_save", FEATURE, "`strata export` writes the fp32 weights at any stage"},
-    {"sub_group_size", TUNE, "the CPU optimizer updates unit by unit"},
     {"round_robin_gradients", FEATURE, "Strata's offloaded update is already a pipeline per unit"},
     {"elastic_checkpoint", FEATURE, "not needed: Strata's checkpoints load at any world size and stage"},
     {"load_from_fp32_weights", OFF_IF_FALSE, "Strata always resumes from the fp32 master weights"},
@@ -286,7 +285,8 @@ static int offload_section(conv *c, const char *name, const strata_json *o, int 
             else if (x <= 0.0 || x > 1.0) note(c, key, "%g offloads nothing or is out of range; ignored", x);
             else if (x != 1.0) put(c, "offload", "optimizer_ratio", key, "%g", x);
         } else if (!strcmp(m->key, "buffer_size")) {
-            note(c, key, "Strata sizes its staging buffers from the largest unit");
+            note(c, key, "Strata's staging buffers hold offload.chunk_kb of gradient (zero_optimization.sub_group_size "
+                 "sets it)");
         } else if (!strcmp(m->key, "max_in_cpu")) {
             note(c, key, "Strata keeps every parameter shard in the tier offload.params names");
         } else if (!strcmp(m->key, "pipeline_read") || !strcmp(m->key, "pipeline_write") || !strcmp(m->key, "pipeline")) {
@@ -327,6 +327,14 @@ static int zero_section(conv *c, const strata_json *z) {
             put(c, "zero", "reduce_bucket_mb", "zero_optimization.reduce_bucket_size (elements) x 4 bytes, in MiB", "%s", mb);
             note(c, key, "carried over as zero.reduce_bucket_mb, but Strata's engine reduces each unit's gradient (a "
                  "block) as one collective as soon as its backward ends, whatever the bucket size");
+        } else if (!strcmp(m->key, "sub_group_size")) {
+            /* the elements the offloaded optimizer steps at a time: Strata's chunk, in KiB
+             * of fp32 gradient, within offload.chunk_kb's range */
+            if ((r = get_number(c, key, v, &x))) { if (r < 0) return -1; continue; }
+            if (!(x > 0)) return strata_fail("%s: key '%s': must be positive, got %g", c->path, key, x);
+            double kb = ceil(x * 4.0 / 1024.0);
+            kb = kb < 16 ? 16 : kb > 4194304 ? 4194304 : kb;
+            put(c, "offload", "chunk_kb", "zero_optimization.sub_group_size (elements) x 4 bytes, in KiB", "%.0f", kb);
         } else if (!strcmp(m->key, "offload_optimizer")) {
             if (offload_section(c, key, v, 0)) return -1;
         } else if (!strcmp(m->key, "offload_param")) {

@@ -34,6 +34,7 @@ cat > zero3.json <<'JSON'
     "overlap_comm": true,
     "contiguous_gradients": true,
     "reduce_bucket_size": 5e8,
+    "sub_group_size": 1e7,
     "stage3_max_live_parameters": 1e9,
     "stage3_gather_16bit_weights_on_model_save": true
   },
@@ -49,6 +50,7 @@ for line in "stage: 3" "optimizer: nvme" "params: cpu" 'nvme_path: "/local_nvme"
             "queue_depth: 16" "overlap_comm: true" "micro_batch: 4" "grad_accum: 8" "dtype: bf16" \
             "grad_reduce_dtype: bf16" "lr: 3e-05" "beta2: 0.95" "weight_decay: 0.1" "schedule: cosine" \
             "min_lr: 3e-06" "warmup_steps: 100" "steps: 2000" "grad_clip: 0.5" "log_every: 50" "reduce_bucket_mb: 1907" \
+            "chunk_kb: 39063" \
             "tensorboard: true" 'tensorboard_dir: "tb/DeepSpeedJobName"'; do
   grep -q "^  $line " zero3.yaml || fail "the YAML should carry '$line': $(cat zero3.yaml)"
 done
@@ -62,6 +64,7 @@ done
 # the YAML loads, on its base, to those settings
 "$S" config zero3.yaml > effective.yaml || fail "the printed YAML should load: $(cat effective.yaml)"
 for line in "n_layer: 12" "stage: 3" "optimizer: nvme" "params: cpu" "micro_batch: 4" "grad_accum: 8" "schedule: cosine" \
+            "chunk_kb: 39063" \
             "tensorboard: true" 'tensorboard_dir: "tb/DeepSpeedJobName"'; do
   grep -q "^  $line " effective.yaml || fail "the effective config should have '$line'"
 done
