@@ -130,8 +130,9 @@ typedef struct strata_update_tier_ops {
      * write_state), or the whole shard is read into `dst` on the tier's param stream, a
      * HOST stream on which the caller enqueues its waits before the read and its record
      * after it. dst must be 4096-aligned with room for the shard rounded up to 4 KiB;
-     * `tag` (0 .. zero.prefetch_units + 1) names the caller's buffer, so reads into
-     * different buffers may be queued at once. */
+     * `tag` (0 .. zero.prefetch_units + 2) names the caller's read, so reads into
+     * different buffers may be queued at once (the embedding and an untied head share a
+     * buffer, one after the other, under two tags). */
     int (*write_params)(strata_update_tier *t, int u, size_t lo, size_t n, const void *src);
     strata_stream *(*param_stream)(strata_update_tier *t);
     int (*fetch_params)(strata_update_tier *t, int u, void *dst, int tag);

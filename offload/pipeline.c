@@ -215,7 +215,7 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
         }
         reserve_pinned(a, STRATA_CAT_STAGING, "offload.param_io", -1, strata_round_up(o->max_chunk * o->es, NVME_ALIGN),
                        &o->param_io);
-        o->n_fetch = cfg->zero.prefetch_units + 2; /* the gather ring and the embedding */
+        o->n_fetch = cfg->zero.prefetch_units + 3; /* the gather ring, the embedding and an untied head */
         o->fetch = strata_xcalloc(o->n_fetch, sizeof *o->fetch);
     }
     /* a slot holds a chunk's blocks, and two more: a blocking read of any range no longer

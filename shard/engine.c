@@ -111,12 +111,17 @@ typedef struct bf16_reduction {
 
 /* params_sharded: units are all-gathered into a ring of slots, zero.prefetch_units ahead,
  * and released after use; the embedding (tied to the LM head) has a buffer of its own,
- * kept from its forward to the head's backward. With offload.params: nvme each shard is
- * first read into a pinned buffer (one per slot, and the embedding's). */
+ * kept from its forward to the head's backward. An untied head reads no embedding, and the
+ * embedding's backward reads no parameters, so its buffer is free once the embedding's
+ * forward is done: the head is gathered there (head_in_embed), and the ring's slots are
+ * sized for the blocks, not for a head as large as the vocabulary (a 14B model's: 778 M
+ * parameters, 2.7 times a block). With offload.params: nvme each shard is first read into
+ * a pinned buffer (one per slot, and the embedding's). */
 typedef struct gather_ring {
     int n_slots; /* prefetch_units + 1 */
     void **slot;
     void *embed;
+    int head_in_embed;
     strata_event **ev_gathered, **ev_free; /* per slot */
     strata_event *ev_embed_gathered, *ev_embed_free;
     int issued; /* gathers enqueued in this micro-step */
@@ -472,21 +477,32 @@ static void build_schedule(strata_engine *e) {
 static void plan_ring(strata_engine *e) {
     const strata_config *cfg = e->cfg;
     gather_ring *r = &e->ring;
+    const int head = e->U - 1;
+    r->head_in_embed = !e->m->shape.tie_embeddings;
+    /* the ring holds the blocks (and a tied head, its final norm alone); the embedding's
+     * buffer the embedding and an untied head */
+    size_t slot_n = 0, slot_shard = 0, embed_n = e->padded[0], embed_shard = e->shard[0];
+    for (int u = 1; u < e->U; u++) {
+        if (u == head && r->head_in_embed) {
+            embed_n = e->padded[u] > embed_n ? e->padded[u] : embed_n;
+            embed_shard = e->shard[u] > embed_shard ? e->shard[u] : embed_shard;
+            continue;
+        }
+        slot_n = e->padded[u] > slot_n ? e->padded[u] : slot_n;
+        slot_shard = e->shard[u] > slot_shard ? e->shard[u] : slot_shard;
+    }
     r->n_slots = cfg->zero.prefetch_units + 1;
     r->slot = strata_xcalloc(r->n_slots, sizeof(void *));
-    for (int k = 0; k < r->n_slots; k++)
-        reserve(e, STRATA_CAT_PREFETCH, "gather_slot", k, e->max_block_padded * e->es, &r->slot[k]);
-    reserve(e, STRATA_CAT_PREFETCH, "embed_params", -1, e->padded[0] * e->es, &r->embed);
+    for (int k = 0; k < r->n_slots; k++) reserve(e, STRATA_CAT_PREFETCH, "gather_slot", k, slot_n * e->es, &r->slot[k]);
+    reserve(e, STRATA_CAT_PREFETCH, "embed_params", -1, embed_n * e->es, &r->embed);
     r->from_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
     if (!r->from_nvme) return;
-    size_t max_shard = 0;
-    for (int u = 1; u < e->U; u++) max_shard = e->shard[u] > max_shard ? e->shard[u] : max_shard;
     r->pin = strata_xcalloc(r->n_slots, sizeof(void *));
     for (int k = 0; k < r->n_slots; k++)
         reserve_kind(e, STRATA_MEM_PINNED, STRATA_CAT_PREFETCH, "param_read", k,
-                     strata_round_up(max_shard * e->es, 4096), &r->pin[k]);
+                     strata_round_up(slot_shard * e->es, 4096), &r->pin[k]);
     reserve_kind(e, STRATA_MEM_PINNED, STRATA_CAT_PREFETCH, "param_read_embed", -1,
-                 strata_round_up(e->shard[0] * e->es, 4096), &r->pin_embed);
+                 strata_round_up(embed_shard * e->es, 4096), &r->pin_embed);
 }
 
 /* Phase 6 (with a device): the streams and events each part meets the others through. */
@@ -995,16 +1011,33 @@ static int gather_shard(strata_engine *e, int u, void *dst, strata_event *dst_fr
     return 0;
 }
 
+/* Gather g goes to the embedding's buffer (an untied head), not to a ring slot. */
+static int gather_in_embed(const strata_engine *e, int g) {
+    return e->ring.head_in_embed && e->sched.gather_unit[g] == e->U - 1;
+}
+
 /* Enqueues the micro-step's gathers up to gather number `upto`. */
 static int issue_gathers(strata_engine *e, int upto) {
     gather_ring *r = &e->ring;
     if (upto >= e->sched.n_gathers) upto = e->sched.n_gathers - 1;
     while (r->issued <= upto) {
         int g = r->issued++, s = g % r->n_slots, u = e->sched.gather_unit[g];
-        if (gather_shard(e, u, r->slot[s], r->ev_free[s], r->pin ? r->pin[s] : NULL, s,
-                         r->ev_fetched ? r->ev_fetched[s] : NULL, r->ev_gathered[s]))
-            return -1;
+        int rc = gather_in_embed(e, g)
+                     /* once the embedding's forward has read the buffer (embed_released) */
+                     ? gather_shard(e, u, r->embed, r->ev_embed_free, r->pin_embed, r->n_slots + 1, r->ev_embed_fetched,
+                                    r->ev_embed_gathered)
+                     : gather_shard(e, u, r->slot[s], r->ev_free[s], r->pin ? r->pin[s] : NULL, s,
+                                    r->ev_fetched ? r->ev_fetched[s] : NULL, r->ev_gathered[s]);
+        if (rc) return -1;
     }
+    return 0;
+}
+
+/* After unit u's forward: with an untied head, the embedding's buffer is free for it once
+ * the embedding's forward is done (its backward reads no parameters). */
+static int embed_released(strata_engine *e, const unit_op *op) {
+    if (!e->z.params_sharded || !e->ring.head_in_embed || op->backward || op->unit != 0) return 0;
+    STRATA_TRY(strata_event_record(e->dev, e->ring.ev_embed_free, e->dev->compute));
     return 0;
 }
 
@@ -1037,10 +1070,16 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
         return 0;
     }
     gather_ring *r = &e->ring;
-    if (prev && prev->gather >= 0 && prev->gather != op->gather) /* release the previous slot */
+    /* release the previous slot (the embedding's buffer is released at the micro-step's end) */
+    if (prev && prev->gather >= 0 && prev->gather != op->gather && !gather_in_embed(e, prev->gather))
         STRATA_TRY(strata_event_record(e->dev, r->ev_free[prev->gather % r->n_slots], e->dev->compute));
     if (op->gather < 0) return 0;
     if (issue_gathers(e, op->gather + e->cfg->zero.prefetch_units)) return -1;
+    if (gather_in_embed(e, op->gather)) {
+        if (compute_wait(e, r->ev_embed_gathered)) return -1;
+        e->m->params[op->unit] = r->embed;
+        return 0;
+    }
     int s = op->gather % r->n_slots;
     if (compute_wait(e, r->ev_gathered[s])) return -1;
     e->m->params[op->unit] = r->slot[s];
@@ -1110,6 +1149,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
         if (params_for(e, op, prev)) return -1;
         if (!op->backward) {
             strata_model_forward_unit(m, op->unit, 1, dloss, loss_scale);
+            if (embed_released(e, op)) return -1;
         } else {
             if (!e->z.grads_sharded && micro == 0 && zero_grads_before_backward(e, op->unit)) return -1;
             if (grads_for(e, op->unit)) return -1;
@@ -1384,6 +1424,7 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
         for (int i = 0; i < e->sched.n_ops && !e->sched.ops[i].backward; i++) {
             if (params_for(e, &e->sched.ops[i], prev)) return -1;
             strata_model_forward_unit(m, e->sched.ops[i].unit, 0, 0.0f, 1.0f / (float)(BT * n_batches));
+            if (embed_released(e, &e->sched.ops[i])) return -1;
             prev = &e->sched.ops[i];
         }
         if (e->z.params_sharded) {
