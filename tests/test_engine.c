@@ -801,29 +801,42 @@ int main(int argc, char **argv) {
     if (rank == 0) printf("stop: eval asked to stop on rank %d alone ends on every rank at stages 0-3\n", world - 1);
 
     /* overlap: with overlap_comm, a reduce-scatter starts before backward compute ends;
-     * without it, every reduce-scatter ends before the next unit's backward starts */
+     * without it, every reduce-scatter ends before the next unit's backward starts. The
+     * backward of this model takes about a millisecond, so on a loaded machine the
+     * collective thread can miss the whole window for want of a time slice: the best of up
+     * to three steps counts (an engine that never overlaps misses all three). */
     for (int overlap = 1; overlap >= 0; overlap--) {
-        run r;
-        run_open(&r, comm, rank, world, 2, B, 1, overlap);
-        strata_comm_trace(comm, 1024);
-        strata_step_result res;
-        if (strata_engine_step(r.e, &r.L, 0, &res)) return 1;
-        const strata_comm_span *spans;
-        int n = strata_comm_spans(comm, &spans);
         int rs = 0, during = 0;
-        for (int i = 0; i < n; i++) {
-            if (spans[i].kind != STRATA_COLL_REDUCE_SCATTER) continue;
-            rs++;
-            if (spans[i].start_ms < res.backward_end_ms && spans[i].start_ms >= res.backward_start_ms) during++;
+        double window = 0, missed = 1;
+        for (int attempt = 0; attempt < 3 && missed > 0; attempt++) {
+            run r;
+            run_open(&r, comm, rank, world, 2, B, 1, overlap);
+            strata_comm_trace(comm, 1024);
+            strata_step_result res;
+            if (strata_engine_step(r.e, &r.L, 0, &res)) return 1;
+            const strata_comm_span *spans;
+            int n = strata_comm_spans(comm, &spans);
+            rs = 0, during = 0;
+            for (int i = 0; i < n; i++) {
+                if (spans[i].kind != STRATA_COLL_REDUCE_SCATTER) continue;
+                rs++;
+                if (spans[i].start_ms < res.backward_end_ms && spans[i].start_ms >= res.backward_start_ms) during++;
+            }
+            window = res.backward_end_ms - res.backward_start_ms;
+            CHECK(rs == r.m.n_units, "one reduce-scatter per unit (%d)", rs);
+            strata_comm_trace(comm, 0);
+            run_close(&r);
+            /* another attempt while any rank missed the window: every rank takes the same
+             * number (the steps are collective) */
+            missed = overlap && during == 0;
+            MUST(strata_allreduce_host_f64(comm, &missed, 1));
         }
         if (overlap)
-            CHECK(during >= 1, "overlap on: %d of %d reduce-scatters started while backward was running", during, rs);
-        CHECK(rs == r.m.n_units, "one reduce-scatter per unit (%d)", rs);
+            CHECK(during >= 1, "overlap on: %d of %d reduce-scatters started while backward was running (best of 3 steps)",
+                  during, rs);
         if (rank == 0)
             printf("overlap %s: %d of %d reduce-scatters started during backward (%.2f ms window)\n", overlap ? "on" : "off",
-                   during, rs, res.backward_end_ms - res.backward_start_ms);
-        strata_comm_trace(comm, 0);
-        run_close(&r);
+                   during, rs, window);
     }
 
     unlink(path);
