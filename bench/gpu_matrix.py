@@ -106,6 +106,13 @@ def parts():
     for tier in ("cpu", "nvme"):
         w1.append(row(f"stage 3, optimizer and params {tier}",
                       sets=["zero.stage=3", f"offload.optimizer={tier}", f"offload.params={tier}"], ref=base))
+    # the offload pipeline in its smallest chunks (4096 elements): every unit's gradient and
+    # parameters cross PCIe a piece at a time, at offsets into the device buffers
+    for st, tier in ((1, "cpu"), (3, "nvme")):
+        sets = [f"zero.stage={st}", f"offload.optimizer={tier}", "offload.chunk_kb=16"]
+        sets += ["offload.params=nvme"] if st == 3 else []
+        w1.append(row(f"stage {st}, optimizer{' and params' if st == 3 else ''} {tier}, 4096-element chunks",
+                      sets=sets, ref=base))
     for st in (0, 3):
         for ac in ("blocks", "every:2"):
             w1.append(row(f"stage {st}, checkpointing {ac}",

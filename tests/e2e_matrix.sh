@@ -15,6 +15,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 pass() { echo "ok: $*"; }
 M=(python3 "$SRC/bench/gpu_matrix.py")
 rows="stage 0;stage 1;stage 2;stage 3, optimizer and params nvme;stage 0, comm nccl;stage 0, state int8;stage 1, state int8;stage 0, state int8, optimizer cpu"
+rows="$rows;stage 3, optimizer and params nvme, 4096-element chunks"
 # with accumulation: at world 1 every stage bit for bit stage 0 (the gradient accumulates in place)
 rows="$rows;stage 0, grad_accum 2;stage 2, grad_accum 2;stage 3, grad_accum 2"
 
@@ -23,6 +24,7 @@ rows="$rows;stage 0, grad_accum 2;stage 2, grad_accum 2;stage 3, grad_accum 2"
 grep -q "stage 3, optimizer and params nvme: PASS" good.log || fail "$(cat good.log)"
 grep -q "stage 0, comm nccl: N/A (needs a GPU)" good.log || fail "$(cat good.log)"
 grep -q "stage 0, state int8, optimizer cpu: PASS" good.log || fail "$(cat good.log)"
+grep -q "stage 3, optimizer and params nvme, 4096-element chunks: PASS" good.log || fail "$(cat good.log)"
 grep -q "stage 2, grad_accum 2: PASS" good.log && grep -q "stage 3, grad_accum 2: PASS" good.log || fail "$(cat good.log)"
 pass "world-1 rows on the CPU backend pass bitwise against stage 0: $(tail -1 good.log)"
 
