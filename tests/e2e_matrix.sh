@@ -32,7 +32,7 @@ pass "world-1 rows on the CPU backend pass bitwise against stage 0: $(tail -1 go
 cat > fake.sh <<FAKE
 #!/usr/bin/env bash
 case " \$* " in
-  *zero.stage=1*) exec sleep 600 ;;
+  *zero.stage=1*) exec sleep 611 ;;
   *zero.stage=2*) exec "$S" "\$@" --set optim.lr=2.1e-3 ;;
   *zero.stage=3*) exit 9 ;;
 esac
@@ -47,8 +47,8 @@ set -e
 [ $rc -ne 0 ] || fail "the matrix passed with planted faults: $(cat bad.log)"
 grep -q "stage 0: PASS" bad.log || fail "$(cat bad.log)"
 grep -q "stage 1: FAIL (HUNG after 5.0 s" bad.log || fail "hang not reported: $(cat bad.log)"
-grep -q "^-- pid [0-9]*: sleep 600" bad/hangs.txt || fail "hangs.txt: $(cat bad/hangs.txt)"
-pgrep -f "^sleep 600" > /dev/null && fail "the hung run was not killed"
+grep -q "^-- pid [0-9]*: sleep 611" bad/hangs.txt || fail "hangs.txt: $(cat bad/hangs.txt)"
+pgrep -f "^sleep 611" > /dev/null && fail "the hung run was not killed"
 grep -q "stage 2: FAIL (losses differ from 'stage 0' by .*; final weights/moments differ from 'stage 0' in [0-9]* segments)" bad.log \
   || fail "drift not reported: $(cat bad.log)"
 grep -q "stage 3, optimizer and params nvme: FAIL (exit 9" bad.log || fail "crash not reported: $(cat bad.log)"
