@@ -309,9 +309,8 @@ __global__ void ln_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp
 /* Column sums without atomics (LayerNorm's dw and db, a bias's gradient), the same on every
  * run: a block owns COL_COLS columns of a chunk of rows, its COL_LANES row lanes taking
  * every COL_LANES-th row of the chunk in order, and their partial sums meet in shared
- * memory in lane order. A warp reads two rows' 16 columns, two
- * 32-byte segments. One block per COL_COLS columns alone leaves a narrow matrix's GPU
- * mostly idle (GPT-2 124M's 768 columns: 48 blocks for 132 SMs), so the rows are cut into
+ * memory in lane order. A warp reads two rows' 16 columns, two 32-byte segments. One
+ * block per COL_COLS columns alone leaves a narrow matrix's GPU mostly idle (GPT-2 124M's 768 columns: 48 blocks for 132 SMs), so the rows are cut into
  * chunks (grid.y; col_chunks decides from N and C alone, so the bits never depend on the
  * GPU): each chunk's sums go to the device's buffer for them (strata_cuda_kstate) and
  * colsum_parts_kernel adds them in chunk order. A single chunk adds to out directly.
@@ -484,7 +483,7 @@ __global__ void rms_bwd_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *in
 }
 
 /* dw (+=) = sum over vectors of dout * norm: colsum2's column sums over the N * heads
- * vectors (a vector's offset takes one division; the kernel waits on memory, not on it) */
+ * vectors (a term's offset takes one integer division, beside two loads) */
 struct rms_dw_terms { /* a0: dout * norm */
     const bf16 *dout, *inp;
     const float *rstd;
