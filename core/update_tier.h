@@ -116,7 +116,8 @@ typedef struct strata_update_tier_ops {
     int (*write_state)(strata_update_tier *t, int u, int kind, size_t lo, size_t n, const void *src);
 
     /* Enqueues unit u's AdamW step after `after` (recorded where the gradient was
-     * finished; may be NULL). grad: n[u] fp32 in device memory; param_out: n[u] elements
+     * finished; may be NULL). grad: n[u] fp32 in device memory (in pinned host memory with
+     * offload.gradients: cpu, where the update reads it in place); param_out: n[u] elements
      * of param_dtype in device memory (NULL when the tier keeps the parameters itself).
      * The segments split the range by weight decay (and, with int8 state, by how each
      * piece's moments are stored). `done` is recorded once the new parameters are written. */

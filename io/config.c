@@ -119,6 +119,7 @@ static const char *const schedule_names[] = {"cosine", "linear", "constant", NUL
 static const char *const optim_state_names[] = {"fp32", "bf16", "int8", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
+static const char *const grad_home_names[] = {"none", "cpu", NULL}; /* a prefix of offload_names */
 static const char *const arch_names[] = {"gpt2", "llama", NULL};
 static const char *const rope_names[] = {"none", "llama3", NULL};
 static const char *const hf_type_names[] = {"auto", "gpt2", "llama", "mistral", "qwen2", "qwen3", NULL};
@@ -241,6 +242,8 @@ static const key_spec schema[] = {
 
     ENUM_("offload", "optimizer", offload.optimizer, offload_names, "none", "where optimizer state lives"),
     ENUM_("offload", "params", offload.params, offload_names, "none", "where stage-3 parameter shards live"),
+    ENUM_("offload", "gradients", offload.gradients, grad_home_names, "none",
+          "cpu: one rank's fp32 gradients of the offloaded units in pinned memory, streamed from the device as the backward goes"),
     DBL("offload", "optimizer_ratio", offload.optimizer_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,
         "share of the optimizer state offloaded, the rest on the device (the first units); auto = what the device cannot hold"),
     DBL("offload", "nvme_ratio", offload.nvme_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,
@@ -945,6 +948,9 @@ int strata_config_check(const strata_config *c, const char *name) {
     if (c->offload.params == STRATA_OFFLOAD_NVME && c->offload.optimizer == STRATA_OFFLOAD_NONE)
         return strata_fail("%s: offload.params is nvme, which needs offload.optimizer cpu or nvme (the CPU update "
                            "writes the parameters to disk)", name);
+    if (c->offload.gradients != STRATA_OFFLOAD_NONE && c->offload.optimizer == STRATA_OFFLOAD_NONE)
+        return strata_fail("%s: offload.gradients is cpu, which needs offload.optimizer cpu or nvme (the CPU update "
+                           "reads the gradients there; an update on the device reads them on the device)", name);
     if (c->offload.optimizer_ratio < 1) {
         char r[64];
         if (c->offload.optimizer_ratio == STRATA_AUTO) snprintf(r, sizeof r, "auto");
@@ -968,6 +974,15 @@ int strata_config_check(const strata_config *c, const char *name) {
     if (c->offload.block_kb % 4)
         return strata_fail("%s: offload.block_kb (%d) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)",
                            name, c->offload.block_kb);
+    return 0;
+}
+
+int strata_config_check_world(const strata_config *c, const char *name, int world) {
+    /* several ranks reduce the full gradient on the device (stages 0-1), or keep only their
+     * shard of it there (stages 2-3: 1/world of it) */
+    if (c->offload.gradients != STRATA_OFFLOAD_NONE && world > 1)
+        return strata_fail("%s: offload.gradients is cpu, which is for one rank (this run has %d): with several, "
+                           "zero.stage 2 or 3 keeps 1/%d of the gradient on each device instead", name, world, world);
     return 0;
 }
 

@@ -111,6 +111,10 @@ typedef struct strata_config {
     struct {
         strata_offload_choice optimizer;
         strata_offload_choice params;
+        /* cpu: one rank's fp32 gradients of the units the tier updates live in pinned host
+         * memory; the device keeps a few units' worth, copied out after each backward
+         * (STRATA_OFFLOAD_NVME is not a choice here) */
+        strata_offload_choice gradients;
         /* share of the rank's optimizer state the offload tier holds (whole units, the last
          * in forward order); the rest stays on the device. 1 = all of it; STRATA_AUTO until
          * the launcher resolves it (strata_plan_resolve_ratio) */
@@ -158,6 +162,10 @@ int strata_config_set(strata_config *c, const char *assignment);
 /* The cross-key rules (n_embd % n_head, train.seq_len <= model.seq_len, ...); `name`
  * is the file named in the message. strata_config_load() runs it. */
 int strata_config_check(const strata_config *c, const char *name);
+
+/* The rules that depend on the run's world size as well (offload.gradients: cpu is for one
+ * rank): 0, or -1 + a message naming `name` and the key. */
+int strata_config_check_world(const strata_config *c, const char *name, int world);
 
 /* A checkpoint's weights against the config that would use them: every key the weights'
  * meaning depends on (the shape keys, and model.n_head, which changes no tensor's shape)

@@ -268,6 +268,7 @@ typedef struct option {
     int stage;
     int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
     int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
+    int grads;      /* offload.gradients (one rank, optimizer offloaded): 0 none, 1 cpu */
     int q8;         /* optim.state: int8 (8-bit Adam moments: changes the optimizer's numerics) */
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
@@ -292,11 +293,10 @@ typedef struct option {
 static double option_cost(const strata_config *c, const option *o) {
     double cost = 0;
     if (o->q8) cost += o->offload ? 0.10 : 0.02;
-    int L = c->model.n_layer;
-    if (o->ckpt > 0) {
-        int recomputed = (L + o->ckpt - 1) / o->ckpt;
-        cost += (double)recomputed / L / 3.0;
-    }
+    int L = c->model.n_layer, ck = c->train.activation_checkpointing;
+    /* blocks recomputed beyond those the config recomputes already */
+    int recomputed = o->ckpt > 0 ? (L + o->ckpt - 1) / o->ckpt : 0, before = ck > 0 ? (L + ck - 1) / ck : 0;
+    if (recomputed > before) cost += (double)(recomputed - before) / L / 3.0;
     long rows = (long)c->train.micro_batch * (c->train.seq_len ? c->train.seq_len : c->model.seq_len);
     for (int h = 0; h < o->halvings; h++) {
         rows /= 2;
@@ -309,6 +309,9 @@ static double option_cost(const strata_config *c, const option *o) {
     /* parameter shards off the device: every gather (forward and backward) crosses PCIe,
      * or is read from disk first */
     if (o->params > (int)c->offload.params) cost += o->params == 1 ? 0.40 : 2.00;
+    /* gradients in host memory: they cross PCIe in the backward (overlapped) instead of
+     * after it, and with accumulation cross back in at every micro-step but the first */
+    if (o->grads > (int)c->offload.gradients) cost += c->train.grad_accum << o->halvings > 1 ? 0.20 : 0.05;
     return cost;
 }
 
@@ -342,6 +345,10 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->offload.params = (strata_offload_choice)o->params;
         snprintf(sets[n++], 96, "offload.params=%s", o->params == 1 ? "cpu" : "nvme");
     }
+    if (o->grads != (int)base->offload.gradients && n < max_sets) {
+        out->offload.gradients = (strata_offload_choice)o->grads;
+        snprintf(sets[n++], 96, "offload.gradients=cpu");
+    }
     /* a partial optimizer offload keeps parameters on the device (io/config.c) */
     double ratio = o->ratio_pct ? o->ratio_pct / 100.0 : o->params ? 1.0 : base->offload.optimizer_ratio;
     if (ratio != base->offload.optimizer_ratio && n < max_sets) {
@@ -374,13 +381,15 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
         for (int h = 0; h <= max_halvings; h++)
             for (int st = cfg->zero.stage; st <= 3; st++)
             for (int off = (int)cfg->offload.optimizer; off <= max_offload; off++)
-            for (int par = (int)cfg->offload.params; par <= (st == 3 ? max_offload : 0); par++) {
+            for (int par = (int)cfg->offload.params; par <= (st == 3 ? max_offload : 0); par++)
+            for (int gr = (int)cfg->offload.gradients; gr <= (world == 1 && off > 0); gr++) {
                 /* one rank has nothing to partition: stage 3 helps it only by moving the
                  * parameter shards off the device */
                 if (st != cfg->zero.stage && world == 1 && !(st == 3 && par > 0)) continue;
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
-                option o = {ckpts[ci], h, st, off, par, q8, 0, 0, 0, 0};
+                option o = {.ckpt = ckpts[ci], .halvings = h, .stage = st, .offload = off, .params = par, .grads = gr,
+                            .q8 = q8};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -388,9 +397,9 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     return n;
 }
 
-/* 2 state types x 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3
+/* 2 state types x 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 x 2
  * offloads: all of them */
-#define MAX_OPTIONS (2 * 3 * 32 * 4 * 3 * 3)
+#define MAX_OPTIONS (2 * 3 * 32 * 4 * 3 * 3 * 2)
 
 /* o planned (with its ratios, found by option_fits, if any): each tier's verdict in p, and
  * whether the device's capacity is known (a GPU's, measured or from memory.gpu_gb). */
@@ -486,7 +495,7 @@ int strata_plan_suggest(const strata_config *cfg_in, int world, strata_device *d
     if (p.fits) return 0;
     option *opts = strata_xcalloc(MAX_OPTIONS, sizeof *opts);
     int n_opts = enumerate_options(cfg, world, opts, MAX_OPTIONS);
-    option best = {0, 0, 0, 0, 0, 0, -1, 0, 0, 0};
+    option best = {.cost = -1};
     for (int i = 0; i < n_opts; i++) {
         if (best.cost >= 0 && opts[i].cost >= best.cost) continue;
         if (option_fits(cfg, &opts[i], world, dev)) best = opts[i];

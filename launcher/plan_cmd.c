@@ -15,7 +15,8 @@ int strata_cmd_plan(int argc, char **argv) {
     int rc = strata_cli_parse(argc, argv, &cli, "plan", 0, 1);
     if (rc) return rc;
     strata_config cfg;
-    if (strata_config_load(&cfg, cli.config_path, cli.sets, cli.n_sets)) {
+    if (strata_config_load(&cfg, cli.config_path, cli.sets, cli.n_sets) ||
+        strata_config_check_world(&cfg, cfg.path[0] ? cfg.path : "<built-in>", cli.world)) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }

@@ -66,6 +66,7 @@ typedef struct update_task {
     int u, b;
     size_t c0, n; /* the chunk: elements [c0, c0 + n) of unit u's range */
     void *param_host; /* offload.params: cpu: the unit's shard in pinned memory, written in place */
+    const float *grad_host; /* offload.gradients: cpu: the chunk's gradient in pinned memory, read in place */
     param_io write;
     strata_adamw_segment seg[STRATA_ADAMW_MAX_SEGMENTS];
     int n_seg;
@@ -81,6 +82,7 @@ typedef struct offload_tier {
     unsigned char *on_nvme; /* per unit: its state is on NVMe (else in pinned memory) */
     int params_nvme; /* 1: the units' compute-dtype parameters live on NVMe too (stage 3) */
     int params_host; /* 1: they live in pinned memory (offload.params: cpu): the update writes them there */
+    int grads_host;  /* 1: the engine hands over gradients in pinned memory (offload.gradients: cpu): no copy in */
     int n_units, rank;
     size_t *n;
     size_t chunk;             /* elements a staging buffer holds: a multiple of CHUNK_ALIGN */
@@ -227,8 +229,9 @@ static void offload_plan(strata_update_tier *t, strata_arena *a, int n_units, co
             for (int k = 0; k < 3; k++)
                 reserve_pinned(a, STRATA_CAT_STAGING, kind_names[k], s, o->slot_bytes[k], &o->slot_state[s][k]);
     for (int b = 0; b < o->n_buf; b++) {
-        reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_chunk * sizeof(float),
-                       (void **)&o->grad_stage[b]);
+        if (!o->grads_host) /* none when the gradients are in pinned memory already */
+            reserve_pinned(a, STRATA_CAT_STAGING, "offload.grad_stage", b, o->max_chunk * sizeof(float),
+                           (void **)&o->grad_stage[b]);
         /* rounded up so a parameter write to NVMe is whole 4 KiB blocks; none when the
          * update writes the parameters in place (offload.params: cpu) */
         if (!o->params_host)
@@ -508,7 +511,8 @@ static void update_run(void *arg) {
             return;
         }
     }
-    float *grad = o->grad_stage[t->b], *master = state[STRATA_STATE_MASTER];
+    const float *grad = t->grad_host ? t->grad_host : o->grad_stage[t->b];
+    float *master = state[STRATA_STATE_MASTER];
     char *param = t->param_host ? (char *)t->param_host + c0 * o->es : o->param_stage[t->b];
     /* reads grad, master, m, v; writes those three and the param */
     size_t moment_bytes = 4 * o->state_es[STRATA_STATE_M];
@@ -576,8 +580,9 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
     offload_tier *o = offload_of(tier);
     STRATA_ASSERT(n_seg <= STRATA_ADAMW_MAX_SEGMENTS);
     strata_device *d = o->dev;
-    /* in: once the gradient is final (later chunks follow the first on the same stream) */
-    int rc = after ? strata_stream_wait_event(d, o->in, after) : 0;
+    /* in: once the gradient is final (later chunks follow the first on the same stream);
+     * a gradient in pinned memory is read there, once final, by the update itself */
+    int rc = after ? strata_stream_wait_event(d, o->grads_host ? o->stream : o->in, after) : 0;
     for (int i = o->first_task[u]; i < o->first_task[u + 1] && !rc; i++) {
         update_task *t = &o->tasks[i];
         const size_t c0 = t->c0, n = t->n;
@@ -585,15 +590,19 @@ static int offload_update(strata_update_tier *tier, int u, const float *grad, vo
         t->args = *args;
         t->param_host = o->params_host ? param_out : NULL; /* before the task that reads it is queued */
         int b = t->b = (int)(o->seq++ % (uint64_t)o->n_buf);
-        /* in: once the update that last read this buffer is done */
-        rc = rc || strata_stream_wait_event(d, o->in, o->ev_updated[b]);
-        rc = rc || strata_host_task(d, o->in, clock_start, &o->clock_in);
-        rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad + c0, n * sizeof(float));
-        rc = rc || strata_host_task(d, o->in, clock_stop, &o->clock_in);
-        rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
-        o->by_caller.d2h_bytes += n * sizeof(float);
-        /* run: once the gradient is in and the parameters this buffer held last have left */
-        rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
+        t->grad_host = o->grads_host ? grad + c0 : NULL;
+        if (!o->grads_host) {
+            /* in: once the update that last read this buffer is done */
+            rc = rc || strata_stream_wait_event(d, o->in, o->ev_updated[b]);
+            rc = rc || strata_host_task(d, o->in, clock_start, &o->clock_in);
+            rc = rc || strata_memcpy_async(d, o->in, o->grad_stage[b], grad + c0, n * sizeof(float));
+            rc = rc || strata_host_task(d, o->in, clock_stop, &o->clock_in);
+            rc = rc || strata_event_record(d, o->ev_grad_in[b], o->in);
+            o->by_caller.d2h_bytes += n * sizeof(float);
+            /* run: once the gradient is in */
+            rc = rc || strata_stream_wait_event(d, o->stream, o->ev_grad_in[b]);
+        }
+        /* run: once the parameters this buffer held last have left */
         rc = rc || strata_stream_wait_event(d, o->stream, o->ev_param_free[b]);
         rc = rc || strata_host_task(d, o->stream, update_run, t);
         rc = rc || strata_event_record(d, o->ev_updated[b], o->stream);
@@ -667,6 +676,7 @@ strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device 
     o->nvme = cfg->offload.optimizer == STRATA_OFFLOAD_NVME;
     o->params_nvme = cfg->offload.params == STRATA_OFFLOAD_NVME;
     o->params_host = cfg->offload.params == STRATA_OFFLOAD_CPU;
+    o->grads_host = cfg->offload.gradients == STRATA_OFFLOAD_CPU;
     o->rank = rank;
     o->prefetched_task = -1;
     pthread_mutex_init(&o->mu, NULL);

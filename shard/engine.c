@@ -130,6 +130,33 @@ typedef struct gather_ring {
     strata_event **ev_fetched, *ev_embed_fetched;
 } gather_ring;
 
+/* offload.gradients: cpu (one rank): the fp32 gradient of every unit the tier updates lives
+ * in pinned host memory, and the device holds only the units in backward: a block's in one
+ * of a ring of slots; the embedding's, which a tied head's backward starts and the
+ * embedding's own backward ends, in a buffer of its own (an untied head's goes there
+ * first: its backward is the first, the embedding's the last). After a unit's backward its
+ * gradient is copied out on `out` (its sum of squares taken first, at the last
+ * micro-step); at the step's next micro-step it is copied back in on `in`, a unit ahead,
+ * and the backward adds to it in place: the sums and their order are those of a gradient
+ * kept on the device, bit for bit. An 8B model's fp32 gradient is 30 GiB; the device
+ * keeps a few blocks' of it. */
+typedef struct host_grads {
+    int on;
+    float **host;             /* per unit the tier updates: pinned, padded[u] elements */
+    int n_slots;              /* 2; 3 with grad_accum > 1 (one filling while one empties) */
+    float **buf;              /* the n_slots slots, then the embedding's buffer [n_slots] */
+    strata_event **ev_free;   /* per buffer: its copy out is done */
+    strata_event **ev_filled; /* per buffer: its copy in is done */
+    int *buf_of;              /* per unit: its buffer in this micro-step, -1 before its turn */
+    unsigned char *readied;   /* per unit: its buffer zeroed or filled in this micro-step */
+    int next;                 /* the slot handed out next */
+    int head_in_embed;
+    strata_stream *in, *out;  /* DEVICE streams */
+    strata_event *ev_done;    /* on compute: a unit's backward (and sum of squares) is done */
+    strata_event *ev_home;    /* on out: every copy out enqueued so far */
+    uint64_t d2h_bytes, h2d_bytes; /* the current step's */
+} host_grads;
+
 /* The update tier (core/update_tier.h) and what ties its updates into the step. The
  * update of step s runs behind the forward of step s+1: each unit's forward waits only
  * for its own update. */
@@ -214,6 +241,7 @@ struct strata_engine {
     grad_buckets bk;
     bf16_reduction red;
     gather_ring ring;
+    host_grads hg;
     offload_link off;
     compute_clock clock;
     fault_switches fault;
@@ -229,7 +257,8 @@ struct strata_engine {
 
     /* the step's own buffers and timings */
     strata_event *ev_compute;  /* "compute so far", for the collective stream to wait on */
-    double *norm_sum;          /* device: the rank's sum of squared gradients */
+    double *norm_part;         /* device: per unit, the rank's sum of its squared gradients */
+    double *norm_host;         /* the same, read back; added in unit order */
     float *loss_sum_host;
     int32_t *inputs, *targets; /* host (B,T), in the arena */
     double comm_wait_ms, data_ms;
@@ -375,6 +404,10 @@ static void plan_state(strata_engine *e) {
     e->small2 = strata_xcalloc(e->U, sizeof(float *));
     size_t mb = strata_optim_moment_bytes(e->state);
     if (e->off.tier) split_optimizer(e);
+    /* the caller checked the world (strata_config_check_world) */
+    STRATA_ASSERT(cfg->offload.gradients == STRATA_OFFLOAD_NONE || e->world == 1);
+    e->hg.on = cfg->offload.gradients == STRATA_OFFLOAD_CPU && e->off.tier;
+    e->hg.host = strata_xcalloc(e->U, sizeof(float *));
     for (int u = 0; u < e->U; u++) {
         size_t P = e->padded[u], S = e->shard[u], n = opt_n(e, u);
         if (!e->z.params_sharded) reserve(e, STRATA_CAT_PARAMS, "params", u, P * e->es, &e->params_full[u]);
@@ -383,7 +416,9 @@ static void plan_state(strata_engine *e) {
         else /* offload.params: cpu keeps the shards in pinned host memory; gathers read them there */
             reserve_kind(e, cfg->offload.params == STRATA_OFFLOAD_CPU ? STRATA_MEM_PINNED : STRATA_MEM_DEVICE,
                          STRATA_CAT_PARAMS, "params_shard", u, S * e->es, &e->params_shard[u]);
-        if (!e->z.grads_sharded) reserve(e, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
+        if (e->hg.on && in_tier(e, u))
+            reserve_kind(e, STRATA_MEM_PINNED, STRATA_CAT_GRADS, "grads_host", u, P * 4, (void **)&e->hg.host[u]);
+        else if (!e->z.grads_sharded) reserve(e, STRATA_CAT_GRADS, "grads", u, P * 4, (void **)&e->grads_full[u]);
         else reserve(e, STRATA_CAT_GRADS, "grad_shard", u, S * 4, (void **)&e->grad_acc[u]);
         size_t nb = e->state == STRATA_OPTIM_STATE_INT8 ? strata_q8_blocks(n) : 0, ns = e->n_small[u];
         if (in_tier(e, u)) { /* held by this rank, in the tier's memory */
@@ -414,6 +449,28 @@ static void plan_state(strata_engine *e) {
     }
 }
 
+/* Phase 2b (offload.gradients: cpu): the device's buffers for the gradients of units in
+ * backward (host_grads above). */
+static void plan_grad_buffers(strata_engine *e) {
+    host_grads *h = &e->hg;
+    const int head = e->U - 1;
+    h->buf_of = strata_xcalloc(e->U, sizeof *h->buf_of);
+    h->readied = strata_xcalloc(e->U, 1);
+    if (!h->on) return;
+    h->head_in_embed = !e->m->shape.tie_embeddings && in_tier(e, 0) && in_tier(e, head);
+    size_t slot_n = 0, embed_n = in_tier(e, 0) ? e->padded[0] : 0;
+    for (int u = 1; u < e->U; u++) {
+        if (!in_tier(e, u)) continue;
+        if (u == head && h->head_in_embed) embed_n = e->padded[u] > embed_n ? e->padded[u] : embed_n;
+        else slot_n = e->padded[u] > slot_n ? e->padded[u] : slot_n;
+    }
+    h->n_slots = e->A > 1 ? 3 : 2;
+    h->buf = strata_xcalloc((size_t)h->n_slots + 1, sizeof *h->buf);
+    for (int k = 0; k < h->n_slots && slot_n; k++)
+        reserve(e, STRATA_CAT_GRADS, "grad_slot", k, slot_n * 4, (void **)&h->buf[k]);
+    if (embed_n) reserve(e, STRATA_CAT_GRADS, "embed_grad", -1, embed_n * 4, (void **)&h->buf[h->n_slots]);
+}
+
 /* Phase 3: what the reductions need: the gradient buckets, the norm's workspace, the
  * bf16 buffers. */
 static void plan_reduction(strata_engine *e) {
@@ -424,7 +481,7 @@ static void plan_reduction(strata_engine *e) {
                     (void **)&e->bk.slot[k]);
         reserve(e, STRATA_CAT_COMM, "embed_grad", -1, e->padded[0] * 4, (void **)&e->bk.embed);
     }
-    reserve(e, STRATA_CAT_WORKSPACE, "norm_sum", -1, sizeof(double), (void **)&e->norm_sum);
+    reserve(e, STRATA_CAT_WORKSPACE, "norm_part", -1, (size_t)e->U * sizeof(double), (void **)&e->norm_part);
     e->red.on = e->world > 1 && (cfg->train.grad_reduce_dtype == STRATA_DTYPE_BF16 ||
                                  (cfg->train.grad_reduce_dtype == STRATA_DTYPE_AUTO && e->dtype == STRATA_BF16));
     if (e->red.on) {
@@ -538,9 +595,22 @@ static void make_events(strata_engine *e) {
         e->off.ev_update[u] = strata_event_create(dev);
         e->off.ev_params_ready[u] = e->z.gather_updates ? strata_event_create(dev) : e->off.ev_update[u];
     }
+    host_grads *h = &e->hg;
+    if (h->on) {
+        h->in = strata_stream_create(dev, "grads-in", STRATA_STREAM_DEVICE);
+        h->out = strata_stream_create(dev, "grads-out", STRATA_STREAM_DEVICE);
+        h->ev_free = strata_xcalloc((size_t)h->n_slots + 1, sizeof *h->ev_free);
+        h->ev_filled = strata_xcalloc((size_t)h->n_slots + 1, sizeof *h->ev_filled);
+        for (int k = 0; k <= h->n_slots; k++) {
+            h->ev_free[k] = strata_event_create(dev);
+            h->ev_filled[k] = strata_event_create(dev);
+        }
+        h->ev_done = strata_event_create(dev);
+        h->ev_home = strata_event_create(dev);
+    }
     if (e->off.tier) { /* the split's clock: a pair for each wait a micro-step can make (see run_micro_step) */
         compute_clock *c = &e->clock;
-        c->n_pairs = e->A * (4 + 3 * e->sched.n_ops) + 8;
+        c->n_pairs = e->A * (4 + 4 * e->sched.n_ops) + 8;
         c->start = strata_event_create_timed(dev);
         c->end = strata_event_create_timed(dev);
         c->gap = strata_xcalloc(2 * (size_t)c->n_pairs, sizeof *c->gap);
@@ -562,6 +632,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->world = world;
     set_up(e);
     plan_state(e);
+    plan_grad_buffers(e);
     plan_reduction(e);
     plan_io(e);
     build_schedule(e);
@@ -571,6 +642,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
     if (dev) make_events(e);
     e->loss_sum_host = strata_xcalloc(1, sizeof(float));
+    e->norm_host = strata_xcalloc(e->U, sizeof(double));
     /* the host side of a micro-batch (B,T): part of the plan, allocated at commit, so a
      * batch too large for the machine is a verdict, never an abort */
     size_t batch_bytes = (size_t)e->B * e->T * sizeof(int32_t);
@@ -602,6 +674,15 @@ static void destroy_events(strata_engine *e) {
         if (e->off.ev_params_ready[u] != e->off.ev_update[u]) strata_event_destroy(d, e->off.ev_params_ready[u]);
         strata_event_destroy(d, e->off.ev_update[u]);
     }
+    host_grads *h = &e->hg;
+    for (int k = 0; h->ev_free && k <= h->n_slots; k++) {
+        strata_event_destroy(d, h->ev_free[k]);
+        strata_event_destroy(d, h->ev_filled[k]);
+    }
+    strata_event_destroy(d, h->ev_done);
+    strata_event_destroy(d, h->ev_home);
+    strata_stream_destroy(d, h->in);
+    strata_stream_destroy(d, h->out);
     compute_clock *c = &e->clock;
     strata_event_destroy(d, c->start);
     strata_event_destroy(d, c->end);
@@ -643,6 +724,13 @@ void strata_engine_destroy(strata_engine *e) {
     free(e->small2);
     free(e->n_small);
     free(e->loss_sum_host);
+    free(e->norm_host);
+    free(e->hg.host);
+    free(e->hg.buf);
+    free(e->hg.buf_of);
+    free(e->hg.readied);
+    free(e->hg.ev_free);
+    free(e->hg.ev_filled);
     free(e);
 }
 
@@ -740,8 +828,12 @@ static void *param_dest(strata_engine *e, int u) {
     return (char *)e->params_full[u] + opt_lo(e, u) * e->es;
 }
 
+/* Whether unit u's gradient lives in host memory between backward passes (host_grads). */
+static int grads_home(const strata_engine *e, int u) { return e->hg.on && in_tier(e, u); }
+
 /* The reduced gradient of this rank's optimizer range of unit u. */
 static float *opt_grad(strata_engine *e, int u) {
+    if (grads_home(e, u)) return e->hg.host[u] + opt_lo(e, u);
     return e->z.grads_sharded ? e->grad_acc[u] : e->grads_full[u] + opt_lo(e, u);
 }
 
@@ -807,9 +899,86 @@ static int reduce_unit_grad(strata_engine *e, int u, float *full, accumulate_tas
     return maybe_serialize(e);
 }
 
+/* ---- gradients in host memory (host_grads) ---- */
+
+/* Unit u's device buffer in this micro-step, handed out at its first use: the embedding's
+ * for the embedding and an untied head, else the next slot of the ring. At a micro-step
+ * after the first, the gradient so far is copied in on `in` once the buffer's last copy
+ * out is done (the micro-step's start made `in` wait for the last micro-step's copies). */
+static int grad_buffer(strata_engine *e, int u, int micro) {
+    host_grads *h = &e->hg;
+    if (h->buf_of[u] >= 0) return h->buf_of[u];
+    int b = u == 0 || (u == e->U - 1 && h->head_in_embed) ? h->n_slots : h->next++ % h->n_slots;
+    h->buf_of[u] = b;
+    if (micro > 0) {
+        size_t bytes = e->padded[u] * sizeof(float);
+        if (strata_stream_wait_event(e->dev, h->in, h->ev_free[b]) ||
+            strata_memcpy_async(e->dev, h->in, h->buf[b], h->host[u], bytes) ||
+            strata_event_record(e->dev, h->ev_filled[b], h->in))
+            return -1;
+        h->h2d_bytes += bytes;
+    }
+    return b;
+}
+
+/* Unit u's buffer ready for the backward to add to, once a micro-step (a tied model's
+ * embedding is readied for the head's backward and added to again by its own): zeroed at
+ * the first micro-step (once its last copy out is done), else filled; m->grads[u] points
+ * at it. */
+static int ready_home_grad(strata_engine *e, int u, int micro) {
+    host_grads *h = &e->hg;
+    int b = grad_buffer(e, u, micro);
+    if (b < 0) return -1;
+    e->m->grads[u] = h->buf[b];
+    if (h->readied[u]) return 0;
+    h->readied[u] = 1;
+    if (compute_wait(e, micro == 0 ? h->ev_free[b] : h->ev_filled[b])) return -1;
+    if (micro == 0) STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, h->buf[b], 0, e->padded[u] * sizeof(float)));
+    return 0;
+}
+
+/* The gradient buffers of unit u's backward: its own, and at the head of a tied model the
+ * embedding's, which the head's backward adds to first. At a later micro-step the next
+ * unit's gradient starts coming in while this backward runs. */
+static int home_grads_for(strata_engine *e, int u, int micro) {
+    const int head = e->U - 1;
+    if (!grads_home(e, u)) e->m->grads[u] = e->grads_full[u];
+    else if (ready_home_grad(e, u, micro)) return -1;
+    if (u == head && e->m->shape.tie_embeddings && grads_home(e, 0) && ready_home_grad(e, 0, micro)) return -1;
+    int next = u == head ? head - 1 : u - 1; /* the backward goes head, blocks down, embedding */
+    if (micro > 0 && next >= 0 && grads_home(e, next) && grad_buffer(e, next, micro) < 0) return -1;
+    return 0;
+}
+
+/* After unit u's backward: at the last micro-step its sum of squares (from the buffer,
+ * as the step's end takes the others'), then the copy out, after which the buffer is free. */
+static int send_home(strata_engine *e, int u, int micro) {
+    host_grads *h = &e->hg;
+    strata_device *d = e->dev;
+    int b = h->buf_of[u];
+    size_t bytes = e->padded[u] * sizeof(float);
+    if (micro == e->A - 1) d->k->sumsq(d->compute, e->norm_part + u, h->buf[b], e->padded[u]);
+    STRATA_TRY(strata_event_record(d, h->ev_done, d->compute));
+    STRATA_TRY(strata_stream_wait_event(d, h->out, h->ev_done));
+    STRATA_TRY(strata_memcpy_async(d, h->out, h->host[u], h->buf[b], bytes));
+    STRATA_TRY(strata_event_record(d, h->ev_free[b], h->out));
+    h->d2h_bytes += bytes;
+    return 0;
+}
+
+/* A micro-step's start: no unit has its buffer yet; after the first, the copies in wait
+ * for the last micro-step's copies out. */
+static int host_grads_begin(strata_engine *e, int micro) {
+    host_grads *h = &e->hg;
+    for (int u = 0; u < e->U; u++) h->buf_of[u] = -1, h->readied[u] = 0;
+    if (micro > 0) STRATA_TRY(strata_stream_wait_event(e->dev, h->in, h->ev_home));
+    return 0;
+}
+
 /* Unit u's gradient leaves the rank after its backward of micro-step `micro`, as the
- * stage's reduce kind says. */
+ * stage's reduce kind says (or, kept in host memory, goes there). */
 static int after_backward(strata_engine *e, int u, int micro) {
+    if (grads_home(e, u)) return send_home(e, u, micro);
     int last = micro == e->A - 1;
     switch (e->z.reduce) {
     case REDUCE_ALL_AT_LAST:
@@ -1103,9 +1272,10 @@ static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) 
 
 /* Gradient destination for unit u's backward in this micro-step (grads_sharded hands out
  * a zeroed bucket once the collective stream is done with its previous contents). */
-static int grads_for(strata_engine *e, int u) {
+static int grads_for(strata_engine *e, int u, int micro) {
     strata_model *m = e->m;
     if (!e->z.grads_sharded) {
+        if (e->hg.on) return home_grads_for(e, u, micro);
         m->grads[u] = e->grads_full[u];
         return 0;
     }
@@ -1123,8 +1293,10 @@ static int grads_for(strata_engine *e, int u) {
 static int zero_grads_before_backward(strata_engine *e, int u) {
     int head = e->U - 1;
     if (u == 0) return 0;
-    STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->grads_full[u], 0, e->padded[u] * 4));
-    if (u == head) STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->grads_full[0], 0, e->padded[0] * 4));
+    if (!grads_home(e, u)) /* a gradient kept in host memory is zeroed in its buffer (ready_home_grad) */
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->grads_full[u], 0, e->padded[u] * 4));
+    if (u == head && !grads_home(e, 0))
+        STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, e->grads_full[0], 0, e->padded[0] * 4));
     return 0;
 }
 
@@ -1141,6 +1313,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
         m->grads[0] = e->bk.embed;
     }
     if (e->z.params_sharded && gather_embed(e)) return -1;
+    if (e->hg.on && host_grads_begin(e, micro)) return -1;
     const unit_op *prev = NULL;
     for (int i = 0; i < e->sched.n_ops; i++) {
         const unit_op *op = &e->sched.ops[i];
@@ -1152,7 +1325,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
             if (embed_released(e, op)) return -1;
         } else {
             if (!e->z.grads_sharded && micro == 0 && zero_grads_before_backward(e, op->unit)) return -1;
-            if (grads_for(e, op->unit)) return -1;
+            if (grads_for(e, op->unit, micro)) return -1;
             if (strata_model_backward_unit(m, op->unit)) return -1;
             if (after_backward(e, op->unit, micro)) return -1;
         }
@@ -1160,6 +1333,7 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
     }
     r->backward_end_ms = strata_now_ms();
     if (e->z.params_sharded) STRATA_TRY(strata_event_record(d, e->ring.ev_embed_free, d->compute));
+    if (e->hg.on) STRATA_TRY(strata_event_record(d, e->hg.ev_home, e->hg.out));
     return 0;
 }
 
@@ -1212,6 +1386,9 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
         r->tier = now;
         strata_tier_stats_add(&r->tier, &e->off.seen, -1);
         strata_tier_stats_add(&r->tier, &e->off.not_steps, -1);
+        /* gradients in host memory crossed PCIe in the backward, not in the tier */
+        r->tier.d2h_bytes += e->hg.d2h_bytes;
+        r->tier.h2d_bytes += e->hg.h2d_bytes;
         r->have_split = 1;
     }
     e->off.seen = now;
@@ -1225,7 +1402,9 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
             STRATA_TRY(strata_event_record(e->dev, e->off.ev_update[u], e->dev->compute));
         } else {
             int n_seg = strata_adamw_segments_for(e->m, u, opt_lo(e, u), opt_n(e, u), e->state, seg);
-            if (tier->ops->update(tier, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, args, e->ev_compute,
+            /* a gradient in host memory is final once the last copy out is done */
+            strata_event *after = grads_home(e, u) ? e->hg.ev_home : e->ev_compute;
+            if (tier->ops->update(tier, u, opt_grad(e, u), param_dest(e, u), seg, n_seg, args, after,
                                   e->off.ev_update[u]))
                 return -1;
         }
@@ -1304,6 +1483,10 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     float dloss = r->learned_tokens ? 1.0f / (float)r->learned_tokens : 0.0f;
     float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
     clock_start(e);
+    e->hg.d2h_bytes = e->hg.h2d_bytes = 0;
+    /* each unit's sum of squares has a place of its own: a gradient kept in host memory has
+     * its sum taken when its last backward is done (send_home) */
+    STRATA_TRY(strata_memset_async(d, d->compute, e->norm_part, 0, (size_t)e->U * sizeof(double)));
     if (e->fault.copy_step == step + 1) {
         char why[64];
         snprintf(why, sizeof why, "STRATA_FAULT_COPY_STEP=%lld", e->fault.copy_step);
@@ -1315,17 +1498,19 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     strata_prof_set_phase(m->prof, STRATA_PROF_UPDATE);
     if (comm_sync(e) || poison_on_fault(e, step)) return -1;
 
-    /* global gradient norm: each rank sums squares over the elements it owns */
+    /* global gradient norm: each rank sums squares over the elements it owns, a sum per
+     * unit, added in unit order (the same double additions as one running sum) */
     double sums[2] = {0.0, 0.0};
-    STRATA_TRY(strata_memset_async(d, d->compute, e->norm_sum, 0, sizeof(double)));
     for (int u = 0; u < e->U; u++) {
+        if (grads_home(e, u)) continue;
         const float *g = e->z.grads_sharded ? e->grad_acc[u] : e->grads_full[u] + (size_t)e->rank * e->shard[u];
-        d->k->sumsq(d->compute, e->norm_sum, g, e->shard[u]);
+        d->k->sumsq(d->compute, e->norm_part + u, g, e->shard[u]);
     }
-    STRATA_TRY(strata_memcpy_async(d, d->compute, &sums[0], e->norm_sum, sizeof(double)));
+    STRATA_TRY(strata_memcpy_async(d, d->compute, e->norm_host, e->norm_part, (size_t)e->U * sizeof(double)));
     STRATA_TRY(strata_memcpy_async(d, d->compute, e->loss_sum_host, m->loss_sum, sizeof(float)));
     clock_stop(e);
     STRATA_TRY(strata_stream_sync(d, d->compute));
+    for (int u = 0; u < e->U; u++) sums[0] += e->norm_host[u];
     r->compute_ms = clock_busy_ms(e, &r->compute_untimed);
     if (m->prof && strata_prof_collect(m->prof)) STRATA_WARN("prof", "%s", strata_error()); /* the last step's */
     sums[1] = *e->loss_sum_host;

@@ -48,6 +48,21 @@ for n in 1 2; do
   pass "world $n, stages 0-3: offload cpu and nvme (params too at stage 3) give bitwise the losses of no offload over 20 steps; pinned pool flat"
 done
 
+# one rank with its gradients in pinned memory too (offload.gradients: cpu): copied out after
+# each backward and back in to accumulate, bitwise the losses of no offload; a checkpoint of
+# it resumes bitwise
+for st in 0 3; do
+  extra=()
+  [ $st -eq 3 ] && extra=(--set offload.params=nvme)
+  run 1 train o.yaml --set run.dir=runs/g_$st --set zero.stage=$st --set offload.optimizer=nvme --set offload.gradients=cpu \
+    --set run.checkpoint_every=10 "${extra[@]}" > /dev/null
+  diff <(losses runs/none_1_$st) <(losses runs/g_$st) > /dev/null || fail "stage $st, gradients in pinned memory: losses differ"
+  run 1 train o.yaml --set run.dir=runs/g2_$st --set zero.stage=$st --set offload.optimizer=nvme --set offload.gradients=cpu \
+    "${extra[@]}" --resume runs/g_$st/ckpt/step_00000010 > /dev/null
+  diff <(losses runs/g_$st | sed -n '11,20p') <(losses runs/g2_$st) > /dev/null || fail "stage $st, gradients in pinned memory: resumed losses differ"
+done
+pass "world 1, stages 0 and 3: gradients in pinned memory (optimizer, and at stage 3 parameters, on NVMe) give bitwise the losses of no offload, and resume bitwise"
+
 # a checkpoint of a run whose parameters and optimizer state live on NVMe resumes bitwise;
 # in chunks of 4096 elements, the smallest (a unit's update, and the checkpoint's reads and
 # writes of state and parameters, go through the staging a chunk at a time)

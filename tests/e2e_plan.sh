@@ -137,8 +137,8 @@ check_refusal() { # name world config budget_gb expected_change min_trials
 check_refusal quick-45m 1 quick.yaml 0.045 "train.micro_batch=4 --set train.grad_accum=4" 3
 check_refusal quick-18m 1 quick.yaml 0.018 "offload.optimizer=cpu" 3
 check_refusal deep-40m 1 deep.yaml 0.04 "offload.optimizer=cpu" 2
-check_refusal deep-25m 1 deep.yaml 0.025 "train.activation_checkpointing=every:2" 0
-check_refusal long-20m 1 long.yaml 0.02 "zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu" 0
+check_refusal deep-25m 1 deep.yaml 0.025 "offload.gradients=cpu" 0
+check_refusal long-12m 1 long.yaml 0.012 "zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu --set offload.gradients=cpu" 0
 check_refusal wide-w2 2 wide.yaml 0.05 "zero.stage=1" 2
 check_refusal wide-w4 4 wide.yaml 0.03 "zero.stage=3" 2
 
@@ -199,6 +199,23 @@ pin_opt=$(awk '$1 == "pinned" {print $7 $8}' bigfit.txt)
 [ "$dev_opt" != "0B" ] && [ "$pin_opt" != "0B" ] && [ -n "$dev_opt" ] && [ -n "$pin_opt" ] ||
   fail "10.3B: the optimizer state should be on both tiers: device '$dev_opt', pinned '$pin_opt': $(cat bigfit.txt)"
 pass "10.3B on 79 GiB GPU + 110 GiB host: '$line' fits, optimizer $dev_opt on the device and $pin_opt pinned"
+
+# a 6.6B GPT on a 24 GB GPU with the optimizer in host memory: its fp32 gradients alone
+# (25 GiB) outgrow the GPU, so the ladder keeps them in pinned memory (offload.gradients:
+# cpu), and the device holds a few blocks' of them
+sed -e 's/n_layer: 50/n_layer: 32/' -e 's/micro_batch: 4/micro_batch: 1, grad_accum: 8/' big.yaml > g24.yaml
+g24() { CUDA_VISIBLE_DEVICES='' "$S" plan g24.yaml --set offload.optimizer=cpu --gpu-gb 24 --host-gb 128 "$@"; }
+set +e; g24 > g24.txt; rc=$?; set -e
+line=$(suggested g24.txt)
+[ $rc -eq 3 ] && [ "$line" = "--set offload.gradients=cpu" ] ||
+  fail "6.6B on 24 GB: the ladder should keep the gradients in host memory: rc $rc, $(tail -2 g24.txt)"
+# shellcheck disable=SC2086 # the suggestion is a list of --set arguments
+g24 $line > g24fit.txt || fail "6.6B on 24 GB with '$line' should fit: $(cat g24fit.txt)"
+dev_g=$(awk '$1 == "device" && NF > 8 {print $4 $5}' g24fit.txt)
+pin_g=$(awk '$1 == "pinned" {print $5 $6}' g24fit.txt)
+[ "$pin_g" = "24.79GiB" ] && [ "$dev_g" = "3.03GiB" ] ||
+  fail "6.6B on 24 GB: gradients should be 24.79 GiB pinned, 3.03 GiB on the device: '$pin_g', '$dev_g': $(cat g24fit.txt)"
+pass "6.6B on a 24 GB GPU: '$line' fits, gradients $pin_g pinned and $dev_g of buffers on the device"
 
 # the disk too small for the NVMe state while the host has room: the ladder keeps the first
 # units' state in pinned memory (offload.nvme_ratio), and that line trains

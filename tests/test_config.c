@@ -155,6 +155,11 @@ static const bad_case bad_cases[] = {
      "is cpu (set it to nvme, or the ratio to 1)"},
     {"optimizer ratio of 0", HEAD TRAIN "offload: {optimizer: cpu, optimizer_ratio: 0}\n", NULL,
      "bad.yaml:11: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, or auto, got 0"},
+    {"gradients offloaded without the optimizer", HEAD TRAIN "offload:\n  gradients: cpu\n", NULL,
+     "bad.yaml: offload.gradients is cpu, which needs offload.optimizer cpu or nvme (the CPU update reads the gradients "
+     "there; an update on the device reads them on the device)"},
+    {"gradients on nvme", HEAD TRAIN "offload: {optimizer: cpu, gradients: nvme}\n", NULL,
+     "bad.yaml:11: key 'offload.gradients': expected one of none, cpu; got 'nvme'"},
     {"nvme block not 4 KiB aligned", HEAD TRAIN "offload:\n  block_kb: 1026\n", NULL,
      "bad.yaml: offload.block_kb (1026) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)"},
 
@@ -410,6 +415,16 @@ static void test_overrides(void) {
           "other overrides");
     CHECK(c.offload.optimizer == STRATA_OFFLOAD_NVME && !strcmp(c.offload.nvme_path, "/mnt/nvme") &&
               c.offload.params == STRATA_OFFLOAD_CPU && c.zero.stage == 3, "nvme with path, params on the cpu at stage 3");
+
+    /* offload.gradients is for one rank: the world's rule names the key and the world */
+    const char *grads[] = {"offload.optimizer=cpu", "offload.gradients=cpu"};
+    rc = strata_config_load_string(&c, "g.yaml", HEAD TRAIN, grads, 2);
+    CHECK(rc == 0 && c.offload.gradients == STRATA_OFFLOAD_CPU && strata_config_check_world(&c, "g.yaml", 1) == 0,
+          "offload.gradients: cpu at one rank: %s", strata_error());
+    CHECK(strata_config_check_world(&c, "g.yaml", 2) != 0 &&
+              !strcmp(strata_error(), "g.yaml: offload.gradients is cpu, which is for one rank (this run has 2): with "
+                                      "several, zero.stage 2 or 3 keeps 1/2 of the gradient on each device instead"),
+          "offload.gradients: cpu at two ranks is refused: %s", strata_error());
 
     /* A required key may come from --set alone. */
     const char *need[] = {"data.train=x_*.bin"};

@@ -7,8 +7,9 @@
  *  - communication: bytes per rank per step are the ZeRO paper's 2 psi / 3 psi;
  *  - overlap: a stage-2 reduce-scatter runs while backward compute is still running;
  *  - offload: optimizer state in pinned memory, updated by the CPU behind the next
- *    step's forward, gives bitwise the losses of the same run without offload; each
- *    step's split counts exactly the bytes the plan says each stage moves;
+ *    step's forward, gives bitwise the losses of the same run without offload (at one
+ *    rank, every other case with the gradients in pinned memory too); each step's split
+ *    counts exactly the bytes the plan says each stage moves;
  *  - bf16 gradient reduction (train.grad_reduce_dtype, several ranks): half the gradient
  *    bytes, losses within bf16's rounding of the fp32 reduction;
  *  - stop: a stop asked of the last rank alone ends every rank's validation pass at the
@@ -48,7 +49,7 @@ enum { MAX_STEPS = 20, B = 2 };
  * (STRATA_TEST_STEPS) since it checks threads, not numerics, at 10-50x the cost. */
 static int STEPS = MAX_STEPS;
 static char data_glob[256];
-#define OFFLOAD_SETS 6
+#define OFFLOAD_SETS 7
 static char offload_sets[OFFLOAD_SETS][320]; /* extra --set lines for the offload runs, "" when unused */
 static const char *state = "fp32";  /* optim.state of the runs */
 static strata_device *dev;
@@ -205,7 +206,8 @@ static uint64_t coll_bytes(strata_comm *c) {
  * figures are exactly the bytes the plan moves (the previous step's update and this step's
  * parameter reads), with n[u] the rank's optimizer range of unit u and mb the bytes of a
  * stored moment (4, 2 or 1 by optim.state; int8's small tensors keep 4):
- *   D2H the gradients, 4 n[u]; AdamW n[u] elements, (12 + 4 mb + es) n[u] bytes;
+ *   D2H the gradients, 4 n[u] (with offload.gradients: cpu, 4 n[u] a micro-step, and as
+ *   many back H2D but the first's); AdamW n[u] elements, (12 + 4 mb + es) n[u] bytes;
  *   H2D the parameters, es n[u] (none when the parameters live on NVMe);
  *   NVMe state 3 ranges read and written, 4 n[u] and twice mb n[u], each rounded up to 4 KiB;
  *   NVMe parameters (stage 3) es n[u] rounded up written once, and read once per gather:
@@ -238,7 +240,11 @@ static void check_split(const run *r, int steps, int stage, int nvme, double rat
         if (nvme && (double)(pinned + n) <= (1.0 - nvme_ratio) * (double)offloaded) pinned += n, unit_nvme = 0;
         n_nvme += unit_nvme;
         uint64_t small = strata_adamw_small_count(&r->m, u, stage == 0 ? 0 : (size_t)rank * n, n, r->cfg.optim.state);
-        want.d2h_bytes += 4 * n;
+        /* gradients in pinned memory (offload.gradients: cpu) are copied out after every
+         * micro-step's backward, and back in before every one but the first */
+        int home = r->cfg.offload.gradients == STRATA_OFFLOAD_CPU;
+        want.d2h_bytes += (home ? (uint64_t)A : 1) * 4 * n;
+        if (home) want.h2d_bytes += (uint64_t)(A - 1) * 4 * n;
         want.adamw_elements += n;
         want.adamw_bytes += (12 + 4 * mb + es) * (n - small) + (28 + es) * small;
         if (r->cfg.offload.params == STRATA_OFFLOAD_NONE) want.h2d_bytes += es * n; /* else written in host memory */
@@ -505,14 +511,18 @@ int main(int argc, char **argv) {
              * elements (64 KiB of gradient; a block here is 2-4 of them, the last partial):
              * exact all the same */
             if (c % 2) snprintf(offload_sets[5], sizeof offload_sets[5], "offload.chunk_kb=64");
+            /* and at one rank every other case keeps the tier's gradients in pinned memory,
+             * copied out after each backward and back in to accumulate: exact too */
+            int home = world == 1 && c % 2 == 0;
+            if (home) snprintf(offload_sets[6], sizeof offload_sets[6], "offload.gradients=cpu");
             run_open(&off, comm, rank, world, stage, B, 2, 1);
             for (int i = 0; i < OFFLOAD_SETS; i++) offload_sets[i][0] = 0;
             run_steps(&off, steps);
             int same = 1;
             for (int s = 0; s < steps; s++) same &= plain.loss[s] == off.loss[s];
-            CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers%s, ratio %g, nvme ratio %g) gives "
+            CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers%s%s, ratio %g, nvme ratio %g) gives "
                   "bitwise the losses of no offload", state, world, stage, tier, stage + 1,
-                  c % 2 ? " of 16384-element chunks" : "", ratio, nvme_ratio);
+                  c % 2 ? " of 16384-element chunks" : "", home ? ", gradients in pinned memory" : "", ratio, nvme_ratio);
             check_split(&off, steps, stage, nvme, ratio, nvme_ratio);
             double val_plain = 0, val_off = 0;
             CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 &&
