@@ -128,6 +128,13 @@ def parts():
     w1.append(row("stage 3, grad_accum 2, optimizer and params cpu, checkpointing blocks",
                   sets=half + ["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu",
                                "train.activation_checkpointing=blocks"], ref=acc))
+    # gradients in pinned memory (offload.gradients: cpu): each unit's copied out after its
+    # backward and, with accumulation, back in before the next: the same sums, bit for bit
+    w1.append(row("stage 0, grad_accum 2, optimizer cpu, gradients cpu",
+                  sets=half + ["offload.optimizer=cpu", "offload.gradients=cpu"], ref=acc))
+    w1.append(row("stage 3, grad_accum 2, optimizer and params nvme, gradients cpu",
+                  sets=half + ["zero.stage=3", "offload.optimizer=nvme", "offload.params=nvme",
+                               "offload.gradients=cpu"], ref=acc))
     # bf16 and 8-bit Adam moments (optim.state): the device's kernels against the CPU run of
     # the same state type, stage 1 and the CPU optimizer's update bit for bit against stage 0
     for state in ("bf16", "int8"):

@@ -533,6 +533,13 @@ static int open_device(trainer *t, int local_rank) {
                     t->world > 1 ? "training with several ranks" : "the device's AdamW with optim.state bf16 or int8");
         return STRATA_EXIT_USAGE;
     }
+    /* built of the parts the GPU matrix has verified (device streams, event waits, the
+     * tier's host streams) and bitwise-tested on the CPU backend, whose streams are threads
+     * under ThreadSanitizer; a user whose gradients do not fit has no other way, so it runs,
+     * and says so */
+    if (t->dev->caps.gpu && cfg->offload.gradients != STRATA_OFFLOAD_NONE && t->rank == 0)
+        STRATA_WARN("train", "offload.gradients: cpu has not yet run on a GPU (its rows of docs/gpu-matrix.md wait "
+                             "for the next check); it is bitwise-tested on the CPU backend");
     t->comm = strata_comm_open_config(t->dev, cfg);
     if (!t->comm) fatal(t, "opening the collectives");
     if (t->rank == 0)

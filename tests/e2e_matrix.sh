@@ -18,6 +18,8 @@ rows="stage 0;stage 1;stage 2;stage 3, optimizer and params nvme;stage 0, comm n
 rows="$rows;stage 3, optimizer and params nvme, 4096-element chunks"
 # with accumulation: at world 1 every stage bit for bit stage 0 (the gradient accumulates in place)
 rows="$rows;stage 0, grad_accum 2;stage 2, grad_accum 2;stage 3, grad_accum 2"
+# and with the gradients in pinned memory, copied out and back in to accumulate
+rows="$rows;stage 3, grad_accum 2, optimizer and params nvme, gradients cpu"
 
 "${M[@]}" run --strata "$S" --part world1 --device cpu --quick --results good --workdir wgood --only "$rows" > good.log \
   || fail "clean rows failed: $(cat good.log)"
@@ -26,6 +28,7 @@ grep -q "stage 0, comm nccl: N/A (needs a GPU)" good.log || fail "$(cat good.log
 grep -q "stage 0, state int8, optimizer cpu: PASS" good.log || fail "$(cat good.log)"
 grep -q "stage 3, optimizer and params nvme, 4096-element chunks: PASS" good.log || fail "$(cat good.log)"
 grep -q "stage 2, grad_accum 2: PASS" good.log && grep -q "stage 3, grad_accum 2: PASS" good.log || fail "$(cat good.log)"
+grep -q "stage 3, grad_accum 2, optimizer and params nvme, gradients cpu: PASS" good.log || fail "$(cat good.log)"
 pass "world-1 rows on the CPU backend pass bitwise against stage 0: $(tail -1 good.log)"
 
 # planted faults: stage 1 hangs, stage 2 drifts (another learning rate), stage 3 crashes
