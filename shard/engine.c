@@ -967,11 +967,17 @@ static int send_home(strata_engine *e, int u, int micro) {
 }
 
 /* A micro-step's start: no unit has its buffer yet; after the first, the copies in wait
- * for the last micro-step's copies out. */
+ * for the last micro-step's copies out, and the head's gradient (with a tied embedding's,
+ * which the head's backward adds to) comes in behind the forward rather than before the
+ * first backward. */
 static int host_grads_begin(strata_engine *e, int micro) {
     host_grads *h = &e->hg;
+    const int head = e->U - 1;
     for (int u = 0; u < e->U; u++) h->buf_of[u] = -1, h->readied[u] = 0;
-    if (micro > 0) STRATA_TRY(strata_stream_wait_event(e->dev, h->in, h->ev_home));
+    if (micro == 0) return 0;
+    STRATA_TRY(strata_stream_wait_event(e->dev, h->in, h->ev_home));
+    if (grads_home(e, head) && grad_buffer(e, head, micro) < 0) return -1;
+    if (e->m->shape.tie_embeddings && grads_home(e, 0) && grad_buffer(e, 0, micro) < 0) return -1;
     return 0;
 }
 
