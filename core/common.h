@@ -31,6 +31,8 @@ enum {
     STRATA_EXIT_NOFIT = 3,  /* the memory plan does not fit: nothing was allocated */
     STRATA_EXIT_OOM = 4,    /* the device ran out of memory mid-run (another process took some):
                                the last completed step was checkpointed; resume when it is free */
+    STRATA_EXIT_HUNG = 5,   /* a step or validation made no progress for run.hang_timeout_s:
+                               the run ended rather than hang; the last checkpoint is intact */
 };
 
 /* Records a formatted message as this thread's error and returns -1, so

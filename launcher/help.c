@@ -49,7 +49,8 @@ static const struct {
      "model.init_from: DIR|FILE.safetensors starts from Hugging Face weights: GPT-2, or the Llama family\n"
      "(Llama, Mistral, Qwen2, Qwen3); the model keys left out of the config come from its config.json.\n"
      "Exit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 the plan does not fit,\n"
-     "4 the device ran out of memory mid-run.\n"},
+     "4 the device ran out of memory mid-run, 5 no progress for run.hang_timeout_s (the run ended rather\n"
+     "than hang).\n"},
     {"prepare",
      "usage: strata prepare --text FILE... --out DIR [--tokenizer DIR|tokenizer.json]\n"
      "                      [--val-fraction F] [--shard-tokens N]\n"

@@ -36,6 +36,7 @@ static const char *const doing_what[] = {"starting up", "a training step", "vali
                                          "the run's end"};
 static volatile int64_t doing_step;   /* 1-based step in progress */
 static volatile int64_t saved_step = -1; /* the last checkpoint this run wrote or resumed from */
+static int64_t doing_since_us;           /* when doing or doing_step last changed (the watchdog's) */
 static char run_dir[STRATA_PATH_MAX];    /* where that checkpoint is */
 
 enum { PROBE_MS = 500 };  /* well within the second between mpirun's SIGCONT and its SIGTERM */
@@ -197,6 +198,27 @@ void strata_signals_install(int world) {
 
 int strata_signals_stop_requested(void) { return stop_requested; }
 
-void strata_signals_doing(strata_doing what) { doing = what; }
-void strata_signals_step(int64_t step) { doing_step = step; }
+static void note_progress(void) { __atomic_store_n(&doing_since_us, (int64_t)(strata_now_ms() * 1e3), __ATOMIC_RELEASE); }
+void strata_signals_doing(strata_doing what) {
+    doing = what;
+    note_progress();
+}
+void strata_signals_step(int64_t step) {
+    doing_step = step;
+    note_progress();
+}
+
+strata_doing strata_signals_where(double *since_ms, int64_t *step) {
+    *since_ms = (double)__atomic_load_n(&doing_since_us, __ATOMIC_ACQUIRE) / 1e3;
+    *step = doing_step;
+    return (strata_doing)doing;
+}
+
+void strata_signals_note(char *buf, size_t cap) {
+    size_t off = 0;
+    if (cap) buf[0] = 0;
+    timeout_note(buf, &off, cap);
+    if (off < cap) buf[off] = 0;
+    else if (cap) buf[cap - 1] = 0;
+}
 void strata_signals_saved(int64_t step) { saved_step = step; }

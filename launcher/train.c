@@ -39,6 +39,7 @@
 #include "launcher/run_dir.h"
 #include "launcher/sample.h"
 #include "launcher/signals.h"
+#include "launcher/watchdog.h"
 #include "launcher/tokenizer.h"
 
 /* ---- metrics ---- */
@@ -1328,6 +1329,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     }
     open_run_dir(t);
     strata_engine_set_stop(t->engine, strata_signals_stop_requested);
+    strata_watchdog_start(cfg->run.hang_timeout_s);
 
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && strata_offload_split_report(&t->split, cfg, rank, world))

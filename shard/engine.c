@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/common.h"
 #include "core/kernels.h"
@@ -201,6 +202,7 @@ typedef struct fault_switches {
     long long nan_step; /* STRATA_FAULT_NAN_STEP: this rank's loss is NaN */
     long long oom_step; /* STRATA_FAULT_OOM_STEP: a device out-of-memory is recorded */
     long long copy_step; /* STRATA_FAULT_COPY_STEP: the step's first device copy fails */
+    long long hang_step; /* STRATA_FAULT_HANG_STEP: the step waits for a stream that never gets there */
 } fault_switches;
 
 struct strata_engine {
@@ -381,10 +383,11 @@ static void set_up(strata_engine *e) {
         e->n_small[u] = strata_adamw_small_count(e->m, u, opt_lo(e, u), opt_n(e, u), e->state);
     }
     const char *nan = getenv("STRATA_FAULT_NAN_STEP"), *oom = getenv("STRATA_FAULT_OOM_STEP"),
-               *copy = getenv("STRATA_FAULT_COPY_STEP");
+               *copy = getenv("STRATA_FAULT_COPY_STEP"), *hang = getenv("STRATA_FAULT_HANG_STEP");
     e->fault.nan_step = nan ? atoll(nan) : 0;
     e->fault.oom_step = oom ? atoll(oom) : 0;
     e->fault.copy_step = copy ? atoll(copy) : 0;
+    e->fault.hang_step = hang ? atoll(hang) : 0;
 }
 
 /* Phase 2: each unit's parameters, gradients and optimizer state where the stage keeps
@@ -1473,6 +1476,15 @@ static int count_learned(strata_engine *e, strata_loader *L, int64_t step, uint6
     return 0;
 }
 
+/* STRATA_FAULT_HANG_STEP's task: it never ends, as a kernel that never ends would not. */
+static void hang_forever(void *arg) {
+    (void)arg;
+    for (;;) {
+        struct timespec nap = {1, 0};
+        nanosleep(&nap, NULL);
+    }
+}
+
 static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_step_result *r) {
     strata_device *d = e->dev;
     memset(r, 0, sizeof *r);
@@ -1499,6 +1511,10 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
         strata_device_arm_copy_fault(d, why);
     }
     STRATA_TRY(strata_memset_async(d, d->compute, m->loss_sum, 0, sizeof(float)));
+    if (e->fault.hang_step == step + 1) { /* a stream that never gets there, and the step waits for it */
+        STRATA_TRY(strata_host_task(d, comm_stream(e), hang_forever, NULL));
+        if (comm_sync(e)) return -1;
+    }
     for (int micro = 0; micro < e->A; micro++)
         if (run_micro_step(e, L, step, micro, dloss, loss_scale, r)) return -1;
     strata_prof_set_phase(m->prof, STRATA_PROF_UPDATE);
