@@ -155,6 +155,8 @@ static const bad_case bad_cases[] = {
      "is cpu (set it to nvme, or the ratio to 1)"},
     {"optimizer ratio of 0", HEAD TRAIN "offload: {optimizer: cpu, optimizer_ratio: 0}\n", NULL,
      "bad.yaml:11: key 'offload.optimizer_ratio': must be greater than 0 and at most 1, or auto, got 0"},
+    {"negative hang timeout", HEAD TRAIN "run:\n  hang_timeout_s: -1\n", NULL,
+     "bad.yaml:12: key 'run.hang_timeout_s': must be between 0 and 10000000, got -1"},
     {"gradients offloaded without the optimizer", HEAD TRAIN "offload:\n  gradients: cpu\n", NULL,
      "bad.yaml: offload.gradients is cpu, which needs offload.optimizer cpu or nvme (the CPU update reads the gradients "
      "there; an update on the device reads them on the device)"},
