@@ -66,9 +66,13 @@ def main():
     free, total = torch.cuda.mem_get_info()
     n = sum(p.numel() for p in model.parameters())
     ck = ", activation checkpointing" if args.checkpointing else ""
+    # model FLOPs a token, counted as Strata counts them: 6 (12 L C^2 + V C) + 12 L C T
+    L, C, T = args.layers, args.embd, args.seq
+    flops = 6 * (12 * L * C * C + 50257 * C) + 12 * L * C * T
+    tps = args.batch * args.seq / s
     print(f"| PyTorch {torch.__version__} FSDP2 + CPUOffloadPolicy ({n / 1e9:.2f} B params{ck}) | {s:.3f} | "
-          f"{args.batch * args.seq / s:,.0f} | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
-          f"{(total - free) / 2**30:.2f} GiB device used |")
+          f"{tps:,.0f} | {tps * flops / 1e12:.1f} | {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
+          f"{(total - free) / 2**30:.2f} GiB device used | | |")
     dist.destroy_process_group()
 
 
