@@ -231,7 +231,8 @@ static const key_spec schema[] = {
         "directory of the run's TensorBoard events (one run's: a fresh run replaces them); empty = run.dir"),
     DBL("run", "hang_timeout_s", run.hang_timeout_s, 0, 1e7, "0", 0,
         "a training step or validation that makes no progress this long ends the run (exit 5; the last checkpoint "
-        "is intact); 0 = auto: 20 x the longest one so far, at least 20 minutes (an hour before the first)"),
+        "is intact); 0 = auto: 20 x the longest one so far, at least 20 minutes (an hour before the first); "
+        "checkpoint saves always get auto's limit"),
 
     INT_("zero", "stage", zero.stage, 0, 3, "0", "0 none, 1 optimizer state, 2 + gradients, 3 + parameters"),
     DBL("zero", "reduce_bucket_mb", zero.reduce_bucket_mb, 0, 1e6, "25", F_MIN_EXCL,

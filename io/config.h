@@ -94,7 +94,8 @@ typedef struct strata_config {
         int checkpoint_at_end;     /* after the last step (a stop signal always writes one) */
         int tensorboard;           /* rank 0 writes TensorBoard events (io/tensorboard.h) */
         char tensorboard_dir[STRATA_PATH_MAX]; /* where; "" = run.dir */
-        double hang_timeout_s; /* a step (or validation) without progress this long ends the run; 0 = auto */
+        double hang_timeout_s; /* a step or validation without progress this long ends the run (saves:
+                                * always auto); 0 = auto (launcher/watchdog.h) */
     } run;
 
     struct {

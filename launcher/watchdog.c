@@ -18,12 +18,14 @@ static double fixed_s;                        /* run.hang_timeout_s; 0: auto */
 static double min_s = AUTO_MIN_S;             /* auto's least limit */
 static double longest_s[STRATA_DOING_END + 1]; /* the longest completed, per kind */
 
-static int watched(strata_doing d) {
-    return d == STRATA_DOING_STEP || d == STRATA_DOING_EVAL || d == STRATA_DOING_AGREE || d == STRATA_DOING_FINISH;
-}
+static int watched(strata_doing d) { return d != STRATA_DOING_START && d != STRATA_DOING_END; }
+
+/* A checkpoint save keeps auto's limit whatever run.hang_timeout_s says: a large model's
+ * save is long, and a short limit set for steps must not cut one off. */
+static int fixed_applies(strata_doing d) { return fixed_s > 0 && d != STRATA_DOING_SAVE; }
 
 static double limit_for(strata_doing d) {
-    if (fixed_s > 0) return fixed_s;
+    if (fixed_applies(d)) return fixed_s;
     if (longest_s[d] <= 0) return FIRST_FACTOR * min_s;
     double s = AUTO_FACTOR * longest_s[d];
     return s > min_s ? s : min_s;
@@ -34,6 +36,7 @@ static const char *kind_name(strata_doing d) {
     case STRATA_DOING_STEP: return "step";
     case STRATA_DOING_EVAL: return "validation";
     case STRATA_DOING_AGREE: return "agreement at a step's end";
+    case STRATA_DOING_SAVE: return "checkpoint save";
     default: return "final optimizer update";
     }
 }
@@ -41,7 +44,7 @@ static const char *kind_name(strata_doing d) {
 static _Noreturn void end_hung(strata_doing d, double waited_s, double limit_s) {
     char note[1024], why[160];
     strata_signals_note(note, sizeof note);
-    if (fixed_s > 0) snprintf(why, sizeof why, "run.hang_timeout_s is %g", fixed_s);
+    if (fixed_applies(d)) snprintf(why, sizeof why, "run.hang_timeout_s is %g", fixed_s);
     else if (longest_s[d] <= 0) snprintf(why, sizeof why, "run.hang_timeout_s auto allows the first %s %.0f s", kind_name(d), limit_s);
     else
         snprintf(why, sizeof why, "run.hang_timeout_s auto allows %.0f s: %.0f x the longest %s so far, %.1f s",

@@ -7,11 +7,13 @@
  * training loop is (launcher/signals.h's strata_signals_doing and _step, which mark every
  * step, validation and the final update as they begin): when one of those has gone on
  * longer than run.hang_timeout_s, it says what the rank was in and which checkpoint to
- * resume from, and ends the process with STRATA_EXIT_HUNG. Start-up and checkpoint saves
- * are not watched (loading or writing a large model is slow, and a save is never cut off).
+ * resume from, and ends the process with STRATA_EXIT_HUNG. Start-up is not watched (loading
+ * a large model is slow). A save cut off leaves the last checkpoint as it was (a save is
+ * written aside and renamed into place), so saves are watched too.
  *
  * run.hang_timeout_s 0 (auto): 20 times the longest of the same kind so far (steps,
- * validations, ...), at least 20 minutes, and an hour for the first of a kind.
+ * validations, saves, ...), at least 20 minutes, and an hour for the first of a kind.
+ * Saves keep auto's limit whatever run.hang_timeout_s says.
  * STRATA_WATCHDOG_MIN_S (tests) replaces the 20 minutes; the first of a kind gets three
  * times it. */
 #ifndef STRATA_WATCHDOG_H
