@@ -793,15 +793,19 @@ static double clock_busy_ms(strata_engine *e, int *untimed) {
 /* Compute waiting for the collective stream: timed, so a step's metrics show how long
  * compute sat idle on communication. */
 
-static int compute_wait(strata_engine *e, strata_event *ev) {
+/* Compute waiting for `ev`, recorded on `what`, the host's time added to *waited. */
+static int compute_wait_on(strata_engine *e, strata_event *ev, double *waited, const char *what) {
     int stall = stall_begin(e), call = strata_prof_begin(e->m->prof, STRATA_PROF_COMM_WAIT);
     double t0 = strata_now_ms();
     int rc = strata_stream_wait_event(e->dev, e->dev->compute, ev);
-    e->comm_wait_ms += strata_now_ms() - t0;
+    *waited += strata_now_ms() - t0;
     strata_prof_end(e->m->prof, call);
     stall_end(e, stall);
-    if (rc) return strata_fail_wrap("compute waiting for the collective stream");
+    if (rc) return strata_fail_wrap("compute waiting for %s", what);
     return 0;
+}
+static int compute_wait(strata_engine *e, strata_event *ev) {
+    return compute_wait_on(e, ev, &e->comm_wait_ms, "the collective stream");
 }
 static int comm_sync(strata_engine *e) {
     int call = strata_prof_begin(e->m->prof, STRATA_PROF_COMM_WAIT);
@@ -935,7 +939,9 @@ static int ready_home_grad(strata_engine *e, int u, int micro) {
     e->m->grads[u] = h->buf[b];
     if (h->readied[u]) return 0;
     h->readied[u] = 1;
-    if (compute_wait(e, micro == 0 ? h->ev_free[b] : h->ev_filled[b])) return -1;
+    /* a wait on the gradient copies is the offload's, not the collectives' */
+    if (compute_wait_on(e, micro == 0 ? h->ev_free[b] : h->ev_filled[b], &e->off.wait_ms, "a gradient copy"))
+        return -1;
     if (micro == 0) STRATA_TRY(strata_memset_async(e->dev, e->dev->compute, h->buf[b], 0, e->padded[u] * sizeof(float)));
     return 0;
 }
