@@ -61,6 +61,10 @@ SHAPES = {
     # tensor-core attention takes it), SwiGLU, RMSNorm, RoPE, an untied head ...
     "llama": dict(arch="llama", n_layer=4, n_head=8, n_kv_head=2, n_embd=512, intermediate_size=1024, seq_len=256,
                   vocab_size=256, tie_embeddings="false", micro_batch=8),
+    # ... with an 8192-token vocabulary: a micro-batch's logits take 32 MiB in bf16, so the
+    # head in 8 MiB chunks (train.logits_chunk_mb) runs four of them
+    "llama-v8k": dict(arch="llama", n_layer=2, n_head=8, n_kv_head=2, n_embd=512, intermediate_size=1024, seq_len=256,
+                      vocab_size=8192, tie_embeddings="false", micro_batch=8),
     # ... and its variations at once: one key/value head of 128 apart from n_embd / n_head,
     # Qwen2's q/k/v biases, Qwen3's q/k norms, llama3 RoPE scaling, a tied head
     "llama-x": dict(arch="llama", n_layer=2, n_head=4, n_kv_head=1, head_dim=128, n_embd=256, intermediate_size=512,
@@ -198,6 +202,16 @@ def parts():
     ll.append(row(xb, shape="llama-x"))
     ll.append(row("llama-x, stage 3, optimizer cpu", shape="llama-x", sets=["zero.stage=3", "offload.optimizer=cpu"],
                   ref=xb))
+    # the head a chunk of rows at a time: the classifier's weight gradient sums its rows in
+    # four pieces (another rounding than one product: within TOL_RANKS of the whole head);
+    # stage 3 with everything offloaded runs the same kernels as stage 0, bit for bit
+    vb = "llama-v8k, stage 0"
+    ll.append(row(vb, shape="llama-v8k"))
+    ll.append(row("llama-v8k, logits in 8 MiB chunks", shape="llama-v8k", sets=["train.logits_chunk_mb=8"], ref=vb,
+                  tol=TOL_RANKS))
+    ll.append(row("llama-v8k, logits in 8 MiB chunks, stage 3, optimizer, params and gradients cpu", shape="llama-v8k",
+                  sets=["train.logits_chunk_mb=8", "zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu",
+                        "offload.gradients=cpu"], ref="llama-v8k, logits in 8 MiB chunks"))
     p["llama"] = late_stages_last(ll)
     return p
 

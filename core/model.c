@@ -125,7 +125,7 @@ int strata_model_block_recomputed(const strata_model *m, int l) {
 }
 
 void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
-                       int T, int ckpt_every) {
+                       int T, int ckpt_every, size_t logits_chunk_bytes) {
     STRATA_ASSERT(!dev || dev->compute_dtype == dtype);
     m->dev = dev;
     m->B = m->cur_B = B;
@@ -143,7 +143,9 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
         strata_model_reserve(a, n, BT * C * es, &m->resid[l]);
     }
     m->family->plan(m, a, es);
-    strata_model_reserve(a, "logits", BT * Vp * es, &m->logits);
+    size_t rows = logits_chunk_bytes ? logits_chunk_bytes / (Vp * es) : BT;
+    m->head_rows = (int)(rows < 1 ? 1 : rows < BT ? rows : BT);
+    strata_model_reserve(a, "logits", (size_t)m->head_rows * Vp * es, &m->logits);
     strata_model_reserve(a, "losses", BT * 4, (void **)&m->losses);
     strata_model_reserve(a, "loss_sum", 4, (void **)&m->loss_sum);
     strata_model_reserve(a, "dresid", BT * C * es, &m->dresid);
@@ -218,15 +220,80 @@ int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t
     return 0;
 }
 
-void strata_model_loss(strata_model *m, int train, float dloss, float loss_scale) {
+/* Rows [r0, r0 + n) of the head: their logits into m->logits, their losses, and (dlogits)
+ * the logits turned into dlogits in place. */
+static void head_chunk(strata_model *m, const void *x, const void *w, int layout, int C, int r0, int n, int dlogits,
+                       float dloss) {
+    const strata_kernels *k = m->dev->k;
+    strata_stream *s = m->dev->compute;
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    int V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
+    k->matmul_forward(s, m->logits, NULL, (const char *)x + (size_t)r0 * C * es, w, NULL, n, C, Vp, layout);
+    k->crossentropy(s, m->losses + r0, dlogits ? m->logits : NULL, m->logits, m->targets + r0, n, V, Vp, dloss);
+}
+
+/* A chunked head's evaluation (every row scored) or sampling (only the last head_rows rows'
+ * logits, the ones a sample reads); returns the first row computed. */
+static int head_chunks_eval(strata_model *m, const void *x, const void *w, int layout, int C, int scored) {
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    int BT = m->cur_B * m->cur_T, Vp = m->shape.padded_vocab_size;
+    if (!scored) {
+        int r0 = BT - m->head_rows;
+        m->dev->k->matmul_forward(m->dev->compute, m->logits, NULL, (const char *)x + (size_t)r0 * C * es, w, NULL,
+                                  m->head_rows, C, Vp, layout);
+        return r0;
+    }
+    for (int r = 0; r < BT; r += m->head_rows) head_chunk(m, x, w, layout, C, r, BT - r < m->head_rows ? BT - r : m->head_rows, 0, 0.0f);
+    return 0;
+}
+
+/* A chunked head's training: each chunk's logits, loss and dlogits, then its share of dx
+ * and dw (dw's sum over the rows runs chunk by chunk). */
+static void head_chunks_train(strata_model *m, const void *x, const void *w, int layout, int C, void *dx, float *dw) {
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    int BT = m->cur_B * m->cur_T, Vp = m->shape.padded_vocab_size;
+    for (int r = 0; r < BT; r += m->head_rows) {
+        int n = BT - r < m->head_rows ? BT - r : m->head_rows;
+        size_t off = (size_t)r * C * es;
+        head_chunk(m, x, w, layout, C, r, n, 1, m->head_dloss);
+        m->dev->k->matmul_backward(m->dev->compute, (char *)dx + off, dw, NULL, m->logits, (const char *)x + off, w, n,
+                                   C, Vp, layout);
+    }
+}
+
+void strata_model_head_forward(strata_model *m, const void *x, const void *w, int layout, int C, int train,
+                               float dloss, float loss_scale) {
     const strata_kernels *k = m->dev->k;
     strata_stream *s = m->dev->compute;
     int BT = m->cur_B * m->cur_T, V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
-    if (loss_scale != 0.0f || train) {
+    int scored = loss_scale != 0.0f || train;
+    if (m->head_rows >= BT) { /* every row's logits at once */
+        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, x, w, NULL, BT, C, Vp, layout)); /* (B,T,Vp) */
         /* (B,T) losses; in training the logits become dlogits in place */
-        TIMED(CROSSENTROPY, k->crossentropy(s, m->losses, train ? m->logits : NULL, m->logits, m->targets, BT, V, Vp, dloss),
-              k->loss_accumulate(s, m->loss_sum, m->losses, BT, loss_scale));
+        if (scored)
+            TIMED(CROSSENTROPY, k->crossentropy(s, m->losses, train ? m->logits : NULL, m->logits, m->targets, BT, V, Vp, dloss),
+                  k->loss_accumulate(s, m->loss_sum, m->losses, BT, loss_scale));
+        return;
     }
+    if (train) { /* the backward runs each chunk's forward, loss and backward together */
+        m->head_dloss = dloss;
+        m->head_loss_scale = loss_scale;
+        return;
+    }
+    TIMED(CLASSIFIER, m->logits_first = head_chunks_eval(m, x, w, layout, C, scored));
+    if (scored) TIMED(CROSSENTROPY, k->loss_accumulate(s, m->loss_sum, m->losses, BT, loss_scale));
+}
+
+void strata_model_head_backward(strata_model *m, const void *x, const void *w, int layout, int C, void *dx, float *dw) {
+    const strata_kernels *k = m->dev->k;
+    strata_stream *s = m->dev->compute;
+    int BT = m->cur_B * m->cur_T, Vp = m->shape.padded_vocab_size;
+    if (m->head_rows >= BT) { /* dw (Vp,C) += dlogits^T x; dx = dlogits w */
+        TIMED(CLASSIFIER, k->matmul_backward(s, dx, dw, NULL, m->logits, x, w, BT, C, Vp, layout));
+        return;
+    }
+    TIMED(CLASSIFIER, head_chunks_train(m, x, w, layout, C, dx, dw));
+    TIMED(CROSSENTROPY, k->loss_accumulate(s, m->loss_sum, m->losses, BT, m->head_loss_scale));
 }
 
 void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, float loss_scale) {
@@ -239,6 +306,7 @@ int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, i
     STRATA_ASSERT(B <= m->B && T <= m->T);
     m->cur_B = B;
     m->cur_T = T;
+    m->logits_first = 0;
     int rc = strata_model_set_batch(m, tokens, NULL);
     for (int u = 0; u < m->n_units && !rc; u++) strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
     m->cur_B = m->B;

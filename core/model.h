@@ -115,7 +115,10 @@ typedef struct strata_model {
 
     /* activations both families have (arena) */
     void **resid;             /* L+1 residual streams (B,T,C); resid[0] = embeddings */
-    void *logits;             /* (B,T,Vp); holds dlogits after a training forward */
+    void *logits;             /* (head_rows,Vp); holds dlogits after a training forward */
+    int head_rows;            /* rows of logits held at once: B*T, or fewer (train.logits_chunk_mb) */
+    int logits_first;         /* strata_model_forward_logits: the row m->logits starts at */
+    float head_dloss, head_loss_scale; /* a chunked head's training forward, for its backward */
     float *losses;            /* (B,T) */
     float *loss_sum;          /* (1) accumulated mean loss of the step */
     void *dresid;             /* (B,T,C) gradient of the residual stream being walked */
@@ -155,9 +158,11 @@ int strata_model_timed_calls(const strata_model *m);
 strata_param_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
 
 /* Reserves activation memory for micro-batch B x T in the arena, with activations in
- * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed). */
+ * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed).
+ * logits_chunk_bytes > 0: the head holds at most that many bytes of logits at once (whole
+ * rows, at least one), computing the classifier and the loss a chunk of rows at a time. */
 void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
-                       int T, int ckpt_every);
+                       int T, int ckpt_every, size_t logits_chunk_bytes);
 
 /* Fills elements [lo, hi) of unit u's flat fp32 buffer with the initial values, a pure
  * function of (seed, tensor, element index) so any rank can init any shard. */
@@ -187,7 +192,9 @@ void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, f
 int strata_model_backward_unit(strata_model *m, int u);
 
 /* Inference for sampling, all units resident: forward over host tokens (B,T) with B, T
- * at most the planned ones; logits (B,T,Vp) are left in m->logits. */
+ * at most the planned ones; the logits of rows [m->logits_first, B*T) are left in
+ * m->logits (all of them, first 0, unless the head holds fewer rows: then the last
+ * m->head_rows, the rows sampling reads). */
 int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T); /* 0, or -1: a bad id */
 
 #endif

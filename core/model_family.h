@@ -66,10 +66,17 @@ void strata_model_reserve(strata_arena *a, const char *name, size_t bytes, void 
 /* Block l is recomputed in its backward (activation checkpointing every:K, l % K == 0);
  * recomputed blocks share one set of activation buffers. */
 int strata_model_block_recomputed(const strata_model *m, int l);
-/* The loss from m->logits (B,T,Vp), as the head's forward ends in either family:
- * losses (B,T), *loss_sum += their mean times loss_scale; in training the logits become
- * dlogits in place, scaled by dloss. */
-void strata_model_loss(strata_model *m, int train, float dloss, float loss_scale);
+/* The head's classifier and loss, from x (B*T rows of C, the final norm's output) and the
+ * head's weight w (Vp rows of C, in `layout`), as the head's forward ends in either family:
+ * logits = x w^T, losses (B,T), *loss_sum += their mean times loss_scale; in training the
+ * logits become dlogits in place, scaled by dloss. With m->head_rows below B*T
+ * (train.logits_chunk_mb) only a chunk of rows' logits is ever held, so in training the
+ * whole of it waits for strata_model_head_backward, which runs the chunks' forward, loss
+ * and backward one after another. */
+void strata_model_head_forward(strata_model *m, const void *x, const void *w, int layout, int C, int train,
+                               float dloss, float loss_scale);
+/* The classifier's backward: dx (B*T rows of C) = dlogits w, dw (+=) = dlogits^T x. */
+void strata_model_head_backward(strata_model *m, const void *x, const void *w, int layout, int C, void *dx, float *dw);
 
 /* Tensor i of unit u inside a unit buffer whose elements are `es` bytes. */
 void *strata_model_tensor_ptr(const strata_model *m, void *base, int u, int i, size_t es);

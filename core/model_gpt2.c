@@ -206,7 +206,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     size_t es = strata_dtype_size(m->dev->compute_dtype);
     gpt2_acts *g = m->acts;
     int B = m->cur_B, T = m->cur_T, C = m->shape.n_embd, BT = B * T;
-    int L = m->shape.n_layer, Vp = m->shape.padded_vocab_size;
+    int L = m->shape.n_layer;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
         TIMED(EMBEDDING, k->encoder_forward(s, m->resid[0], m->inputs, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
@@ -216,8 +216,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
         break;
     case STRATA_UNIT_HEAD:
         TIMED(LAYERNORM, k->layernorm_forward(s, g->lnf, g->lnf_mean, g->lnf_rstd, m->resid[L], P(u, LNF_W), P(u, LNF_B), BT, C));
-        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, g->lnf, P(0, WTE), NULL, BT, C, Vp, STRATA_W_NK_TIED)); /* (B,T,Vp) */
-        strata_model_loss(m, train, dloss, loss_scale);
+        strata_model_head_forward(m, g->lnf, P(0, WTE), STRATA_W_NK_TIED, C, train, dloss, loss_scale); /* (B,T,Vp) */
         break;
     }
 }
@@ -255,11 +254,11 @@ static int backward(strata_model *m, int u) {
     size_t es = strata_dtype_size(m->dev->compute_dtype);
     gpt2_acts *g = m->acts;
     int B = m->cur_B, T = m->cur_T, C = m->shape.n_embd, BT = B * T;
-    int L = m->shape.n_layer, Vp = m->shape.padded_vocab_size;
+    int L = m->shape.n_layer;
     switch (m->units[u].kind) {
     case STRATA_UNIT_HEAD:
         /* tied head: dwte (Vp,C) += dlogits^T lnf; dlnf = dlogits wte */
-        TIMED(CLASSIFIER, k->matmul_backward(s, g->dbtc, G(0, WTE), NULL, m->logits, g->lnf, P(0, WTE), BT, C, Vp, STRATA_W_NK_TIED));
+        strata_model_head_backward(m, g->lnf, P(0, WTE), STRATA_W_NK_TIED, C, g->dbtc, G(0, WTE));
         STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * C * es));
         TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), g->dbtc, m->resid[L], P(u, LNF_W), g->lnf_mean, g->lnf_rstd, BT, C));
         break;

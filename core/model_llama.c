@@ -377,7 +377,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     size_t es = strata_dtype_size(m->dev->compute_dtype);
     llama_acts *g = m->acts;
     dims d = dims_of(m);
-    int B = m->cur_B, T = m->cur_T, BT = B * T, Vp = m->shape.padded_vocab_size;
+    int B = m->cur_B, T = m->cur_T, BT = B * T;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
         TIMED(EMBEDDING, k->encoder_forward(s, m->resid[0], m->inputs, m->params[0], NULL, B, T, d.C)); /* (B,T,C) */
@@ -390,8 +390,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
         void *w = head_weight(m, m->params[u], m->params[0], es); /* (Vp, C) */
         TIMED(RMSNORM, k->rmsnorm_forward(s, g->lnf, g->lnf_rstd, m->resid[d.L], norm, BT, 1, d.C, d.C,
                                           m->shape.rms_norm_eps));
-        TIMED(CLASSIFIER, k->matmul_forward(s, m->logits, NULL, g->lnf, w, NULL, BT, d.C, Vp, head_layout(m))); /* (B,T,Vp) */
-        strata_model_loss(m, train, dloss, loss_scale);
+        strata_model_head_forward(m, g->lnf, w, head_layout(m), d.C, train, dloss, loss_scale); /* (B,T,Vp) */
         break;
     }
     }
@@ -448,7 +447,7 @@ static int backward(strata_model *m, int u) {
     size_t es = strata_dtype_size(m->dev->compute_dtype);
     llama_acts *g = m->acts;
     dims d = dims_of(m);
-    int B = m->cur_B, T = m->cur_T, BT = B * T, Vp = m->shape.padded_vocab_size;
+    int B = m->cur_B, T = m->cur_T, BT = B * T;
     switch (m->units[u].kind) {
     case STRATA_UNIT_HEAD: {
         void *norm = strata_model_tensor_ptr(m, m->params[u], u, 0, es);
@@ -456,7 +455,7 @@ static int backward(strata_model *m, int u) {
         void *w = head_weight(m, m->params[u], m->params[0], es);
         float *dw = head_weight(m, m->grads[u], m->grads[0], sizeof(float));
         /* dw (Vp,C) += dlogits^T lnf; dlnf = dlogits w */
-        TIMED(CLASSIFIER, k->matmul_backward(s, g->dbtc, dw, NULL, m->logits, g->lnf, w, BT, d.C, Vp, head_layout(m)));
+        strata_model_head_backward(m, g->lnf, w, head_layout(m), d.C, g->dbtc, dw);
         STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * d.C * es));
         TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, dnorm, g->dbtc, m->resid[d.L], norm, g->lnf_rstd, BT, 1, d.C, d.C));
         break;

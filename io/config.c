@@ -201,6 +201,9 @@ static const key_spec schema[] = {
     INT_("train", "sample_tokens", train.sample_tokens, 0, 1048576, "200", "tokens per sample; 0 = no samples"),
     ROW("train", "activation_checkpointing", K_CKPT, train.activation_checkpointing, 0, 0, NULL, "none", 0,
         "none | blocks | every:K: keep every K-th block's activations, recompute the rest"),
+    INT_("train", "logits_chunk_mb", train.logits_chunk_mb, 0, 1048576, "0",
+         "the classifier and loss run over chunks of rows whose logits take at most this many MiB (a 128k "
+         "vocabulary's are 1 GiB per 4096 tokens); 0 = every row at once"),
     ENUM_("train", "dtype", train.dtype, dtype_names, "auto", "compute dtype; auto = bf16 on cuda, fp32 on cpu"),
     ENUM_("train", "grad_reduce_dtype", train.grad_reduce_dtype, dtype_names, "auto",
           "dtype of gradient reduction between ranks; auto = the compute dtype"),

@@ -269,6 +269,7 @@ typedef struct option {
     int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
     int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
     int grads;      /* offload.gradients (one rank, optimizer offloaded): 0 none, 1 cpu */
+    int chunk;      /* train.logits_chunk_mb: 1 sets LADDER_LOGITS_MB (the head a chunk of rows at a time) */
     int q8;         /* optim.state: int8 (8-bit Adam moments: changes the optimizer's numerics) */
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
@@ -290,8 +291,21 @@ typedef struct option {
  *    per element (docs/benchmarks.md), behind the next forward, while the tier moves half
  *    the bytes. What it costs most is the optimizer's numerics, which is why only `strata
  *    plan` names it unasked. */
+/* The head in chunks of rows holding this many MiB of logits, when the ladder chooses it. */
+#define LADDER_LOGITS_MB 256
+
+/* Bytes of a micro-batch's logits, as the head holds them without chunks. */
+static double logits_bytes(const strata_config *c) {
+    strata_model_shape shape = strata_config_model_shape(c);
+    double es = c->device == STRATA_BACKEND_CPU || c->train.dtype == STRATA_DTYPE_FP32 ? 4 : 2;
+    return (double)c->train.micro_batch * strata_config_seq_len(c) * shape.padded_vocab_size * es;
+}
+
 static double option_cost(const strata_config *c, const option *o) {
     double cost = 0;
+    /* the same FLOPs in smaller products, and the classifier's weight gradient summed a
+     * chunk at a time */
+    if (o->chunk) cost += 0.02;
     if (o->q8) cost += o->offload ? 0.10 : 0.02;
     int L = c->model.n_layer, ck = c->train.activation_checkpointing;
     /* blocks recomputed beyond those the config recomputes already */
@@ -349,6 +363,10 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->offload.gradients = (strata_offload_choice)o->grads;
         snprintf(sets[n++], 96, "offload.gradients=cpu");
     }
+    if (o->chunk && n < max_sets) {
+        out->train.logits_chunk_mb = LADDER_LOGITS_MB;
+        snprintf(sets[n++], 96, "train.logits_chunk_mb=%d", LADDER_LOGITS_MB);
+    }
     /* a partial optimizer offload keeps parameters on the device (io/config.c) */
     double ratio = o->ratio_pct ? o->ratio_pct / 100.0 : o->params ? 1.0 : base->offload.optimizer_ratio;
     if (ratio != base->offload.optimizer_ratio && n < max_sets) {
@@ -374,7 +392,10 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
         max_halvings++;
     int max_offload = cfg->offload.nvme_path[0] ? 2 : 1;
+    /* chunking the head is a rung when the whole micro-batch's logits are larger than a chunk */
+    int max_chunk = !cfg->train.logits_chunk_mb && logits_bytes(cfg) > (double)LADDER_LOGITS_MB * (1 << 20);
     int n = 0;
+    for (int chunk = 0; chunk <= max_chunk; chunk++)
     for (int q8 = 0; q8 <= max_q8; q8++)
     for (int ci = 0; ci < 3; ci++) {
         if (ci > 0 && cfg->train.activation_checkpointing && ckpts[ci] >= cfg->train.activation_checkpointing) continue;
@@ -389,7 +410,7 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
                 option o = {.ckpt = ckpts[ci], .halvings = h, .stage = st, .offload = off, .params = par, .grads = gr,
-                            .q8 = q8};
+                            .chunk = chunk, .q8 = q8};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -397,9 +418,9 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     return n;
 }
 
-/* 2 state types x 3 checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 x 2
- * offloads: all of them */
-#define MAX_OPTIONS (2 * 3 * 32 * 4 * 3 * 3 * 2)
+/* 2 head choices x 2 state types x 3 checkpointing choices x fewer than 32 halvings x 4
+ * stages x 3 x 3 x 2 offloads: all of them */
+#define MAX_OPTIONS (2 * 2 * 3 * 32 * 4 * 3 * 3 * 2)
 
 /* o planned (with its ratios, found by option_fits, if any): each tier's verdict in p, and
  * whether the device's capacity is known (a GPU's, measured or from memory.gpu_gb). */

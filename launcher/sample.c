@@ -92,7 +92,8 @@ int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_
         } else {
             if ((rc = strata_model_forward_logits(m, window + start, 1, t))) break;
             STRATA_TRY_GOTO(strata_memcpy_async(m->dev, m->dev->compute, row,
-                                                (char *)m->logits + (size_t)(t - 1) * Vp * es, (size_t)Vp * es),
+                                                (char *)m->logits + (size_t)(t - 1 - m->logits_first) * Vp * es,
+                                                (size_t)Vp * es),
                             rc, done);
             STRATA_TRY_GOTO(strata_stream_sync(m->dev, m->dev->compute), rc, done);
             next = draw(row, es, c, V, temperature, top_k, rng);

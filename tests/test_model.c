@@ -41,7 +41,7 @@ static const strata_model_shape llama_qk = {
     .rope_high_freq_factor = 4.0, .rope_original_context = 16, .rms_norm_eps = 1e-6f, .tie_embeddings = 1,
     .qk_norm = 1};
 
-static void rig_open(rig *r, const strata_model_shape *shape_in, int ckpt_every) {
+static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckpt_every, size_t logits_chunk_bytes) {
     memset(r, 0, sizeof *r);
     r->dev = strata_device_open("cpu", 0);
     strata_model_shape shape = *shape_in;
@@ -53,7 +53,7 @@ static void rig_open(rig *r, const strata_model_shape *shape_in, int ckpt_every)
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_PARAMS, "p", r->m.units[u].numel * 4, (void **)&r->params[u]);
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_GRADS, "g", r->m.units[u].numel * 4, (void **)&r->grads[u]);
     }
-    strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, ckpt_every);
+    strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, ckpt_every, logits_chunk_bytes);
     if (strata_arena_commit(&r->arena)) { printf("commit: %s\n", strata_error()); exit(1); }
     for (int u = 0; u < r->m.n_units; u++) {
         size_t n = r->m.units[u].numel;
@@ -76,6 +76,8 @@ static void rig_open(rig *r, const strata_model_shape *shape_in, int ckpt_every)
     }
     r->targets[3] = -1; /* an ignored position */
 }
+
+static void rig_open(rig *r, const strata_model_shape *shape, int ckpt_every) { rig_open_chunked(r, shape, ckpt_every, 0); }
 
 static void rig_close(rig *r) {
     strata_arena_release(&r->arena);
@@ -180,6 +182,35 @@ static void check_gradients(rig *r, const strata_model_shape *shape, const char 
               what, k, acts, acts_plain);
         rig_close(&c);
     }
+
+    /* the head in chunks of 5 rows (train.logits_chunk_mb; 12 rows: 5, 5, 2): the loss bit
+     * for bit (each row's is its own), the gradients within the rounding of the classifier's
+     * weight gradient summed over its rows in three pieces; evaluation's loss bit for bit;
+     * sampling's last row's logits too, from a buffer that holds only the last 5 rows */
+    rig c;
+    size_t Vp = (size_t)shape->padded_vocab_size;
+    rig_open_chunked(&c, shape, 0, 5 * Vp * sizeof(float));
+    CHECK(c.m.head_rows == 5, "%s: a 5-row chunk of logits plans 5 rows (%d)", what, c.m.head_rows);
+    double lc = train_step(&c), worst_g = 0;
+    o = 0;
+    for (int u = 0; u < m->n_units; u++)
+        for (size_t i = 0; i < m->units[u].numel; i++, o++) {
+            double d = fabs((double)g0[o] - c.grads[u][i]) / (fabs(g0[o]) + 1e-6);
+            if (d > worst_g) worst_g = d;
+        }
+    CHECK(memcmp(&lc, &loss, sizeof loss) == 0, "%s: the head in 5-row chunks: loss %.9g == %.9g bitwise", what, lc, loss);
+    CHECK(worst_g < 1e-4, "%s: the head in 5-row chunks: gradients within %.1e of the whole head's (the classifier's "
+          "weight gradient sums its rows chunk by chunk)", what, worst_g);    double ec = loss_of(&c), ep = loss_of(r);
+    CHECK(memcmp(&ec, &ep, sizeof ec) == 0, "%s: the head in 5-row chunks: evaluation loss %.9g == %.9g", what, ec, ep);
+    CHECK(strata_model_forward_logits(&c.m, r->inputs, 1, T) == 0 && strata_model_forward_logits(m, r->inputs, 1, T) == 0 &&
+              c.m.logits_first == T - 5 && m->logits_first == 0 &&
+              !memcmp((float *)c.m.logits + (size_t)(T - 1 - c.m.logits_first) * Vp,
+                      (float *)m->logits + (size_t)(T - 1) * Vp, Vp * sizeof(float)),
+          "%s: sampling from the head in 5-row chunks: the last position's logits, bitwise (first row %d)", what,
+          c.m.logits_first);
+    CHECK(strata_arena_bytes(&c.arena, -1, STRATA_CAT_ACTIVATIONS) < acts_plain,
+          "%s: the chunked head plans less activation memory", what);
+    rig_close(&c);
     free(g0);
 }
 
