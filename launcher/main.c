@@ -298,7 +298,8 @@ static void usage(FILE *f) {
         else fprintf(f, "\n        %s\n", commands[i].help);
     }
     fputs("\nExit codes: 0 ok, 1 run-time failure, 2 bad command line or config, 3 does not fit,\n"
-          "4 the device ran out of memory mid-run (an emergency checkpoint was written).\n", f);
+          "4 the device ran out of memory mid-run (an emergency checkpoint was written),\n"
+          "5 no progress for run.hang_timeout_s (the run ended rather than hang; the last checkpoint is intact).\n", f);
 }
 
 int main(int argc, char **argv) {
