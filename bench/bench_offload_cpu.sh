@@ -2,7 +2,8 @@
 # bench/bench_offload_cpu.sh: every place the optimizer state can live, on the CPU backend,
 # side by side in one run: on the device, in pinned memory, on NVMe, split between the
 # device and the tier (offload.optimizer_ratio), between pinned memory and NVMe
-# (offload.nvme_ratio), in all three, and at stage 3 with the parameter shards offloaded too.
+# (offload.nvme_ratio), in all three, at stage 3 with the parameter shards offloaded too, and
+# with the gradients in pinned memory (offload.gradients).
 # A GPT of 6 layers, 256 channels, T=64, B=4 (4.8 M parameters, a small batch so that the
 # optimizer state weighs against the compute); median of steps 3-16.
 # Every row must end at the same loss (the offload is exact); the table shows what each
@@ -53,3 +54,9 @@ row "stage 1, nvme, optimizer_ratio 0.67, nvme_ratio 0.5 (three tiers)" --set ze
   --set offload.optimizer_ratio=0.67 --set offload.nvme_ratio=0.5
 row "stage 3, optimizer and parameters in pinned memory" --set zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu
 row "stage 3, optimizer and parameters on NVMe" --set zero.stage=3 --set offload.optimizer=nvme --set offload.params=nvme
+# one rank's gradients in pinned memory too (offload.gradients: cpu): copied out after each
+# backward; with accumulation, back in before each micro-step's
+row "stage 1, optimizer and gradients in pinned memory" --set zero.stage=1 --set offload.optimizer=cpu \
+  --set offload.gradients=cpu
+row "stage 3, optimizer, parameters and gradients in pinned memory" --set zero.stage=3 --set offload.optimizer=cpu \
+  --set offload.params=cpu --set offload.gradients=cpu
