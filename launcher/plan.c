@@ -324,8 +324,9 @@ static double option_cost(const strata_config *c, const option *o) {
      * or is read from disk first */
     if (o->params > (int)c->offload.params) cost += o->params == 1 ? 0.40 : 2.00;
     /* gradients in host memory: they cross PCIe in the backward (overlapped) instead of
-     * after it, and with accumulation cross back in at every micro-step but the first */
-    if (o->grads > (int)c->offload.gradients) cost += c->train.grad_accum << o->halvings > 1 ? 0.20 : 0.05;
+     * after it, the same bytes; with accumulation they cross out and back in at every
+     * micro-step, 8 bytes a parameter, twice what stage 3's gathers from host memory move */
+    if (o->grads > (int)c->offload.gradients) cost += c->train.grad_accum << o->halvings > 1 ? 0.60 : 0.05;
     return cost;
 }
 
