@@ -10,6 +10,7 @@
 #include "io/data.h"
 #include "shard/engine.h"
 #include "launcher/build.h"
+#include "launcher/signals.h"
 
 #define AUTO_DEFAULT_TRIALS 3
 #define AUTO_TRIAL_STEPS 4 /* the first warms up (first touch, offload pipeline); the median of the rest counts */
@@ -116,6 +117,8 @@ static double trial_ms(strata_auto *a, const strata_plan_candidate *c, strata_lo
     for (int s = 0; s < AUTO_TRIAL_STEPS && !bad; s++) {
         strata_step_result r;
         double t0 = strata_now_ms();
+        strata_signals_step(s + 1); /* the watchdog's (launcher/watchdog.h) */
+        strata_signals_doing(STRATA_DOING_TRIAL);
         if (strata_engine_step(e, data, s, &r)) {
             if (a->world > 1) auto_fatal(a, "memory.auto: a trial step");
             snprintf(why, why_len, "step %d: %s", s + 1, strata_error());
@@ -135,6 +138,7 @@ static double trial_ms(strata_auto *a, const strata_plan_candidate *c, strata_lo
         snprintf(why, why_len, "the last update: %s", strata_error());
         bad = 1;
     }
+    strata_signals_doing(STRATA_DOING_START); /* the trial is over: start-up again, unwatched */
     if (!bad && strata_fault_take(fault, sizeof fault) != STRATA_FAULT_NONE) {
         snprintf(why, why_len, "%.200s", fault);
         bad = 1;

@@ -33,7 +33,7 @@ static unsigned char *probe_state; /* the handler's two probes' results, world e
 static volatile sig_atomic_t doing; /* what this rank is in, an index into doing_what */
 static const char *const doing_what[] = {"starting up", "a training step", "validation", "agreeing on the step's end",
                                          "saving a checkpoint", "the final optimizer update",
-                                         "the run's end"};
+                                         "a trial step of memory.auto", "the run's end"};
 static volatile int64_t doing_step;   /* 1-based step in progress */
 static volatile int64_t saved_step = -1; /* the last checkpoint this run wrote or resumed from */
 static int64_t doing_since_us;           /* when doing or doing_step last changed (the watchdog's) */

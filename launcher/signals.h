@@ -21,6 +21,7 @@ typedef enum strata_doing {
     STRATA_DOING_AGREE,  /* agreeing on the step's end */
     STRATA_DOING_SAVE,   /* saving a checkpoint */
     STRATA_DOING_FINISH, /* the final optimizer update */
+    STRATA_DOING_TRIAL,  /* a step of a memory.auto trial (launcher/auto.c), before the run's first */
     STRATA_DOING_END,    /* past the run's last collective: a rank that is gone may have ended as it should */
 } strata_doing;
 

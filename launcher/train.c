@@ -1306,6 +1306,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     strata_signals_install(world);
     if (rank == 0) strata_out_set_hook(terminal_lost, t); /* run.dir is there from now on */
     strata_config *cfg = &t->cfg;
+    strata_watchdog_start(cfg->run.hang_timeout_s); /* start-up is not watched; memory.auto's trials are */
     if ((rc = reclaim_nvme(t)) || (rc = open_device(t, local_rank)) || (rc = build_and_plan(t))) {
         close_trainer(t);
         return rc;
@@ -1329,7 +1330,6 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
     }
     open_run_dir(t);
     strata_engine_set_stop(t->engine, strata_signals_stop_requested);
-    strata_watchdog_start(cfg->run.hang_timeout_s);
 
     int exit_code = train_loop(t);
     if (exit_code == STRATA_EXIT_OK && strata_offload_split_report(&t->split, cfg, rank, world))

@@ -37,6 +37,7 @@ static const char *kind_name(strata_doing d) {
     case STRATA_DOING_EVAL: return "validation";
     case STRATA_DOING_AGREE: return "agreement at a step's end";
     case STRATA_DOING_SAVE: return "checkpoint save";
+    case STRATA_DOING_TRIAL: return "memory.auto trial step";
     default: return "final optimizer update";
     }
 }

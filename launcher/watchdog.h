@@ -8,8 +8,9 @@
  * step, validation and the final update as they begin): when one of those has gone on
  * longer than run.hang_timeout_s, it says what the rank was in and which checkpoint to
  * resume from, and ends the process with STRATA_EXIT_HUNG. Start-up is not watched (loading
- * a large model is slow). A save cut off leaves the last checkpoint as it was (a save is
- * written aside and renamed into place), so saves are watched too.
+ * a large model is slow), but memory.auto's trial steps in it are. A save cut off leaves the
+ * last checkpoint as it was (a save is written aside and renamed into place), so saves are
+ * watched too.
  *
  * run.hang_timeout_s 0 (auto): 20 times the longest of the same kind so far (steps,
  * validations, saves, ...), at least 20 minutes, and an hour for the first of a kind.

@@ -7,6 +7,7 @@
 #  - with run.hang_timeout_s auto (20 x the longest step so far; STRATA_WATCHDOG_MIN_S
 #    lowers its 20-minute floor to 3 s here) the same at step 36; a run that does not hang
 #    is never ended by it (with a 5 s floor: CI's loaded cores may stall a step a second);
+#  - a memory.auto trial step that hangs is ended the same way;
 #  - under mpirun -np 2 both ranks end, and so does the job;
 #  - the resume from the last checkpoint gives the uninterrupted run's losses.
 set -euo pipefail
@@ -70,6 +71,13 @@ grep -q "run.hang_timeout_s auto allows [0-9]* s: 20 x the longest step so far" 
 STRATA_WATCHDOG_MIN_S=5 "$S" train h.yaml --set run.dir=runs/nohang "${long[@]}" > nohang.log 2>&1 ||
   fail "a run that does not hang, under auto with a 5 s floor: $(tail -3 nohang.log)"
 pass "auto (20 x the longest step, floor lowered to 3 s): a hang at step 36 ends in $(cat auto.s) s; 40 steps without one run to the end"
+
+# memory.auto's trial steps (before the run's first) are watched too: a trial's step 2 hangs
+timed trial env STRATA_FAULT_HANG_STEP=2 "$S" train h.yaml --set run.dir=runs/trial --set memory.gpu_gb=0.0008 \
+  --set memory.auto=true --set run.hang_timeout_s=2
+[ "$(cat trial.rc)" -eq 5 ] && grep -q "This rank was in a trial step of memory.auto (step 2)\. No checkpoint was written yet" trial.log ||
+  fail "a hung memory.auto trial: exit $(cat trial.rc): $(tail -2 trial.log)"
+pass "a memory.auto trial step that hangs ends the run in $(cat trial.s) s with exit 5, naming the trial's step"
 
 if command -v mpirun > /dev/null; then
   MPI=(mpirun --oversubscribe -x OMP_NUM_THREADS=1 -x STRATA_FAULT_HANG_STEP=3)
