@@ -31,6 +31,10 @@ void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, in
 void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strata_model *m) {
     p->optim_state = cfg->optim.state;
     p->n_params = strata_model_num_params(m);
+    p->grads_home = cfg->offload.gradients != STRATA_OFFLOAD_NONE && cfg->offload.optimizer != STRATA_OFFLOAD_NONE &&
+                    p->world == 1;
+    p->head_rows = m->head_rows;
+    p->rows = m->B * m->T;
 }
 
 void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes) {
@@ -244,6 +248,11 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
                 "", all);
         fprintf(f, "  (CPU backend: device memory is host memory, checked against one budget)\n");
     }
+    if (p->grads_home)
+        fprintf(f, "  gradients: in pinned memory for the units the CPU updates (offload.gradients: cpu); the "
+                   "device's buffers hold those in backward\n");
+    if (p->head_rows && p->head_rows < p->rows)
+        fprintf(f, "  logits: %d of the micro-batch's %d rows at a time (train.logits_chunk_mb)\n", p->head_rows, p->rows);
     if (p->n_params) {
         /* the optimizer state of every rank, all tiers, by parameter: 12 bytes with fp32
          * moments, 8 with bf16, about 6 with 8-bit ones (padding and 4 KiB blocks included) */

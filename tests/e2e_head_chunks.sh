@@ -46,6 +46,8 @@ for fam in gpt2 llama; do
   dv=$(worst "$(vals runs/${fam}_whole)" "$(vals runs/${fam}_chunk)")
   awk -v a="$dl" -v b="$dv" 'BEGIN { exit !(a < 1e-5 && b < 1e-5) }' ||
     fail "$fam: chunked losses differ from the whole head's by $dl (validation $dv)"
+  "$S" plan c.yaml --set train.logits_chunk_mb=1 "${extra[@]}" | grep -q "logits: 682 of the micro-batch's 1536 rows at a time" ||
+    fail "$fam: the plan should say how many rows of logits it holds: $("$S" plan c.yaml --set train.logits_chunk_mb=1 | tail -4)"
   pass "$fam: the head in 1 MiB chunks plans $(((w - c) / 1024)) KiB less; losses within $dl, validation within $dv of the whole head's"
 done
 

@@ -61,6 +61,8 @@ for st in 0 3; do
     "${extra[@]}" --resume runs/g_$st/ckpt/step_00000010 > /dev/null
   diff <(losses runs/g_$st | sed -n '11,20p') <(losses runs/g2_$st) > /dev/null || fail "stage $st, gradients in pinned memory: resumed losses differ"
 done
+"$S" plan o.yaml --set offload.optimizer=cpu --set offload.gradients=cpu | grep -q "gradients: in pinned memory for the units the CPU updates" ||
+  fail "the plan should say where the gradients are: $("$S" plan o.yaml --set offload.optimizer=cpu --set offload.gradients=cpu | tail -4)"
 pass "world 1, stages 0 and 3: gradients in pinned memory (optimizer, and at stage 3 parameters, on NVMe) give bitwise the losses of no offload, and resume bitwise"
 
 # a checkpoint of a run whose parameters and optimizer state live on NVMe resumes bitwise;
