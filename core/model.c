@@ -243,7 +243,8 @@ static int head_chunks_eval(strata_model *m, const void *x, const void *w, int l
                                   m->head_rows, C, Vp, layout);
         return r0;
     }
-    for (int r = 0; r < BT; r += m->head_rows) head_chunk(m, x, w, layout, C, r, BT - r < m->head_rows ? BT - r : m->head_rows, 0, 0.0f);
+    for (int r = 0; r < BT; r += m->head_rows)
+        head_chunk(m, x, w, layout, C, r, BT - r < m->head_rows ? BT - r : m->head_rows, 0, 0.0f);
     return 0;
 }
 
