@@ -58,7 +58,13 @@ for st in 1 2 3; do
     fail "stage $st chunked: $(tail -3 st.log)"
   [ "$(losses runs/st$st)" = "$(losses runs/gpt2_chunk)" ] || fail "stage $st with offload: chunked losses differ from stage 0's"
 done
-pass "stages 1-3 with the optimizer (and at stage 3 parameters and gradients) offloaded: the chunked stage 0's losses bit for bit"
+# with accumulation (2 x 24 sequences: 768 rows, chunks of 682 and 86)
+acc=(--set train.logits_chunk_mb=1 --set train.micro_batch=24 --set train.grad_accum=2)
+"$S" train c.yaml --set run.dir=runs/acc0 "${acc[@]}" > acc.log 2>&1 || fail "accumulating, stage 0: $(tail -3 acc.log)"
+"$S" train c.yaml --set run.dir=runs/acc3 "${acc[@]}" --set zero.stage=3 --set offload.optimizer=nvme --set offload.params=nvme \
+  --set offload.gradients=cpu --set "offload.nvme_path=$W" > acc.log 2>&1 || fail "accumulating, stage 3: $(tail -3 acc.log)"
+[ "$(losses runs/acc3)" = "$(losses runs/acc0)" ] || fail "accumulating: stage 3 with everything offloaded differs from stage 0"
+pass "stages 1-3 with the optimizer (and at stage 3 parameters and gradients) offloaded, and with accumulation (everything on NVMe): the chunked stage 0's losses bit for bit"
 
 "$S" train c.yaml --set run.dir=runs/gpt2_chunk --set train.logits_chunk_mb=1 --set train.sample_tokens=40 \
   --resume runs/gpt2_chunk/ckpt/step_00000005 > resume.log 2>&1 || fail "resume: $(tail -3 resume.log)"
