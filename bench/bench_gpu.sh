@@ -17,7 +17,8 @@
 #                   device tool has 10 minutes, so give it one or two sizes at a time
 #   BENCH_ROWS      rows per size, in the order they run (default "strata0 compile strata3
 #                   eager hf"; strata0-tc and strata3-tc add Strata with STRATA_ATTENTION=tc,
-#                   strata0-tc-ckpt the same with activation checkpointing per block)
+#                   strata0-tc-ckpt the same with activation checkpointing per block,
+#                   strata0-tc-chunk with the head in 256 MiB chunks: train.logits_chunk_mb)
 #   BENCH_PROFILE   1 (default when 124m is in BENCH_SIZES): the kernel breakdown at 124M
 #   BENCH_BUDGET_S  the whole call's seconds (default 560): a row that would start past
 #                   it is reported as skipped, and each row is cut at what is left
@@ -47,8 +48,8 @@ DEADLINE=$(($(date +%s) + BUDGET))
 log() { echo "[bench_gpu] $*"; }
 for row in $ROWS; do
   case $row in
-    strata0 | strata0-tc | strata3 | strata3-tc | strata0-tc-ckpt | compile | eager | hf) ;;
-    *) echo "bench_gpu: BENCH_ROWS: unknown row '$row' (strata0 strata0-tc strata3 strata3-tc strata0-tc-ckpt compile eager hf)" >&2; exit 2 ;;
+    strata0 | strata0-tc | strata3 | strata3-tc | strata0-tc-ckpt | strata0-tc-chunk | compile | eager | hf) ;;
+    *) echo "bench_gpu: BENCH_ROWS: unknown row '$row' (strata0 strata0-tc strata3 strata3-tc strata0-tc-ckpt strata0-tc-chunk compile eager hf)" >&2; exit 2 ;;
   esac
 done
 [ -x "$S" ] || { echo "bench_gpu: no strata binary at $S (build with CUDA, or set STRATA)" >&2; exit 2; }
@@ -150,6 +151,8 @@ for size in $SIZES; do
       strata3-tc) strata_row "$size" "Strata stage 3 (world 1), STRATA_ATTENTION=tc" 3 STRATA_ATTENTION=tc ;;
       strata0-tc-ckpt) ROW_SETS=train.activation_checkpointing=blocks \
         strata_row "$size" "Strata stage 0, STRATA_ATTENTION=tc" 0 STRATA_ATTENTION=tc ;;
+      strata0-tc-chunk) ROW_SETS=train.logits_chunk_mb=256 \
+        strata_row "$size" "Strata stage 0, STRATA_ATTENTION=tc, logits in 256 MiB chunks" 0 STRATA_ATTENTION=tc ;;
       compile | eager | hf)
         if [ $have_torch = 0 ]; then failed_row "PyTorch $row" "$size" "no torch in $PY"
         elif [ "$row" = hf ] && [ $have_hf = 0 ]; then failed_row "PyTorch hf" "$size" "no transformers in $PY"

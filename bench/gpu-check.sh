@@ -248,7 +248,7 @@ part_bench() {
   timeout -k 5 60 "$BUILD/bench/bench_attention" 20 > "$OUT/bench_attention.md" 2>&1 || true
   log "GPT-2 124M (B=16, T=1024, bf16): Strata stages 0 and 3 against PyTorch, and Strata's kernel profile (bench/bench_gpu.sh)"
   STRATA="$S" OUT="$OUT" BENCH_NAME=bench_gpu BENCH_SIZES=124m BENCH_BUDGET_S=$(bench_budget 450) \
-    BENCH_ROWS="${BENCH_ROWS:-strata0-tc compile strata0 strata3-tc eager hf strata0-tc-ckpt}" bash "$ROOT/bench/bench_gpu.sh" ||
+    BENCH_ROWS="${BENCH_ROWS:-strata0-tc compile strata0 strata3-tc eager hf strata0-tc-ckpt strata0-tc-chunk}" bash "$ROOT/bench/bench_gpu.sh" ||
     say "- bench_gpu.sh 124m failed"
   grep -E "^\| (strata|torch|hf|Strata|PyTorch|HF)" "$OUT/bench_gpu.md" 2> /dev/null | head -8 | tee -a "$SUMMARY" || true
 }

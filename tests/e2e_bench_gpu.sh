@@ -46,13 +46,15 @@ pass "bad settings exit 2, naming them"
 
 PY=$("$SRC/launcher/python-env.sh")
 [ -n "$PY" ] || { echo "SKIP: no Python with torch (launcher/python-env.sh): the tiny run on the CPU"; exit 77; }
-STRATA="$S" OUT="$W/out" PYTHON="$PY" BENCH_TINY=1 BENCH_ROWS="strata0 eager strata0-tc-ckpt" bash "$SRC/bench/bench_gpu.sh" > tiny.log 2>&1 ||
+STRATA="$S" OUT="$W/out" PYTHON="$PY" BENCH_TINY=1 BENCH_ROWS="strata0 eager strata0-tc-ckpt strata0-tc-chunk" bash "$SRC/bench/bench_gpu.sh" > tiny.log 2>&1 ||
   fail "BENCH_TINY=1: $(tail -5 tiny.log)"
 md=$W/out/bench_gpu.md
 grep -q "^| Strata stage 0 | [0-9,]* |" "$md" || fail "no Strata row: $(cat "$md")"
 grep -q "^| PyTorch nanoGPT eager | [0-9,]* |" "$md" || fail "no PyTorch row: $(cat "$md")"
 grep -q "^| Strata stage 0, STRATA_ATTENTION=tc (activation checkpointing: blocks) | [0-9,]* |" "$md" ||
   fail "no checkpointed Strata row: $(cat "$md")"
-[ "$(wc -l < "$W/out/bench_gpu.rows.jsonl")" -eq 3 ] || fail "3 rows expected in bench_gpu.rows.jsonl"
+grep -q "^| Strata stage 0, STRATA_ATTENTION=tc, logits in 256 MiB chunks | [0-9,]* |" "$md" ||
+  fail "no Strata row with the head in chunks: $(cat "$md")"
+[ "$(wc -l < "$W/out/bench_gpu.rows.jsonl")" -eq 4 ] || fail "4 rows expected in bench_gpu.rows.jsonl"
 grep -q "^  forward    layernorm                    5 " "$md" || fail "no kernel profile (layernorm forward 2 x 2 + 1): $(tail -30 "$md")"
-pass "BENCH_TINY=1: Strata's rows (one with checkpointing) and PyTorch's on the CPU, and the kernel profile under them"
+pass "BENCH_TINY=1: Strata's rows (one with checkpointing, one with the head in chunks) and PyTorch's on the CPU, and the kernel profile under them"
