@@ -101,15 +101,15 @@ static void print_split(const double v[SPLIT_N], int32_t steps, const strata_con
     if (v[SPLIT_GATHER_B] > 0)
         snprintf(gathers, sizeof gathers, " (+ %s of stage-3 gathers from host memory)",
                  strata_fmt_bytes(b[5], 32, v[SPLIT_GATHER_B]));
-    if (cfg->offload.gradients == STRATA_OFFLOAD_CPU) /* the engine's copies, on device streams, in the backward */
-        STRATA_INFO("offload", "  D2H gradients %s, copied out in the backward | H2D parameters%s %.2f ms, %s%s",
-                    strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]),
-                    cfg->train.grad_accum > 1 ? " (and gradients copied back in to accumulate)" : "", v[SPLIT_H2D],
-                    strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]), gathers);
-    else
-        STRATA_INFO("offload", "  D2H gradients %.2f ms, %s | H2D parameters %.2f ms, %s%s", v[SPLIT_D2H],
-                    strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]), v[SPLIT_H2D], strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]),
-                    gathers);
+    /* gradients in pinned memory are the engine's copies, on device streams, in the backward:
+     * bytes, no time of the tier's */
+    int home = cfg->offload.gradients == STRATA_OFFLOAD_CPU;
+    char d2h[64];
+    if (home) snprintf(d2h, sizeof d2h, "%s, copied out in the backward", strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]));
+    else snprintf(d2h, sizeof d2h, "%.2f ms, %s", v[SPLIT_D2H], strata_fmt_bytes(b[0], 32, v[SPLIT_D2H_B]));
+    STRATA_INFO("offload", "  D2H gradients %s | H2D parameters%s %.2f ms, %s%s", d2h,
+                home && cfg->train.grad_accum > 1 ? " (and gradients copied back in to accumulate)" : "", v[SPLIT_H2D],
+                strata_fmt_bytes(b[1], 32, v[SPLIT_H2D_B]), gathers);
     char kept[96] = "";
     if (cfg->offload.optimizer_ratio < 1)
         snprintf(kept, sizeof kept, "; the device updates the rest (offload.optimizer_ratio %g)",

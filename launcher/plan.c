@@ -31,8 +31,7 @@ void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, in
 void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strata_model *m) {
     p->optim_state = cfg->optim.state;
     p->n_params = strata_model_num_params(m);
-    p->grads_home = cfg->offload.gradients != STRATA_OFFLOAD_NONE && cfg->offload.optimizer != STRATA_OFFLOAD_NONE &&
-                    p->world == 1;
+    p->grads_home = cfg->offload.gradients != STRATA_OFFLOAD_NONE; /* the config's checks: one rank, optimizer offloaded */
     p->head_rows = m->head_rows;
     p->rows = m->B * m->T;
 }

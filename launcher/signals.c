@@ -208,17 +208,14 @@ void strata_signals_step(int64_t step) {
     note_progress();
 }
 
-strata_doing strata_signals_where(double *since_ms, int64_t *step) {
+strata_doing strata_signals_where(double *since_ms) {
     *since_ms = (double)__atomic_load_n(&doing_since_us, __ATOMIC_ACQUIRE) / 1e3;
-    *step = doing_step;
     return (strata_doing)doing;
 }
 
 void strata_signals_note(char *buf, size_t cap) {
     size_t off = 0;
     if (cap) buf[0] = 0;
-    timeout_note(buf, &off, cap);
-    if (off < cap) buf[off] = 0;
-    else if (cap) buf[cap - 1] = 0;
+    timeout_note(buf, &off, cap); /* strata_peers_puts keeps it terminated */
 }
 void strata_signals_saved(int64_t step) { saved_step = step; }

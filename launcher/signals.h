@@ -43,9 +43,9 @@ void strata_signals_doing(strata_doing what);
 void strata_signals_step(int64_t step);  /* the step in progress, 1-based */
 void strata_signals_saved(int64_t step); /* the last checkpoint written or resumed from (-1: none) */
 
-/* For launcher/watchdog.c, from its own thread: what the rank is in, since when
- * (strata_now_ms of the last strata_signals_doing or _step), and the step in progress. */
-strata_doing strata_signals_where(double *since_ms, int64_t *step);
+/* For launcher/watchdog.c, from its own thread: what the rank is in, and since when
+ * (strata_now_ms of the last strata_signals_doing or _step). */
+strata_doing strata_signals_where(double *since_ms);
 /* "This rank was in a training step (step 7). The last checkpoint, step 6 (DIR/ckpt/
  * step_00000006), is intact: resume with --resume latest." into buf (cap bytes). */
 void strata_signals_note(char *buf, size_t cap);

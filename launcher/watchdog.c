@@ -69,8 +69,7 @@ static void *watch(void *arg) {
         struct timespec nap = {(time_t)poll_s, (long)((poll_s - (double)(time_t)poll_s) * 1e9)};
         nanosleep(&nap, NULL);
         double since;
-        int64_t step;
-        strata_doing d = strata_signals_where(&since, &step);
+        strata_doing d = strata_signals_where(&since);
         if (since != last_since) {
             if (last_since >= 0 && watched(last)) {
                 double took = (since - last_since) / 1e3;

@@ -457,9 +457,9 @@ static void plan_state(strata_engine *e) {
 static void plan_grad_buffers(strata_engine *e) {
     host_grads *h = &e->hg;
     const int head = e->U - 1;
+    if (!h->on) return;
     h->buf_of = strata_xcalloc(e->U, sizeof *h->buf_of);
     h->readied = strata_xcalloc(e->U, 1);
-    if (!h->on) return;
     h->head_in_embed = !e->m->shape.tie_embeddings && in_tier(e, 0) && in_tier(e, head);
     size_t slot_n = 0, embed_n = in_tier(e, 0) ? e->padded[0] : 0;
     for (int u = 1; u < e->U; u++) {
