@@ -62,7 +62,8 @@ SHAPES = {
     "llama": dict(arch="llama", n_layer=4, n_head=8, n_kv_head=2, n_embd=512, intermediate_size=1024, seq_len=256,
                   vocab_size=256, tie_embeddings="false", micro_batch=8),
     # ... with an 8192-token vocabulary: a micro-batch's logits take 32 MiB in bf16, so the
-    # head in 8 MiB chunks (train.logits_chunk_mb) runs four of them
+    # head in 8 MiB chunks (train.logits_chunk_mb) runs four of them (and its gate|up, 8
+    # MiB, in 2 MiB chunks: train.mlp_chunk_mb)
     "llama-v8k": dict(arch="llama", n_layer=2, n_head=8, n_kv_head=2, n_embd=512, intermediate_size=1024, seq_len=256,
                       vocab_size=8192, tie_embeddings="false", micro_batch=8),
     # ... and its variations at once: one key/value head of 128 apart from n_embd / n_head,
@@ -212,6 +213,18 @@ def parts():
     ll.append(row("llama-v8k, logits in 8 MiB chunks, stage 3, optimizer, params and gradients cpu", shape="llama-v8k",
                   sets=["train.logits_chunk_mb=8", "zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu",
                         "offload.gradients=cpu"], ref="llama-v8k, logits in 8 MiB chunks"))
+    # the MLPs a chunk of rows at a time (gate|up: 8 MiB in bf16, in four 2 MiB chunks) with
+    # every block recomputed, so a chunk's gate|up is all a block keeps of it: within
+    # TOL_RANKS of the whole MLP (its weight gradients sum their rows in four pieces), and
+    # stage 3 with everything offloaded bit for bit the chunked stage 0
+    cb = "llama-v8k, checkpointing blocks"
+    ll.append(row(cb, shape="llama-v8k", sets=["train.activation_checkpointing=blocks"], ref=vb))
+    ll.append(row("llama-v8k, checkpointing blocks, MLP in 2 MiB chunks", shape="llama-v8k",
+                  sets=["train.activation_checkpointing=blocks", "train.mlp_chunk_mb=2"], ref=cb, tol=TOL_RANKS))
+    ll.append(row("llama-v8k, checkpointing blocks, MLP in 2 MiB chunks, stage 3, optimizer, params and gradients cpu",
+                  shape="llama-v8k", sets=["train.activation_checkpointing=blocks", "train.mlp_chunk_mb=2", "zero.stage=3",
+                                           "offload.optimizer=cpu", "offload.params=cpu", "offload.gradients=cpu"],
+                  ref="llama-v8k, checkpointing blocks, MLP in 2 MiB chunks"))
     p["llama"] = late_stages_last(ll)
     return p
 

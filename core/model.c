@@ -124,13 +124,19 @@ int strata_model_block_recomputed(const strata_model *m, int l) {
     return m->ckpt_every > 0 && l % m->ckpt_every == 0;
 }
 
+int strata_model_chunk_rows(size_t chunk_bytes, size_t row_bytes, size_t n) {
+    size_t rows = chunk_bytes ? chunk_bytes / row_bytes : n;
+    return (int)(rows < 1 ? 1 : rows < n ? rows : n);
+}
+
 void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
-                       int T, int ckpt_every, size_t logits_chunk_bytes) {
+                       int T, int ckpt_every, size_t logits_chunk_bytes, size_t mlp_chunk_bytes) {
     STRATA_ASSERT(!dev || dev->compute_dtype == dtype);
     m->dev = dev;
     m->B = m->cur_B = B;
     m->T = m->cur_T = T;
     m->ckpt_every = ckpt_every;
+    m->mlp_chunk_bytes = mlp_chunk_bytes;
     m->constants_ready = 0;
     int L = m->shape.n_layer;
     size_t C = m->shape.n_embd, Vp = m->shape.padded_vocab_size;
@@ -143,8 +149,7 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
         strata_model_reserve(a, n, BT * C * es, &m->resid[l]);
     }
     m->family->plan(m, a, es);
-    size_t rows = logits_chunk_bytes ? logits_chunk_bytes / (Vp * es) : BT;
-    m->head_rows = (int)(rows < 1 ? 1 : rows < BT ? rows : BT);
+    m->head_rows = strata_model_chunk_rows(logits_chunk_bytes, Vp * es, BT);
     strata_model_reserve(a, "logits", (size_t)m->head_rows * Vp * es, &m->logits);
     strata_model_reserve(a, "losses", BT * 4, (void **)&m->losses);
     strata_model_reserve(a, "loss_sum", 4, (void **)&m->loss_sum);

@@ -117,6 +117,8 @@ typedef struct strata_model {
     void **resid;             /* L+1 residual streams (B,T,C); resid[0] = embeddings */
     void *logits;             /* (head_rows,Vp); holds dlogits after a training forward */
     int head_rows;            /* rows of logits held at once: B*T, or fewer (train.logits_chunk_mb) */
+    size_t mlp_chunk_bytes;   /* train.mlp_chunk_mb in bytes (0: the MLP takes every row at once) */
+    int mlp_rows;             /* rows the blocks' MLPs take at a time: B*T, or fewer */
     int logits_first;         /* strata_model_forward_logits: the row m->logits starts at */
     float head_dloss, head_loss_scale; /* a chunked head's training forward, for its backward */
     float *losses;            /* (B,T) */
@@ -160,9 +162,16 @@ strata_param_layout strata_model_layout(const strata_model *m, const size_t *uni
 /* Reserves activation memory for micro-batch B x T in the arena, with activations in
  * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed).
  * logits_chunk_bytes > 0: the head holds at most that many bytes of logits at once (whole
- * rows, at least one), computing the classifier and the loss a chunk of rows at a time. */
+ * rows, at least one), computing the classifier and the loss a chunk of rows at a time.
+ * mlp_chunk_bytes > 0: likewise the blocks' MLPs, their widest activation (Llama's gate|up,
+ * GPT-2's c_fc output) at most that many bytes at once: the activations they keep between
+ * forward and backward are then a chunk's where blocks are recomputed (only their inputs
+ * stay), and their gradient buffers a chunk's everywhere. */
 void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
-                       int T, int ckpt_every, size_t logits_chunk_bytes);
+                       int T, int ckpt_every, size_t logits_chunk_bytes, size_t mlp_chunk_bytes);
+/* Whole rows of row_bytes each that fit in chunk_bytes, at least 1, at most all n of them
+ * (chunk_bytes 0: all of them). */
+int strata_model_chunk_rows(size_t chunk_bytes, size_t row_bytes, size_t n);
 
 /* Fills elements [lo, hi) of unit u's flat fp32 buffer with the initial values, a pure
  * function of (seed, tensor, element index) so any rank can init any shard. */

@@ -37,7 +37,8 @@ typedef struct strata_model_family {
      * flat-buffer order. */
     void (*build)(strata_model *m);
     /* Reserves the family's activations, gradient buffers and constants for m->B x m->T
-     * rows in the compute dtype's `es` bytes, and sets m->acts. */
+     * rows in the compute dtype's `es` bytes, and sets m->acts and m->mlp_rows (from
+     * m->mlp_chunk_bytes and its MLP's widest row). */
     void (*plan)(strata_model *m, strata_arena *a, size_t es);
     /* Uploads the family's constants into their planned buffers (the first set_batch); NULL
      * when it has none. 0, or -1. */

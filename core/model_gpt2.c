@@ -36,7 +36,7 @@ typedef struct block_acts {
     void *resid2;   /* (B,T,C) x + attn(ln1(x)) */
     void *ln2;      /* (B,T,C) */
     float *ln2_mean, *ln2_rstd;
-    void *fch;      /* (B,T,4C) c_fc pre-activation */
+    void *fch;      /* (B,T,4C) c_fc pre-activation; (R,4C) for the recomputed blocks' shared set */
 } block_acts;
 
 /* Everything GPT-2 keeps beside the residual streams and the logits (arena). */
@@ -44,10 +44,11 @@ typedef struct gpt2_acts {
     block_acts *h;        /* per block; blocks recomputed in backward share `recompute` */
     block_acts recompute;
     void *scratch_btc;    /* (B,T,C) c_proj outputs before the residual add */
-    /* (B,T,4C) gelu(fch) of the block at hand: its forward writes it for c_proj, its
-     * backward rebuilds it from fch for c_proj's weight gradient. One buffer for all
-     * blocks instead of one each: L-1 times B T 4C elements less (4.6 GiB at 1.5B, B=8),
-     * for one element-wise pass per block in the backward. */
+    /* (R,4C) gelu(fch) of the block at hand, R = mlp_rows (B*T unless the MLP runs in
+     * chunks): its forward writes it for c_proj, its backward rebuilds it from fch for
+     * c_proj's weight gradient. One buffer for all blocks instead of one each: L-1 times
+     * B T 4C elements less (4.6 GiB at 1.5B, B=8), for one element-wise pass per block in
+     * the backward. */
     void *fch_gelu;
     void *lnf;            /* (B,T,C) */
     float *lnf_mean, *lnf_rstd;
@@ -55,7 +56,7 @@ typedef struct gpt2_acts {
     void *dbtc;           /* (B,T,C) */
     void *dbtc2;          /* (B,T,C) */
     void *dqkv;           /* (B,T,3C) */
-    void *dfch;           /* (B,T,4C) */
+    void *dfch;           /* (R,4C) */
 } gpt2_acts;
 
 static void build(strata_model *m) {
@@ -93,14 +94,21 @@ static double flops_per_token(const strata_model *m, int T) {
     return 6.0 * n_matmul + 12.0 * L * C * T;
 }
 
-/* per block: the forward's 9 calls, the backward's 9, a recompute's 9; the embedding's
- * forward and backward, the head's 3 + 2 */
-static int timed_calls(const strata_model *m) { return 27 * m->shape.n_layer + 11; }
+/* per block: the forward's 9 calls (2 of them a chunk of the MLP's), the backward's 9 (4 a
+ * chunk's), a recompute's 7 (1 a chunk's), and 7 more for each further chunk; the
+ * embedding's forward and backward, the head's 3 + 2 */
+static int timed_calls(const strata_model *m) {
+    int BT = m->B * m->T, chunks = (BT + m->mlp_rows - 1) / m->mlp_rows;
+    return (25 + 7 * (chunks - 1)) * m->shape.n_layer + 11;
+}
 
 /* ---- memory plan ---- */
 
+/* fch_rows: rows of c_fc's output the block keeps (B*T, or a chunk's for the recomputed
+ * blocks' shared set when the MLP runs in chunks: their backward rebuilds it a chunk at a
+ * time) */
 static void plan_block_acts(strata_arena *a, block_acts *x, const char *who, size_t BT, size_t C, size_t NH,
-                            size_t es) {
+                            size_t es, size_t fch_rows) {
     char n[64];
 #define R(field, bytes) (snprintf(n, sizeof n, "%s.%s", who, #field), strata_model_reserve(a, n, bytes, (void **)&x->field))
     R(ln1, BT * C * es);
@@ -113,7 +121,7 @@ static void plan_block_acts(strata_arena *a, block_acts *x, const char *who, siz
     R(ln2, BT * C * es);
     R(ln2_mean, BT * 4);
     R(ln2_rstd, BT * 4);
-    R(fch, BT * 4 * C * es);
+    R(fch, fch_rows * 4 * C * es);
 #undef R
 }
 
@@ -130,6 +138,8 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
     gpt2_acts *x = strata_xcalloc(1, sizeof *x);
     m->acts = x;
     x->h = strata_xcalloc(L, sizeof *x->h);
+    /* the MLP's rows at a time: its widest activation is c_fc's 4C */
+    size_t R = (size_t)(m->mlp_rows = strata_model_chunk_rows(m->mlp_chunk_bytes, 4 * C * es, BT));
     char n[64];
     int any_recomputed = 0;
     for (int l = 0; l < L; l++) {
@@ -138,18 +148,18 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
             continue;
         }
         snprintf(n, sizeof n, "h.%d", l);
-        plan_block_acts(a, &x->h[l], n, BT, C, NH, es);
+        plan_block_acts(a, &x->h[l], n, BT, C, NH, es, BT);
     }
-    if (any_recomputed) plan_block_acts(a, &x->recompute, "recompute", BT, C, NH, es);
+    if (any_recomputed) plan_block_acts(a, &x->recompute, "recompute", BT, C, NH, es, R);
     strata_model_reserve(a, "scratch_btc", BT * C * es, &x->scratch_btc);
-    strata_model_reserve(a, "fch_gelu", BT * 4 * C * es, &x->fch_gelu);
+    strata_model_reserve(a, "fch_gelu", R * 4 * C * es, &x->fch_gelu);
     strata_model_reserve(a, "lnf", BT * C * es, &x->lnf);
     strata_model_reserve(a, "lnf_mean", BT * 4, (void **)&x->lnf_mean);
     strata_model_reserve(a, "lnf_rstd", BT * 4, (void **)&x->lnf_rstd);
     strata_model_reserve(a, "dbtc", BT * C * es, &x->dbtc);
     strata_model_reserve(a, "dbtc2", BT * C * es, &x->dbtc2);
     strata_model_reserve(a, "dqkv", BT * 3 * C * es, &x->dqkv);
-    strata_model_reserve(a, "dfch", BT * 4 * C * es, &x->dfch);
+    strata_model_reserve(a, "dfch", R * 4 * C * es, &x->dfch);
 }
 
 static void free_acts(strata_model *m) {
@@ -180,7 +190,15 @@ static strata_init_rule init_rule(const strata_model *m, int ti) {
 #define P(u, i) strata_model_tensor_ptr(m, m->params[u], u, i, es)
 #define G(u, i) ((float *)strata_model_tensor_ptr(m, m->grads[u], u, i, sizeof(float)))
 
-static void block_forward(strata_model *m, int u) {
+/* Where rows [r0, ...) of block l's c_fc output live: its own (B,T,4C) buffer, or, for a
+ * recomputed block, the shared buffer from its start (a chunk's rows when the MLP runs in
+ * chunks; the backward rebuilds each chunk before its use). */
+static void *fch_at(const strata_model *m, const block_acts *a, int l, int r0, size_t es) {
+    return (char *)a->fch + (strata_model_block_recomputed(m, l) ? 0 : (size_t)r0 * 4 * m->shape.n_embd * es);
+}
+
+/* The block up to its MLP: x -> LayerNorm -> attention -> + x = resid2 -> LayerNorm = ln2. */
+static void block_forward_to_mlp(strata_model *m, int u) {
     const strata_kernels *k = m->dev->k;
     strata_stream *s = m->dev->compute;
     size_t es = strata_dtype_size(m->dev->compute_dtype);
@@ -195,8 +213,35 @@ static void block_forward(strata_model *m, int u) {
     TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, STRATA_W_KN));
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * C));
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C));
-    TIMED(MATMUL_FC, k->matmul_forward(s, a->fch, g->fch_gelu, a->ln2, P(u, FC_W), P(u, FC_B), BT, C, 4 * C, STRATA_W_KN)); /* (B,T,4C) */
-    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, g->fch_gelu, P(u, FCPROJ_W), P(u, FCPROJ_B), BT, 4 * C, C, STRATA_W_KN));
+}
+
+/* c_fc's rows [r0, r0 + n) with its fused bias + GELU epilogue: fch and fch_gelu. */
+static void fc_forward(strata_model *m, int u, void *fch, int r0, int n) {
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    gpt2_acts *g = m->acts;
+    int C = m->shape.n_embd;
+    const void *ln2 = (char *)acts_of(m, m->units[u].layer)->ln2 + (size_t)r0 * C * es;
+    TIMED(MATMUL_FC, m->dev->k->matmul_forward(m->dev->compute, fch, g->fch_gelu, ln2, P(u, FC_W), P(u, FC_B), n, C,
+                                                4 * C, STRATA_W_KN)); /* (n,4C) */
+}
+
+/* The whole block; the MLP m->mlp_rows rows at a time (all of them unless
+ * train.mlp_chunk_mb says otherwise: each row's output is its own). */
+static void block_forward(strata_model *m, int u) {
+    const strata_kernels *k = m->dev->k;
+    strata_stream *s = m->dev->compute;
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    gpt2_acts *g = m->acts;
+    int l = m->units[u].layer;
+    int C = m->shape.n_embd, BT = m->cur_B * m->cur_T;
+    block_acts *a = acts_of(m, l);
+    block_forward_to_mlp(m, u);
+    for (int r0 = 0; r0 < BT; r0 += m->mlp_rows) {
+        int n = BT - r0 < m->mlp_rows ? BT - r0 : m->mlp_rows;
+        fc_forward(m, u, fch_at(m, a, l, r0, es), r0, n);
+        TIMED(MATMUL_FCPROJ, k->matmul_forward(s, (char *)g->scratch_btc + (size_t)r0 * C * es, NULL, g->fch_gelu,
+                                               P(u, FCPROJ_W), P(u, FCPROJ_B), n, 4 * C, C, STRATA_W_KN));
+    }
     TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * C));
 }
 
@@ -228,19 +273,34 @@ static void block_backward(strata_model *m, int u) {
     gpt2_acts *g = m->acts;
     int l = m->units[u].layer;
     int B = m->cur_B, T = m->cur_T, C = m->shape.n_embd, NH = m->shape.n_head, BT = B * T;
-    if (strata_model_block_recomputed(m, l)) { /* activation checkpointing: rebuild acts */
+    int recomputed = strata_model_block_recomputed(m, l);
+    if (recomputed) { /* activation checkpointing: rebuild the activations up to the MLP */
         strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
-        block_forward(m, u);
+        block_forward_to_mlp(m, u);
         strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
     }
     block_acts *a = acts_of(m, l);
-    /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. gelu(fch) is rebuilt
-     * here even after a recompute wrote it, so every block's c_proj gradient reads the same
-     * kernel's output (on CUDA the forward's fused epilogue rounds differently). */
-    TIMED(GELU, k->gelu_forward(s, g->fch_gelu, a->fch, (size_t)BT * 4 * C));
-    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dfch, G(u, FCPROJ_W), G(u, FCPROJ_B), m->dresid, g->fch_gelu, P(u, FCPROJ_W), BT, 4 * C, C, STRATA_W_KN));
-    TIMED(GELU, k->gelu_backward(s, g->dfch, a->fch, g->dfch, (size_t)BT * 4 * C));
-    TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, G(u, FC_W), G(u, FC_B), g->dfch, a->ln2, P(u, FC_W), BT, C, 4 * C, STRATA_W_KN));
+    /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. The MLP's backward
+     * runs m->mlp_rows rows at a time: a recomputed block's c_fc rebuilt for them, then
+     * gelu(fch) rebuilt from it even where that just wrote it, so every block's c_proj
+     * gradient reads the same kernel's output (on CUDA the forward's fused epilogue rounds
+     * differently); the weight and bias gradients sum their rows chunk by chunk. */
+    for (int r0 = 0; r0 < BT; r0 += m->mlp_rows) {
+        int n = BT - r0 < m->mlp_rows ? BT - r0 : m->mlp_rows;
+        size_t c_at = (size_t)r0 * C * es;
+        void *fch = fch_at(m, a, l, r0, es);
+        if (recomputed) {
+            strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
+            fc_forward(m, u, fch, r0, n);
+            strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
+        }
+        TIMED(GELU, k->gelu_forward(s, g->fch_gelu, fch, (size_t)n * 4 * C));
+        TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dfch, G(u, FCPROJ_W), G(u, FCPROJ_B), (char *)m->dresid + c_at,
+                                                g->fch_gelu, P(u, FCPROJ_W), n, 4 * C, C, STRATA_W_KN));
+        TIMED(GELU, k->gelu_backward(s, g->dfch, fch, g->dfch, (size_t)n * 4 * C));
+        TIMED(MATMUL_FC, k->matmul_backward(s, (char *)g->dbtc + c_at, G(u, FC_W), G(u, FC_B), g->dfch,
+                                            (char *)a->ln2 + c_at, P(u, FC_W), n, C, 4 * C, STRATA_W_KN));
+    }
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN2_W), G(u, LN2_B), g->dbtc, a->resid2, P(u, LN2_W), a->ln2_mean, a->ln2_rstd, BT, C));
     TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, STRATA_W_KN));
     TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->dbtc, a->qkv, a->atty, a->att_lse, B, T, NH, NH, C / NH));

@@ -63,7 +63,7 @@ typedef struct block_acts {
     void *resid2;       /* (B,T,C) x + o_proj(atty) */
     void *ln2;          /* (B,T,C) */
     float *ln2_rstd;    /* (B,T) */
-    void *gu;           /* (B,T,2I) gate|up */
+    void *gu;           /* (B,T,2I) gate|up; (R,2I) for the recomputed blocks' shared set */
 } block_acts;
 
 /* Everything the family keeps beside the residual streams and the logits (arena). */
@@ -71,10 +71,11 @@ typedef struct llama_acts {
     block_acts *h;      /* per block; blocks recomputed in backward share `recompute` */
     block_acts recompute;
     void *scratch_btc;  /* (B,T,C) o_proj and down_proj outputs before the residual add */
-    /* (B,T,I) silu(gate) * up of the block at hand: its forward writes it for down_proj,
-     * its backward rebuilds it from gu (the same kernel: the same bits) for down_proj's
-     * weight gradient, unless a recompute just did. One buffer for all blocks instead of
-     * one each: L-1 times B T I elements less without activation checkpointing. */
+    /* (R,I) silu(gate) * up of the block at hand, R = mlp_rows (B*T unless the MLP runs
+     * in chunks): its forward writes it for down_proj, its backward rebuilds it from gu
+     * (the same kernel: the same bits) for down_proj's weight gradient. One buffer for all
+     * blocks instead of one each: L-1 times B T I elements less without activation
+     * checkpointing. */
     void *mlp;
     void *lnf;          /* (B,T,C) model.norm(resid[L]) */
     float *lnf_rstd;    /* (B,T) */
@@ -87,8 +88,8 @@ typedef struct llama_acts {
     void *datty;        /* (B,T,NH hd) */
     void *dqkv;         /* (B,T,Q) */
     void *dqkv_raw;     /* (B,T,Q) [qk_norm] */
-    void *dgu;          /* (B,T,2I) */
-    void *dmlp;         /* (B,T,I) */
+    void *dgu;          /* (R,2I) */
+    void *dmlp;         /* (R,I) */
 } llama_acts;
 
 /* Sizes every function below needs. */
@@ -194,9 +195,13 @@ static double flops_per_token(const strata_model *m, int T) {
     return 6.0 * n_matmul + 12.0 * d.L * (double)d.A * T;
 }
 
-/* per block: the forward's 13 timed calls (12 without qk_norm), the backward's 10 and the
- * rebuilt mlp's 1, a recompute's 13; the embedding's forward and backward, the head's 3 + 2 */
-static int timed_calls(const strata_model *m) { return 37 * m->shape.n_layer + 7; }
+/* per block at most (qk_norm): the forward's 12 timed calls (3 of them a chunk of the
+ * MLP's), the backward's 11 (4 a chunk's), a recompute's 9 (1 a chunk's), and 8 more for
+ * each further chunk; the embedding's forward and backward, the head's 3 + 2 */
+static int timed_calls(const strata_model *m) {
+    int BT = m->B * m->T, chunks = (BT + m->mlp_rows - 1) / m->mlp_rows;
+    return (32 + 8 * (chunks - 1)) * m->shape.n_layer + 7;
+}
 
 /* ---- RoPE's inverse frequencies ---- */
 
@@ -237,7 +242,10 @@ void strata_model_rope_inv_freq(const strata_model_shape *s, float *inv_freq) {
 
 /* ---- memory plan ---- */
 
-static void plan_block_acts(strata_model *m, strata_arena *a, block_acts *x, const char *who, size_t es) {
+/* gu_rows: rows of gate|up the block keeps (B*T, or a chunk's for the recomputed blocks'
+ * shared set when the MLP runs in chunks: their backward rebuilds it a chunk at a time) */
+static void plan_block_acts(strata_model *m, strata_arena *a, block_acts *x, const char *who, size_t es,
+                            size_t gu_rows) {
     dims d = dims_of(m);
     size_t BT = (size_t)m->B * m->T;
     char n[64];
@@ -255,7 +263,7 @@ static void plan_block_acts(strata_model *m, strata_arena *a, block_acts *x, con
     R(resid2, BT * d.C * es);
     R(ln2, BT * d.C * es);
     R(ln2_rstd, BT * 4);
-    R(gu, BT * 2 * d.I * es);
+    R(gu, gu_rows * 2 * d.I * es);
 #undef R
 }
 
@@ -272,6 +280,8 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
     x->h = strata_xcalloc(d.L, sizeof *x->h);
     x->inv_freq_host = strata_xmalloc((size_t)(d.hd / 2) * sizeof(float));
     strata_model_rope_inv_freq(&m->shape, x->inv_freq_host);
+    /* the MLP's rows at a time: its widest activation is gate|up's 2I */
+    size_t R = (size_t)(m->mlp_rows = strata_model_chunk_rows(m->mlp_chunk_bytes, 2 * (size_t)d.I * es, BT));
     char n[64];
     int any_recomputed = 0;
     for (int l = 0; l < d.L; l++) {
@@ -280,11 +290,11 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
             continue;
         }
         snprintf(n, sizeof n, "layers.%d", l);
-        plan_block_acts(m, a, &x->h[l], n, es);
+        plan_block_acts(m, a, &x->h[l], n, es, BT);
     }
-    if (any_recomputed) plan_block_acts(m, a, &x->recompute, "recompute", es);
+    if (any_recomputed) plan_block_acts(m, a, &x->recompute, "recompute", es, R);
     strata_model_reserve(a, "scratch_btc", BT * d.C * es, &x->scratch_btc);
-    strata_model_reserve(a, "mlp", BT * d.I * es, &x->mlp);
+    strata_model_reserve(a, "mlp", R * d.I * es, &x->mlp);
     strata_model_reserve(a, "lnf", BT * d.C * es, &x->lnf);
     strata_model_reserve(a, "lnf_rstd", BT * 4, (void **)&x->lnf_rstd);
     strata_model_reserve(a, "rope_inv_freq", (size_t)(d.hd / 2) * 4, (void **)&x->inv_freq);
@@ -296,8 +306,8 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
         strata_model_reserve(a, "rstd_scratch", BT * (size_t)(d.NH + d.NKV) * 4, (void **)&x->rstd_scratch);
         strata_model_reserve(a, "dqkv_raw", BT * d.Q * es, &x->dqkv_raw);
     }
-    strata_model_reserve(a, "dgu", BT * 2 * d.I * es, &x->dgu);
-    strata_model_reserve(a, "dmlp", BT * d.I * es, &x->dmlp);
+    strata_model_reserve(a, "dgu", R * 2 * d.I * es, &x->dgu);
+    strata_model_reserve(a, "dmlp", R * d.I * es, &x->dmlp);
 }
 
 static int upload_constants(strata_model *m) {
@@ -334,7 +344,16 @@ static strata_init_rule init_rule(const strata_model *m, int ti) {
 
 /* ---- forward and backward ---- */
 
-static void block_forward(strata_model *m, int u) {
+/* Where rows [r0, ...) of block l's gate|up product live: its own (B,T,2I) buffer, or,
+ * for a recomputed block, the shared buffer from its start (a chunk's rows when the MLP
+ * runs in chunks; the backward rebuilds each chunk before its use). */
+static void *gu_at(const strata_model *m, const block_acts *a, int l, int r0, size_t es) {
+    size_t I = (size_t)m->shape.intermediate_size;
+    return (char *)a->gu + (strata_model_block_recomputed(m, l) ? 0 : (size_t)r0 * 2 * I * es);
+}
+
+/* The block up to its MLP: x -> RMSNorm -> attention -> + x = resid2 -> RMSNorm = ln2. */
+static void block_forward_to_mlp(strata_model *m, int u) {
     const strata_kernels *k = m->dev->k;
     strata_stream *s = m->dev->compute;
     strata_dtype dt = m->dev->compute_dtype;
@@ -365,9 +384,30 @@ static void block_forward(strata_model *m, int u) {
     TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, p.o, NULL, BT, d.A, d.C, STRATA_W_NK)); /* (B,T,C) */
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * d.C));
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln2, a->ln2_rstd, a->resid2, p.ln2, BT, 1, d.C, d.C, eps));
-    TIMED(MATMUL_FC, k->matmul_forward(s, a->gu, NULL, a->ln2, p.gu, NULL, BT, d.C, 2 * d.I, STRATA_W_NK)); /* (B,T,2I) */
-    TIMED(SWIGLU, k->swiglu_forward(s, g->mlp, a->gu, BT, d.I));                                   /* (B,T,I) */
-    TIMED(MATMUL_FCPROJ, k->matmul_forward(s, g->scratch_btc, NULL, g->mlp, p.down, NULL, BT, d.I, d.C, STRATA_W_NK)); /* (B,T,C) */
+}
+
+/* The whole block; the MLP m->mlp_rows rows at a time (all of them unless
+ * train.mlp_chunk_mb says otherwise: each row's output is its own). */
+static void block_forward(strata_model *m, int u) {
+    const strata_kernels *k = m->dev->k;
+    strata_stream *s = m->dev->compute;
+    size_t es = strata_dtype_size(m->dev->compute_dtype);
+    llama_acts *g = m->acts;
+    dims d = dims_of(m);
+    int l = m->units[u].layer;
+    int BT = m->cur_B * m->cur_T;
+    block_params p = block_tensors(m, m->params[u], u, es);
+    block_acts *a = acts_of(m, l);
+    block_forward_to_mlp(m, u);
+    for (int r0 = 0; r0 < BT; r0 += m->mlp_rows) {
+        int n = BT - r0 < m->mlp_rows ? BT - r0 : m->mlp_rows;
+        size_t c_at = (size_t)r0 * d.C * es;
+        void *gu = gu_at(m, a, l, r0, es);
+        TIMED(MATMUL_FC, k->matmul_forward(s, gu, NULL, (char *)a->ln2 + c_at, p.gu, NULL, n, d.C, 2 * d.I, STRATA_W_NK)); /* (n,2I) */
+        TIMED(SWIGLU, k->swiglu_forward(s, g->mlp, gu, n, d.I));                                   /* (n,I) */
+        TIMED(MATMUL_FCPROJ, k->matmul_forward(s, (char *)g->scratch_btc + c_at, NULL, g->mlp, p.down, NULL, n, d.I, d.C,
+                                               STRATA_W_NK)); /* (n,C) */
+    }
     TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * d.C));
 }
 
@@ -407,18 +447,33 @@ static void block_backward(strata_model *m, int u) {
     block_params p = block_tensors(m, m->params[u], u, es);
     block_params gr = block_tensors(m, m->grads[u], u, sizeof(float));
     block_acts *a = acts_of(m, l);
-    if (strata_model_block_recomputed(m, l)) { /* activation checkpointing: rebuild acts (and mlp) */
+    int recomputed = strata_model_block_recomputed(m, l);
+    if (recomputed) { /* activation checkpointing: rebuild the activations up to the MLP */
         strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
-        block_forward(m, u);
+        block_forward_to_mlp(m, u);
         strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
-    } else { /* the shared mlp buffer holds a later block's: rebuild this one's */
-        TIMED(SWIGLU, k->swiglu_forward(s, g->mlp, a->gu, BT, d.I));
     }
     size_t k_at = (size_t)d.NH * d.hd * es;
-    /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. */
-    TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dmlp, gr.down, NULL, m->dresid, g->mlp, p.down, BT, d.I, d.C, STRATA_W_NK));
-    TIMED(SWIGLU, k->swiglu_backward(s, g->dgu, g->dmlp, a->gu, BT, d.I));
-    TIMED(MATMUL_FC, k->matmul_backward(s, g->dbtc, gr.gu, NULL, g->dgu, a->ln2, p.gu, BT, d.C, 2 * d.I, STRATA_W_NK));
+    /* m->dresid holds dL/d resid[l+1] and leaves holding dL/d resid[l]. The MLP's backward
+     * runs m->mlp_rows rows at a time: a recomputed block's gate|up rebuilt for them, then
+     * silu(gate)*up rebuilt from it (the forward's kernel: the same bits) for down_proj's
+     * weight gradient; the weight gradients sum their rows chunk by chunk. */
+    for (int r0 = 0; r0 < BT; r0 += m->mlp_rows) {
+        int n = BT - r0 < m->mlp_rows ? BT - r0 : m->mlp_rows;
+        size_t c_at = (size_t)r0 * d.C * es;
+        void *gu = gu_at(m, a, l, r0, es);
+        if (recomputed) {
+            strata_prof_set_phase(m->prof, STRATA_PROF_RECOMPUTE);
+            TIMED(MATMUL_FC, k->matmul_forward(s, gu, NULL, (char *)a->ln2 + c_at, p.gu, NULL, n, d.C, 2 * d.I, STRATA_W_NK));
+            strata_prof_set_phase(m->prof, STRATA_PROF_BACKWARD);
+        }
+        TIMED(SWIGLU, k->swiglu_forward(s, g->mlp, gu, n, d.I));
+        TIMED(MATMUL_FCPROJ, k->matmul_backward(s, g->dmlp, gr.down, NULL, (char *)m->dresid + c_at, g->mlp, p.down, n, d.I,
+                                                d.C, STRATA_W_NK));
+        TIMED(SWIGLU, k->swiglu_backward(s, g->dgu, g->dmlp, gu, n, d.I));
+        TIMED(MATMUL_FC, k->matmul_backward(s, (char *)g->dbtc + c_at, gr.gu, NULL, g->dgu, (char *)a->ln2 + c_at, p.gu, n,
+                                            d.C, 2 * d.I, STRATA_W_NK));
+    }
     TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln2, g->dbtc, a->resid2, p.ln2, a->ln2_rstd, BT, 1, d.C, d.C));
     TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->datty, gr.o, NULL, m->dresid, a->atty, p.o, BT, d.A, d.C, STRATA_W_NK));
     TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->datty, a->qkv, a->atty, a->att_lse, B, T, d.NH, d.NKV, d.hd));

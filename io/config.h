@@ -81,6 +81,7 @@ typedef struct strata_config {
         int activation_checkpointing; /* 0 none, K: keep only every K-th block's activations
                                          ("blocks" = 1, "every:K" = K) */
         int logits_chunk_mb; /* the head holds at most this many MiB of logits at once; 0 = all rows */
+        int mlp_chunk_mb;    /* the blocks' MLPs hold at most this many MiB of their widest activation; 0 = all rows */
         strata_dtype_choice dtype;
         strata_dtype_choice grad_reduce_dtype;
         int threads; /* OpenMP threads for CPU kernels; 0 = the runtime's default */

@@ -33,6 +33,7 @@ void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strat
     p->n_params = strata_model_num_params(m);
     p->grads_home = cfg->offload.gradients != STRATA_OFFLOAD_NONE; /* the config's checks: one rank, optimizer offloaded */
     p->head_rows = m->head_rows;
+    p->mlp_rows = m->mlp_rows;
     p->rows = m->B * m->T;
 }
 
@@ -252,6 +253,8 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
                    "device's buffers hold those in backward\n");
     if (p->head_rows && p->head_rows < p->rows)
         fprintf(f, "  logits: %d of the micro-batch's %d rows at a time (train.logits_chunk_mb)\n", p->head_rows, p->rows);
+    if (p->mlp_rows && p->mlp_rows < p->rows)
+        fprintf(f, "  MLP: %d of the micro-batch's %d rows at a time (train.mlp_chunk_mb)\n", p->mlp_rows, p->rows);
     if (p->n_params) {
         /* the optimizer state of every rank, all tiers, by parameter: 12 bytes with fp32
          * moments, 8 with bf16, about 6 with 8-bit ones (padding and 4 KiB blocks included) */
@@ -277,7 +280,8 @@ typedef struct option {
     int offload;    /* offload.optimizer: 0 none, 1 cpu, 2 nvme */
     int params;     /* offload.params (stage 3): 0 none, 1 cpu, 2 nvme */
     int grads;      /* offload.gradients (one rank, optimizer offloaded): 0 none, 1 cpu */
-    int chunk;      /* train.logits_chunk_mb: 1 sets LADDER_LOGITS_MB (the head a chunk of rows at a time) */
+    int chunk;      /* train.logits_chunk_mb: 1 sets LADDER_CHUNK_MB (the head a chunk of rows at a time) */
+    int mlp;        /* train.mlp_chunk_mb: 1 sets LADDER_CHUNK_MB (the blocks' MLPs a chunk of rows at a time) */
     int q8;         /* optim.state: int8 (8-bit Adam moments: changes the optimizer's numerics) */
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
@@ -299,14 +303,26 @@ typedef struct option {
  *    per element (docs/benchmarks.md), behind the next forward, while the tier moves half
  *    the bytes. What it costs most is the optimizer's numerics, which is why only `strata
  *    plan` names it unasked. */
-/* The head in chunks of rows holding this many MiB of logits, when the ladder chooses it. */
-#define LADDER_LOGITS_MB 256
+/* The head (or the MLPs) in chunks of rows holding this many MiB of logits (of the MLP's
+ * widest activation), when the ladder chooses it. */
+#define LADDER_CHUNK_MB 256
+
+/* Bytes of a micro-batch's rows of `width` activations. */
+static double rows_bytes(const strata_config *c, double width) {
+    double es = c->device == STRATA_BACKEND_CPU || c->train.dtype == STRATA_DTYPE_FP32 ? 4 : 2;
+    return (double)c->train.micro_batch * strata_config_seq_len(c) * width * es;
+}
 
 /* Bytes of a micro-batch's logits, as the head holds them without chunks. */
 static double logits_bytes(const strata_config *c) {
-    strata_model_shape shape = strata_config_model_shape(c);
-    double es = c->device == STRATA_BACKEND_CPU || c->train.dtype == STRATA_DTYPE_FP32 ? 4 : 2;
-    return (double)c->train.micro_batch * strata_config_seq_len(c) * shape.padded_vocab_size * es;
+    return rows_bytes(c, strata_config_model_shape(c).padded_vocab_size);
+}
+
+/* Bytes of the MLP's widest activation over a micro-batch (the Llama family's gate|up,
+ * GPT-2's c_fc output), as a block holds it without chunks. */
+static double mlp_bytes(const strata_config *c) {
+    strata_model_shape s = strata_config_model_shape(c);
+    return rows_bytes(c, s.arch == STRATA_ARCH_LLAMA ? 2.0 * s.intermediate_size : 4.0 * s.n_embd);
 }
 
 static double option_cost(const strata_config *c, const option *o) {
@@ -314,6 +330,8 @@ static double option_cost(const strata_config *c, const option *o) {
     /* the same FLOPs in smaller products, and the classifier's weight gradient summed a
      * chunk at a time */
     if (o->chunk) cost += 0.02;
+    /* the same again for the MLPs' products (a recomputed block's rebuilds nothing more) */
+    if (o->mlp) cost += 0.01;
     if (o->q8) cost += o->offload ? 0.10 : 0.02;
     int L = c->model.n_layer, ck = c->train.activation_checkpointing;
     /* blocks recomputed beyond those the config recomputes already */
@@ -373,8 +391,12 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         snprintf(sets[n++], 96, "offload.gradients=cpu");
     }
     if (o->chunk && n < max_sets) {
-        out->train.logits_chunk_mb = LADDER_LOGITS_MB;
-        snprintf(sets[n++], 96, "train.logits_chunk_mb=%d", LADDER_LOGITS_MB);
+        out->train.logits_chunk_mb = LADDER_CHUNK_MB;
+        snprintf(sets[n++], 96, "train.logits_chunk_mb=%d", LADDER_CHUNK_MB);
+    }
+    if (o->mlp && n < max_sets) {
+        out->train.mlp_chunk_mb = LADDER_CHUNK_MB;
+        snprintf(sets[n++], 96, "train.mlp_chunk_mb=%d", LADDER_CHUNK_MB);
     }
     /* a partial optimizer offload keeps parameters on the device (io/config.c) */
     double ratio = o->ratio_pct ? o->ratio_pct / 100.0 : o->params ? 1.0 : base->offload.optimizer_ratio;
@@ -401,9 +423,13 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     while ((cfg->train.micro_batch >> (max_halvings + 1)) >= 1 && ((cfg->train.micro_batch >> max_halvings) % 2) == 0)
         max_halvings++;
     int max_offload = cfg->offload.nvme_path[0] ? 2 : 1;
-    /* chunking the head is a rung when the whole micro-batch's logits are larger than a chunk */
-    int max_chunk = !cfg->train.logits_chunk_mb && logits_bytes(cfg) > (double)LADDER_LOGITS_MB * (1 << 20);
+    /* chunking the head (the MLPs) is a rung when the whole micro-batch's logits (the MLP's
+     * widest activation) are larger than a chunk */
+    double chunk_bytes = (double)LADDER_CHUNK_MB * (1 << 20);
+    int max_chunk = !cfg->train.logits_chunk_mb && logits_bytes(cfg) > chunk_bytes;
+    int max_mlp = !cfg->train.mlp_chunk_mb && mlp_bytes(cfg) > chunk_bytes;
     int n = 0;
+    for (int mlp = 0; mlp <= max_mlp; mlp++)
     for (int chunk = 0; chunk <= max_chunk; chunk++)
     for (int q8 = 0; q8 <= max_q8; q8++)
     for (int ci = 0; ci < 3; ci++) {
@@ -419,7 +445,7 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
                 option o = {.ckpt = ckpts[ci], .halvings = h, .stage = st, .offload = off, .params = par, .grads = gr,
-                            .chunk = chunk, .q8 = q8};
+                            .chunk = chunk, .mlp = mlp, .q8 = q8};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -427,9 +453,9 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     return n;
 }
 
-/* 2 head choices x 2 state types x 3 checkpointing choices x fewer than 32 halvings x 4
- * stages x 3 x 3 x 2 offloads: all of them */
-#define MAX_OPTIONS (2 * 2 * 3 * 32 * 4 * 3 * 3 * 2)
+/* 2 MLP choices x 2 head choices x 2 state types x 3 checkpointing choices x fewer than 32
+ * halvings x 4 stages x 3 x 3 x 2 offloads: all of them */
+#define MAX_OPTIONS (2 * 2 * 2 * 3 * 32 * 4 * 3 * 3 * 2)
 
 /* o planned (with its ratios, found by option_fits, if any): each tier's verdict in p, and
  * whether the device's capacity is known (a GPU's, measured or from memory.gpu_gb). */
@@ -554,7 +580,8 @@ static int recomputed_blocks(const strata_config *cfg, int ckpt) {
 /* o changes everything c does, at least as far: if c fits, o only adds work. */
 static int option_extends(const strata_config *cfg, const option *o, const option *c) {
     return recomputed_blocks(cfg, o->ckpt) >= recomputed_blocks(cfg, c->ckpt) && o->halvings >= c->halvings &&
-           o->stage >= c->stage && o->offload >= c->offload && o->params >= c->params && o->q8 >= c->q8;
+           o->stage >= c->stage && o->offload >= c->offload && o->params >= c->params && o->grads >= c->grads &&
+           o->chunk >= c->chunk && o->mlp >= c->mlp && o->q8 >= c->q8;
 }
 
 static int by_cost(const void *a, const void *b) {

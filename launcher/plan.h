@@ -37,6 +37,7 @@ typedef struct strata_plan {
     size_t n_params;                /* the model's parameters (0: unknown, no bytes-a-parameter line) */
     int grads_home;                 /* offload.gradients: cpu at one rank, the optimizer offloaded */
     int head_rows, rows;            /* the head's rows of logits held at once, of the micro-batch's */
+    int mlp_rows;                   /* the rows the blocks' MLPs take at a time */
     size_t bytes[STRATA_TIERS][STRATA_CAT_COUNT];
     size_t need[STRATA_TIERS];
     size_t capacity[STRATA_TIERS]; /* 0 = unknown / not used */

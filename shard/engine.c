@@ -642,7 +642,7 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     if (e->z.params_sharded) plan_ring(e);
     size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
     strata_model_plan(m, arena, dev, e->dtype, e->B, e->T, cfg->train.activation_checkpointing,
-                      (size_t)cfg->train.logits_chunk_mb << 20);
+                      (size_t)cfg->train.logits_chunk_mb << 20, (size_t)cfg->train.mlp_chunk_mb << 20);
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
     if (dev) make_events(e);
     e->loss_sum_host = strata_xcalloc(1, sizeof(float));

@@ -61,9 +61,12 @@ for n in 1 2 4; do
   done
   for o in cpu nvme; do
     rm -rf runs/w
-    # one rank: the gradients in pinned memory too, and the head in chunks
+    # one rank: the gradients in pinned memory too, and the head and the MLPs in chunks (with
+    # every block recomputed, on NVMe)
     more=()
-    [ "$n" -eq 1 ] && more=(--set offload.gradients=cpu --set train.logits_chunk_mb=1 --set train.micro_batch=80)
+    [ "$n" -eq 1 ] && more=(--set offload.gradients=cpu --set train.logits_chunk_mb=1 --set train.mlp_chunk_mb=1
+                            --set train.micro_batch=80)
+    [ "$n" -eq 1 ] && [ $o = nvme ] && more+=(--set train.activation_checkpointing=blocks)
     run $n train wide.yaml --set zero.stage=3 --set offload.optimizer=$o --set offload.params=$o --set "offload.nvme_path=$PWD" \
       "${more[@]}" > /dev/null
     for tier in device pinned; do
@@ -72,7 +75,7 @@ for n in 1 2 4; do
       [ -n "$planned" ] && [ "$planned" = "$got" ] || fail "world $n offload $o: $tier planned $planned, allocated $got"
     done
   done
-  pass "world $n, stages 0-3 and offload cpu/nvme (optimizer and parameters$([ "$n" -eq 1 ] && echo ", gradients, the head in chunks")): planned device and pinned bytes equal the allocated bytes"
+  pass "world $n, stages 0-3 and offload cpu/nvme (optimizer and parameters$([ "$n" -eq 1 ] && echo ", gradients, the head and the MLPs in chunks")): planned device and pinned bytes equal the allocated bytes"
 done
 
 # memory.auto's choice in auto.log and the metrics of its run in $dir, with at least
@@ -232,6 +235,29 @@ keep=$(grep -o -- "keeps the optimizer's numerics[^:]*: --set .*" h124.txt | sed
 # shellcheck disable=SC2086 # the suggestion is a list of --set arguments
 h124 $keep > h124fit.txt || fail "124M on 7.5 GB with '$keep' should fit: $(cat h124fit.txt)"
 pass "GPT-2 124M (B=16) on 7.5 GB: '$keep' fits ($(grep -o '= device *[0-9.]* GiB' h124fit.txt | grep -o '[0-9.]* GiB'))"
+
+# Llama 3.1 8B's shape at its full 131072-token context on an 80 GB GPU with 120 GiB of host
+# memory and the optimizer offloaded: every block recomputed, the activations still come to
+# 97 GiB (the logits 31 GiB, a block's gate|up and its gradient 21 GiB); the ladder takes
+# the head and the MLPs a chunk at a time and keeps the gradients in pinned memory
+cat > ctx.yaml <<'YAML'
+device: cuda
+model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, intermediate_size: 14336,
+        vocab_size: 128256, seq_len: 131072, tie_embeddings: false, rope_theta: 500000}
+data: {train: "data/train_*.bin"}
+train: {steps: 20, micro_batch: 1, dtype: bf16, activation_checkpointing: blocks}
+offload: {optimizer: cpu}
+YAML
+ctx() { CUDA_VISIBLE_DEVICES='' "$S" plan ctx.yaml --gpu-gb 80 --host-gb 120 "$@"; }
+set +e; ctx > ctx.txt; rc=$?; set -e
+line=$(suggested ctx.txt)
+[ $rc -eq 3 ] && grep -q -- "--set train.mlp_chunk_mb=256" <<<"$line" ||
+  fail "8B at T=131072 on 80 GB: the ladder should run the MLPs in chunks: rc $rc, $(tail -3 ctx.txt)"
+# shellcheck disable=SC2086 # the suggestion is a list of --set arguments
+ctx $line > ctxfit.txt || fail "8B at T=131072 with '$line' should fit: $(cat ctxfit.txt)"
+grep -q "MLP: 4681 of the micro-batch's 131072 rows at a time (train.mlp_chunk_mb)" ctxfit.txt ||
+  fail "8B at T=131072: the plan should say how many rows the MLP takes at a time: $(tail -5 ctxfit.txt)"
+pass "Llama 3.1 8B at T=131072 on 80 GB: '$line' fits ($(grep -o '= device *[0-9.]* GiB' ctxfit.txt | grep -o '[0-9.]* GiB'))"
 
 # the disk too small for the NVMe state while the host has room: the ladder keeps the first
 # units' state in pinned memory (offload.nvme_ratio), and that line trains

@@ -41,7 +41,8 @@ static const strata_model_shape llama_qk = {
     .rope_high_freq_factor = 4.0, .rope_original_context = 16, .rms_norm_eps = 1e-6f, .tie_embeddings = 1,
     .qk_norm = 1};
 
-static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckpt_every, size_t logits_chunk_bytes) {
+static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckpt_every, size_t logits_chunk_bytes,
+                             size_t mlp_chunk_bytes) {
     memset(r, 0, sizeof *r);
     r->dev = strata_device_open("cpu", 0);
     strata_model_shape shape = *shape_in;
@@ -53,7 +54,7 @@ static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckp
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_PARAMS, "p", r->m.units[u].numel * 4, (void **)&r->params[u]);
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_GRADS, "g", r->m.units[u].numel * 4, (void **)&r->grads[u]);
     }
-    strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, ckpt_every, logits_chunk_bytes);
+    strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, ckpt_every, logits_chunk_bytes, mlp_chunk_bytes);
     if (strata_arena_commit(&r->arena)) { printf("commit: %s\n", strata_error()); exit(1); }
     for (int u = 0; u < r->m.n_units; u++) {
         size_t n = r->m.units[u].numel;
@@ -77,7 +78,7 @@ static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckp
     r->targets[3] = -1; /* an ignored position */
 }
 
-static void rig_open(rig *r, const strata_model_shape *shape, int ckpt_every) { rig_open_chunked(r, shape, ckpt_every, 0); }
+static void rig_open(rig *r, const strata_model_shape *shape, int ckpt_every) { rig_open_chunked(r, shape, ckpt_every, 0, 0); }
 
 static void rig_close(rig *r) {
     strata_arena_release(&r->arena);
@@ -189,7 +190,7 @@ static void check_gradients(rig *r, const strata_model_shape *shape, const char 
      * sampling's last row's logits too, from a buffer that holds only the last 5 rows */
     rig c;
     size_t Vp = (size_t)shape->padded_vocab_size;
-    rig_open_chunked(&c, shape, 0, 5 * Vp * sizeof(float));
+    rig_open_chunked(&c, shape, 0, 5 * Vp * sizeof(float), 0);
     CHECK(c.m.head_rows == 5, "%s: a 5-row chunk of logits plans 5 rows (%d)", what, c.m.head_rows);
     double lc = train_step(&c), worst_g = 0;
     o = 0;
@@ -211,6 +212,46 @@ static void check_gradients(rig *r, const strata_model_shape *shape, const char 
     CHECK(strata_arena_bytes(&c.arena, -1, STRATA_CAT_ACTIVATIONS) < acts_plain,
           "%s: the chunked head plans less activation memory", what);
     rig_close(&c);
+
+    /* the blocks' MLPs in chunks of 5 rows (train.mlp_chunk_mb), with every block kept,
+     * every block recomputed and every other one: each row's output is its own, so the loss
+     * and the evaluation loss bit for bit; the weight and bias gradients sum their rows in
+     * three pieces. Recomputing every block, only a chunk's gate|up (c_fc) is kept. */
+    size_t mlp_row = (shape->arch == STRATA_ARCH_LLAMA ? 2 * (size_t)shape->intermediate_size : 4 * (size_t)shape->n_embd) *
+                     sizeof(float);
+    size_t saved_kept = 0;
+    for (int k = 0; k <= 2; k++) {
+        rig plain, c;
+        rig_open(&plain, shape, k);
+        size_t acts_k = strata_arena_bytes(&plain.arena, -1, STRATA_CAT_ACTIVATIONS);
+        rig_close(&plain);
+        rig_open_chunked(&c, shape, k, 0, 5 * mlp_row + mlp_row / 2);
+        CHECK(c.m.mlp_rows == 5, "%s, checkpointing every %d: a 5.5-row chunk of the MLP plans 5 rows (%d)", what, k,
+              c.m.mlp_rows);
+        lc = train_step(&c);
+        worst_g = 0;
+        o = 0;
+        for (int u = 0; u < m->n_units; u++)
+            for (size_t i = 0; i < m->units[u].numel; i++, o++) {
+                double d = fabs((double)g0[o] - c.grads[u][i]) / (fabs(g0[o]) + 1e-6);
+                if (d > worst_g) worst_g = d;
+            }
+        CHECK(memcmp(&lc, &loss, sizeof loss) == 0, "%s, checkpointing every %d: the MLP in 5-row chunks: loss %.9g == "
+              "%.9g bitwise", what, k, lc, loss);
+        CHECK(worst_g < 1e-4, "%s, checkpointing every %d: the MLP in 5-row chunks: gradients within %.1e of the whole "
+              "MLP's", what, k, worst_g);
+        ec = loss_of(&c);
+        CHECK(memcmp(&ec, &ep, sizeof ec) == 0, "%s, checkpointing every %d: the MLP in 5-row chunks: evaluation loss "
+              "%.9g == %.9g", what, k, ec, ep);
+        /* kept: the gradient buffers and silu(gate)*up (gelu(c_fc)) shrink to a chunk's;
+         * recomputed: the shared gate|up (c_fc output) too (the arena rounds each buffer up) */
+        size_t saved = acts_k - strata_arena_bytes(&c.arena, -1, STRATA_CAT_ACTIVATIONS);
+        if (k == 0) saved_kept = saved;
+        CHECK(acts_k > saved && saved > 0 && (k == 0 || saved > saved_kept),
+              "%s, checkpointing every %d: the MLP in chunks plans %zu bytes less activation memory, more with "
+              "recomputed blocks than the %zu without", what, k, saved, saved_kept);
+        rig_close(&c);
+    }
     free(g0);
 }
 
