@@ -222,13 +222,15 @@ part_sanitize() {
     rc=0
     # with the gradients in pinned memory (copied out and back in: 2 micro-steps), the head in
     # chunks (a 4096-token vocabulary's 8 MiB of logits, 2 MiB at a time) and every block
-    # recomputed with its MLP in chunks (256 channels: c_fc's 2 MiB, 1 MiB at a time)
+    # recomputed with its MLP in chunks (256 channels: c_fc's 2 MiB, 1 MiB at a time), its
+    # input (the residual stream) in pinned memory but for 3 of the 5
     watched 280 "sanitize $tool train" env STRATA_CUDA_UNVERIFIED=1 "$CS" --tool $tool --error-exitcode 99 "$S" train tiny.yaml \
       --set device=cuda --set zero.stage=3 --set offload.optimizer=cpu --set offload.params=cpu --set train.steps=3 \
       --set offload.gradients=cpu --set train.grad_accum=2 --set model.vocab_size=4096 --set train.logits_chunk_mb=2 \
       --set model.n_embd=256 --set train.activation_checkpointing=blocks --set train.mlp_chunk_mb=1 \
+      --set offload.activations=cpu \
       --set train.eval_every=0 --set run.dir=runs/san > "$OUT/sanitize-$tool-train.log" 2>&1 || rc=$?
-    say "- compute-sanitizer $tool, 3 steps at stage 3 with optimizer, parameters and gradients offloaded to cpu, head and MLPs in chunks: $(exit_text $rc); $(first_line 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool-train.log")"
+    say "- compute-sanitizer $tool, 3 steps at stage 3 with optimizer, parameters and gradients offloaded to cpu (activations too), head and MLPs in chunks: $(exit_text $rc); $(first_line 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool-train.log")"
   done
 }
 

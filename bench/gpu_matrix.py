@@ -140,6 +140,13 @@ def parts():
     w1.append(row("stage 3, grad_accum 2, optimizer and params nvme, gradients cpu",
                   sets=half + ["zero.stage=3", "offload.optimizer=nvme", "offload.params=nvme",
                                "offload.gradients=cpu"], ref=acc))
+    # the residual streams in pinned memory (offload.activations: cpu; 3 of the 5 kept on the
+    # device): copied out after the forward writes them, back in ahead of the backward
+    w1.append(row("stage 0, checkpointing blocks, activations cpu",
+                  sets=["train.activation_checkpointing=blocks", "offload.activations=cpu"], ref=base))
+    w1.append(row("stage 3, grad_accum 2, optimizer, params, gradients and activations cpu, checkpointing blocks",
+                  sets=half + ["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu", "offload.gradients=cpu",
+                               "offload.activations=cpu", "train.activation_checkpointing=blocks"], ref=acc))
     # bf16 and 8-bit Adam moments (optim.state): the device's kernels against the CPU run of
     # the same state type, stage 1 and the CPU optimizer's update bit for bit against stage 0
     for state in ("bf16", "int8"):
@@ -197,6 +204,8 @@ def parts():
         ll.append(row(f"llama, stage {st}, optimizer cpu", shape="llama", sets=[f"zero.stage={st}", "offload.optimizer=cpu"],
                       ref=lb))
     ll.append(row("llama, checkpointing blocks", shape="llama", sets=["train.activation_checkpointing=blocks"], ref=lb))
+    ll.append(row("llama, checkpointing blocks, activations cpu", shape="llama",
+                  sets=["train.activation_checkpointing=blocks", "offload.activations=cpu"], ref="llama, checkpointing blocks"))
     ll.append(row("llama, attention tc", shape="llama", env={"STRATA_ATTENTION": "tc"}, ref=lb, tol=TOL_CPU,
                   needs_gpu=True))
     xb = "llama-x, stage 0"

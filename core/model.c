@@ -130,26 +130,27 @@ int strata_model_chunk_rows(size_t chunk_bytes, size_t row_bytes, size_t n) {
 }
 
 void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
-                       int T, int ckpt_every, size_t logits_chunk_bytes, size_t mlp_chunk_bytes) {
+                       int T, const strata_model_plan_opts *o) {
     STRATA_ASSERT(!dev || dev->compute_dtype == dtype);
     m->dev = dev;
     m->B = m->cur_B = B;
     m->T = m->cur_T = T;
-    m->ckpt_every = ckpt_every;
-    m->mlp_chunk_bytes = mlp_chunk_bytes;
+    m->ckpt_every = o->ckpt_every;
+    m->mlp_chunk_bytes = o->mlp_chunk_bytes;
     m->constants_ready = 0;
     int L = m->shape.n_layer;
     size_t C = m->shape.n_embd, Vp = m->shape.padded_vocab_size;
     size_t BT = (size_t)B * T;
     size_t es = strata_dtype_size(dtype);
-    m->resid = strata_xcalloc(L + 1, sizeof *m->resid);
+    m->resid_slots = o->resid_slots > 0 && o->resid_slots < L + 1 ? o->resid_slots : L + 1;
+    m->resid = strata_xcalloc(m->resid_slots, sizeof *m->resid);
     char n[64];
-    for (int l = 0; l <= L; l++) {
+    for (int l = 0; l < m->resid_slots; l++) {
         snprintf(n, sizeof n, "resid.%d", l);
         strata_model_reserve(a, n, BT * C * es, &m->resid[l]);
     }
     m->family->plan(m, a, es);
-    m->head_rows = strata_model_chunk_rows(logits_chunk_bytes, Vp * es, BT);
+    m->head_rows = strata_model_chunk_rows(o->logits_chunk_bytes, Vp * es, BT);
     strata_model_reserve(a, "logits", (size_t)m->head_rows * Vp * es, &m->logits);
     strata_model_reserve(a, "losses", BT * 4, (void **)&m->losses);
     strata_model_reserve(a, "loss_sum", 4, (void **)&m->loss_sum);

@@ -114,7 +114,10 @@ typedef struct strata_model {
     float **grads;   /* per unit, set by the engine before running its backward */
 
     /* activations both families have (arena) */
-    void **resid;             /* L+1 residual streams (B,T,C); resid[0] = embeddings */
+    /* the residual streams (B,T,C): stream l (0: the embeddings, l: block l-1's output) in
+     * buffer l % resid_slots (strata_model_resid) */
+    void **resid;
+    int resid_slots;          /* L+1, or fewer (offload.activations) */
     void *logits;             /* (head_rows,Vp); holds dlogits after a training forward */
     int head_rows;            /* rows of logits held at once: B*T, or fewer (train.logits_chunk_mb) */
     size_t mlp_chunk_bytes;   /* train.mlp_chunk_mb in bytes (0: the MLP takes every row at once) */
@@ -136,6 +139,9 @@ typedef struct strata_model {
      * training step; NULL otherwise (eval, sampling, and every run without STRATA_PROFILE) */
     struct strata_prof *prof;
 } strata_model;
+
+/* Residual stream l's device buffer. */
+static inline void *strata_model_resid(const strata_model *m, int l) { return m->resid[l % m->resid_slots]; }
 
 /* Builds the unit and tensor tables of shape->arch's family (no memory for parameters). */
 void strata_model_init(strata_model *m, const strata_model_shape *shape);
@@ -159,16 +165,28 @@ int strata_model_timed_calls(const strata_model *m);
 /* The layout checkpoints use; unit_padded supplied by the engine. */
 strata_param_layout strata_model_layout(const strata_model *m, const size_t *unit_padded);
 
+/* How the activations are laid out (strata_model_plan). */
+typedef struct strata_model_plan_opts {
+    int ckpt_every; /* activation checkpointing: 0 none, K: blocks l % K == 0 recomputed */
+    /* > 0: the head holds at most that many bytes of logits at once (whole rows, at least
+     * one), computing the classifier and the loss a chunk of rows at a time */
+    size_t logits_chunk_bytes;
+    /* > 0: likewise the blocks' MLPs, their widest activation (Llama's gate|up, GPT-2's c_fc
+     * output) at most that many bytes at once: the activations they keep between forward
+     * and backward are then a chunk's where blocks are recomputed (only their inputs stay),
+     * and their gradient buffers a chunk's everywhere */
+    size_t mlp_chunk_bytes;
+    /* > 0: the L+1 residual streams share this many device buffers, resid[l] in buffer
+     * l % resid_slots (offload.activations: the rest are copied to and from host memory
+     * around their use, offload/activations.c); 0: one each */
+    int resid_slots;
+} strata_model_plan_opts;
+
 /* Reserves activation memory for micro-batch B x T in the arena, with activations in
- * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed).
- * logits_chunk_bytes > 0: the head holds at most that many bytes of logits at once (whole
- * rows, at least one), computing the classifier and the loss a chunk of rows at a time.
- * mlp_chunk_bytes > 0: likewise the blocks' MLPs, their widest activation (Llama's gate|up,
- * GPT-2's c_fc output) at most that many bytes at once: the activations they keep between
- * forward and backward are then a chunk's where blocks are recomputed (only their inputs
- * stay), and their gradient buffers a chunk's everywhere. */
+ * `dtype` (the device's compute dtype; dev may be NULL for a plan that is only printed),
+ * laid out as o says. */
 void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, strata_dtype dtype, int B,
-                       int T, int ckpt_every, size_t logits_chunk_bytes, size_t mlp_chunk_bytes);
+                       int T, const strata_model_plan_opts *o);
 /* Whole rows of row_bytes each that fit in chunk_bytes, at least 1, at most all n of them
  * (chunk_bytes 0: all of them). */
 int strata_model_chunk_rows(size_t chunk_bytes, size_t row_bytes, size_t n);

@@ -206,7 +206,7 @@ static void block_forward_to_mlp(strata_model *m, int u) {
     int l = m->units[u].layer;
     int B = m->cur_B, T = m->cur_T, C = m->shape.n_embd, NH = m->shape.n_head, BT = B * T;
     block_acts *a = acts_of(m, l);
-    void *x = m->resid[l];
+    void *x = strata_model_resid(m, l);
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C));
     TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, STRATA_W_KN)); /* (B,T,3C) */
     TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, NH, NH, C / NH));         /* (B,T,C) */
@@ -242,7 +242,7 @@ static void block_forward(strata_model *m, int u) {
         TIMED(MATMUL_FCPROJ, k->matmul_forward(s, (char *)g->scratch_btc + (size_t)r0 * C * es, NULL, g->fch_gelu,
                                                P(u, FCPROJ_W), P(u, FCPROJ_B), n, 4 * C, C, STRATA_W_KN));
     }
-    TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * C));
+    TIMED(RESIDUAL, k->residual_forward(s, strata_model_resid(m, l + 1), a->resid2, g->scratch_btc, (size_t)BT * C));
 }
 
 static void forward(strata_model *m, int u, int train, float dloss, float loss_scale) {
@@ -254,13 +254,13 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     int L = m->shape.n_layer;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_forward(s, m->resid[0], m->inputs, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
+        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
         break;
     case STRATA_UNIT_BLOCK:
         block_forward(m, u);
         break;
     case STRATA_UNIT_HEAD:
-        TIMED(LAYERNORM, k->layernorm_forward(s, g->lnf, g->lnf_mean, g->lnf_rstd, m->resid[L], P(u, LNF_W), P(u, LNF_B), BT, C));
+        TIMED(LAYERNORM, k->layernorm_forward(s, g->lnf, g->lnf_mean, g->lnf_rstd, strata_model_resid(m, L), P(u, LNF_W), P(u, LNF_B), BT, C));
         strata_model_head_forward(m, g->lnf, P(0, WTE), STRATA_W_NK_TIED, C, train, dloss, loss_scale); /* (B,T,Vp) */
         break;
     }
@@ -305,7 +305,7 @@ static void block_backward(strata_model *m, int u) {
     TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, STRATA_W_KN));
     TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->dbtc, a->qkv, a->atty, a->att_lse, B, T, NH, NH, C / NH));
     TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, G(u, QKV_W), G(u, QKV_B), g->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, STRATA_W_KN));
-    TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), g->dbtc, m->resid[l], P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
+    TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), g->dbtc, strata_model_resid(m, l), P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
 }
 
 static int backward(strata_model *m, int u) {
@@ -320,7 +320,7 @@ static int backward(strata_model *m, int u) {
         /* tied head: dwte (Vp,C) += dlogits^T lnf; dlnf = dlogits wte */
         strata_model_head_backward(m, g->lnf, P(0, WTE), STRATA_W_NK_TIED, C, g->dbtc, G(0, WTE));
         STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * C * es));
-        TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), g->dbtc, m->resid[L], P(u, LNF_W), g->lnf_mean, g->lnf_rstd, BT, C));
+        TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LNF_W), G(u, LNF_B), g->dbtc, strata_model_resid(m, L), P(u, LNF_W), g->lnf_mean, g->lnf_rstd, BT, C));
         break;
     case STRATA_UNIT_BLOCK:
         block_backward(m, u);

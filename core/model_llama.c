@@ -365,7 +365,7 @@ static void block_forward_to_mlp(strata_model *m, int u) {
     float eps = m->shape.rms_norm_eps;
     block_params p = block_tensors(m, m->params[u], u, es);
     block_acts *a = acts_of(m, l);
-    void *x = m->resid[l];
+    void *x = strata_model_resid(m, l);
     size_t k_at = (size_t)d.NH * d.hd * es; /* k's heads start there in a q|k|v row */
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln1, a->ln1_rstd, x, p.ln1, BT, 1, d.C, d.C, eps)); /* (B,T,C) */
     if (!m->shape.qk_norm) {
@@ -408,7 +408,7 @@ static void block_forward(strata_model *m, int u) {
         TIMED(MATMUL_FCPROJ, k->matmul_forward(s, (char *)g->scratch_btc + c_at, NULL, g->mlp, p.down, NULL, n, d.I, d.C,
                                                STRATA_W_NK)); /* (n,C) */
     }
-    TIMED(RESIDUAL, k->residual_forward(s, m->resid[l + 1], a->resid2, g->scratch_btc, (size_t)BT * d.C));
+    TIMED(RESIDUAL, k->residual_forward(s, strata_model_resid(m, l + 1), a->resid2, g->scratch_btc, (size_t)BT * d.C));
 }
 
 static void forward(strata_model *m, int u, int train, float dloss, float loss_scale) {
@@ -420,7 +420,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     int B = m->cur_B, T = m->cur_T, BT = B * T;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_forward(s, m->resid[0], m->inputs, m->params[0], NULL, B, T, d.C)); /* (B,T,C) */
+        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, m->params[0], NULL, B, T, d.C)); /* (B,T,C) */
         break;
     case STRATA_UNIT_BLOCK:
         block_forward(m, u);
@@ -428,7 +428,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     case STRATA_UNIT_HEAD: {
         void *norm = strata_model_tensor_ptr(m, m->params[u], u, 0, es);
         void *w = head_weight(m, m->params[u], m->params[0], es); /* (Vp, C) */
-        TIMED(RMSNORM, k->rmsnorm_forward(s, g->lnf, g->lnf_rstd, m->resid[d.L], norm, BT, 1, d.C, d.C,
+        TIMED(RMSNORM, k->rmsnorm_forward(s, g->lnf, g->lnf_rstd, strata_model_resid(m, d.L), norm, BT, 1, d.C, d.C,
                                           m->shape.rms_norm_eps));
         strata_model_head_forward(m, g->lnf, w, head_layout(m), d.C, train, dloss, loss_scale); /* (B,T,Vp) */
         break;
@@ -493,7 +493,7 @@ static void block_backward(strata_model *m, int u) {
         dqkv = g->dqkv_raw;
     }
     TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, gr.qkv, gr.qkv_b, dqkv, a->ln1, p.qkv, BT, d.C, d.Q, STRATA_W_NK));
-    TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln1, g->dbtc, m->resid[l], p.ln1, a->ln1_rstd, BT, 1, d.C, d.C));
+    TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln1, g->dbtc, strata_model_resid(m, l), p.ln1, a->ln1_rstd, BT, 1, d.C, d.C));
 }
 
 static int backward(strata_model *m, int u) {
@@ -512,7 +512,7 @@ static int backward(strata_model *m, int u) {
         /* dw (Vp,C) += dlogits^T lnf; dlnf = dlogits w */
         strata_model_head_backward(m, g->lnf, w, head_layout(m), d.C, g->dbtc, dw);
         STRATA_TRY(strata_memset_async(m->dev, s, m->dresid, 0, (size_t)BT * d.C * es));
-        TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, dnorm, g->dbtc, m->resid[d.L], norm, g->lnf_rstd, BT, 1, d.C, d.C));
+        TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, dnorm, g->dbtc, strata_model_resid(m, d.L), norm, g->lnf_rstd, BT, 1, d.C, d.C));
         break;
     }
     case STRATA_UNIT_BLOCK:

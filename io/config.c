@@ -254,6 +254,9 @@ static const key_spec schema[] = {
     ENUM_("offload", "params", offload.params, offload_names, "none", "where stage-3 parameter shards live"),
     ENUM_("offload", "gradients", offload.gradients, grad_home_names, "none",
           "cpu: one rank's fp32 gradients of the offloaded units in pinned memory, streamed from the device as the backward goes"),
+    ENUM_("offload", "activations", offload.activations, grad_home_names, "none",
+          "cpu: the blocks' inputs (the residual streams, what activation checkpointing keeps) in pinned memory, the "
+          "device holding 3; copied out after the forward writes them, back in a block ahead of the backward"),
     DBL("offload", "optimizer_ratio", offload.optimizer_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,
         "share of the optimizer state offloaded, the rest on the device (the first units); auto = what the device cannot hold"),
     DBL("offload", "nvme_ratio", offload.nvme_ratio, 0, 1, "1", F_MIN_EXCL | F_AUTO,

@@ -119,6 +119,10 @@ typedef struct strata_config {
          * memory; the device keeps a few units' worth, copied out after each backward
          * (STRATA_OFFLOAD_NVME is not a choice here) */
         strata_offload_choice gradients;
+        /* cpu: the blocks' inputs (the L+1 residual streams) live in pinned host memory but
+         * for 3 on the device, copied out in the forward and back in ahead of the backward
+         * (shard/acts_home.h) */
+        strata_offload_choice activations;
         /* share of the rank's optimizer state the offload tier holds (whole units, the last
          * in forward order); the rest stays on the device. 1 = all of it; STRATA_AUTO until
          * the launcher resolves it (strata_plan_resolve_ratio) */

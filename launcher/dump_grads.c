@@ -117,6 +117,7 @@ static int open_checkpoint(dump_args *a, strata_opened_ckpt *o) {
     a->B = cfg->train.micro_batch;
     a->T = strata_config_seq_len(cfg);
     cfg->train.logits_chunk_mb = 0; /* every row's logits are dumped: the head holds them all */
+    cfg->offload.activations = STRATA_OFFLOAD_NONE; /* the model runs here without the engine's copies */
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
     return 0;
 }

@@ -12,6 +12,7 @@
 #include "core/common.h"
 #include "core/model.h"
 #include "launcher/build.h"
+#include "shard/acts_home.h"
 #include "shard/engine.h"
 
 static const char *tier_names[STRATA_TIERS] = {"device", "pinned host", "host", "nvme"};
@@ -34,7 +35,9 @@ void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strat
     p->grads_home = cfg->offload.gradients != STRATA_OFFLOAD_NONE; /* the config's checks: one rank, optimizer offloaded */
     p->head_rows = m->head_rows;
     p->mlp_rows = m->mlp_rows;
+    p->resid_slots = m->resid_slots;
     p->rows = m->B * m->T;
+    p->resid_streams = m->shape.n_layer + 1;
 }
 
 void strata_plan_add_nvme(strata_plan *p, size_t bytes, size_t param_bytes) {
@@ -253,6 +256,9 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
                    "device's buffers hold those in backward\n");
     if (p->head_rows && p->head_rows < p->rows)
         fprintf(f, "  logits: %d of the micro-batch's %d rows at a time (train.logits_chunk_mb)\n", p->head_rows, p->rows);
+    if (p->resid_slots && p->resid_slots < p->resid_streams)
+        fprintf(f, "  residual streams: %d of the %d on the device, the rest in pinned memory (offload.activations)\n",
+                p->resid_slots, p->resid_streams);
     if (p->mlp_rows && p->mlp_rows < p->rows)
         fprintf(f, "  MLP: %d of the micro-batch's %d rows at a time (train.mlp_chunk_mb)\n", p->mlp_rows, p->rows);
     if (p->n_params) {
@@ -282,6 +288,7 @@ typedef struct option {
     int grads;      /* offload.gradients (one rank, optimizer offloaded): 0 none, 1 cpu */
     int chunk;      /* train.logits_chunk_mb: 1 sets LADDER_CHUNK_MB (the head a chunk of rows at a time) */
     int mlp;        /* train.mlp_chunk_mb: 1 sets LADDER_CHUNK_MB (the blocks' MLPs a chunk of rows at a time) */
+    int acts;       /* offload.activations: 1 cpu (the residual streams in pinned memory) */
     int q8;         /* optim.state: int8 (8-bit Adam moments: changes the optimizer's numerics) */
     double cost;    /* estimated extra fraction of step time */
     int order;      /* position in the enumeration, which breaks ties in cost */
@@ -318,6 +325,12 @@ static double logits_bytes(const strata_config *c) {
     return rows_bytes(c, strata_config_model_shape(c).padded_vocab_size);
 }
 
+/* Bytes of the L+1 residual streams of a micro-batch. */
+static double resid_bytes(const strata_config *c) {
+    strata_model_shape s = strata_config_model_shape(c);
+    return (s.n_layer + 1.0) * rows_bytes(c, s.n_embd);
+}
+
 /* Bytes of the MLP's widest activation over a micro-batch (the Llama family's gate|up,
  * GPT-2's c_fc output), as a block holds it without chunks. */
 static double mlp_bytes(const strata_config *c) {
@@ -332,6 +345,9 @@ static double option_cost(const strata_config *c, const option *o) {
     if (o->chunk) cost += 0.02;
     /* the same again for the MLPs' products (a recomputed block's rebuilds nothing more) */
     if (o->mlp) cost += 0.01;
+    /* the residual streams cross PCIe out and back in (2 x C elements a token a block), on
+     * streams of their own behind a block's compute */
+    if (o->acts) cost += 0.03;
     if (o->q8) cost += o->offload ? 0.10 : 0.02;
     int L = c->model.n_layer, ck = c->train.activation_checkpointing;
     /* blocks recomputed beyond those the config recomputes already */
@@ -398,6 +414,10 @@ static int apply_option(const strata_config *base, const option *o, strata_confi
         out->train.mlp_chunk_mb = LADDER_CHUNK_MB;
         snprintf(sets[n++], 96, "train.mlp_chunk_mb=%d", LADDER_CHUNK_MB);
     }
+    if (o->acts && n < max_sets) {
+        out->offload.activations = STRATA_OFFLOAD_CPU;
+        snprintf(sets[n++], 96, "offload.activations=cpu");
+    }
     /* a partial optimizer offload keeps parameters on the device (io/config.c) */
     double ratio = o->ratio_pct ? o->ratio_pct / 100.0 : o->params ? 1.0 : base->offload.optimizer_ratio;
     if (ratio != base->offload.optimizer_ratio && n < max_sets) {
@@ -428,7 +448,11 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     double chunk_bytes = (double)LADDER_CHUNK_MB * (1 << 20);
     int max_chunk = !cfg->train.logits_chunk_mb && logits_bytes(cfg) > chunk_bytes;
     int max_mlp = !cfg->train.mlp_chunk_mb && mlp_bytes(cfg) > chunk_bytes;
+    /* and the residual streams in host memory, when they take more than a chunk */
+    int max_acts = cfg->offload.activations == STRATA_OFFLOAD_NONE && cfg->model.n_layer + 1 > STRATA_ACTS_HOME_SLOTS &&
+                   resid_bytes(cfg) > chunk_bytes;
     int n = 0;
+    for (int acts = 0; acts <= max_acts; acts++)
     for (int mlp = 0; mlp <= max_mlp; mlp++)
     for (int chunk = 0; chunk <= max_chunk; chunk++)
     for (int q8 = 0; q8 <= max_q8; q8++)
@@ -445,7 +469,7 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
                 if (par == 2 && off == 0) continue; /* the CPU update writes parameters to disk */
                 if (n == max) return n;
                 option o = {.ckpt = ckpts[ci], .halvings = h, .stage = st, .offload = off, .params = par, .grads = gr,
-                            .chunk = chunk, .mlp = mlp, .q8 = q8};
+                            .chunk = chunk, .mlp = mlp, .acts = acts, .q8 = q8};
                 o.cost = option_cost(cfg, &o);
                 out[n++] = o;
             }
@@ -453,9 +477,9 @@ static int enumerate_options(const strata_config *cfg, int world, option *out, i
     return n;
 }
 
-/* 2 MLP choices x 2 head choices x 2 state types x 3 checkpointing choices x fewer than 32
- * halvings x 4 stages x 3 x 3 x 2 offloads: all of them */
-#define MAX_OPTIONS (2 * 2 * 2 * 3 * 32 * 4 * 3 * 3 * 2)
+/* 2 residual-stream choices x 2 MLP choices x 2 head choices x 2 state types x 3
+ * checkpointing choices x fewer than 32 halvings x 4 stages x 3 x 3 x 2 offloads: all */
+#define MAX_OPTIONS (2 * 2 * 2 * 2 * 3 * 32 * 4 * 3 * 3 * 2)
 
 /* o planned (with its ratios, found by option_fits, if any): each tier's verdict in p, and
  * whether the device's capacity is known (a GPU's, measured or from memory.gpu_gb). */
@@ -581,7 +605,7 @@ static int recomputed_blocks(const strata_config *cfg, int ckpt) {
 static int option_extends(const strata_config *cfg, const option *o, const option *c) {
     return recomputed_blocks(cfg, o->ckpt) >= recomputed_blocks(cfg, c->ckpt) && o->halvings >= c->halvings &&
            o->stage >= c->stage && o->offload >= c->offload && o->params >= c->params && o->grads >= c->grads &&
-           o->chunk >= c->chunk && o->mlp >= c->mlp && o->q8 >= c->q8;
+           o->chunk >= c->chunk && o->mlp >= c->mlp && o->acts >= c->acts && o->q8 >= c->q8;
 }
 
 static int by_cost(const void *a, const void *b) {

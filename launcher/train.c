@@ -541,6 +541,9 @@ static int open_device(trainer *t, int local_rank) {
     if (t->dev->caps.gpu && cfg->offload.gradients != STRATA_OFFLOAD_NONE && t->rank == 0)
         STRATA_WARN("train", "offload.gradients: cpu has not yet run on a GPU (its rows of docs/gpu-matrix.md wait "
                              "for the next check); it is bitwise-tested on the CPU backend");
+    if (t->dev->caps.gpu && cfg->offload.activations != STRATA_OFFLOAD_NONE && t->rank == 0)
+        STRATA_WARN("train", "offload.activations: cpu has not yet run on a GPU (its rows of docs/gpu-matrix.md wait "
+                             "for the next check); it is bitwise-tested on the CPU backend");
     t->comm = strata_comm_open_config(t->dev, cfg);
     if (!t->comm) fatal(t, "opening the collectives");
     if (t->rank == 0)

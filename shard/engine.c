@@ -13,6 +13,7 @@
 #include "core/kernels.h"
 #include "core/optim.h"
 #include "core/quant.h"
+#include "shard/acts_home.h"
 
 #define PAD_ALIGN 64 /* elements; shards start on 256-byte boundaries for fp32 */
 /* With 8-bit optimizer state units are padded to world x 2048 instead, so every rank's range
@@ -244,6 +245,7 @@ struct strata_engine {
     bf16_reduction red;
     gather_ring ring;
     host_grads hg;
+    strata_acts_home *acts; /* offload.activations: cpu (NULL: every residual stream on the device) */
     offload_link off;
     compute_clock clock;
     fault_switches fault;
@@ -611,9 +613,10 @@ static void make_events(strata_engine *e) {
         h->ev_done = strata_event_create(dev);
         h->ev_home = strata_event_create(dev);
     }
+    if (e->acts) strata_acts_home_open(e->acts, dev);
     if (e->off.tier) { /* the split's clock: a pair for each wait a micro-step can make (see run_micro_step) */
         compute_clock *c = &e->clock;
-        c->n_pairs = e->A * (4 + 4 * e->sched.n_ops) + 8;
+        c->n_pairs = e->A * (4 + 6 * e->sched.n_ops) + 8;
         c->start = strata_event_create_timed(dev);
         c->end = strata_event_create_timed(dev);
         c->gap = strata_xcalloc(2 * (size_t)c->n_pairs, sizeof *c->gap);
@@ -641,8 +644,13 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     build_schedule(e);
     if (e->z.params_sharded) plan_ring(e);
     size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
-    strata_model_plan(m, arena, dev, e->dtype, e->B, e->T, cfg->train.activation_checkpointing,
-                      (size_t)cfg->train.logits_chunk_mb << 20, (size_t)cfg->train.mlp_chunk_mb << 20);
+    int acts_home = cfg->offload.activations != STRATA_OFFLOAD_NONE;
+    strata_model_plan_opts mo = {.ckpt_every = cfg->train.activation_checkpointing,
+                                 .logits_chunk_bytes = (size_t)cfg->train.logits_chunk_mb << 20,
+                                 .mlp_chunk_bytes = (size_t)cfg->train.mlp_chunk_mb << 20,
+                                 .resid_slots = acts_home ? STRATA_ACTS_HOME_SLOTS : 0};
+    strata_model_plan(m, arena, dev, e->dtype, e->B, e->T, &mo);
+    if (acts_home) e->acts = strata_acts_home_plan(m, arena, e->es);
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
     if (dev) make_events(e);
     e->loss_sum_host = strata_xcalloc(1, sizeof(float));
@@ -701,6 +709,7 @@ void strata_engine_destroy(strata_engine *e) {
         destroy_events(e);
     }
     strata_prof_destroy(e->prof);
+    strata_acts_home_free(e->acts);
     if (e->off.tier) e->off.tier->ops->destroy(e->off.tier);
     free(e->off.ev_update);
     free(e->off.held);
@@ -1316,6 +1325,19 @@ static int zero_grads_before_backward(strata_engine *e, int u) {
     return 0;
 }
 
+/* offload.activations: unit u's residual stream waits for its buffer's copy out before
+ * the forward writes it, and for its copy in before the backward reads it (a wait on
+ * those copies is the offload's, as the gradients' are). */
+static int acts_before_forward(strata_engine *e, int u) {
+    strata_event *ev = e->acts ? strata_acts_home_before_forward(e->acts, u) : NULL;
+    return ev ? compute_wait_on(e, ev, &e->off.wait_ms, "a residual stream's copy to host memory") : 0;
+}
+static int acts_before_backward(strata_engine *e, int u) {
+    strata_event *ev = NULL;
+    if (e->acts && strata_acts_home_before_backward(e->acts, u, &ev)) return -1;
+    return ev ? compute_wait_on(e, ev, &e->off.wait_ms, "a residual stream's copy from host memory") : 0;
+}
+
 static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int micro, float dloss,
                           float loss_scale, strata_step_result *r) {
     strata_model *m = e->m;
@@ -1337,11 +1359,14 @@ static int run_micro_step(strata_engine *e, strata_loader *L, int64_t step, int 
         strata_prof_set_phase(m->prof, op->backward ? STRATA_PROF_BACKWARD : STRATA_PROF_FORWARD);
         if (params_for(e, op, prev)) return -1;
         if (!op->backward) {
+            if (acts_before_forward(e, op->unit)) return -1;
             strata_model_forward_unit(m, op->unit, 1, dloss, loss_scale);
+            if (e->acts && strata_acts_home_after_forward(e->acts, op->unit)) return -1;
             if (embed_released(e, op)) return -1;
         } else {
             if (!e->z.grads_sharded && micro == 0 && zero_grads_before_backward(e, op->unit)) return -1;
             if (grads_for(e, op->unit, micro)) return -1;
+            if (acts_before_backward(e, op->unit)) return -1;
             if (strata_model_backward_unit(m, op->unit)) return -1;
             if (after_backward(e, op->unit, micro)) return -1;
         }
@@ -1402,9 +1427,12 @@ static int update_by_tier(strata_engine *e, const strata_adamw_args *args, strat
         r->tier = now;
         strata_tier_stats_add(&r->tier, &e->off.seen, -1);
         strata_tier_stats_add(&r->tier, &e->off.not_steps, -1);
-        /* gradients in host memory crossed PCIe in the backward, not in the tier */
-        r->tier.d2h_bytes += e->hg.d2h_bytes;
-        r->tier.h2d_bytes += e->hg.h2d_bytes;
+        /* gradients in host memory crossed PCIe in the backward, not in the tier, and the
+         * residual streams in host memory around the forward and backward */
+        uint64_t acts_d2h, acts_h2d;
+        strata_acts_home_take_bytes(e->acts, &acts_d2h, &acts_h2d);
+        r->tier.d2h_bytes += e->hg.d2h_bytes + acts_d2h;
+        r->tier.h2d_bytes += e->hg.h2d_bytes + acts_h2d;
         r->have_split = 1;
     }
     e->off.seen = now;
@@ -1509,6 +1537,8 @@ static int step_once(strata_engine *e, strata_loader *L, int64_t step, strata_st
     float loss_scale = 1.0f / (float)(BT * (size_t)e->A);
     clock_start(e);
     e->hg.d2h_bytes = e->hg.h2d_bytes = 0;
+    uint64_t discard[2];
+    strata_acts_home_take_bytes(e->acts, &discard[0], &discard[1]); /* this step's copies are counted from here */
     /* each unit's sum of squares has a place of its own: a gradient kept in host memory has
      * its sum taken when its last backward is done (send_home) */
     STRATA_TRY(strata_memset_async(d, d->compute, e->norm_part, 0, (size_t)e->U * sizeof(double)));
@@ -1586,9 +1616,9 @@ int strata_engine_step(strata_engine *e, strata_loader *L, int64_t step, strata_
 int strata_engine_profile_kernels(strata_engine *e) {
     STRATA_ASSERT(e->dev && !e->prof);
     /* timed calls a step can make: per micro-step the model's forward and backward
-     * (strata_model_timed_calls) and up to 4 waits per unit op; then the update's AdamW
+     * (strata_model_timed_calls) and up to 6 waits per unit op; then the update's AdamW
      * segments (at most a unit's tensors) and waits */
-    int cap = e->A * (strata_model_timed_calls(e->m) + 4 * e->sched.n_ops) + 8;
+    int cap = e->A * (strata_model_timed_calls(e->m) + 6 * e->sched.n_ops) + 8;
     for (int u = 0; u < e->U; u++) cap += e->m->units[u].n_tensors + 2; /* and int8's block kernel */
     e->prof = strata_prof_create(e->dev, cap);
     return e->prof ? 0 : -1;

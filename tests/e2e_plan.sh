@@ -238,8 +238,10 @@ pass "GPT-2 124M (B=16) on 7.5 GB: '$keep' fits ($(grep -o '= device *[0-9.]* Gi
 
 # Llama 3.1 8B's shape at its full 131072-token context on an 80 GB GPU with 120 GiB of host
 # memory and the optimizer offloaded: every block recomputed, the activations still come to
-# 97 GiB (the logits 31 GiB, a block's gate|up and its gradient 21 GiB); the ladder takes
-# the head and the MLPs a chunk at a time and keeps the gradients in pinned memory
+# 97 GiB (the logits 31 GiB, the 33 residual streams 33 GiB, a block's gate|up and its
+# gradient 21 GiB); the ladder takes the head and the MLPs a chunk at a time and keeps 30
+# of the residual streams in pinned memory (and the GPU, with room again, part of the
+# optimizer state)
 cat > ctx.yaml <<'YAML'
 device: cuda
 model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, intermediate_size: 14336,
@@ -251,12 +253,13 @@ YAML
 ctx() { CUDA_VISIBLE_DEVICES='' "$S" plan ctx.yaml --gpu-gb 80 --host-gb 120 "$@"; }
 set +e; ctx > ctx.txt; rc=$?; set -e
 line=$(suggested ctx.txt)
-[ $rc -eq 3 ] && grep -q -- "--set train.mlp_chunk_mb=256" <<<"$line" ||
-  fail "8B at T=131072 on 80 GB: the ladder should run the MLPs in chunks: rc $rc, $(tail -3 ctx.txt)"
+[ $rc -eq 3 ] && grep -q -- "--set train.logits_chunk_mb=256 --set train.mlp_chunk_mb=256 --set offload.activations=cpu" <<<"$line" ||
+  fail "8B at T=131072 on 80 GB: the ladder should run the head and MLPs in chunks and keep the residual streams in host memory: rc $rc, $(tail -3 ctx.txt)"
 # shellcheck disable=SC2086 # the suggestion is a list of --set arguments
 ctx $line > ctxfit.txt || fail "8B at T=131072 with '$line' should fit: $(cat ctxfit.txt)"
-grep -q "MLP: 4681 of the micro-batch's 131072 rows at a time (train.mlp_chunk_mb)" ctxfit.txt ||
-  fail "8B at T=131072: the plan should say how many rows the MLP takes at a time: $(tail -5 ctxfit.txt)"
+grep -q "MLP: 4681 of the micro-batch's 131072 rows at a time (train.mlp_chunk_mb)" ctxfit.txt &&
+  grep -q "residual streams: 3 of the 33 on the device, the rest in pinned memory (offload.activations)" ctxfit.txt ||
+  fail "8B at T=131072: the plan should say how many rows the MLP takes at a time, and where the residual streams are: $(tail -6 ctxfit.txt)"
 pass "Llama 3.1 8B at T=131072 on 80 GB: '$line' fits ($(grep -o '= device *[0-9.]* GiB' ctxfit.txt | grep -o '[0-9.]* GiB'))"
 
 # the disk too small for the NVMe state while the host has room: the ladder keeps the first

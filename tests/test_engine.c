@@ -49,7 +49,7 @@ enum { MAX_STEPS = 20, B = 2 };
  * (STRATA_TEST_STEPS) since it checks threads, not numerics, at 10-50x the cost. */
 static int STEPS = MAX_STEPS;
 static char data_glob[256];
-#define OFFLOAD_SETS 7
+#define OFFLOAD_SETS 9
 static char offload_sets[OFFLOAD_SETS][320]; /* extra --set lines for the offload runs, "" when unused */
 static const char *state = "fp32";  /* optim.state of the runs */
 static strata_device *dev;
@@ -266,6 +266,14 @@ static void check_split(const run *r, int steps, int stage, int nvme, double rat
         }
     }
     CHECK(ratio == 1 || kept > 0, "offload.optimizer_ratio %g keeps some units' state on the device", ratio);
+    /* the residual streams in pinned memory (offload.activations: cpu): each micro-step,
+     * those a later forward writes over (streams 0..L-3) go out and come back in once */
+    if (r->cfg.offload.activations == STRATA_OFFLOAD_CPU) {
+        int L = r->m.shape.n_layer;
+        uint64_t stream = (uint64_t)r->cfg.train.micro_batch * r->m.T * r->m.shape.n_embd * es;
+        want.d2h_bytes += (uint64_t)A * (L - 2) * stream;
+        want.h2d_bytes += (uint64_t)A * (L - 2) * stream;
+    }
     /* stage 3 with the parameter shards in host memory: every gather reads one there
      * (the embedding and the head once a micro-step, each block for forward and backward) */
     uint64_t want_gather = 0;
@@ -515,14 +523,23 @@ int main(int argc, char **argv) {
              * copied out after each backward and back in to accumulate: exact too */
             int home = world == 1 && c % 2 == 0;
             if (home) snprintf(offload_sets[6], sizeof offload_sets[6], "offload.gradients=cpu");
+            /* and every third case the residual streams in pinned memory but for 3 of the 5,
+             * with every block (or every other) recomputed: exact too */
+            int acts = c % 3 == 1;
+            if (acts) {
+                snprintf(offload_sets[7], sizeof offload_sets[7], "offload.activations=cpu");
+                snprintf(offload_sets[8], sizeof offload_sets[8], "train.activation_checkpointing=%s",
+                         c % 2 ? "every:2" : "blocks");
+            }
             run_open(&off, comm, rank, world, stage, B, 2, 1);
             for (int i = 0; i < OFFLOAD_SETS; i++) offload_sets[i][0] = 0;
             run_steps(&off, steps);
             int same = 1;
             for (int s = 0; s < steps; s++) same &= plain.loss[s] == off.loss[s];
-            CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers%s%s, ratio %g, nvme ratio %g) gives "
+            CHECK(same, "%s state: world %d stage %d: offload %s (%d staging buffers%s%s%s, ratio %g, nvme ratio %g) gives "
                   "bitwise the losses of no offload", state, world, stage, tier, stage + 1,
-                  c % 2 ? " of 16384-element chunks" : "", home ? ", gradients in pinned memory" : "", ratio, nvme_ratio);
+                  c % 2 ? " of 16384-element chunks" : "", home ? ", gradients in pinned memory" : "",
+                  acts ? ", residual streams in pinned memory" : "", ratio, nvme_ratio);
             check_split(&off, steps, stage, nvme, ratio, nvme_ratio);
             double val_plain = 0, val_off = 0;
             CHECK(strata_engine_eval(plain.e, &plain.L, 1, &val_plain) == 0 &&

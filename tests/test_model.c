@@ -54,7 +54,9 @@ static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckp
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_PARAMS, "p", r->m.units[u].numel * 4, (void **)&r->params[u]);
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_GRADS, "g", r->m.units[u].numel * 4, (void **)&r->grads[u]);
     }
-    strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, ckpt_every, logits_chunk_bytes, mlp_chunk_bytes);
+    strata_model_plan_opts o = {.ckpt_every = ckpt_every, .logits_chunk_bytes = logits_chunk_bytes,
+                                .mlp_chunk_bytes = mlp_chunk_bytes};
+    strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, &o);
     if (strata_arena_commit(&r->arena)) { printf("commit: %s\n", strata_error()); exit(1); }
     for (int u = 0; u < r->m.n_units; u++) {
         size_t n = r->m.units[u].numel;

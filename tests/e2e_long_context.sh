@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# What a long context needs of the activations, on the CPU backend.
+#
 # The blocks' MLPs a chunk of rows at a time (train.mlp_chunk_mb): a micro-batch of 1536
 # rows whose widest MLP activation (GPT-2's c_fc output, 4 x 64 fp32 columns: 1.5 MiB; a
 # Llama's gate|up, 2 x 192: 2.25 MiB) runs in chunks of 1 MiB (1024 and 682 rows):
@@ -8,9 +10,17 @@
 #    own; the weight gradients sum their rows in pieces), with and without checkpointing;
 #  - every ZeRO stage, with offload, and accumulation with everything offloaded give the
 #    chunked stage 0's losses bit for bit; a chunked run resumes bitwise.
+#
+# The residual streams in pinned memory (offload.activations: cpu), 3 of a 6-block model's
+# 7 on the device:
+#  - the plan says so, moves 4 streams' bytes from the device to pinned memory, and the run
+#    allocates what it planned in both;
+#  - GPT-2 and Llama with every block recomputed (and with none), every stage with
+#    everything offloaded, accumulation: bitwise the losses and final state of the run that
+#    keeps them all on the device; and with the MLPs in chunks; the run resumes bitwise.
 set -euo pipefail
 S=${STRATA:?set by ctest}
-W=$(mktemp -d /tmp/strata-e2e-mlp-chunks.XXXXXX)
+W=$(mktemp -d /tmp/strata-e2e-long-context.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -79,3 +89,49 @@ pass "stages 1-3 with the optimizer (and at stage 3 parameters and gradients) of
 # the resume rewrote steps 6-10 of the run it resumed: the same as the first time
 [ "$(losses runs/llama_blocks_chunk)" = "$(losses runs/st1)" ] || fail "the chunked run resumed from step 5 differs from one run through"
 pass "a chunked run resumes bitwise from step 5"
+
+# ---- the residual streams in pinned memory ----
+A6=(--set model.n_layer=6 --set train.steps=6 --set train.eval_every=3 --set run.checkpoint_every=3)
+same_run() { # run dirs a b: the same losses, validation losses and final state
+  [ "$(losses "$1")" = "$(losses "$2")" ] && [ "$(vals "$1")" = "$(vals "$2")" ] &&
+    cmp -s "$1/ckpt/step_00000006/rank00000.bin" "$2/ckpt/step_00000006/rank00000.bin"
+}
+for fam in gpt2 llama; do
+  extra=()
+  [ $fam = llama ] && extra=("${LLAMA[@]}")
+  for ck in blocks none; do
+    "$S" train c.yaml --set run.dir=runs/r_${fam}_$ck --set train.activation_checkpointing=$ck "${A6[@]}" "${extra[@]}" \
+      > r.log 2>&1 || fail "$fam $ck: $(tail -3 r.log)"
+    "$S" train c.yaml --set run.dir=runs/h_${fam}_$ck --set train.activation_checkpointing=$ck --set offload.activations=cpu \
+      "${A6[@]}" "${extra[@]}" > h.log 2>&1 || fail "$fam $ck, streams in pinned memory: $(tail -3 h.log)"
+    same_run runs/r_${fam}_$ck runs/h_${fam}_$ck ||
+      fail "$fam $ck: the residual streams in pinned memory changed the run: $(losses runs/r_${fam}_$ck | tr '\n' ' ') vs $(losses runs/h_${fam}_$ck | tr '\n' ' ')"
+    for tier in device pinned; do
+      if [ $tier = device ]; then planned=$(field runs/h_${fam}_$ck plan_device_bytes); got=$(field runs/h_${fam}_$ck peak_mem_bytes)
+      else planned=$(field runs/h_${fam}_$ck plan_pinned_bytes); got=$(field runs/h_${fam}_$ck pinned_bytes); fi
+      [ -n "$planned" ] && [ "$planned" = "$got" ] || fail "$fam $ck: $tier planned $planned, allocated $got"
+    done
+    # 4 streams of 1536 rows x 64 fp32 channels (384 KiB each) left the device for pinned memory
+    moved=$(( $(field runs/r_${fam}_$ck plan_device_bytes) - $(field runs/h_${fam}_$ck plan_device_bytes) ))
+    [ $moved -eq $((4 * 1536 * 64 * 4)) ] || fail "$fam $ck: the device should hold 4 streams (1.5 MiB) less, not $moved bytes"
+  done
+  "$S" plan c.yaml --set offload.activations=cpu "${A6[@]}" "${extra[@]}" > plan.txt
+  grep -q "residual streams: 3 of the 7 on the device, the rest in pinned memory (offload.activations)" plan.txt ||
+    fail "$fam: the plan should say where the residual streams are: $(tail -5 plan.txt)"
+  pass "$fam, checkpointing blocks and none: the residual streams in pinned memory (1.5 MiB off the device, planned = allocated) give the same losses and final state bit for bit"
+done
+# every stage with everything offloaded, accumulation, and the MLPs in chunks beside it
+"$S" train c.yaml --set run.dir=runs/hs3 --set offload.activations=cpu --set zero.stage=3 --set offload.optimizer=cpu \
+  --set offload.params=cpu --set offload.gradients=cpu "${A6[@]}" "${LLAMA[@]}" > s3.log 2>&1 || fail "stage 3: $(tail -3 s3.log)"
+same_run runs/r_llama_blocks runs/hs3 || fail "stage 3 with everything offloaded: the streams in pinned memory changed the run"
+hacc=(--set train.micro_batch=24 --set train.grad_accum=2 "${A6[@]}" "${LLAMA[@]}")
+"$S" train c.yaml --set run.dir=runs/hacc0 "${hacc[@]}" > acc.log 2>&1 || fail "accumulating: $(tail -3 acc.log)"
+"$S" train c.yaml --set run.dir=runs/hacc1 --set offload.activations=cpu --set train.mlp_chunk_mb=1 "${hacc[@]}" > acc.log 2>&1 ||
+  fail "accumulating, streams in pinned memory, MLPs in chunks: $(tail -3 acc.log)"
+"$S" train c.yaml --set run.dir=runs/hacc2 --set train.mlp_chunk_mb=1 "${hacc[@]}" > acc.log 2>&1 || fail "accumulating, MLPs in chunks: $(tail -3 acc.log)"
+same_run runs/hacc2 runs/hacc1 || fail "accumulating: the streams in pinned memory changed the chunked run"
+# resumed from step 3, the same as run through
+"$S" train c.yaml --set run.dir=runs/h_llama_blocks --set offload.activations=cpu "${A6[@]}" "${LLAMA[@]}" \
+  --resume runs/h_llama_blocks/ckpt/step_00000003 > resume.log 2>&1 || fail "resume: $(tail -3 resume.log)"
+same_run runs/r_llama_blocks runs/h_llama_blocks || fail "resumed from step 3 with the streams in pinned memory, the run differs"
+pass "stage 3 with everything offloaded, accumulation with the MLPs in chunks, and a resume: bitwise with the streams in pinned memory"
