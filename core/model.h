@@ -178,7 +178,7 @@ typedef struct strata_model_plan_opts {
     size_t mlp_chunk_bytes;
     /* > 0: the L+1 residual streams share this many device buffers, resid[l] in buffer
      * l % resid_slots (offload.activations: the rest are copied to and from host memory
-     * around their use, offload/activations.c); 0: one each */
+     * around their use, shard/acts_home.c); 0: one each */
     int resid_slots;
 } strata_model_plan_opts;
 
