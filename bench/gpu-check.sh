@@ -15,8 +15,9 @@
 #   torch             bf16 against transformers (~2 min)
 #   bench, bench15    124M and 1.5B: Strata against the nanoGPT-style PyTorch model eager
 #                     and compiled and HF's, and Strata's kernel profile (~8 min each)
-#   memory            the plan against nvidia-smi, the refused 1.5B, and another process
-#                     taking all free GPU memory mid-run (~5 min)
+#   memory            the plan against nvidia-smi (and a long context's chunks and copies),
+#                     the refused 1.5B, and another process taking all free GPU memory
+#                     mid-run (~5 min)
 #   offload, offload7b, offload10b   bench/bench_offload_gpu.sh: 1.5B vs FSDP2, 7.1B at
 #                     stage 3, the largest GPT the box holds (~7-8 min each)
 #
@@ -56,7 +57,7 @@ ALL_PARTS="check matrix-world1 matrix-llama matrix-attention matrix-ranks torch 
 # (2026-11-27: check 16 s, matrix-world1 55, matrix-llama 24, matrix-attention 25,
 # matrix-ranks 38, torch 49; sanitize's memcheck of test_cuda alone ran over 3 minutes)
 declare -A NEEDS=([check]=45 [matrix-llama]=60 [matrix-world1]=90 [matrix-attention]=60 [matrix-ranks]=90 [sanitize]=480
-                  [torch]=90 [bench]=300 [bench15]=360 [memory]=240 [offload]=360 [offload7b]=330 [offload10b]=450)
+                  [torch]=90 [bench]=300 [bench15]=360 [memory]=270 [offload]=360 [offload7b]=330 [offload10b]=450)
 log() { echo "[gpu-check] $*"; }
 # ---- shared by the main script and by each part: a part runs as this script again
 # (GPU_CHECK_PART), in its own process group under `timeout`, so the deadline stops all of it
