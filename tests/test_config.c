@@ -833,9 +833,21 @@ static void test_llama_init_from(void) {
     rmdir(dir);
 }
 
-/* configs/llama-3.2-1b.yaml, llama-3.1-8b-offload.yaml and qwen2.5-7b-offload.yaml against
- * their models' config.json (as Hugging Face serves them), written where init_from would
- * find them: each loads, round-trips and describes the model with its known size. */
+/* Llama 3.1 8B's config.json, as Hugging Face serves it */
+static const char llama31_8b_json[] =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+    "\"bos_token_id\": 128000, \"eos_token_id\": 128001, \"hidden_act\": \"silu\", \"hidden_size\": 4096, "
+    "\"initializer_range\": 0.02, \"intermediate_size\": 14336, \"max_position_embeddings\": 131072, \"mlp_bias\": "
+    "false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": "
+    "8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+    "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, "
+    "\"rope_theta\": 500000.0, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", "
+    "\"transformers_version\": \"4.43.0.dev0\", \"use_cache\": true, \"vocab_size\": 128256}";
+
+/* configs/llama-3.2-1b.yaml, llama-3.1-8b-offload.yaml, llama-3.1-8b-32k.yaml and
+ * qwen2.5-7b-offload.yaml against their models' config.json (as Hugging Face serves them),
+ * written where init_from would find them: each loads, round-trips and describes the model
+ * with its known size. */
 static void test_llama_shipped_configs(void) {
     static const struct {
         const char *file, *config_json, *desc;
@@ -852,15 +864,10 @@ static void test_llama_shipped_configs(void) {
          "\"bfloat16\", \"transformers_version\": \"4.45.0.dev0\", \"use_cache\": true, \"vocab_size\": 128256}",
          "llama: 16 layers, 32 heads (8 key/value) of 64, 2048 channels, MLP 8192, vocab 128256, RoPE llama3 theta 500000, tied",
          1235814400},
-        {"configs/llama-3.1-8b-offload.yaml",
-         "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
-         "\"bos_token_id\": 128000, \"eos_token_id\": 128001, \"hidden_act\": \"silu\", \"hidden_size\": 4096, "
-         "\"initializer_range\": 0.02, \"intermediate_size\": 14336, \"max_position_embeddings\": 131072, \"mlp_bias\": "
-         "false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": "
-         "8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, "
-         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, "
-         "\"rope_theta\": 500000.0, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", "
-         "\"transformers_version\": \"4.43.0.dev0\", \"use_cache\": true, \"vocab_size\": 128256}",
+        {"configs/llama-3.1-8b-offload.yaml", llama31_8b_json,
+         "llama: 32 layers, 32 heads (8 key/value) of 128, 4096 channels, MLP 14336, vocab 128256, RoPE llama3 theta 500000",
+         8030261248},
+        {"configs/llama-3.1-8b-32k.yaml", llama31_8b_json,
          "llama: 32 layers, 32 heads (8 key/value) of 128, 4096 channels, MLP 14336, vocab 128256, RoPE llama3 theta 500000",
          8030261248},
         {"configs/qwen2.5-7b-offload.yaml",
