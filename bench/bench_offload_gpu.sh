@@ -58,12 +58,14 @@ echo
 echo "| run | s/step (median) | tokens/s | model TFLOP/s | GPU (planned) | pinned host | offload wait |"
 echo "|---|---|---|---|---|---|---|"
 # cpu-auto: the optimizer offloaded, but only what the GPU cannot hold (offload.optimizer_ratio: auto);
-# cpu-grads: the gradients in pinned memory too, copied out during the backward (offload.gradients: cpu)
-for o in none cpu cpu-auto cpu-grads nvme; do
+# cpu-grads: the gradients in pinned memory too, copied out during the backward (offload.gradients: cpu);
+# cpu-allcores: the CPU's update on every core (offload.cpu_threads; auto leaves 2 to the kernel launches and copies)
+for o in none cpu cpu-auto cpu-grads cpu-allcores nvme; do
   steps=8; [ $o = nvme ] && steps=4
   extra=(--set "offload.optimizer=$o") label="offload.optimizer: $o"
   [ $o = cpu-auto ] && extra=(--set offload.optimizer=cpu --set offload.optimizer_ratio=auto) label="offload.optimizer: cpu, optimizer_ratio: auto"
   [ $o = cpu-grads ] && extra=(--set offload.optimizer=cpu --set offload.gradients=cpu) label="offload.optimizer: cpu, gradients: cpu"
+  [ $o = cpu-allcores ] && extra=(--set offload.optimizer=cpu --set "offload.cpu_threads=$(nproc)") label="offload.optimizer: cpu, cpu_threads: $(nproc) (every core)"
   if timeout 540 "$S" train "$ROOT/configs/gpt2-1.5b.yaml" "${common[@]}" --set zero.stage=1 --set train.micro_batch=8 \
        --set train.steps=$steps --set train.activation_checkpointing=none "${extra[@]}" --set "offload.nvme_path=$NVME_DIR" --set run.dir=runs/$o \
        > $o.log 2>&1; then
@@ -86,7 +88,7 @@ python3 -c "import torch" 2> /dev/null && python3 "$ROOT/bench/torch_adamw.py" 2
 echo
 echo
 echo "The split and the floor of each offload run (strata train's end-of-run report; docs/benchmarks.md):"
-for o in cpu cpu-auto cpu-grads nvme; do
+for o in cpu cpu-auto cpu-grads cpu-allcores nvme; do
   echo
   echo "offload.optimizer: $o"
   grep '^\[offload\]' $o.log | sed 's/^\[offload\] */    /' || echo "    (no report: the run failed)"

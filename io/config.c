@@ -265,6 +265,9 @@ static const key_spec schema[] = {
     DBL("offload", "pinned_budget_gb", offload.pinned_budget_gb, 0, 1e6, "0", 0,
         "pinned host memory; 0 = what the plan needs"),
     INT_("offload", "buffer_count", offload.buffer_count, 1, 1024, "4", "pinned staging buffers per direction for offloaded updates"),
+    INT_("offload", "cpu_threads", offload.cpu_threads, 0, 4096, "0",
+         "threads of the CPU's optimizer update; 0 = auto: every core but 2 with a GPU (its kernel launches and "
+         "copies keep theirs), OpenMP's default on the CPU backend"),
     INT_("offload", "chunk_kb", offload.chunk_kb, 16, 4194304, "65536",
          "KiB of fp32 gradient a staging buffer holds; a larger unit's update streams through the buffers in chunks of it"),
     INT_("offload", "block_kb", offload.block_kb, 4, 1048576, "1024", "nvme I/O size; a multiple of 4"),

@@ -134,6 +134,7 @@ typedef struct strata_config {
         char nvme_path[STRATA_PATH_MAX];
         double pinned_budget_gb; /* 0 = what the plan needs */
         int buffer_count;
+        int cpu_threads; /* the CPU update's threads; 0 = auto (offload/pipeline.c) */
         int chunk_kb; /* fp32 gradient a staging buffer holds: larger ranges update in chunks */
         int block_kb;
         int queue_depth;

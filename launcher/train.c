@@ -28,6 +28,7 @@
 #include "shard/mpi.h"
 #include "shard/peers.h"
 #include "offload/nvme.h"
+#include "offload/pipeline.h"
 #include "launcher/auto.h"
 #include "launcher/agree.h"
 #include "launcher/build.h"
@@ -673,6 +674,11 @@ static int build_and_plan(trainer *t) {
         STRATA_INFO("train", "batch: %d x %d tokens x %d accumulation x %d ranks = %lld tokens per step", B, T, A,
                     t->world, (long long)B * T * A * t->world);
         strata_plan_print(&plan, stdout);
+        int update_threads = strata_offload_cpu_threads(cfg, t->dev);
+        if (cfg->offload.optimizer != STRATA_OFFLOAD_NONE && update_threads > 0)
+            STRATA_INFO("offload", "the CPU's update runs on %d thread%s (offload.cpu_threads%s)", update_threads,
+                        update_threads == 1 ? "" : "s",
+                        cfg->offload.cpu_threads ? "" : ": auto, every core but 2 beside the GPU");
         check_checkpoint_space(t);
     }
     if (strata_arena_commit(&t->arena)) fatal(t, "allocating the memory plan");

@@ -31,6 +31,9 @@
 #include "offload/pipeline.h"
 
 #include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +109,7 @@ typedef struct offload_tier {
     param_io *fetch;          /* one per fetch tag */
     int n_fetch;
     int n_buf;                /* staging buffers per direction (offload.buffer_count) */
+    int threads;              /* the update's OpenMP threads (offload.cpu_threads resolved); 0: OpenMP's default */
     uint64_t seq;             /* updates enqueued so far: buffer = seq % n_buf */
     float **grad_stage;       /* pinned: gradients on their way to the CPU update */
     void **param_stage;       /* pinned: updated parameters on their way to the device */
@@ -473,6 +477,9 @@ static int next_on_nvme(const offload_tier *o, int i) {
 static void update_run(void *arg) {
     update_task *t = arg;
     offload_tier *o = t->o;
+#ifdef _OPENMP
+    if (o->threads > 0) omp_set_num_threads(o->threads); /* this stream's thread: its parallel regions */
+#endif
     const int u = t->u, i = (int)(t - o->tasks);
     const size_t c0 = t->c0;
     /* the chunk's state: its elements of MASTER, M, V; its blocks' absmax (c0 starts a
@@ -667,6 +674,17 @@ static const strata_update_tier_ops offload_ops = {
     .stats = offload_stats,
 };
 
+int strata_offload_cpu_threads(const strata_config *cfg, const strata_device *dev) {
+    if (cfg->offload.cpu_threads > 0) return cfg->offload.cpu_threads;
+    int cores = 1;
+#ifdef _OPENMP
+    cores = omp_get_num_procs();
+#endif
+    /* the update is bound by memory bandwidth, which a few cores fewer still saturate; the
+     * thread launching the GPU's kernels, and the copy streams, must not wait for a core */
+    return dev && dev->caps.gpu ? (cores > 3 ? cores - 2 : 1) : 0;
+}
+
 strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device *dev, int rank) {
     if (cfg->offload.optimizer == STRATA_OFFLOAD_NONE) return NULL;
     offload_tier *o = strata_xcalloc(1, sizeof *o);
@@ -681,6 +699,7 @@ strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device 
     o->prefetched_task = -1;
     pthread_mutex_init(&o->mu, NULL);
     o->n_buf = cfg->offload.buffer_count;
+    o->threads = strata_offload_cpu_threads(cfg, dev);
     o->grad_stage = strata_xcalloc(o->n_buf, sizeof *o->grad_stage);
     o->param_stage = strata_xcalloc(o->n_buf, sizeof *o->param_stage);
     strata_event ***evs[3] = {&o->ev_grad_in, &o->ev_updated, &o->ev_param_free};

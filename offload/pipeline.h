@@ -28,5 +28,8 @@
  * a plan only); NULL when it is none: the engine then updates on the device. The engine
  * it is handed to owns it. */
 strata_update_tier *strata_offload_tier(const strata_config *cfg, strata_device *dev, int rank);
+/* The threads the tier's CPU update runs on: offload.cpu_threads, or with 0 every core but
+ * 2 when dev is a GPU, and 0 (OpenMP's default) otherwise. */
+int strata_offload_cpu_threads(const strata_config *cfg, const strata_device *dev);
 
 #endif

@@ -65,6 +65,16 @@ done
   fail "the plan should say where the gradients are: $("$S" plan o.yaml --set offload.optimizer=cpu --set offload.gradients=cpu | tail -4)"
 pass "world 1, stages 0 and 3: gradients in pinned memory (optimizer, and at stage 3 parameters, on NVMe) give bitwise the losses of no offload, and resume bitwise"
 
+# the CPU's update on 1 and on 3 threads (offload.cpu_threads): said at start, and element-wise,
+# so the same losses
+for n in 1 3; do
+  OMP_NUM_THREADS=2 run 1 train o.yaml --set run.dir=runs/t$n --set offload.optimizer=cpu --set offload.cpu_threads=$n \
+    > t$n.log 2>&1 || fail "offload.cpu_threads=$n: $(tail -3 t$n.log)"
+  grep -q "the CPU's update runs on $n thread" t$n.log || fail "offload.cpu_threads=$n is not said at start: $(grep offload t$n.log | head -3)"
+  diff <(losses runs/none_1_0) <(losses runs/t$n) > /dev/null || fail "offload.cpu_threads=$n: losses differ"
+done
+pass "offload.cpu_threads 1 and 3: said at start, bitwise the losses of no offload"
+
 # a checkpoint of a run whose parameters and optimizer state live on NVMe resumes bitwise;
 # in chunks of 4096 elements, the smallest (a unit's update, and the checkpoint's reads and
 # writes of state and parameters, go through the staging a chunk at a time)
