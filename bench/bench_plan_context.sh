@@ -32,7 +32,7 @@ echo
 echo "| context | as is | + train.logits_chunk_mb: 256 | + train.mlp_chunk_mb: 256 | + offload.activations: cpu |"
 echo "|---|---|---|---|---|"
 for T in $CONTEXTS; do
-  c=(--set model.seq_len=$T)
+  c=(--set "model.seq_len=$T")
   a0=$(acts "${c[@]}")
   c+=(--set train.logits_chunk_mb=256); a1=$(acts "${c[@]}")
   c+=(--set train.mlp_chunk_mb=256); a2=$(acts "${c[@]}")
@@ -46,9 +46,9 @@ echo "| context | 80 GB GPU | 24 GB GPU, a disk for the optimizer state |"
 echo "|---|---|---|"
 mkdir -p swap
 for T in $CONTEXTS; do
-  s80=$(plan --set model.seq_len=$T --gpu-gb 80 --host-gb 120 |
+  s80=$(plan --set "model.seq_len=$T" --gpu-gb 80 --host-gb 120 |
         sed -n 's/^  verdict: fits$/fits as it is/p; s/^  cheapest change that fits[^:]*: //p' | head -1)
-  s24=$(plan --set model.seq_len=$T --gpu-gb 24 --host-gb 120 --nvme-gb 1000 --set "offload.nvme_path=$W/swap" |
+  s24=$(plan --set "model.seq_len=$T" --gpu-gb 24 --host-gb 120 --nvme-gb 1000 --set "offload.nvme_path=$W/swap" |
         sed -n 's/^  verdict: fits$/fits as it is/p; s/^  cheapest change that keeps the optimizer.s numerics[^:]*: //p; s/^  cheapest change that fits (about [^;]*): //p' | head -1)
   echo "| $T | ${s80:-nothing fits} | ${s24:-nothing fits} |"
 done
