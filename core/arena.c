@@ -62,13 +62,15 @@ void strata_arena_release(strata_arena *a) {
     memset(a, 0, sizeof *a);
 }
 
-size_t strata_arena_bytes(const strata_arena *a, int kind, int cat) {
-    size_t sum = 0;
+size_t strata_arena_bytes_named(const strata_arena *a, int kind, int cat, const char *prefix) {
+    size_t sum = 0, n = prefix ? strlen(prefix) : 0;
     for (int i = 0; i < a->n; i++) {
         const strata_arena_entry *e = &a->entries[i];
         /* counted as allocated: each slice rounded up to the arena's alignment */
-        if ((kind < 0 || (int)e->kind == kind) && (cat < 0 || (int)e->cat == cat))
+        if ((kind < 0 || (int)e->kind == kind) && (cat < 0 || (int)e->cat == cat) && !strncmp(e->name, prefix ? prefix : "", n))
             sum += strata_round_up(e->bytes, kind_align(e->kind));
     }
     return sum;
 }
+
+size_t strata_arena_bytes(const strata_arena *a, int kind, int cat) { return strata_arena_bytes_named(a, kind, cat, NULL); }

@@ -54,5 +54,7 @@ void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_cate
 int strata_arena_commit(strata_arena *a);
 void strata_arena_release(strata_arena *a);
 size_t strata_arena_bytes(const strata_arena *a, int kind /* -1 all */, int cat /* -1 all */);
+/* The same, of the entries whose name starts with prefix. */
+size_t strata_arena_bytes_named(const strata_arena *a, int kind, int cat, const char *prefix);
 
 #endif

@@ -27,6 +27,9 @@ void strata_plan_from_arena(strata_plan *p, const strata_arena *a, int world, in
             p->bytes[t][c] = strata_arena_bytes(a, kind_of_tier[t], c);
             p->need[t] += p->bytes[t][c];
         }
+    /* what the device's activations are made of, by the model's names (core/model.c) */
+    p->acts_resid = strata_arena_bytes_named(a, STRATA_MEM_DEVICE, STRATA_CAT_ACTIVATIONS, "resid.");
+    p->acts_logits = strata_arena_bytes_named(a, STRATA_MEM_DEVICE, STRATA_CAT_ACTIVATIONS, "logits");
 }
 
 void strata_plan_set_model(strata_plan *p, const strata_config *cfg, const strata_model *m) {
@@ -207,6 +210,15 @@ void strata_plan_print(const strata_plan *p, FILE *f) {
         }
         fprintf(f, "  %-12s %11s %11s %11s %11s %11s %11s %11s %11s\n", tier_names[t], b[0], b[1], b[2], b[3], b[4],
                 b[5], b[6], b[7]);
+        size_t acts = p->bytes[t][STRATA_CAT_ACTIVATIONS];
+        if (t == STRATA_TIER_DEVICE && acts && p->acts_resid + p->acts_logits <= acts) {
+            /* where a long context's memory goes, and so which setting takes it off */
+            char r[3][32];
+            fprintf(f, "    activations: residual streams %s, logits %s, the rest %s (the blocks' kept and "
+                       "recomputed, their gradients, the batch)\n",
+                    strata_fmt_bytes(r[0], 32, (double)p->acts_resid), strata_fmt_bytes(r[1], 32, (double)p->acts_logits),
+                    strata_fmt_bytes(r[2], 32, (double)(acts - p->acts_resid - p->acts_logits)));
+        }
         if (buffers) {
             static const char *const kinds[] = {"comm buckets", "prefetch", "staging", "workspace", "checkpoint I/O"};
             _Static_assert(sizeof kinds / sizeof *kinds == STRATA_CAT_COUNT - STRATA_CAT_COMM, "a name per buffer kind");

@@ -39,6 +39,7 @@ typedef struct strata_plan {
     int head_rows, rows;            /* the head's rows of logits held at once, of the micro-batch's */
     int mlp_rows;                   /* the rows the blocks' MLPs take at a time */
     int resid_slots, resid_streams; /* residual streams on the device, of the model's */
+    size_t acts_resid, acts_logits; /* of the device's activations: the residual streams', the logits' */
     size_t bytes[STRATA_TIERS][STRATA_CAT_COUNT];
     size_t need[STRATA_TIERS];
     size_t capacity[STRATA_TIERS]; /* 0 = unknown / not used */

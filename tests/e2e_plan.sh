@@ -253,11 +253,15 @@ YAML
 ctx() { CUDA_VISIBLE_DEVICES='' "$S" plan ctx.yaml --gpu-gb 80 --host-gb 120 "$@"; }
 set +e; ctx > ctx.txt; rc=$?; set -e
 line=$(suggested ctx.txt)
+# the plan says what the activations are made of
+grep -q "activations: residual streams 33.00 GiB, logits 31.31 GiB, the rest 33.02 GiB" ctx.txt ||
+  fail "8B at T=131072: the plan should break the device's activations down: $(grep -A1 '^  device' ctx.txt)"
 [ $rc -eq 3 ] && grep -q -- "--set train.logits_chunk_mb=256 --set train.mlp_chunk_mb=256 --set offload.activations=cpu" <<<"$line" ||
   fail "8B at T=131072 on 80 GB: the ladder should run the head and MLPs in chunks and keep the residual streams in host memory: rc $rc, $(tail -3 ctx.txt)"
 # shellcheck disable=SC2086 # the suggestion is a list of --set arguments
 ctx $line > ctxfit.txt || fail "8B at T=131072 with '$line' should fit: $(cat ctxfit.txt)"
 grep -q "MLP: 4681 of the micro-batch's 131072 rows at a time (train.mlp_chunk_mb)" ctxfit.txt &&
+  grep -q "activations: residual streams 3.00 GiB, logits 255.88 MiB, the rest 12.77 GiB" ctxfit.txt &&
   grep -q "residual streams: 3 of the 33 on the device, the rest in pinned memory (offload.activations)" ctxfit.txt ||
   fail "8B at T=131072: the plan should say how many rows the MLP takes at a time, and where the residual streams are: $(tail -6 ctxfit.txt)"
 pass "Llama 3.1 8B at T=131072 on 80 GB: '$line' fits ($(grep -o '= device *[0-9.]* GiB' ctxfit.txt | grep -o '[0-9.]* GiB'))"
