@@ -145,6 +145,13 @@ static void test_aligned_alloc(strata_device *d) {
     void *x = NULL, *y = NULL;
     strata_arena_reserve(&a, STRATA_MEM_PINNED, STRATA_CAT_STAGING, "x", 100, &x);
     strata_arena_reserve(&a, STRATA_MEM_PINNED, STRATA_CAT_STAGING, "y", 5000, &y);
+    /* counted by kind, category and name, as allocated (a pinned slice rounds up to a page) */
+    CHECK(strata_arena_bytes(&a, STRATA_MEM_PINNED, STRATA_CAT_STAGING) == 3 * 4096 &&
+              strata_arena_bytes_named(&a, STRATA_MEM_PINNED, STRATA_CAT_STAGING, "y") == 2 * 4096 &&
+              strata_arena_bytes_named(&a, STRATA_MEM_PINNED, -1, "x") == 4096 &&
+              strata_arena_bytes_named(&a, STRATA_MEM_DEVICE, -1, "x") == 0 &&
+              strata_arena_bytes_named(&a, -1, -1, "z") == 0,
+          "the arena's bytes by kind, category and name prefix");
     CHECK(strata_arena_commit(&a) == 0 && x == a.base[STRATA_MEM_PINNED] && (uintptr_t)x % 4096 == 0 &&
               (char *)y == (char *)x + 4096 && a.total[STRATA_MEM_PINNED] == 3 * 4096,
           "the arena's pinned block is page-aligned and its slices page-rounded");
