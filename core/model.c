@@ -136,7 +136,6 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
     m->B = m->cur_B = B;
     m->T = m->cur_T = T;
     m->ckpt_every = o->ckpt_every;
-    m->mlp_chunk_bytes = o->mlp_chunk_bytes;
     m->constants_ready = 0;
     int L = m->shape.n_layer;
     size_t C = m->shape.n_embd, Vp = m->shape.padded_vocab_size;
@@ -149,7 +148,7 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
         snprintf(n, sizeof n, "resid.%d", l);
         strata_model_reserve(a, n, BT * C * es, &m->resid[l]);
     }
-    m->family->plan(m, a, es);
+    m->family->plan(m, a, es, o->mlp_chunk_bytes);
     m->head_rows = strata_model_chunk_rows(o->logits_chunk_bytes, Vp * es, BT);
     strata_model_reserve(a, "logits", (size_t)m->head_rows * Vp * es, &m->logits);
     strata_model_reserve(a, "losses", BT * 4, (void **)&m->losses);

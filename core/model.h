@@ -120,7 +120,6 @@ typedef struct strata_model {
     int resid_slots;          /* L+1, or fewer (offload.activations) */
     void *logits;             /* (head_rows,Vp); holds dlogits after a training forward */
     int head_rows;            /* rows of logits held at once: B*T, or fewer (train.logits_chunk_mb) */
-    size_t mlp_chunk_bytes;   /* train.mlp_chunk_mb in bytes (0: the MLP takes every row at once) */
     int mlp_rows;             /* rows the blocks' MLPs take at a time: B*T, or fewer */
     int logits_first;         /* strata_model_forward_logits: the row m->logits starts at */
     float head_dloss, head_loss_scale; /* a chunked head's training forward, for its backward */

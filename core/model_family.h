@@ -37,9 +37,9 @@ typedef struct strata_model_family {
      * flat-buffer order. */
     void (*build)(strata_model *m);
     /* Reserves the family's activations, gradient buffers and constants for m->B x m->T
-     * rows in the compute dtype's `es` bytes, and sets m->acts and m->mlp_rows (from
-     * m->mlp_chunk_bytes and its MLP's widest row). */
-    void (*plan)(strata_model *m, strata_arena *a, size_t es);
+     * rows in the compute dtype's `es` bytes, and sets m->acts and m->mlp_rows (the rows
+     * of its MLP's widest activation that fit mlp_chunk_bytes; 0: all of them). */
+    void (*plan)(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_bytes);
     /* Uploads the family's constants into their planned buffers (the first set_batch); NULL
      * when it has none. 0, or -1. */
     int (*upload_constants)(strata_model *m);

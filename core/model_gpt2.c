@@ -131,7 +131,7 @@ static block_acts *acts_of(strata_model *m, int l) {
     return strata_model_block_recomputed(m, l) ? &x->recompute : &x->h[l];
 }
 
-static void plan(strata_model *m, strata_arena *a, size_t es) {
+static void plan(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_bytes) {
     int L = m->shape.n_layer;
     size_t C = m->shape.n_embd, NH = m->shape.n_head;
     size_t BT = (size_t)m->B * m->T;
@@ -139,7 +139,7 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
     m->acts = x;
     x->h = strata_xcalloc(L, sizeof *x->h);
     /* the MLP's rows at a time: its widest activation is c_fc's 4C */
-    size_t R = (size_t)(m->mlp_rows = strata_model_chunk_rows(m->mlp_chunk_bytes, 4 * C * es, BT));
+    size_t R = (size_t)(m->mlp_rows = strata_model_chunk_rows(mlp_chunk_bytes, 4 * C * es, BT));
     char n[64];
     int any_recomputed = 0;
     for (int l = 0; l < L; l++) {

@@ -272,7 +272,7 @@ static block_acts *acts_of(strata_model *m, int l) {
     return strata_model_block_recomputed(m, l) ? &x->recompute : &x->h[l];
 }
 
-static void plan(strata_model *m, strata_arena *a, size_t es) {
+static void plan(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_bytes) {
     dims d = dims_of(m);
     size_t BT = (size_t)m->B * m->T;
     llama_acts *x = strata_xcalloc(1, sizeof *x);
@@ -281,7 +281,7 @@ static void plan(strata_model *m, strata_arena *a, size_t es) {
     x->inv_freq_host = strata_xmalloc((size_t)(d.hd / 2) * sizeof(float));
     strata_model_rope_inv_freq(&m->shape, x->inv_freq_host);
     /* the MLP's rows at a time: its widest activation is gate|up's 2I */
-    size_t R = (size_t)(m->mlp_rows = strata_model_chunk_rows(m->mlp_chunk_bytes, 2 * (size_t)d.I * es, BT));
+    size_t R = (size_t)(m->mlp_rows = strata_model_chunk_rows(mlp_chunk_bytes, 2 * (size_t)d.I * es, BT));
     char n[64];
     int any_recomputed = 0;
     for (int l = 0; l < d.L; l++) {
