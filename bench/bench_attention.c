@@ -123,17 +123,17 @@ int main(int argc, char **argv) {
             strata_cuda_attention_select(impl);
             out[impl] = dalloc(n1 * 2), dqkv[impl] = dalloc(n3 * 2), lse[impl] = dalloc(nl * 4);
             for (int w = 0; w < 3; w++) {
-                k->attention_forward(G->compute, out[impl], lse[impl], qkv, B, T, NH, NKV, hs);
-                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], B, T, NH, NKV, hs);
+                k->attention_forward(G->compute, out[impl], lse[impl], qkv, NULL, B, T, NH, NKV, hs);
+                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], NULL, B, T, NH, NKV, hs);
             }
             gsync();
             double t0 = strata_now_ms();
             for (int i = 0; i < iters; i++)
-                k->attention_forward(G->compute, out[impl], lse[impl], qkv, B, T, NH, NKV, hs);
+                k->attention_forward(G->compute, out[impl], lse[impl], qkv, NULL, B, T, NH, NKV, hs);
             gsync();
             double t1 = strata_now_ms();
             for (int i = 0; i < iters; i++)
-                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], B, T, NH, NKV, hs);
+                k->attention_backward(G->compute, dqkv[impl], dout, qkv, out[impl], lse[impl], NULL, B, T, NH, NKV, hs);
             gsync();
             double t2 = strata_now_ms();
             double fms = (t1 - t0) / iters, bms = (t2 - t1) / iters;

@@ -79,12 +79,12 @@ static void qnorm_bwd(layer *L)
 }
 static void rope_fwd(layer *L) /* q, then k */
 {
-    K->rope_forward(S, L->qkv, L->inv_freq, L->B, L->T, L->NH, L->hs, L->W);
-    K->rope_forward(S, L->qkv + (size_t)L->NH * L->hs, L->inv_freq, L->B, L->T, L->NKV, L->hs, L->W);
+    K->rope_forward(S, L->qkv, L->inv_freq, NULL, L->B, L->T, L->NH, L->hs, L->W);
+    K->rope_forward(S, L->qkv + (size_t)L->NH * L->hs, L->inv_freq, NULL, L->B, L->T, L->NKV, L->hs, L->W);
 }
 static void rope_bwd(layer *L) /* q and k together: they sit side by side */
 {
-    K->rope_backward(S, L->dqkv, L->inv_freq, L->B, L->T, L->NH + L->NKV, L->hs, L->W);
+    K->rope_backward(S, L->dqkv, L->inv_freq, NULL, L->B, L->T, L->NH + L->NKV, L->hs, L->W);
 }
 static void swiglu_fwd(layer *L) { K->swiglu_forward(S, L->h, L->gu, L->N, L->I); }
 static void swiglu_bwd(layer *L) { K->swiglu_backward(S, L->dgu, L->dh, L->gu, L->N, L->I); }
@@ -106,10 +106,10 @@ static void mm_gu_bwd(layer *L)
 }
 static void mm_down_fwd(layer *L) { K->matmul_forward(S, L->y, NULL, L->h, L->wd, NULL, L->N, L->I, L->C, 1); }
 static void mm_down_bwd(layer *L) { K->matmul_backward(S, L->dh, L->dw, NULL, L->d, L->h, L->wd, L->N, L->I, L->C, 1); }
-static void attn_fwd(layer *L) { K->attention_forward(S, L->att, L->lse, L->qkv, L->B, L->T, L->NH, L->NKV, L->hs); }
+static void attn_fwd(layer *L) { K->attention_forward(S, L->att, L->lse, L->qkv, NULL, L->B, L->T, L->NH, L->NKV, L->hs); }
 static void attn_bwd(layer *L)
 {
-    K->attention_backward(S, L->dqkv, L->datt, L->qkv, L->att, L->lse, L->B, L->T, L->NH, L->NKV, L->hs);
+    K->attention_backward(S, L->dqkv, L->datt, L->qkv, L->att, L->lse, NULL, L->B, L->T, L->NH, L->NKV, L->hs);
 }
 
 typedef struct row {

@@ -34,6 +34,7 @@ import re
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -80,10 +81,12 @@ QUICK_STEPS = 4
 
 # A row's time limit: 20 steps of the small shapes take seconds on a GPU (CUDA start-up
 # included), so a run still going after a minute (two with several ranks) has hung.
+# data "docs": the same tokens with packed documents marked (each attends within itself:
+# data.document_mask), MatrixRun.prepare_data.
 def row(name, shape="small", sets=(), env=None, world=1, ref=None, tol=TOL_BITWISE, cpu=True,
-        needs_gpu=False, limit_s=60):
+        needs_gpu=False, limit_s=60, data="text"):
     return dict(name=name, shape=shape, sets=list(sets), env=env or {}, world=world, ref=ref, tol=tol,
-                cpu=cpu, needs_gpu=needs_gpu, limit_s=limit_s)
+                cpu=cpu, needs_gpu=needs_gpu, limit_s=limit_s, data=data)
 
 
 def late_stages_last(rows):
@@ -187,6 +190,13 @@ def parts():
                        sets=["zero.stage=3"], ref=f"{shape}, attention tc", needs_gpu=True))
     # GPT-2 124M (B=16, T=1024): the CPU run of it takes minutes, so its oracle is the
     # world-1 stage-0 GPU run; stage 3 with CPU offload must match it bit for bit.
+    # packed documents (GPT-2's learned positions by position in the document, its dwpe
+    # gathered by position): each kernel against the CPU's fp32, tensor cores against CUDA cores
+    for shape in ("h64-t1024", "h128-t1024"):
+        ds = f"{shape}, packed documents, attention simt"
+        att.append(row(ds, shape=shape, env={"STRATA_ATTENTION": "simt"}, data="docs"))
+        att.append(row(f"{shape}, packed documents, attention tc", shape=shape, env={"STRATA_ATTENTION": "tc"},
+                       ref=ds, tol=TOL_CPU, needs_gpu=True, data="docs"))
     att.append(row("124m, stage 0", shape="124m", cpu=False, needs_gpu=True, limit_s=240))
     att.append(row("124m, stage 3, optimizer and params cpu", shape="124m", cpu=False, needs_gpu=True,
                    sets=["zero.stage=3", "offload.optimizer=cpu", "offload.params=cpu"], ref="124m, stage 0",
@@ -208,6 +218,14 @@ def parts():
                   sets=["train.activation_checkpointing=blocks", "offload.activations=cpu"], ref="llama, checkpointing blocks"))
     ll.append(row("llama, attention tc", shape="llama", env={"STRATA_ATTENTION": "tc"}, ref=lb, tol=TOL_CPU,
                   needs_gpu=True))
+    # packed documents (RoPE at each token's position in its document): against the CPU's
+    # fp32; stage 3 with every block recomputed bit for bit; the tensor cores within TOL_CPU
+    db = "llama, packed documents"
+    ll.append(row(db, shape="llama", data="docs"))
+    ll.append(row("llama, packed documents, stage 3, checkpointing blocks", shape="llama", data="docs", ref=db,
+                  sets=["zero.stage=3", "train.activation_checkpointing=blocks"]))
+    ll.append(row("llama, packed documents, attention tc", shape="llama", env={"STRATA_ATTENTION": "tc"}, ref=db,
+                  tol=TOL_CPU, needs_gpu=True, data="docs"))
     xb = "llama-x, stage 0"
     ll.append(row(xb, shape="llama-x"))
     ll.append(row("llama-x, stage 3, optimizer cpu", shape="llama-x", sets=["zero.stage=3", "offload.optimizer=cpu"],
@@ -362,6 +380,25 @@ class Runner:
                     out.write(open(path, "rb").read())
         subprocess.run([self.a.strata, "prepare", "--text", corpus, "--out", data], check=True,
                        stdout=subprocess.DEVNULL)
+        self.prepare_docs(data)
+
+    def prepare_docs(self, data):
+        """docs/: the text shards' tokens as Strata's 32-bit shards (io/data.h) with every token
+        learned and a document starting after each blank line (a paragraph of code: tens to
+        hundreds of bytes, so a sequence holds several and some run across sequences)."""
+        docs = os.path.join(self.work, "docs")
+        os.makedirs(docs, exist_ok=True)
+        for path in sorted(glob.glob(os.path.join(data, "*_*.bin"))):
+            raw = open(path, "rb").read()
+            head = struct.unpack("<256i", raw[:1024])
+            toks = list(struct.unpack("<%dH" % head[2], raw[1024:1024 + 2 * head[2]]))
+            mask = bytearray([1]) * len(toks)
+            for i in range(2, len(toks)):
+                if toks[i - 1] == 10 and toks[i - 2] == 10:
+                    mask[i] |= 2
+            hdr = [20240520, 2, len(toks), 3, 0] + [0] * 251  # flags: a mask, marking document starts
+            with open(os.path.join(docs, os.path.basename(path)), "wb") as f:
+                f.write(struct.pack("<256i", *hdr) + struct.pack("<%dI" % len(toks), *toks) + bytes(mask))
 
     def shape(self, r):
         if self.a.quick:
@@ -383,7 +420,8 @@ class Runner:
         path = os.path.join(self.work, "m.yaml")
         with open(path, "w") as f:
             f.write("model: {%s}\n" % ", ".join(f"{k}: {v}" for k, v in s.items()))
-            f.write('data: {train: "%s/data/train_*.bin", val: ""}\n' % self.work)
+            data = "docs" if r["data"] == "docs" else "data"
+            f.write('data: {train: "%s/%s/train_*.bin", val: ""}\n' % (self.work, data))
             f.write(f"train: {{steps: {steps}, micro_batch: {mb}, eval_every: 0, log_every: 5, sample_tokens: 0}}\n")
             f.write("optim: {lr: 6.0e-4, warmup_steps: 5}\n")  # stable: see the tolerances
             f.write(f"offload: {{nvme_path: \"{self.work}/nvme\", block_kb: 64}}\n")
@@ -417,10 +455,11 @@ class Runner:
         # per-rank splits and the reduction dtype (meaningless at world 1) dropped
         keep = [s for s in r["sets"] if (s.startswith("train.") or s.startswith("optim.")) and "=DIV" not in s
                 and "grad_reduce" not in s]
-        key = (r["shape"], tuple(keep))
+        key = (r["shape"], r["data"], tuple(keep))
         if key not in self.cpu_refs:
             ref = dict(r, sets=keep, env={}, world=1, limit_s=600)
-            tag = "cpu-" + re.sub(r"[^a-z0-9]+", "-", (r["shape"] + " " + " ".join(key[1])).lower()).strip("-")
+            what = (r["shape"],) + (("docs",) if r["data"] == "docs" else ()) + key[2]
+            tag = "cpu-" + re.sub(r"[^a-z0-9]+", "-", " ".join(what).lower()).strip("-")
             run_dir, log, rc, _, _ = self.launch(ref, "cpu", tag)
             self.cpu_refs[key] = [m["loss"] for m in metrics(run_dir)] if rc == 0 else None
         return self.cpu_refs[key]

@@ -45,16 +45,21 @@ typedef struct strata_adamw_args {
 } strata_adamw_args;
 
 struct strata_kernels {
-    /* out (B,T,C) = wte[tok[b,t]] (V,C) + wpe[t] (maxT,C); wpe NULL: no learned positions
-     * (the Llama family rotates q and k instead) */
-    void (*encoder_forward)(strata_stream *s, void *out, const int32_t *tok, const void *wte,
+    /* out (B,T,C) = wte[tok[b,t]] (V,C) + wpe[p] (maxT,C), p the token's position: t, or
+     * pos[b,t] when pos (B,T, device) is given (packed documents, each from position 0:
+     * see attention_forward); wpe NULL: no learned positions (the Llama family rotates q
+     * and k instead) */
+    void (*encoder_forward)(strata_stream *s, void *out, const int32_t *tok, const int32_t *pos, const void *wte,
                             const void *wpe, int B, int T, int C);
-    /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over b of dout[b,t] (skipped when
-     * dwpe is NULL). order (B*T) lists the positions sorted by token, ties in position
-     * order (strata_token_order): every element of dwte and dwpe gets its rows added in
-     * position order, the same sums on every run and backend. */
-    void (*encoder_backward)(strata_stream *s, float *dwte, float *dwpe, const void *dout,
-                             const int32_t *tok, const int32_t *order, int B, int T, int C);
+    /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum of the dout rows at each position
+     * (skipped when dwpe is NULL): over b at position t, or with pos over the (b,t) whose
+     * pos is p. order (B*T) lists the positions sorted by token, ties in position order
+     * (strata_token_order), and pos_order likewise by pos (with pos only): every element of
+     * dwte and dwpe gets its rows added in position order, the same sums on every run and
+     * backend. */
+    void (*encoder_backward)(strata_stream *s, float *dwte, float *dwpe, const void *dout, const int32_t *tok,
+                             const int32_t *order, const int32_t *pos, const int32_t *pos_order, int B, int T,
+                             int C);
 
     /* out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) saved for backward; eps 1e-5 */
     void (*layernorm_forward)(strata_stream *s, void *out, float *mean, float *rstd,
@@ -83,14 +88,17 @@ struct strata_kernels {
      * and the Llama family's fused q|k|v projection write them; query head h attends with
      * key/value head h / (NH/NKV). out (B,T,NH*hs) = softmax(q k^T / sqrt(hs)) v per head;
      * lse (B,NH,T) saves each row's log-sum-exp of the scaled scores so the backward never
-     * needs a stored T x T matrix. */
-    void (*attention_forward)(strata_stream *s, void *out, float *lse, const void *qkv, int B,
+     * needs a stored T x T matrix.
+     * pos (B,T, device), when given, holds each token's position in its document: a row is
+     * packed documents, pos[b,t] 0 at a document's first token and pos[b,t-1] + 1 after it,
+     * and query t attends to keys t - pos[b,t] .. t only, its own document's (NULL: one
+     * document a row, keys 0 .. t). */
+    void (*attention_forward)(strata_stream *s, void *out, float *lse, const void *qkv, const int32_t *pos, int B,
                               int T, int NH, int NKV, int hs);
-    /* dqkv (B,T,(NH+2NKV)hs) (=) from dout (B,T,NH*hs), given the forward's qkv, out and lse;
-     * a key/value head's gradient sums over the query heads that share it. */
-    void (*attention_backward)(strata_stream *s, void *dqkv, const void *dout, const void *qkv,
-                               const void *out, const float *lse, int B, int T, int NH, int NKV,
-                               int hs);
+    /* dqkv (B,T,(NH+2NKV)hs) (=) from dout (B,T,NH*hs), given the forward's qkv, out, lse and
+     * pos; a key/value head's gradient sums over the query heads that share it. */
+    void (*attention_backward)(strata_stream *s, void *dqkv, const void *dout, const void *qkv, const void *out,
+                               const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int hs);
 
     /* GELU, tanh approximation: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
     void (*gelu_forward)(strata_stream *s, void *out, const void *inp, size_t n);
@@ -170,11 +178,12 @@ struct strata_kernels {
      * and element i + hs/2 turn by the angle t * inv_freq[i] (fp32: (float)t times the fp32
      * inverse frequency, its cosine and sine in fp32, as transformers computes them), t the
      * row's position. inv_freq (hs/2, fp32, device memory) carries the base and any llama3
-     * scaling. The backward turns the gradient by -angle (the rotation's transpose). */
-    void (*rope_forward)(strata_stream *s, void *x, const float *inv_freq, int B, int T, int heads, int hs,
-                         int ld);
-    void (*rope_backward)(strata_stream *s, void *dx, const float *inv_freq, int B, int T, int heads, int hs,
-                          int ld);
+     * scaling. The backward turns the gradient by -angle (the rotation's transpose). With
+     * pos (B,T, device; attention_forward's), t is the row's position in its document. */
+    void (*rope_forward)(strata_stream *s, void *x, const float *inv_freq, const int32_t *pos, int B, int T,
+                         int heads, int hs, int ld);
+    void (*rope_backward)(strata_stream *s, void *dx, const float *inv_freq, const int32_t *pos, int B, int T,
+                          int heads, int hs, int ld);
 
     /* SwiGLU: out (N,I) = silu(gu[:, :I]) * gu[:, I:], gu (N,2I) the fused gate|up product;
      * silu(x) = x / (1 + exp(-x)) */

@@ -161,6 +161,20 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
                          (void **)&m->order_host);
     strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "token counts (host)",
                          ((size_t)m->shape.vocab_size + 1) * 4, (void **)&m->token_counts);
+    m->pos = m->pos_host = m->pos_order = m->pos_order_host = m->pos_counts = NULL;
+    m->cur_pos = NULL;
+    if (o->documents) {
+        strata_model_reserve(a, "inputs.pos", BT * 4, (void **)&m->pos);
+        strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "inputs.pos (host)", BT * 4,
+                             (void **)&m->pos_host);
+        if (m->family->learned_positions) {
+            strata_model_reserve(a, "inputs.pos_order", BT * 4, (void **)&m->pos_order);
+            strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "inputs.pos_order (host)", BT * 4,
+                                 (void **)&m->pos_order_host);
+            strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "position counts (host)",
+                                 ((size_t)T + 1) * 4, (void **)&m->pos_counts);
+        }
+    }
 }
 
 /* ---- initialisation ---- */
@@ -200,7 +214,39 @@ void strata_token_order(const int32_t *tok, size_t n, int V, int32_t *count, int
     for (size_t i = 0; i < n; i++) order[count[tok[i]]++] = (int32_t)i;
 }
 
-int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets) {
+/* Checks a batch's positions and uploads them when some row holds more than one document;
+ * m->cur_pos says which. */
+static int set_positions(strata_model *m, const int32_t *positions) {
+    int T = m->cur_T;
+    size_t n = (size_t)m->cur_B * T;
+    m->cur_pos = NULL;
+    if (!positions) return 0;
+    if (!m->pos)
+        return strata_fail("the batch has document positions, but the model's plan reserved no room for them "
+                           "(strata_model_plan_opts.documents)");
+    int packed = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t p = positions[i], before = i % (size_t)T ? positions[i - 1] : -1;
+        if (p != 0 && p != before + 1)
+            return strata_fail("position %d at row %zu, position %zu of the batch does not follow %d: a document "
+                               "starts at 0 and counts up by one",
+                               p, i / (size_t)T, i % (size_t)T, before);
+        if (p != (int32_t)(i % (size_t)T)) packed = 1;
+    }
+    if (!packed) return 0; /* every row one document: the kernels' plain causal path, bit for bit */
+    size_t bytes = n * sizeof(int32_t);
+    memcpy(m->pos_host, positions, bytes);
+    STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->pos, m->pos_host, bytes));
+    if (m->pos_order) {
+        strata_token_order(positions, n, T, m->pos_counts, m->pos_order_host);
+        STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->pos_order, m->pos_order_host, bytes));
+    }
+    m->cur_pos = m->pos;
+    return 0;
+}
+
+int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets,
+                           const int32_t *positions) {
     /* every token that reaches the embedding (and every target the loss indexes) passes
      * here, on any backend: an id outside the table would read past it */
     int V = m->shape.vocab_size, T = m->cur_T;
@@ -213,6 +259,7 @@ int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t
             return strata_fail("target id %d at row %zu, position %zu of the batch is outside the vocabulary [0, %d)",
                                targets[i], i / (size_t)T, i % (size_t)T, V);
     }
+    STRATA_TRY(set_positions(m, positions));
     if (!m->constants_ready && m->family->upload_constants) {
         STRATA_TRY(m->family->upload_constants(m));
         m->constants_ready = 1;
@@ -313,7 +360,7 @@ int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, i
     m->cur_B = B;
     m->cur_T = T;
     m->logits_first = 0;
-    int rc = strata_model_set_batch(m, tokens, NULL);
+    int rc = strata_model_set_batch(m, tokens, NULL, NULL);
     for (int u = 0; u < m->n_units && !rc; u++) strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
     m->cur_B = m->B;
     m->cur_T = m->T;

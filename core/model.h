@@ -130,6 +130,12 @@ typedef struct strata_model {
     int32_t *order;           /* (B,T) on the device: the inputs' positions by token (strata_token_order) */
     int32_t *order_host;      /* (B,T) host staging for order */
     int32_t *token_counts;    /* (V+1) host: the counting sort's scratch */
+    /* packed documents (strata_model_plan_opts.documents): each input's position in its
+     * document, device and host staging, and (GPT-2's learned positions) the positions
+     * sorted by it, as order is by token; NULL when not planned */
+    int32_t *pos, *pos_host, *pos_order, *pos_order_host, *pos_counts;
+    const int32_t *cur_pos;   /* what the kernels get: pos, or NULL while the batch's rows are
+                                 each one document (or no positions were given) */
     /* the family's own activations, gradient buffers and constants (arena): a struct only
      * its file knows (GPT-2's gpt2_acts, the Llama family's llama_acts) */
     void *acts;
@@ -179,6 +185,9 @@ typedef struct strata_model_plan_opts {
      * l % resid_slots (offload.activations: the rest are copied to and from host memory
      * around their use, shard/acts_home.c); 0: one each */
     int resid_slots;
+    /* 1: batches may hold packed documents (strata_model_set_batch's positions): reserves
+     * the buffers their positions need */
+    int documents;
 } strata_model_plan_opts;
 
 /* Reserves activation memory for micro-batch B x T in the arena, with activations in
@@ -205,8 +214,14 @@ void strata_token_order(const int32_t *tok, size_t n, int V, int32_t *count, int
  * [0, vocab_size) or a target >= vocab_size (negative: ignored) is refused, naming the id,
  * its row and position, before anything is copied: 0, or -1 with strata_error() set. The
  * first call also uploads the family's constants (the Llama family's RoPE frequencies),
- * so every forward comes after one. */
-int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets);
+ * so every forward comes after one.
+ * positions (host int32 (B,T), or NULL: each row one document) is each input's position in
+ * its document (io/data.h's strata_loader_read): the attention then stays within each
+ * document, and positions (RoPE's, GPT-2's learned ones) count from each document's start,
+ * as if every document were alone in its row. Needs a plan with documents; a position that
+ * does not follow the one before it (0, or the previous one + 1) is refused. */
+int strata_model_set_batch(strata_model *m, const int32_t *inputs, const int32_t *targets,
+                           const int32_t *positions);
 
 /* Forward of one unit. The head computes the loss: losses (B,T), *loss_sum += mean over
  * the B*T tokens times loss_scale; when `train`, it leaves dlogits in place, scaled by

@@ -32,6 +32,8 @@ typedef struct strata_init_rule {
 
 typedef struct strata_model_family {
     const char *name;  /* "gpt2", "llama" */
+    int learned_positions; /* an embedding of positions (GPT-2's wpe), whose backward needs
+                              the batch's positions sorted (strata_model.pos_order) */
     int block_tensors; /* the most tensors a block of the family has */
     /* The units (strata_model_set_unit) and their tensors (strata_model_add_tensor), in
      * flat-buffer order. */

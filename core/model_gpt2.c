@@ -209,7 +209,7 @@ static void block_forward_to_mlp(strata_model *m, int u) {
     void *x = strata_model_resid(m, l);
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C));
     TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, STRATA_W_KN)); /* (B,T,3C) */
-    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, NH, NH, C / NH));         /* (B,T,C) */
+    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, m->cur_pos, B, T, NH, NH, C / NH));         /* (B,T,C) */
     TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, STRATA_W_KN));
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * C));
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C));
@@ -254,7 +254,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     int L = m->shape.n_layer;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
+        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, m->cur_pos, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
         break;
     case STRATA_UNIT_BLOCK:
         block_forward(m, u);
@@ -303,7 +303,7 @@ static void block_backward(strata_model *m, int u) {
     }
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN2_W), G(u, LN2_B), g->dbtc, a->resid2, P(u, LN2_W), a->ln2_mean, a->ln2_rstd, BT, C));
     TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->dbtc, G(u, ATTPROJ_W), G(u, ATTPROJ_B), m->dresid, a->atty, P(u, ATTPROJ_W), BT, C, C, STRATA_W_KN));
-    TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->dbtc, a->qkv, a->atty, a->att_lse, B, T, NH, NH, C / NH));
+    TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->dbtc, a->qkv, a->atty, a->att_lse, m->cur_pos, B, T, NH, NH, C / NH));
     TIMED(MATMUL_QKV, k->matmul_backward(s, g->dbtc, G(u, QKV_W), G(u, QKV_B), g->dqkv, a->ln1, P(u, QKV_W), BT, C, 3 * C, STRATA_W_KN));
     TIMED(LAYERNORM, k->layernorm_backward(s, m->dresid, G(u, LN1_W), G(u, LN1_B), g->dbtc, strata_model_resid(m, l), P(u, LN1_W), a->ln1_mean, a->ln1_rstd, BT, C));
 }
@@ -326,7 +326,7 @@ static int backward(strata_model *m, int u) {
         block_backward(m, u);
         break;
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, m->order, B, T, C));
+        TIMED(EMBEDDING, k->encoder_backward(s, G(0, WTE), G(0, WPE), m->dresid, m->inputs, m->order, m->cur_pos, m->pos_order, B, T, C));
         break;
     }
     return 0;
@@ -334,6 +334,7 @@ static int backward(strata_model *m, int u) {
 
 const strata_model_family strata_family_gpt2 = {
     .name = "gpt2",
+    .learned_positions = 1,
     .block_tensors = BLOCK_TENSORS,
     .build = build,
     .plan = plan,

@@ -378,9 +378,9 @@ static void block_forward_to_mlp(strata_model *m, int u) {
               k->rmsnorm_forward(s, (char *)a->qkv + k_at, a->k_rstd, (char *)a->qkv_raw + k_at, p.k_norm, BT, d.NKV,
                                  d.hd, d.Q, eps));
     }
-    TIMED(ROPE, k->rope_forward(s, a->qkv, g->inv_freq, B, T, d.NH, d.hd, d.Q),
-          k->rope_forward(s, (char *)a->qkv + k_at, g->inv_freq, B, T, d.NKV, d.hd, d.Q));
-    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, B, T, d.NH, d.NKV, d.hd)); /* (B,T,NH hd) */
+    TIMED(ROPE, k->rope_forward(s, a->qkv, g->inv_freq, m->cur_pos, B, T, d.NH, d.hd, d.Q),
+          k->rope_forward(s, (char *)a->qkv + k_at, g->inv_freq, m->cur_pos, B, T, d.NKV, d.hd, d.Q));
+    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, m->cur_pos, B, T, d.NH, d.NKV, d.hd)); /* (B,T,NH hd) */
     TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, p.o, NULL, BT, d.A, d.C, STRATA_W_NK)); /* (B,T,C) */
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * d.C));
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln2, a->ln2_rstd, a->resid2, p.ln2, BT, 1, d.C, d.C, eps));
@@ -420,7 +420,7 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     int B = m->cur_B, T = m->cur_T, BT = B * T;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, m->params[0], NULL, B, T, d.C)); /* (B,T,C) */
+        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, NULL, m->params[0], NULL, B, T, d.C)); /* (B,T,C) */
         break;
     case STRATA_UNIT_BLOCK:
         block_forward(m, u);
@@ -476,9 +476,9 @@ static void block_backward(strata_model *m, int u) {
     }
     TIMED(RMSNORM, k->rmsnorm_backward(s, m->dresid, gr.ln2, g->dbtc, a->resid2, p.ln2, a->ln2_rstd, BT, 1, d.C, d.C));
     TIMED(MATMUL_ATTPROJ, k->matmul_backward(s, g->datty, gr.o, NULL, m->dresid, a->atty, p.o, BT, d.A, d.C, STRATA_W_NK));
-    TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->datty, a->qkv, a->atty, a->att_lse, B, T, d.NH, d.NKV, d.hd));
-    TIMED(ROPE, k->rope_backward(s, g->dqkv, g->inv_freq, B, T, d.NH, d.hd, d.Q),
-          k->rope_backward(s, (char *)g->dqkv + k_at, g->inv_freq, B, T, d.NKV, d.hd, d.Q));
+    TIMED(ATTENTION, k->attention_backward(s, g->dqkv, g->datty, a->qkv, a->atty, a->att_lse, m->cur_pos, B, T, d.NH, d.NKV, d.hd));
+    TIMED(ROPE, k->rope_backward(s, g->dqkv, g->inv_freq, m->cur_pos, B, T, d.NH, d.hd, d.Q),
+          k->rope_backward(s, (char *)g->dqkv + k_at, g->inv_freq, m->cur_pos, B, T, d.NKV, d.hd, d.Q));
     void *dqkv = g->dqkv; /* (B,T,Q): the gradient of the projection's output */
     if (m->shape.qk_norm) {
         /* dqkv_raw = [dq through q's norm | dk through k's norm | dv]. The norms' backward
@@ -519,7 +519,7 @@ static int backward(strata_model *m, int u) {
         block_backward(m, u);
         break;
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_backward(s, m->grads[0], NULL, m->dresid, m->inputs, m->order, B, T, d.C)); /* (Vp,C) */
+        TIMED(EMBEDDING, k->encoder_backward(s, m->grads[0], NULL, m->dresid, m->inputs, m->order, NULL, NULL, B, T, d.C)); /* (Vp,C) */
         break;
     }
     return 0;

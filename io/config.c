@@ -184,6 +184,9 @@ static const key_spec schema[] = {
     STR("data", "train", data.train, NULL, F_REQUIRED | F_NONEMPTY, "glob of training token shards"),
     STR("data", "val", data.val, "", 0, "glob of validation shards; empty = no validation"),
     BOOL_("data", "shuffle", data.shuffle, "true", "shuffle shard order and sequences each epoch"),
+    BOOL_("data", "document_mask", data.document_mask, "true",
+          "keep the examples `strata prepare --jsonl` packed into one sequence apart: each attends only within "
+          "itself, its positions counted from 0, as if alone; false: each sees the ones packed before it"),
     STR("data", "tokenizer", data.tokenizer, "", 0,
         "tokenizer.json (or a Hugging Face model directory) the shards were made with; empty = the tokenizer.json "
         "`strata prepare` wrote beside them"),

@@ -64,6 +64,7 @@ typedef struct strata_config {
         char train[STRATA_PATH_MAX]; /* glob of token shards (llm.c format) */
         char val[STRATA_PATH_MAX];   /* glob; "" = no validation */
         int shuffle;
+        int document_mask; /* packed examples the shards mark attend only within themselves */
         char tokenizer[STRATA_PATH_MAX]; /* "" = tokenizer.json beside the train shards, if any */
     } data;
 

@@ -87,32 +87,41 @@ int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens
     return write_shard_file(path, header, tokens, n_tokens * sizeof(uint16_t), NULL, 0);
 }
 
-int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens, int seq_len) {
+int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens, int seq_len,
+                         int docs) {
     STRATA_TRY(check_count(path, n_tokens));
     if (seq_len < 0) return strata_fail("%s: packed sequence length %d is negative", path, seq_len);
     int32_t header[STRATA_SHARD_HEADER_INTS] = {0};
     header[0] = STRATA_SHARD_MAGIC;
     header[1] = STRATA_SHARD_VERSION_32;
     header[2] = (int32_t)n_tokens;
-    header[3] = mask ? STRATA_SHARD_FLAG_MASK : 0;
+    header[3] = mask ? STRATA_SHARD_FLAG_MASK | (docs ? STRATA_SHARD_FLAG_DOCS : 0) : 0;
     header[4] = seq_len;
     return write_shard_file(path, header, tokens, n_tokens * sizeof(uint32_t), mask, mask ? n_tokens : 0);
 }
 
 /* Why header h does not describe a shard of `payload` bytes, in msg; NULL when it does.
  * Sets *bits (16 or 32) and *masked. */
-static const char *header_problem(const int32_t *h, size_t payload, char *msg, size_t n, int *bits, int *masked) {
+static const char *header_problem(const int32_t *h, size_t payload, char *msg, size_t n, int *bits, int *masked,
+                                  int *docs) {
     *bits = 16;
     *masked = 0;
+    *docs = 0;
     if (h[0] == STRATA_SHARD_MAGIC) {
         if (h[1] == STRATA_SHARD_VERSION_32) {
             *bits = 32;
-            if (h[3] & ~STRATA_SHARD_FLAG_MASK) {
-                snprintf(msg, n, "flags 0x%x in header[3] name bits this reader does not know (only bit 0, the loss mask)",
-                         (unsigned)h[3]);
+            if (h[3] & ~(STRATA_SHARD_FLAG_MASK | STRATA_SHARD_FLAG_DOCS)) {
+                snprintf(msg, n, "flags 0x%x in header[3] name bits this reader does not know (only bit 0, the loss "
+                         "mask, and bit 1, document starts)", (unsigned)h[3]);
+                return msg;
+            }
+            if ((h[3] & STRATA_SHARD_FLAG_DOCS) && !(h[3] & STRATA_SHARD_FLAG_MASK)) {
+                snprintf(msg, n, "flags 0x%x in header[3]: bit 1 (document starts, kept in the mask) without bit 0 "
+                         "(a mask)", (unsigned)h[3]);
                 return msg;
             }
             *masked = h[3] & STRATA_SHARD_FLAG_MASK;
+            *docs = (h[3] & STRATA_SHARD_FLAG_DOCS) != 0;
             if (h[4] < 0) {
                 snprintf(msg, n, "header[4], the packed sequence length, is %d (negative; corrupt header)", h[4]);
                 return msg;
@@ -184,8 +193,8 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     int32_t h[5];
     memcpy(h, map, sizeof h);
     char msg[256];
-    int bits, masked;
-    const char *why = header_problem(h, bytes - HEADER_BYTES, msg, sizeof msg, &bits, &masked);
+    int bits, masked, docs;
+    const char *why = header_problem(h, bytes - HEADER_BYTES, msg, sizeof msg, &bits, &masked, &docs);
     if (why) {
         (void)munmap(map, bytes); /* our own whole mapping: it cannot fail */
         return strata_fail("%s: %s", path, why);
@@ -198,6 +207,7 @@ int strata_shard_open(strata_shard *sh, const char *path) {
     if (bits == 16) sh->tokens = (const uint16_t *)payload;
     else sh->tokens32 = (const uint32_t *)payload;
     if (masked) sh->mask = (const uint8_t *)payload + sh->n_tokens * sizeof(uint32_t);
+    sh->docs = docs;
     return 0;
 }
 
@@ -206,9 +216,10 @@ void strata_shard_close(strata_shard *sh) {
     memset(sh, 0, sizeof *sh);
 }
 
-int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len) {
+int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len, int *docs) {
     *wide = 0;
     *seq_len = 0;
+    if (docs) *docs = 0;
     glob_t g;
     int grc = glob(glob_pattern, 0, NULL, &g);
     if (grc == GLOB_NOMATCH) return strata_fail("no token shards match '%s'", glob_pattern);
@@ -218,12 +229,20 @@ int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len) {
         strata_shard sh;
         rc = strata_shard_open(&sh, g.gl_pathv[i]) ? -1 : 0;
         if (!rc && sh.tokens32) *wide = 1;
+        if (!rc && sh.docs && docs) *docs = 1;
         if (!rc && i == 0) *seq_len = sh.seq_len;
         else if (!rc && sh.seq_len != *seq_len) *seq_len = -1;
         strata_shard_close(&sh);
     }
     globfree(&g);
     return rc;
+}
+
+int strata_shards_mark_documents(const char *glob_pattern) {
+    int wide, seq_len, docs = 0;
+    if (!glob_pattern[0]) return 0;
+    if (strata_shards_info(glob_pattern, &wide, &seq_len, &docs)) docs = 0;
+    return docs;
 }
 
 /* ---- the shards of one split, as they fill ---- */
@@ -235,7 +254,8 @@ void strata_shard_sink_init(strata_shard_sink *s, const char *dir, const char *p
     s->prefix = prefix;
     s->max_tokens = max_tokens;
     s->wide = wide || masked;
-    s->masked = masked;
+    s->masked = masked & STRATA_SHARD_FLAG_MASK;
+    s->docs = s->masked && (masked & STRATA_SHARD_FLAG_DOCS);
     s->seq_len = seq_len;
 }
 
@@ -253,13 +273,13 @@ static int sink_flush(strata_shard_sink *s) {
     if (s->len == 0 || (s->seq_len && s->n_shards > 0 && s->len == 1)) return 0;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s_%06d.bin", s->out_dir, s->prefix, s->n_shards);
-    int rc = s->wide ? strata_shard_write32(path, s->buf32, s->masked ? s->mask : NULL, s->len, s->seq_len)
+    int rc = s->wide ? strata_shard_write32(path, s->buf32, s->masked ? s->mask : NULL, s->len, s->seq_len, s->docs)
                      : strata_shard_write(path, s->buf16, s->len);
     if (rc) return -1;
     STRATA_DEBUG("data", "%s: %zu tokens", path, s->len);
     size_t carried = s->seq_len && s->n_shards > 0 ? 1 : 0; /* counted with the shard before */
     s->total += s->len - carried;
-    for (size_t i = carried; i < s->len; i++) s->learned += s->masked ? s->mask[i] : 1;
+    for (size_t i = carried; i < s->len; i++) s->learned += s->masked ? s->mask[i] & STRATA_MASK_LEARNED : 1;
     s->n_shards++;
     if (s->seq_len) { /* the last token begins the next shard */
         if (s->wide) s->buf32[0] = s->buf32[s->len - 1];
@@ -644,7 +664,9 @@ int strata_loader_open(strata_loader *L, const char *glob_pattern, int T, int vo
         }
         L->n_shards++;
         if (L->shards[i].mask) L->has_mask = 1;
+        if (L->shards[i].docs) L->has_docs = 1;
         int packed = L->shards[i].seq_len;
+        if (packed && L->shards[i].mask && !L->shards[i].docs) L->unmarked_packed = 1;
         if (packed && packed != T) {
             /* its chunks would cut across the packed sequences: examples split mid-way */
             strata_fail("%s: its examples were packed into sequences of %d tokens (strata prepare --jsonl --seq-len %d), "
@@ -726,17 +748,21 @@ static const strata_shard *sequence_at(strata_loader *L, uint64_t seq, size_t *o
     return &L->shards[s];
 }
 
-/* A mask byte other than 0 or 1 among the T targets of the sequence at sh[off]: named. */
+/* A mask byte with a bit the shard's flags do not define among the T + 1 tokens of the
+ * sequence at sh[off]: named. */
 static int check_mask(const strata_shard *sh, size_t off, int T) {
-    for (int t = 1; t <= T; t++)
-        if (sh->mask[off + (size_t)t] > 1)
-            return strata_fail("%s: mask byte %u at position %zu is neither 0 nor 1 (a corrupt shard?)", sh->path,
-                               (unsigned)sh->mask[off + (size_t)t], off + (size_t)t);
+    unsigned top = sh->docs ? STRATA_MASK_LEARNED | STRATA_MASK_DOC_START : STRATA_MASK_LEARNED;
+    for (int t = 0; t <= T; t++)
+        if (sh->mask[off + (size_t)t] & ~top)
+            return strata_fail("%s: mask byte %u at position %zu is not one this shard's flags define (%s; a "
+                               "corrupt shard?)",
+                               sh->path, (unsigned)sh->mask[off + (size_t)t], off + (size_t)t,
+                               sh->docs ? "0 to 3: learned, and a document's first token" : "0 or 1");
     return 0;
 }
 
 int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t *inputs,
-                       int32_t *targets) {
+                       int32_t *targets, int32_t *positions) {
     const int T = L->T;
     for (int r = 0; r < n_seq; r++) {
         size_t off;
@@ -756,7 +782,12 @@ int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t 
         }
         if (sh->mask) /* a target the mask does not learn is -1, which the loss skips */
             for (int t = 0; t < T; t++)
-                if (!sh->mask[off + (size_t)t + 1]) tg[t] = -1;
+                if (!(sh->mask[off + (size_t)t + 1] & STRATA_MASK_LEARNED)) tg[t] = -1;
+        if (positions) {
+            int32_t *p = positions + (size_t)r * T;
+            for (int t = 0; t < T; t++)
+                p[t] = t && !(sh->docs && (sh->mask[off + (size_t)t] & STRATA_MASK_DOC_START)) ? p[t - 1] + 1 : 0;
+        }
     }
     return 0;
 }
@@ -776,7 +807,7 @@ int strata_loader_count_learned(strata_loader *L, uint64_t first_seq, int n_seq,
             continue;
         }
         if (check_mask(sh, off, T)) return -1;
-        for (int t = 1; t <= T; t++) *count += sh->mask[off + (size_t)t];
+        for (int t = 1; t <= T; t++) *count += sh->mask[off + (size_t)t] & STRATA_MASK_LEARNED;
     }
     return 0;
 }

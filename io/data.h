@@ -5,17 +5,20 @@
  *    20240520 magic, header[1] = 1 version, header[2] = number of tokens; uint16 tokens.
  *  - Strata's 32-bit shards, for vocabularies past 65,536 and for data with a loss mask:
  *    header[0] = 20240520, header[1] = 2, header[2] = number of tokens, header[3] = flags
- *    (bit 0: a loss mask follows; no other bit is defined), header[4] = the sequence length
+ *    (bit 0: a loss mask follows; bit 1, only with bit 0: the mask marks where documents
+ *    start; no other bit is defined), header[4] = the sequence length
  *    the tokens were packed to (prepare --jsonl's --seq-len; the loader refuses to read
  *    sequences of another length from it), 0 when they were not packed, the rest 0; uint32
- *    tokens, then, with the mask, one byte per token: 1 when the token is learned (the loss
- *    counts it as the target of the token before it), 0 when it is not (a prompt, padding).
+ *    tokens, then, with the mask, one byte per token: bit 0 set when the token is learned
+ *    (the loss counts it as the target of the token before it), clear when it is not (a
+ *    prompt, padding); with flag bit 1, bit 1 set on the first token of each document (an
+ *    example prepare --jsonl packed), so a reader can keep packed examples apart.
  *    `strata prepare` writes them when the tokenizer has more than 65,536 tokens or the
  *    data has a mask, and llm.c's format otherwise.
  *  - llm.c's Llama 3 shards: header[0] = 20240801, header[1] = 7; uint32 tokens.
  * Every reader checks the magic, the version, the flags and the token count against the
- * file's size; an id at or above the vocabulary and a mask byte other than 0 or 1 are
- * named with their shard and position when a batch reads them.
+ * file's size; an id at or above the vocabulary and a mask byte with a bit the flags do not
+ * define are named with their shard and position when a batch reads them.
  *
  * The reader treats the shards matched by a glob, in sorted order, as one sequence of
  * chunks of T+1 tokens (inputs and next-token targets; a target the mask does not learn
@@ -36,15 +39,20 @@
 #define STRATA_SHARD_VERSION 1    /* uint16 tokens (llm.c's GPT-2 shards) */
 #define STRATA_SHARD_VERSION_32 2 /* uint32 tokens, a loss mask when header[3] says so */
 #define STRATA_SHARD_FLAG_MASK 1
+#define STRATA_SHARD_FLAG_DOCS 2 /* with FLAG_MASK: mask bit 1 marks a document's first token */
+#define STRATA_MASK_LEARNED 1    /* a mask byte's bits */
+#define STRATA_MASK_DOC_START 2
 #define STRATA_SHARD_LLMC32_MAGIC 20240801 /* llm.c's Llama 3 shards: uint32 tokens */
 #define STRATA_SHARD_LLMC32_VERSION 7
 #define STRATA_SHARD_HEADER_INTS 256
 
 /* Writes tokens as one shard file (atomically: temp name, fsync, rename): llm.c's uint16
- * format, and the 32-bit one with an optional loss mask (mask may be NULL: no mask) and
- * the sequence length its tokens were packed to (0: none). */
+ * format, and the 32-bit one with an optional loss mask (mask may be NULL: no mask), the
+ * sequence length its tokens were packed to (0: none) and whether the mask marks where
+ * documents start (docs, with a mask only). */
 int strata_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens);
-int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens, int seq_len);
+int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t *mask, size_t n_tokens, int seq_len,
+                         int docs);
 
 /* A memory-mapped, validated shard: tokens (16-bit) or tokens32 (32-bit) is set. */
 typedef struct strata_shard {
@@ -52,6 +60,7 @@ typedef struct strata_shard {
     const uint16_t *tokens;
     const uint32_t *tokens32;
     const uint8_t *mask; /* NULL: every token learned */
+    int docs;            /* the mask marks where documents start (STRATA_MASK_DOC_START) */
     int seq_len;         /* the length its sequences were packed to; 0: not packed */
     size_t n_tokens;
     void *map;
@@ -112,7 +121,8 @@ int strata_prepare_write_tokenizer(const char *dir, const struct strata_bpe *tk)
 
 /* The shards of one split ("train", "val") as they fill, in dir: <prefix>_NNNNNN.bin of
  * at most max_tokens each, llm.c's uint16 format unless wide (32-bit) or masked (32-bit
- * with a loss mask). With sequences packed seq_len tokens apart (io/jsonl.c; 0: not
+ * with a loss mask: masked is STRATA_SHARD_FLAG_MASK, with | STRATA_SHARD_FLAG_DOCS when
+ * the mask bytes pushed mark where documents start). With sequences packed seq_len tokens apart (io/jsonl.c; 0: not
  * packed), each shard after the first begins with the last token of the one before, so a
  * shard of k*seq_len + 1 tokens holds k whole chunks and none crosses into the next shard;
  * the shards record seq_len (32-bit ones only: pass wide or masked with it). */
@@ -120,14 +130,14 @@ typedef struct strata_shard_sink {
     char out_dir[1024];
     const char *prefix;
     size_t max_tokens;
-    int wide, masked, seq_len;
+    int wide, masked, docs, seq_len;
     uint16_t *buf16;
     uint32_t *buf32;
     uint8_t *mask;
     size_t len, cap;
     int n_shards;
     size_t total;   /* tokens written, a carried-over token counted once */
-    size_t learned; /* of those, learned (masked: mask 1; else all) */
+    size_t learned; /* of those, learned (masked: mask bit 0; else all) */
 } strata_shard_sink;
 void strata_shard_sink_init(strata_shard_sink *s, const char *dir, const char *prefix, size_t max_tokens, int wide,
                             int masked, int seq_len);
@@ -140,9 +150,14 @@ void strata_shard_sink_free(strata_shard_sink *s);
 
 /* What the shards matching glob_pattern hold, from their headers: *wide = 1 if any holds
  * 32-bit tokens, 0 if every one is llm.c's uint16; *seq_len the length their sequences
- * were packed to (0: none is packed; -1 when two shards disagree). -1 (error set) when
- * none matches or one is not a shard. */
-int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len);
+ * were packed to (0: none is packed; -1 when two shards disagree); *docs = 1 if any marks
+ * where its documents start (docs may be NULL). -1 (error set) when none matches or one
+ * is not a shard. */
+int strata_shards_info(const char *glob_pattern, int *wide, int *seq_len, int *docs);
+/* 1 when some shard matching glob_pattern marks where its documents start; 0 when none
+ * does, and when the pattern is empty or names no readable shard (opening the data says
+ * why, later). */
+int strata_shards_mark_documents(const char *glob_pattern);
 
 typedef struct strata_loader {
     strata_shard *shards;
@@ -150,6 +165,9 @@ typedef struct strata_loader {
     int T;            /* tokens per sequence; a chunk is T+1 tokens */
     int vocab_size;   /* tokens must be below it: checked when a chunk is read */
     int has_mask;     /* some shard has a loss mask: targets may be -1 */
+    int has_docs;     /* some shard marks where its packed documents start */
+    int unmarked_packed; /* some shard was packed from examples (masked, seq_len) without
+                            marking where they start: prepared before Strata marked them */
     uint64_t *chunk_start; /* per shard: first global chunk index (prefix sums), n_shards+1 */
     uint64_t n_chunks;
     int shuffle;
@@ -166,9 +184,12 @@ void strata_loader_close(strata_loader *L);
 
 /* Fills inputs[n_seq*T] and targets[n_seq*T] (host int32) with the consecutive global
  * sequences first_seq .. first_seq+n_seq-1 of the stream (wrapping over epochs); a
- * target whose token the mask does not learn is -1. */
+ * target whose token the mask does not learn is -1. positions (n_seq*T, or NULL: not
+ * wanted) receives each input's position in its document: 0 at a row's start and at each
+ * token the mask marks as a document's first, else one more than the token before (so
+ * t in a row of a shard that marks none). */
 int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t *inputs,
-                       int32_t *targets);
+                       int32_t *targets, int32_t *positions);
 /* The learned targets of those sequences (n_seq * T without a mask): what the engine
  * divides the step's loss by, known before any micro-batch is read. */
 int strata_loader_count_learned(strata_loader *L, uint64_t first_seq, int n_seq, uint64_t *count);

@@ -47,8 +47,8 @@ static int close_sequence(packer *p) {
     return push_pad(p, n);
 }
 
-/* Packs one example (ex->mask[0] is 0 already). One longer than T was decided on by the
- * caller: it begins a sequence and runs on. */
+/* Packs one example (ex->mask[0] marks its start and is not learned). One longer than T
+ * was decided on by the caller: it begins a sequence and runs on. */
 static int pack(packer *p, const strata_tokens *ex) {
     if (p->used + ex->n > (size_t)p->T && close_sequence(p)) return -1;
     if (strata_shard_sink_push(&p->sink, ex->ids, ex->mask, ex->n)) return -1;
@@ -216,7 +216,9 @@ static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens 
         }
     }
     strata_json_free(&doc);
-    if (!rc && ex->n) ex->mask[0] = 0; /* nothing of its own predicts an example's first token */
+    /* nothing of its own predicts an example's first token; the mark keeps the examples
+     * packed into one sequence apart when a run trains on them (io/data.h) */
+    if (!rc && ex->n) ex->mask[0] = STRATA_MASK_DOC_START;
     return rc;
 }
 
@@ -287,8 +289,9 @@ static int fill(void *ctx, const char *dir) {
     /* shards of k whole sequences and the token after them */
     size_t k = o->max_shard_tokens > 1 ? (o->max_shard_tokens - 1) / (size_t)o->seq_len : 1;
     if (k < 1) k = 1;
-    strata_shard_sink_init(&j->train.sink, dir, "train", k * (size_t)o->seq_len + 1, 1, 1, o->seq_len);
-    strata_shard_sink_init(&j->val.sink, dir, "val", k * (size_t)o->seq_len + 1, 1, 1, o->seq_len);
+    const int flags = STRATA_SHARD_FLAG_MASK | STRATA_SHARD_FLAG_DOCS;
+    strata_shard_sink_init(&j->train.sink, dir, "train", k * (size_t)o->seq_len + 1, 1, flags, o->seq_len);
+    strata_shard_sink_init(&j->val.sink, dir, "val", k * (size_t)o->seq_len + 1, 1, flags, o->seq_len);
     int rc = 0;
     for (int i = 0; i < o->n_files && !rc; i++) rc = one_file(j, o->files[i]);
     if (!rc) rc = pack_finish(&j->train);

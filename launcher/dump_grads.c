@@ -37,6 +37,9 @@ typedef struct dump_args {
 typedef struct dump_batch {
     int B, T, V, Vp;
     int32_t *inputs, *targets; /* (B,T) */
+    int32_t *positions;        /* (B,T): each input's position in its document, when the
+                                  data marks packed documents and data.document_mask is on
+                                  (the batch then trains as the run trains it); else NULL */
     float *logits;             /* (B,T,Vp) as copied; (B,T,V) once compacted */
     float **grads_host;        /* per unit, padded as the engine pads it */
     float loss, pad_max;       /* pad_max: the largest |gradient| in the vocabulary's padding rows */
@@ -116,6 +119,9 @@ static int open_checkpoint(dump_args *a, strata_opened_ckpt *o) {
     }
     a->B = cfg->train.micro_batch;
     a->T = strata_config_seq_len(cfg);
+    /* the batch is --data's: the model plans for its documents, not the run's data's */
+    snprintf(cfg->data.train, sizeof cfg->data.train, "%s", a->data);
+    cfg->data.val[0] = 0;
     cfg->train.logits_chunk_mb = 0; /* every row's logits are dumped: the head holds them all */
     cfg->offload.activations = STRATA_OFFLOAD_NONE; /* the model runs here without the engine's copies */
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
@@ -124,6 +130,7 @@ static int open_checkpoint(dump_args *a, strata_opened_ckpt *o) {
 
 /* The host buffers of b for the loaded model; the device ones come with run_batch. */
 static void batch_init(dump_batch *b, const strata_model *m, int B, int T) {
+    int documents = m->pos != NULL; /* the engine planned for them (launcher/build.c) */
     memset(b, 0, sizeof *b);
     b->B = B;
     b->T = T;
@@ -135,6 +142,7 @@ static void batch_init(dump_batch *b, const strata_model *m, int B, int T) {
     b->grads_host = strata_xcalloc(m->n_units, sizeof *b->grads_host);
     b->inputs = strata_xmalloc(BT * sizeof(int32_t));
     b->targets = strata_xmalloc(BT * sizeof(int32_t));
+    b->positions = documents ? strata_xmalloc(BT * sizeof(int32_t)) : NULL;
     b->logits = strata_xmalloc(BT * b->Vp * sizeof(float));
 }
 
@@ -148,6 +156,7 @@ static void batch_free(dump_batch *b, strata_device *dev) {
     free(b->grads_host);
     free(b->inputs);
     free(b->targets);
+    free(b->positions);
     free(b->logits);
 }
 
@@ -156,7 +165,7 @@ static void batch_free(dump_batch *b, strata_device *dev) {
 static int read_batch(dump_batch *b, const char *data, uint64_t seed) {
     strata_loader loader;
     if (strata_loader_open(&loader, data, b->T, b->V, 0, seed)) return -1;
-    int rc = strata_loader_read(&loader, 0, b->B, b->inputs, b->targets);
+    int rc = strata_loader_read(&loader, 0, b->B, b->inputs, b->targets, b->positions);
     strata_loader_close(&loader);
     return rc ? -1 : 0;
 }
@@ -184,7 +193,7 @@ static int forward_backward(dump_batch *b, strata_model *m, const size_t *padded
     strata_device *dev = m->dev;
     size_t BT = (size_t)b->B * b->T, learned = 0;
     for (size_t i = 0; i < BT; i++) learned += b->targets[i] >= 0; /* a masked target is -1 */
-    if (strata_model_set_batch(m, b->inputs, b->targets)) return strata_fail_wrap("--data %s", data);
+    if (strata_model_set_batch(m, b->inputs, b->targets, b->positions)) return strata_fail_wrap("--data %s", data);
     STRATA_TRY(strata_memset_async(dev, dev->compute, m->loss_sum, 0, sizeof(float)));
     for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 0, 0.0f, 1.0f / (float)BT);
     dev->k->convert(dev->compute, b->logits_f32, STRATA_F32, m->logits, dev->compute_dtype, BT * b->Vp);
@@ -216,7 +225,8 @@ static void check_and_compact(dump_batch *b, const strata_model *m) {
 }
 
 /* The file: the checkpoint's metadata and the batch's shape, then "loss", "logits",
- * "inputs", "targets" and "grad.<name>" for every parameter. 0, or -1 with the error set. */
+ * "inputs", "targets", "positions" (packed documents only) and "grad.<name>" for every
+ * parameter. 0, or -1 with the error set. */
 static int write_dump(const char *out, const strata_opened_ckpt *o, const strata_model *m, const dump_batch *b) {
     strata_st_out w;
     char pad_str[32];
@@ -230,12 +240,18 @@ static int write_dump(const char *out, const strata_opened_ckpt *o, const strata
     strata_st_out_add(&w, "logits", "F32", 3, b->B, b->T, b->V);
     strata_st_out_add(&w, "inputs", "I32", 2, b->B, b->T, 0);
     strata_st_out_add(&w, "targets", "I32", 2, b->B, b->T, 0);
+    int first_grad = 4;
+    if (b->positions) {
+        strata_st_out_add(&w, "positions", "I32", 2, b->B, b->T, 0);
+        first_grad = 5;
+    }
     for (int i = 0; i < m->n_tensors; i++) strata_st_out_add_param(&w, "grad.", m, i);
     int rc = strata_st_out_begin(&w) || strata_st_out_write(&w, 0, &b->loss) || strata_st_out_write(&w, 1, b->logits) ||
-             strata_st_out_write(&w, 2, b->inputs) || strata_st_out_write(&w, 3, b->targets);
+             strata_st_out_write(&w, 2, b->inputs) || strata_st_out_write(&w, 3, b->targets) ||
+             (b->positions && strata_st_out_write(&w, 4, b->positions));
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const strata_param_tensor *t = &m->tensors[i];
-        rc = strata_st_out_write(&w, 4 + i, b->grads_host[t->unit] + t->offset);
+        rc = strata_st_out_write(&w, first_grad + i, b->grads_host[t->unit] + t->offset);
     }
     if (!rc) rc = strata_st_out_commit(&w);
     strata_st_out_free(&w);

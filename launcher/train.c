@@ -382,7 +382,7 @@ static int load_config(trainer *t) {
     for (int split = 0; split < 2; split++) {
         const char *key = split ? "data.val" : "data.train", *glob = split ? cfg->data.val : cfg->data.train;
         int wide = 1, packed = 0, T = strata_config_seq_len(cfg);
-        if (!glob[0] || strata_shards_info(glob, &wide, &packed)) continue;
+        if (!glob[0] || strata_shards_info(glob, &wide, &packed, NULL)) continue;
         if (!split && cfg->model.vocab_size > 65536 && !wide) {
             strata_fail("model.vocab_size is %d, but the shards of data.train (%s) hold uint16 tokens (at most 65536 "
                         "ids), so they were made for another vocabulary; `strata prepare --tokenizer` with the model's "
@@ -685,6 +685,30 @@ static int build_and_plan(trainer *t) {
     return 0;
 }
 
+/* What the run does with the examples packed into its sequences: kept apart (the shards
+ * mark where they start and data.document_mask is on), or not, and why. */
+static void say_documents(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    int marked = t->train.has_docs || (t->have_val && t->val.has_docs);
+    int unmarked = t->train.unmarked_packed || (t->have_val && t->val.unmarked_packed);
+    if (t->rank) return;
+    if (marked && cfg->data.document_mask) {
+        STRATA_INFO("data", "packed examples are kept apart: each attends only within itself, its positions from 0 "
+                            "(data.document_mask; the shards mark where each starts)");
+        if (t->dev->caps.gpu)
+            STRATA_WARN("data", "data.document_mask on packed examples has not yet run on a GPU (its rows of "
+                                "docs/gpu-matrix.md wait for the next check); the CPU backend checks it against "
+                                "each example alone");
+    } else if (marked) {
+        STRATA_INFO("data", "data.document_mask: false: each packed example attends to the ones packed before it in "
+                            "its sequence");
+    }
+    if (unmarked && cfg->data.document_mask)
+        STRATA_WARN("data", "the shards of %s were packed from examples by a `strata prepare` that did not mark "
+                            "where each starts: each attends to the ones packed before it; prepare them again to "
+                            "keep them apart", t->train.unmarked_packed ? cfg->data.train : cfg->data.val);
+}
+
 /* The data loaders. Returns an exit code (0: go on): a path that names no shard file
  * (nothing matches, a directory, a device) is a config error, a bad shard a failure. */
 static int open_data(trainer *t) {
@@ -710,6 +734,7 @@ static int open_data(trainer *t) {
         }
         t->have_val = 1;
     }
+    say_documents(t);
     return 0;
 }
 

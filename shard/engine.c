@@ -265,6 +265,8 @@ struct strata_engine {
     double *norm_host;         /* the same, read back; added in unit order */
     float *loss_sum_host;
     int32_t *inputs, *targets; /* host (B,T), in the arena */
+    int32_t *positions;        /* host (B,T), in the arena: each input's position in its
+                                  document, when the data marks documents (else NULL) */
     double comm_wait_ms, data_ms;
     uint64_t gather_h2d_bytes; /* of the current step (see strata_step_result) */
     strata_engine_memory mem;
@@ -645,10 +647,13 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     if (e->z.params_sharded) plan_ring(e);
     size_t before = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS);
     int acts_home = cfg->offload.activations != STRATA_OFFLOAD_NONE;
+    int documents = cfg->data.document_mask &&
+                    (strata_shards_mark_documents(cfg->data.train) || strata_shards_mark_documents(cfg->data.val));
     strata_model_plan_opts mo = {.ckpt_every = cfg->train.activation_checkpointing,
                                  .logits_chunk_bytes = (size_t)cfg->train.logits_chunk_mb << 20,
                                  .mlp_chunk_bytes = (size_t)cfg->train.mlp_chunk_mb << 20,
-                                 .resid_slots = acts_home ? STRATA_ACTS_HOME_SLOTS : 0};
+                                 .resid_slots = acts_home ? STRATA_ACTS_HOME_SLOTS : 0,
+                                 .documents = documents};
     strata_model_plan(m, arena, dev, e->dtype, e->B, e->T, &mo);
     if (acts_home) e->acts = strata_acts_home_plan(m, arena, e->es);
     e->mem.activations = strata_arena_bytes(arena, -1, STRATA_CAT_ACTIVATIONS) - before;
@@ -660,6 +665,9 @@ strata_engine *strata_engine_create(const strata_config *cfg, strata_model *m, s
     size_t batch_bytes = (size_t)e->B * e->T * sizeof(int32_t);
     strata_arena_reserve(arena, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "batch.inputs", batch_bytes, (void **)&e->inputs);
     strata_arena_reserve(arena, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "batch.targets", batch_bytes, (void **)&e->targets);
+    if (documents)
+        strata_arena_reserve(arena, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "batch.positions", batch_bytes,
+                             (void **)&e->positions);
     return e;
 }
 
@@ -1285,11 +1293,11 @@ static int params_for(strata_engine *e, const unit_op *op, const unit_op *prev) 
 static int load_micro_batch(strata_engine *e, strata_loader *L, uint64_t first) {
     int stall = stall_begin(e);
     double t0 = strata_now_ms();
-    int rc = strata_loader_read(L, first, e->B, e->inputs, e->targets);
+    int rc = strata_loader_read(L, first, e->B, e->inputs, e->targets, e->positions);
     e->data_ms += strata_now_ms() - t0;
     stall_end(e, stall);
     if (rc) return -1;
-    if (strata_model_set_batch(e->m, e->inputs, e->targets))
+    if (strata_model_set_batch(e->m, e->inputs, e->targets, e->positions))
         return strata_fail_wrap("micro-batch of sequences %llu..%llu of data", (unsigned long long)first,
                                 (unsigned long long)first + (unsigned long long)e->B - 1);
     return 0;

@@ -12,6 +12,9 @@
 #  - `strata sample --chat` writes the prompt in the run's chat format and generates after
 #    it; `strata export` ships the chat template, so transformers' apply_chat_template gives
 #    the ids the run trained on, and AutoModelForCausalLM loads the model;
+#  - the conversations packed into a sequence are kept apart (data.document_mask): the
+#    logits and loss `strata dump-grads` computes over packed rows are transformers' over
+#    each conversation alone, and differ from its over the rows whole;
 #  - a vocabulary past 65536 on llm.c's uint16 shards, and a train.seq_len other than the
 #    --seq-len the examples were packed to, are refused at start (exit 2).
 # Needs `tokenizers` (transformers and torch for the export checks, which are skipped
@@ -111,6 +114,60 @@ assert model.config.vocab_size == 128256 and tok.eos_token == "<|eot_id|>"
 print("ok: export: apply_chat_template gives the ids the run trained on for every conversation; "
       "LlamaForCausalLM loads (vocab 128256)")
 PY
+  # short conversations, several to a sequence of 64
+  "$PY" - short.jsonl <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(16):
+        conv = [{"role": "user", "content": "Hi %d" % i}, {"role": "assistant", "content": "Hello %d." % (i * 7)}]
+        if i % 4 == 0:
+            conv.insert(0, {"role": "system", "content": "Be brief."})
+        f.write(json.dumps({"messages": conv}) + "\n")
+PY
+  "$S" prepare --jsonl short.jsonl --tokenizer $tok --messages-field messages --chat-format llama3 --seq-len 64 \
+    --val-fraction 0 --out short > prep.txt || fail "prepare short conversations: $(cat prep.txt)"
+  "$S" dump-grads runs/w1 --data "short/train_*.bin" --batch 3 --out packed.safetensors > dump.txt ||
+    fail "dump-grads on packed conversations: $(cat dump.txt)"
+  "$S" dump-grads runs/w1 --data "short/train_*.bin" --batch 3 --out joined.safetensors \
+    --set data.document_mask=false > dump.txt || fail "dump-grads, data.document_mask false: $(cat dump.txt)"
+  "$PY" - packed.safetensors hf joined.safetensors <<'PY' || fail "packed conversations against transformers, each alone"
+import sys
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+d = load_file(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32).eval()
+logits, inputs, targets, pos = d["logits"], d["inputs"].long(), d["targets"].long(), d["positions"]
+B, T = inputs.shape
+scale = logits.abs().max().item()
+worst, docs, packed, nll, learned = 0.0, 0, 0, 0.0, 0
+with torch.no_grad():
+    for b in range(B):
+        starts = [t for t in range(T) if pos[b, t] == 0] + [T]
+        packed += len(starts) > 2
+        for s, e in zip(starts, starts[1:]):
+            assert all(pos[b, t] == t - s for t in range(s, e)), "positions count from each start"
+            out = model(inputs[b:b + 1, s:e]).logits[0].float()
+            worst = max(worst, (out - logits[b, s:e]).abs().max().item() / scale)
+            tg = targets[b, s:e]
+            keep = tg >= 0
+            if keep.any():
+                nll += torch.nn.functional.cross_entropy(out[keep], tg[keep], reduction="sum").item()
+                learned += int(keep.sum())
+            docs += 1
+    whole = (model(inputs).logits.float() - logits).abs().max().item() / scale
+    j = load_file(sys.argv[3])
+    joined = (model(inputs).logits.float() - j["logits"]).abs().max().item() / scale
+assert "positions" not in j and torch.equal(j["inputs"], d["inputs"])
+loss = nll / learned
+rel = abs(loss - d["loss"].item()) / loss
+print("packed: %d conversations in %d rows (%d holding several): logits within %.1e of max |logit| of each alone in "
+      "transformers, loss %.6f vs %.6f (rel %.1e); the rows whole differ by %.1e; with data.document_mask false, "
+      "the rows whole are transformers' within %.1e" % (
+          docs, B, packed, worst, d["loss"].item(), loss, rel, whole, joined))
+assert packed >= 2 and worst < 1e-4 and rel < 1e-5 and whole > 1e-3 and joined < 1e-4
+PY
+  pass "dump-grads over packed conversations = transformers over each conversation alone"
 else
   echo "skip: the export's checks with transformers (not importable here)"
 fi

@@ -31,6 +31,16 @@ grep -q "stage 2, grad_accum 2: PASS" good.log && grep -q "stage 3, grad_accum 2
 grep -q "stage 3, grad_accum 2, optimizer and params nvme, gradients cpu: PASS" good.log || fail "$(cat good.log)"
 pass "world-1 rows on the CPU backend pass bitwise against stage 0: $(tail -1 good.log)"
 
+# packed documents: the matrix marks them in shards of its own, and the run keeps them apart
+docs="llama, packed documents;llama, packed documents, stage 3, checkpointing blocks;llama, packed documents, attention tc"
+"${M[@]}" run --strata "$S" --part llama --device cpu --quick --results gooddocs --workdir wgood --only "$docs" \
+  > docs.log || fail "packed-document rows failed: $(cat docs.log)"
+grep -q "llama, packed documents, stage 3, checkpointing blocks: PASS" docs.log &&
+  grep -q "llama, packed documents, attention tc: N/A (needs a GPU)" docs.log || fail "$(cat docs.log)"
+grep -q "packed examples are kept apart" wgood/llama-llama-packed-documents.log || fail "the docs rows' runs did not keep \
+the documents apart: $(head -20 wgood/llama-llama-packed-documents.log)"
+pass "packed-document rows on the CPU backend: $(tail -1 docs.log)"
+
 # planted faults: stage 1 hangs, stage 2 drifts (another learning rate), stage 3 crashes
 cat > fake.sh <<FAKE
 #!/usr/bin/env bash

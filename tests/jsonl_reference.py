@@ -162,7 +162,7 @@ def example(kind, chat, tok, src, eos):
             add(enc(tok, m["content"]), a)
             add([tid(tok, "<|im_end|>")], a)
             add(enc(tok, "\n"), 0)
-    mask[0] = 0
+    mask[0] = 2  # not learned; bit 1 marks where the example starts (io/data.h)
     return ids, mask
 
 
@@ -291,7 +291,7 @@ def main():
                 k = next((i for i, (a, b) in enumerate(zip(got[0], want[0])) if a != b), None)
                 fails.check(ok, "%s --overflow %s, %s: %d ids and masks identical to the reference (%d learned, %d "
                             "sequences of %d), shards of whole sequences + 1%s" % (
-                                name, overflow, label, len(want[0]), sum(want[1]), max(0, len(want[0]) - 1) // T, T,
+                                name, overflow, label, len(want[0]), sum(m & 1 for m in want[1]), max(0, len(want[0]) - 1) // T, T,
                                 "" if ok else " (first difference at %s; %d vs %d tokens)" % (k, len(got[0]), len(want[0]))))
             n_split, n_drop = want_t[2] + want_v[2], want_t[3] + want_v[3]
             said = "longer than --seq-len: %d %s; bad lines skipped: %d" % (

@@ -1,7 +1,8 @@
 """tests/shard_io.py: reads Strata's token shards (io/data.h) for the Python references:
 llm.c's uint16 shards (magic 20240520, version 1), Strata's 32-bit ones (version 2, a loss
-mask after the tokens when header[3] bit 0 is set), llm.c's Llama 3 ones (magic 20240801,
-version 7)."""
+mask after the tokens when header[3] bit 0 is set: a byte per token, bit 0 learned, and with
+header[3] bit 1, bit 1 the first token of a document), llm.c's Llama 3 ones (magic
+20240801, version 7)."""
 import array
 import os
 import sys

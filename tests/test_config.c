@@ -343,7 +343,8 @@ static void test_defaults(void) {
     CHECK(c.device == STRATA_BACKEND_AUTO, "device");
     CHECK(c.model.n_layer == 0 && c.model.vocab_size == 0, "required keys stay unset");
     CHECK(c.model.padded_vocab_size == 0 && c.model.init_std == 0.02, "model defaults");
-    CHECK(!strcmp(c.data.val, "") && c.data.shuffle == 1 && !strcmp(c.data.train, ""), "data defaults");
+    CHECK(!strcmp(c.data.val, "") && c.data.shuffle == 1 && c.data.document_mask == 1 && !strcmp(c.data.train, ""),
+          "data defaults");
     CHECK(c.train.micro_batch == 8 && c.train.seq_len == 0 && c.train.grad_accum == 1 && c.train.seed == 1337,
           "train defaults 1");
     CHECK(c.train.eval_every == 100 && c.train.eval_batches == 8 && c.train.log_every == 1 &&

@@ -201,6 +201,18 @@ static int rms_close(const char *what, const float *gpu, const float *cpu, size_
 
 /* ---- kernels ---- */
 
+/* Positions of packed documents: 0 at each row's start and at each of starts[] (indices
+ * into the B*T tokens), else one more than the token before. */
+static int32_t *doc_positions(int B, int T, const int *starts, int n_starts) {
+    int32_t *pos = strata_xmalloc((size_t)B * T * sizeof *pos);
+    for (int i = 0; i < B * T; i++) {
+        int start = i % T == 0;
+        for (int k = 0; k < n_starts; k++) start |= starts[k] == i;
+        pos[i] = start ? 0 : pos[i - 1] + 1;
+    }
+    return pos;
+}
+
 static void test_encoder(void) {
     int B = 3, T = 50, C = 96, V = 70, maxT = 64;
     size_t BTC = (size_t)B * T * C;
@@ -208,10 +220,10 @@ static void test_encoder(void) {
     int32_t *tok = strata_xmalloc((size_t)B * T * 4);
     for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((unsigned)(uniform() + 1.0f) * 1000u % 7u); /* repeats */
     float *out = strata_xmalloc(BTC * 4);
-    ck->encoder_forward(CPU->compute, out, tok, wte, wpe, B, T, C);
+    ck->encoder_forward(CPU->compute, out, tok, NULL, wte, wpe, B, T, C);
     void *d_wte = up_bf16(wte, (size_t)V * C), *d_wpe = up_bf16(wpe, (size_t)maxT * C);
     void *d_tok = up_i32(tok, (size_t)B * T), *d_out = dalloc(BTC * 2);
-    gk->encoder_forward(G->compute, d_out, d_tok, d_wte, d_wpe, B, T, C);
+    gk->encoder_forward(G->compute, d_out, d_tok, NULL, d_wte, d_wpe, B, T, C);
     float *g_out = down_bf16(d_out, BTC);
     close_enough("encoder_forward out", g_out, out, BTC, BF16_RTOL);
 
@@ -223,11 +235,32 @@ static void test_encoder(void) {
     int32_t *order = strata_xmalloc((size_t)B * T * 4), *count = strata_xmalloc((size_t)(V + 1) * 4);
     strata_token_order(tok, (size_t)B * T, V, count, order);
     void *d_order = up_i32(order, (size_t)B * T);
-    ck->encoder_backward(CPU->compute, dwte, dwpe, dout, tok, order, B, T, C);
-    gk->encoder_backward(G->compute, d_dwte, d_dwpe, d_dout, d_tok, d_order, B, T, C);
+    ck->encoder_backward(CPU->compute, dwte, dwpe, dout, tok, order, NULL, NULL, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, d_dwpe, d_dout, d_tok, d_order, NULL, NULL, B, T, C);
     float *g_dwte = down_f32(d_dwte, (size_t)V * C), *g_dwpe = down_f32(d_dwpe, (size_t)maxT * C);
     CHECK(count_diff_u32(g_dwte, dwte, (size_t)V * C) == 0, "encoder_backward dwte (+=): bit-identical to the CPU");
     CHECK(count_diff_u32(g_dwpe, dwpe, (size_t)maxT * C) == 0, "encoder_backward dwpe (+=): bit-identical to the CPU");
+
+    /* packed documents: learned positions by position in the document, dwpe's rows
+     * gathered through pos_order, in the CPU's (position) order: the same bits again */
+    static const int starts[] = {3, 4, 20, 49, 50 + 25, 100 + 1};
+    int32_t *pos = doc_positions(B, T, starts, 6), *pos_order = strata_xmalloc((size_t)B * T * 4);
+    int32_t *pos_count = strata_xmalloc((size_t)(T + 1) * 4);
+    strata_token_order(pos, (size_t)B * T, T, pos_count, pos_order);
+    void *d_pos = up_i32(pos, (size_t)B * T), *d_pos_order = up_i32(pos_order, (size_t)B * T);
+    ck->encoder_forward(CPU->compute, out, tok, pos, wte, wpe, B, T, C);
+    gk->encoder_forward(G->compute, d_out, d_tok, d_pos, d_wte, d_wpe, B, T, C);
+    free(g_out);
+    g_out = down_bf16(d_out, BTC);
+    close_enough("encoder_forward out, packed documents", g_out, out, BTC, BF16_RTOL);
+    ck->encoder_backward(CPU->compute, dwte, dwpe, dout, tok, order, pos, pos_order, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, d_dwpe, d_dout, d_tok, d_order, d_pos, d_pos_order, B, T, C);
+    free(g_dwte), free(g_dwpe);
+    g_dwte = down_f32(d_dwte, (size_t)V * C), g_dwpe = down_f32(d_dwpe, (size_t)maxT * C);
+    CHECK(count_diff_u32(g_dwte, dwte, (size_t)V * C) == 0 && count_diff_u32(g_dwpe, dwpe, (size_t)maxT * C) == 0,
+          "encoder_backward dwte, dwpe (+=), packed documents: bit-identical to the CPU");
+    dfree(d_pos), dfree(d_pos_order);
+    free(pos), free(pos_order), free(pos_count);
     dfree(d_wte), dfree(d_wpe), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte), dfree(d_dwpe), dfree(d_order);
     free(order), free(count);
     free(wte), free(wpe), free(tok), free(out), free(g_out), free(dout), free(dwte), free(dwpe);
@@ -357,22 +390,26 @@ static void att_shape_name(char *buf, size_t size, int B, int T, int NH, int NKV
  * tensor-core path must hand to the CUDA-core kernels, since it moves 16 bytes at a time.
  * qkv ~ N(0, in_scale^2): at 8 the scaled scores have a standard deviation of 64, so the
  * softmax is nearly one-hot and a row's running max moves by hundreds between key tiles. */
-static void test_attention(int impl, int B, int T, int NH, int NKV, int hs, size_t off, float in_scale) {
-    if (under_sanitizer && T > SANITIZE_MAX_T) T = SANITIZE_MAX_T;
+/* pos (B,T host, or NULL): packed documents' positions (core/kernels.h), both backends
+ * given them; T is then the caller's, whatever the sanitizer's cap. */
+static void test_attention_pos(int impl, int B, int T, int NH, int NKV, int hs, size_t off, float in_scale,
+                               const int32_t *pos) {
+    if (under_sanitizer && T > SANITIZE_MAX_T && !pos) T = SANITIZE_MAX_T;
     char name[200], what[280], shape[100];
     att_shape_name(shape, sizeof shape, B, T, NH, NKV, hs);
-    snprintf(name, sizeof name, "%s, %s%s%s", att_impl_name[impl], shape, off ? ", misaligned" : "",
-             in_scale != 1.0f ? ", large scores" : "");
+    snprintf(name, sizeof name, "%s, %s%s%s%s", att_impl_name[impl], shape, off ? ", misaligned" : "",
+             in_scale != 1.0f ? ", large scores" : "", pos ? ", packed documents" : "");
+    void *d_pos = pos ? up_i32(pos, (size_t)B * T) : NULL;
     strata_cuda_attention_select(impl);
     size_t n3 = (size_t)B * T * (NH + 2 * NKV) * hs, n1 = (size_t)B * T * NH * hs, nl = (size_t)B * NH * T;
     float *qkv = host_rand(n3, in_scale, 1);
     float *out = strata_xmalloc(n1 * 4), *lse = strata_xmalloc(nl * 4);
-    ck->attention_forward(CPU->compute, out, lse, qkv, B, T, NH, NKV, hs);
+    ck->attention_forward(CPU->compute, out, lse, qkv, pos, B, T, NH, NKV, hs);
     void *b_qkv, *b_out, *b_dout, *b_dqkv;
     void *d_qkv = up_bf16_off(qkv, n3, off, &b_qkv), *d_out = dalloc_off(n1 * 2, off * 2, &b_out);
     void *d_lse = dalloc(nl * 4);
     double rtol = impl ? ATT_TC_RTOL : BF16_RTOL;
-    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, B, T, NH, NKV, hs);
+    gk->attention_forward(G->compute, d_out, d_lse, d_qkv, d_pos, B, T, NH, NKV, hs);
     float *g_out = down_bf16(d_out, n1), *g_lse = down_f32(d_lse, nl);
     snprintf(what, sizeof what, "attention_forward out, %s", name);
     close_enough(what, g_out, out, n1, rtol);
@@ -386,14 +423,36 @@ static void test_attention(int impl, int B, int T, int NH, int NKV, int hs, size
     MUST(strata_memset_async(G, G->compute, d_dqkv, 0x7f, n3 * 2));
     /* Both backwards read the GPU's forward (out in bf16, as the model stores it): the
      * row term dout . out is sensitive to out's rounding, which is not under test here. */
-    ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, B, T, NH, NKV, hs);
-    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, NH, NKV, hs);
+    ck->attention_backward(CPU->compute, dqkv, dout, qkv, g_out, g_lse, pos, B, T, NH, NKV, hs);
+    gk->attention_backward(G->compute, d_dqkv, d_dout, d_qkv, d_out, d_lse, d_pos, B, T, NH, NKV, hs);
     float *g_dqkv = down_bf16(d_dqkv, n3);
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
     close_enough(what, g_dqkv, dqkv, n3, rtol);
     if (impl) rms_close(what, g_dqkv, dqkv, n3, ATT_TC_RMS);
     dfree(b_qkv), dfree(b_out), dfree(d_lse), dfree(b_dout), dfree(b_dqkv);
+    if (d_pos) dfree(d_pos);
     free(qkv), free(out), free(lse), free(g_out), free(g_lse), free(dout), free(dqkv), free(g_dqkv);
+}
+
+static void test_attention(int impl, int B, int T, int NH, int NKV, int hs, size_t off, float in_scale) {
+    test_attention_pos(impl, B, T, NH, NKV, hs, off, in_scale, NULL);
+}
+
+/* Packed documents (each attends within itself) against the CPU oracle, which
+ * tests/test_kernels.c checks against each document alone: starts inside a key tile, at
+ * tile edges (32, 64), one-token documents, documents over many tiles, a row without
+ * any; GQA and multi-head, head sizes 64 and 128, and the CUDA cores' own 80. */
+static void test_attention_documents(int impl) {
+    static const int starts300[] = {1, 2, 31, 32, 64, 65, 100, 191, 192, 193, 300 + 150, 300 + 299};
+    int32_t *p300 = doc_positions(2, 300, starts300, 12);
+    test_attention_pos(impl, 2, 300, 8, 2, 64, 0, 1.0f, p300);
+    test_attention_pos(impl, 2, 300, 4, 4, 128, 0, 1.0f, p300);
+    test_attention_pos(impl, 2, 300, 8, 1, 80, 0, 1.0f, p300);
+    test_attention_pos(impl, 2, 300, 4, 2, 64, 0, 8.0f, p300); /* large scores */
+    static const int starts1024[] = {100, 600, 601, 1024 + 64, 2048 + 1000};
+    int32_t *p1024 = doc_positions(3, 1024, starts1024, 5);
+    test_attention_pos(impl, 3, 1024, 8, 2, 128, 0, 1.0f, p1024);
+    free(p300), free(p1024);
 }
 
 /* Both implementations against the oracle at head sizes 64 and 128 (the tensor-core
@@ -457,9 +516,9 @@ static void test_encoder_no_wpe(void) {
      * kernel's walk, ending inside one; C spans two channel blocks, the second partial */
     for (int i = 0; i < B * T; i++) tok[i] = i % 10 < 7 ? 3 : (int32_t)((unsigned)(i * 7) % 11u);
     float *out = strata_xmalloc(BTC * 4);
-    ck->encoder_forward(CPU->compute, out, tok, wte, NULL, B, T, C);
+    ck->encoder_forward(CPU->compute, out, tok, NULL, wte, NULL, B, T, C);
     void *d_wte = up_bf16(wte, (size_t)V * C), *d_tok = up_i32(tok, (size_t)B * T), *d_out = dalloc(BTC * 2);
-    gk->encoder_forward(G->compute, d_out, d_tok, d_wte, NULL, B, T, C);
+    gk->encoder_forward(G->compute, d_out, d_tok, NULL, d_wte, NULL, B, T, C);
     float *g_out = down_bf16(d_out, BTC);
     size_t differ = 0;
     for (size_t i = 0; i < BTC; i++) differ += g_out[i] != out[i];
@@ -470,8 +529,8 @@ static void test_encoder_no_wpe(void) {
     int32_t *order = strata_xmalloc((size_t)B * T * 4), *count = strata_xmalloc((size_t)(V + 1) * 4);
     strata_token_order(tok, (size_t)B * T, V, count, order);
     void *d_order = up_i32(order, (size_t)B * T);
-    ck->encoder_backward(CPU->compute, dwte, NULL, dout, tok, order, B, T, C);
-    gk->encoder_backward(G->compute, d_dwte, NULL, d_dout, d_tok, d_order, B, T, C);
+    ck->encoder_backward(CPU->compute, dwte, NULL, dout, tok, order, NULL, NULL, B, T, C);
+    gk->encoder_backward(G->compute, d_dwte, NULL, d_dout, d_tok, d_order, NULL, NULL, B, T, C);
     float *g_dwte = down_f32(d_dwte, (size_t)V * C);
     CHECK(count_diff_u32(g_dwte, dwte, (size_t)V * C) == 0, "encoder_backward, dwpe NULL: dwte (+=) bit-identical to the CPU");
     dfree(d_wte), dfree(d_tok), dfree(d_out), dfree(d_dout), dfree(d_dwte), dfree(d_order);
@@ -553,9 +612,11 @@ static float *rope_inv_freq(int hs, float base) {
  * the k part of a qkv row), forward and backward, in place, against the oracle; the rest
  * of each row untouched; and the backward undoing the forward (the rotation's transpose
  * is its inverse), up to the two bf16 roundings. T 4096 takes angles past 4000 radians. */
-static void test_rope(int B, int T, int heads, int hs, int ld, int at, float base) {
-    char name[120], what[200];
-    snprintf(name, sizeof name, "B %d T %d heads %d hs %d ld %d at %d base %g", B, T, heads, hs, ld, at, base);
+static void test_rope_pos(int B, int T, int heads, int hs, int ld, int at, float base, const int32_t *pos) {
+    char name[140], what[220];
+    snprintf(name, sizeof name, "B %d T %d heads %d hs %d ld %d at %d base %g%s", B, T, heads, hs, ld, at, base,
+             pos ? ", packed documents" : "");
+    void *d_pos = pos ? up_i32(pos, (size_t)B * T) : NULL;
     int N = B * T, width = heads * hs;
     size_t n = (size_t)N * ld;
     float *inv = rope_inv_freq(hs, base);
@@ -565,11 +626,11 @@ static void test_rope(int B, int T, int heads, int hs, int ld, int at, float bas
         void *d_x = up_bf16(x, n);
         char *gx = (char *)d_x + (size_t)at * 2;
         if (dir == 0) {
-            ck->rope_forward(CPU->compute, xc + at, inv, B, T, heads, hs, ld);
-            gk->rope_forward(G->compute, gx, d_inv, B, T, heads, hs, ld);
+            ck->rope_forward(CPU->compute, xc + at, inv, pos, B, T, heads, hs, ld);
+            gk->rope_forward(G->compute, gx, d_inv, d_pos, B, T, heads, hs, ld);
         } else {
-            ck->rope_backward(CPU->compute, xc + at, inv, B, T, heads, hs, ld);
-            gk->rope_backward(G->compute, gx, d_inv, B, T, heads, hs, ld);
+            ck->rope_backward(CPU->compute, xc + at, inv, pos, B, T, heads, hs, ld);
+            gk->rope_backward(G->compute, gx, d_inv, d_pos, B, T, heads, hs, ld);
         }
         float *g = down_bf16(d_x, n);
         snprintf(what, sizeof what, "rope_%s in place, %s", dir ? "backward" : "forward", name);
@@ -578,7 +639,7 @@ static void test_rope(int B, int T, int heads, int hs, int ld, int at, float bas
         CHECK(moved == 0, "rope_%s leaves the rest of each row alone (%zu changed), %s", dir ? "backward" : "forward",
               moved, name);
         if (dir == 0) { /* then back: x again */
-            gk->rope_backward(G->compute, gx, d_inv, B, T, heads, hs, ld);
+            gk->rope_backward(G->compute, gx, d_inv, d_pos, B, T, heads, hs, ld);
             float *back = down_bf16(d_x, n);
             snprintf(what, sizeof what, "rope_backward undoes rope_forward, %s", name);
             close_enough(what, back, x, n, BF16_RTOL);
@@ -588,7 +649,12 @@ static void test_rope(int B, int T, int heads, int hs, int ld, int at, float bas
         free(x), free(xc), free(g);
     }
     dfree(d_inv);
+    if (d_pos) dfree(d_pos);
     free(inv);
+}
+
+static void test_rope(int B, int T, int heads, int hs, int ld, int at, float base) {
+    test_rope_pos(B, T, heads, hs, ld, at, base, NULL);
 }
 
 /* SwiGLU on gate|up rows (N, 2I), with gate values far out on both sides (exp(-x)
@@ -650,7 +716,7 @@ static void test_attention_tc_vs_simt(int B, int T, int NH, int NKV, int hs) {
     for (int impl = 0; impl < 2; impl++) {
         strata_cuda_attention_select(impl);
         d_out[impl] = dalloc(n1 * 2), d_lse[impl] = dalloc(nl * 4);
-        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, B, T, NH, NKV, hs);
+        gk->attention_forward(G->compute, d_out[impl], d_lse[impl], d_qkv, NULL, B, T, NH, NKV, hs);
         g_out[impl] = down_bf16(d_out[impl], n1), g_lse[impl] = down_f32(d_lse[impl], nl);
     }
     snprintf(what, sizeof what, "attention_forward out, %s", name);
@@ -663,7 +729,7 @@ static void test_attention_tc_vs_simt(int B, int T, int NH, int NKV, int hs) {
         strata_cuda_attention_select(impl);
         d_dqkv[run] = dalloc(n3 * 2);
         MUST(strata_memset_async(G, G->compute, d_dqkv[run], 0x7f, n3 * 2));
-        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], B, T, NH, NKV, hs);
+        gk->attention_backward(G->compute, d_dqkv[run], d_dout, d_qkv, d_out[0], d_lse[0], NULL, B, T, NH, NKV, hs);
         if (run < 2) g_dqkv[run] = down_bf16(d_dqkv[run], n3);
     }
     snprintf(what, sizeof what, "attention_backward dqkv (=), %s", name);
@@ -956,7 +1022,7 @@ static void test_no_alloc_in_step(int att_impl) {
         if (round == 1) memcpy(before, G->mem, sizeof before);
         gk->layernorm_forward(G->compute, ln, mean, rstd, x, bias, bias, BT, C);
         gk->matmul_forward(G->compute, qkv, NULL, ln, w, bias, BT, C, 3 * C, 0);
-        gk->attention_forward(G->compute, att, lse, qkv, B, T, NH, NH, C / NH);
+        gk->attention_forward(G->compute, att, lse, qkv, NULL, B, T, NH, NH, C / NH);
         gk->matmul_forward(G->compute, fch, fchg, ln, w, bias, BT, C, 4 * C, 0);
         gk->residual_forward(G->compute, x, x, att, sz[0]);
         gk->matmul_forward(G->compute, logits, NULL, ln, wte, NULL, BT, C, Vp, 1);
@@ -965,17 +1031,17 @@ static void test_no_alloc_in_step(int att_impl) {
         gk->matmul_backward(G->compute, ln, dw, NULL, logits, ln, wte, BT, C, Vp, 1);
         gk->matmul_backward(G->compute, ln, dw, db, fch, ln, w, BT, C, 4 * C, 0);
         gk->gelu_backward(G->compute, fch, fch, fchg, sz[2]);
-        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, NH, NH, C / NH);
+        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, NULL, B, T, NH, NH, C / NH);
         gk->layernorm_backward(G->compute, x, db, db, ln, x, bias, mean, rstd, BT, C);
         gk->sumsq(G->compute, acc, dw, (size_t)C * 4 * C);
         /* the Llama family's: one key/value head, so qkv rows of (NH + 2) hs fit in 3C */
         gk->rmsnorm_forward(G->compute, ln, rstd, x, bias, BT, 1, C, C, 1e-6f);
-        gk->rope_forward(G->compute, qkv, inv_freq, B, T, NH + 1, C / NH, (NH + 2) * (C / NH));
-        gk->attention_forward(G->compute, att, lse, qkv, B, T, NH, 1, C / NH);
+        gk->rope_forward(G->compute, qkv, inv_freq, NULL, B, T, NH + 1, C / NH, (NH + 2) * (C / NH));
+        gk->attention_forward(G->compute, att, lse, qkv, NULL, B, T, NH, 1, C / NH);
         gk->swiglu_forward(G->compute, fchg, fch, BT, 2 * C);
         gk->swiglu_backward(G->compute, fch, fchg, fch, BT, 2 * C);
-        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, B, T, NH, 1, C / NH);
-        gk->rope_backward(G->compute, dqkv, inv_freq, B, T, NH + 1, C / NH, (NH + 2) * (C / NH));
+        gk->attention_backward(G->compute, dqkv, att, qkv, att, lse, NULL, B, T, NH, 1, C / NH);
+        gk->rope_backward(G->compute, dqkv, inv_freq, NULL, B, T, NH + 1, C / NH, (NH + 2) * (C / NH));
         gk->rmsnorm_backward(G->compute, x, db, ln, x, bias, rstd, BT, 1, C, C);
         gsync();
     }
@@ -1259,6 +1325,8 @@ static void test_device_layer(void) {
 static void test_llama_family(void) {
     test_attention_gqa(0);
     test_attention_gqa(1);
+    test_attention_documents(0);
+    test_attention_documents(1);
     test_attention_tc_vs_simt(2, 1024, 8, 2, 64);  /* GQA, groups of 4 */
     test_attention_tc_vs_simt(1, 1024, 8, 1, 128); /* multi-query */
     test_attention_tc_vs_simt(3, 200, 32, 8, 128); /* Llama 3 8B's heads, a partial tile */
@@ -1281,6 +1349,12 @@ static void test_llama_family(void) {
     test_rope(2, 64, 2, 64, 12 * 64, 8 * 64, 10000.0f); /* k heads after them */
     test_rope(1, 4096, 2, 128, 4 * 128, 0, 500000.0f);  /* long positions, Llama 3's base */
     test_rope(3, 50, 3, 96, 3 * 96, 0, 1000000.0f);     /* hs 96: 48 pairs over 32 lanes */
+    {
+        static const int starts[] = {5, 6, 300, 700, 1000 + 999};
+        int32_t *pos = doc_positions(2, 1000, starts, 5);
+        test_rope_pos(2, 1000, 8, 128, 12 * 128, 0, 500000.0f, pos); /* packed documents' positions */
+        free(pos);
+    }
     test_swiglu(64, 200);
     test_swiglu(33, 1000);
     test_swiglu(70000, 8); /* rows past grid.y's 65535 */

@@ -126,7 +126,7 @@ static void test_shard32(void) {
     }
     strata_shard sh;
     tpath(p, "wide.bin");
-    CHECK(strata_shard_write32(p, tok, NULL, 300, 0) == 0, "shard_write32 without a mask");
+    CHECK(strata_shard_write32(p, tok, NULL, 300, 0, 0) == 0, "shard_write32 without a mask");
     struct stat st;
     CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 1200, "32-bit shard is 1024 + 4*300 bytes");
     CHECK(strata_shard_open(&sh, p) == 0 && sh.tokens32 && !sh.tokens && !sh.mask && sh.n_tokens == 300 &&
@@ -134,7 +134,7 @@ static void test_shard32(void) {
           "32-bit tokens read back, no mask");
     strata_shard_close(&sh);
     tpath(p, "masked.bin");
-    CHECK(strata_shard_write32(p, tok, mask, 300, 0) == 0, "shard_write32 with a mask");
+    CHECK(strata_shard_write32(p, tok, mask, 300, 0, 0) == 0, "shard_write32 with a mask");
     CHECK(stat(p, &st) == 0 && st.st_size == 1024 + 1500, "masked shard is 1024 + 5*300 bytes");
     CHECK(strata_shard_open(&sh, p) == 0 && sh.mask && memcmp(sh.mask, mask, 300) == 0 &&
               memcmp(sh.tokens32, tok, sizeof tok) == 0,
@@ -166,8 +166,14 @@ static void test_shard32(void) {
     CHECK(error_is(msg), "its message names the unit");
     write_raw32(tpath(p, "flags.bin"), STRATA_SHARD_MAGIC, 2, 60, 6, tok, 4 * 60);
     CHECK(strata_shard_open(&sh, p) != 0, "unknown flag bits refused");
-    snprintf(msg, sizeof msg, "%s: flags 0x6 in header[3] name bits this reader does not know (only bit 0, the loss mask)", p);
+    snprintf(msg, sizeof msg, "%s: flags 0x6 in header[3] name bits this reader does not know (only bit 0, the loss "
+             "mask, and bit 1, document starts)", p);
     CHECK(error_is(msg), "flags message names the bits");
+    write_raw32(tpath(p, "docs_nomask.bin"), STRATA_SHARD_MAGIC, 2, 60, 2, tok, 4 * 60);
+    CHECK(strata_shard_open(&sh, p) != 0, "document starts without a mask refused");
+    snprintf(msg, sizeof msg, "%s: flags 0x2 in header[3]: bit 1 (document starts, kept in the mask) without bit 0 "
+             "(a mask)", p);
+    CHECK(error_is(msg), "its message says the mask is missing");
 }
 
 /* 32-bit masked shards through the loader: ids past 65536, masked targets -1, the learned
@@ -184,22 +190,22 @@ static void test_loader_masked(void) {
         mask[i] = (uint8_t)(i % 3 != 0);
     }
     snprintf(p, sizeof p, "%s/train_000000.bin", dir);
-    CHECK(strata_shard_write32(p, tok, mask, 13, 0) == 0, "masked shard written");
+    CHECK(strata_shard_write32(p, tok, mask, 13, 0, 0) == 0, "masked shard written");
     /* shard 1: llm.c's uint16, no mask: 5 tokens, 1 chunk, every target learned */
     uint16_t small[5] = {1, 2, 3, 4, 5};
     snprintf(p, sizeof p, "%s/train_000001.bin", dir);
     CHECK(strata_shard_write(p, small, 5) == 0, "16-bit shard written beside it");
     snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
     int wide = -1, packed = -1;
-    CHECK(strata_shards_info(pat, &wide, &packed) == 0 && wide == 1 && packed == 0,
+    CHECK(strata_shards_info(pat, &wide, &packed, NULL) == 0 && wide == 1 && packed == 0,
           "strata_shards_info: one 32-bit shard makes the set wide; none is packed");
     snprintf(p, sizeof p, "%s/train_000001.bin", dir);
-    CHECK(strata_shards_info(p, &wide, &packed) == 0 && wide == 0, "strata_shards_info: llm.c's shard alone is not wide");
+    CHECK(strata_shards_info(p, &wide, &packed, NULL) == 0 && wide == 0, "strata_shards_info: llm.c's shard alone is not wide");
     strata_loader L;
     CHECK(strata_loader_open(&L, pat, 4, 128256, 0, 0) == 0 && L.n_chunks == 4 && L.has_mask,
           "a vocabulary of 128256 opens on 32-bit shards, with a mask");
     int32_t in[16], tg[16];
-    CHECK(strata_loader_read(&L, 0, 4, in, tg) == 0, "read 4 sequences");
+    CHECK(strata_loader_read(&L, 0, 4, in, tg, NULL) == 0, "read 4 sequences");
     const int32_t want_in[16] = {70000, 70001, 70002, 70003, 70004, 70005, 70006, 70007,
                                  70008, 70009, 70010, 70011, 1, 2, 3, 4};
     /* target t is token t+1, -1 where its mask byte is 0 (positions 3, 6, 9, 12) */
@@ -215,7 +221,7 @@ static void test_loader_masked(void) {
     strata_loader_close(&L);
 
     CHECK(strata_loader_open(&L, pat, 4, 70005, 0, 0) == 0, "open with vocab 70005");
-    CHECK(strata_loader_read(&L, 1, 1, in, tg) != 0, "token 70005 refused with vocab 70005");
+    CHECK(strata_loader_read(&L, 1, 1, in, tg, NULL) != 0, "token 70005 refused with vocab 70005");
     snprintf(msg, sizeof msg,
              "%s/train_000000.bin: token 70005 at position 5 is >= vocab_size 70005 (data tokenised for a larger "
              "vocabulary?)", dir);
@@ -224,13 +230,13 @@ static void test_loader_masked(void) {
 
     mask[6] = 7;
     snprintf(p, sizeof p, "%s/train_000000.bin", dir);
-    CHECK(strata_shard_write32(p, tok, mask, 13, 0) == 0, "a shard with a corrupt mask byte");
+    CHECK(strata_shard_write32(p, tok, mask, 13, 0, 0) == 0, "a shard with a corrupt mask byte");
     CHECK(strata_loader_open(&L, pat, 4, 128256, 0, 0) == 0, "opens (masks are checked as read)");
     CHECK(strata_loader_count_learned(&L, 1, 1, &n) != 0, "the count refuses mask byte 7");
-    snprintf(msg, sizeof msg, "%s/train_000000.bin: mask byte 7 at position 6 is neither 0 nor 1 (a corrupt shard?)",
-             dir);
+    snprintf(msg, sizeof msg, "%s/train_000000.bin: mask byte 7 at position 6 is not one this shard's flags define "
+             "(0 or 1; a corrupt shard?)", dir);
     CHECK(error_is(msg), "mask error names shard and position");
-    CHECK(strata_loader_read(&L, 1, 1, in, tg) != 0 && error_is(msg), "so does the read");
+    CHECK(strata_loader_read(&L, 1, 1, in, tg, NULL) != 0 && error_is(msg), "so does the read");
     strata_loader_close(&L);
     /* vocabulary sizes are no longer capped at 65536 for uint16 data either */
     snprintf(p, sizeof p, "%s/train_000001.bin", dir);
@@ -265,7 +271,7 @@ static void test_sink_overlap(void) {
     strata_loader L;
     CHECK(strata_loader_open(&L, pat, T, 200000, 0, 0) == 0 && L.n_chunks == SEQ, "the set holds exactly 7 chunks");
     int32_t in[SEQ * T], tg[SEQ * T];
-    int ok = strata_loader_read(&L, 0, SEQ, in, tg) == 0;
+    int ok = strata_loader_read(&L, 0, SEQ, in, tg, NULL) == 0;
     for (int g = 0; ok && g < SEQ; g++)
         for (int t = 0; t < T; t++) {
             int i = g * T + t;
@@ -276,7 +282,7 @@ static void test_sink_overlap(void) {
 
     /* the shards record the length they were packed to, and refuse to be read in another */
     int wide = 0, packed = 0;
-    CHECK(strata_shards_info(pat, &wide, &packed) == 0 && wide && packed == T, "every shard records seq_len %d (got %d)",
+    CHECK(strata_shards_info(pat, &wide, &packed, NULL) == 0 && wide && packed == T, "every shard records seq_len %d (got %d)",
           T, packed);
     char first[1200], msg[2048];
     snprintf(first, sizeof first, "%s/train_000000.bin", dir);
@@ -287,10 +293,10 @@ static void test_sink_overlap(void) {
     CHECK(error_is(msg), "the refusal names the shard and both lengths");
     uint32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     snprintf(first, sizeof first, "%s/other_000000.bin", dir);
-    CHECK(strata_shard_write32(first, tok, NULL, 9, 2) == 0, "a shard packed to 2");
+    CHECK(strata_shard_write32(first, tok, NULL, 9, 2, 0) == 0, "a shard packed to 2");
     snprintf(pat, sizeof pat, "%s/*_000000.bin", dir);
-    CHECK(strata_shards_info(pat, &wide, &packed) == 0 && packed == -1, "shards packed to 2 and to 4: -1 (got %d)", packed);
-    CHECK(strata_shard_write32(first, tok, NULL, 9, -1) != 0, "a negative packed length is not written");
+    CHECK(strata_shards_info(pat, &wide, &packed, NULL) == 0 && packed == -1, "shards packed to 2 and to 4: -1 (got %d)", packed);
+    CHECK(strata_shard_write32(first, tok, NULL, 9, -1, 0) != 0, "a negative packed length is not written");
     int32_t header[256] = {0};
     header[0] = STRATA_SHARD_MAGIC;
     header[1] = STRATA_SHARD_VERSION_32;
@@ -332,7 +338,7 @@ static void test_loader_sequences(void) {
     /* seq 1..5: within shard 0, across the boundary into shard 1, then the epoch wraps
      * back to seq 0 and 1. */
     int32_t in[5 * 4], tg[5 * 4];
-    CHECK(strata_loader_read(&L, 1, 5, in, tg) == 0, "read seq 1..5");
+    CHECK(strata_loader_read(&L, 1, 5, in, tg, NULL) == 0, "read seq 1..5");
     const int32_t want_in[5 * 4] = {4, 5, 6, 7, 100, 101, 102, 103, 104, 105,
                                     106, 107, 0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t want_tg[5 * 4] = {5, 6, 7, 8, 101, 102, 103, 104, 105, 106,
@@ -341,15 +347,15 @@ static void test_loader_sequences(void) {
     CHECK(memcmp(tg, want_tg, sizeof tg) == 0, "targets are inputs shifted by one");
     /* A late epoch gives the same chunk as epoch 0 without shuffling. */
     int32_t in1[4], tg1[4];
-    CHECK(strata_loader_read(&L, 4 * 1000 + 2, 1, in1, tg1) == 0 && in1[0] == 100 && tg1[3] == 104,
+    CHECK(strata_loader_read(&L, 4 * 1000 + 2, 1, in1, tg1, NULL) == 0 && in1[0] == 100 && tg1[3] == 104,
           "seq 4002 (epoch 1000) is chunk 2");
     strata_loader_close(&L);
 
     /* Vocabulary check names the shard and the position. */
     char msg[2048];
     CHECK(strata_loader_open(&L, pat, 4, 105, 0, 0) == 0, "open with vocab 105");
-    CHECK(strata_loader_read(&L, 0, 3, in, tg) == 0, "chunks below the vocabulary read fine");
-    CHECK(strata_loader_read(&L, 3, 1, in, tg) != 0, "token 105 refused with vocab 105");
+    CHECK(strata_loader_read(&L, 0, 3, in, tg, NULL) == 0, "chunks below the vocabulary read fine");
+    CHECK(strata_loader_read(&L, 3, 1, in, tg, NULL) != 0, "token 105 refused with vocab 105");
     snprintf(msg, sizeof msg,
              "%s/shard_01.bin: token 105 at position 5 is >= vocab_size 105 (data tokenised for a "
              "larger vocabulary?)",
@@ -380,7 +386,7 @@ static void test_loader_sequences(void) {
 static void read_epoch(strata_loader *L, uint64_t epoch, int *chunk_ids) {
     int n = (int)L->n_chunks;
     int32_t *in = malloc(sizeof(int32_t) * 4 * n), *tg = malloc(sizeof(int32_t) * 4 * n);
-    if (strata_loader_read(L, epoch * (uint64_t)n, n, in, tg) != 0) {
+    if (strata_loader_read(L, epoch * (uint64_t)n, n, in, tg, NULL) != 0) {
         printf("read failed: %s\n", strata_error());
         exit(1);
     }
@@ -421,7 +427,7 @@ static void test_shuffle(void) {
     CHECK(memcmp(e0, e0b, sizeof e0) == 0, "same seed gives the same order");
     /* One sequence read alone on a fresh loader equals its place in the full epoch. */
     int32_t in[4], tg[4];
-    strata_loader_read(&L2, 12 + 7, 1, in, tg);
+    strata_loader_read(&L2, 12 + 7, 1, in, tg, NULL);
     CHECK(in[0] / 4 == e1[7] && tg[3] == in[3] + 1, "seq 19 alone equals epoch 1 position 7");
 
     CHECK(strata_loader_open(&L3, p, 4, 256, 1, 99) == 0, "third loader, seed 99");
@@ -599,6 +605,82 @@ static void test_tokenizer(void) {
     CHECK(error_is(msg), "tokenizer truncation message");
 }
 
+/* Shards that mark where packed documents start: the reader's positions count from 0 at
+ * each start and at each row's first token, across shard boundaries; the learned bit alone
+ * makes targets and counts; a shard without marks gives each row positions 0 .. T-1. */
+static void test_document_positions(void) {
+    char dir[1024], pat[1100];
+    snprintf(dir, sizeof dir, "%s/docs", tmpdir);
+    mkdir(dir, 0755);
+    enum { T = 6, SEQ = 4, N = SEQ * T + 1 };
+    int32_t ids[N];
+    uint8_t mask[N];
+    /* documents start at 0, 4 (mid-row), 6 (a row's first token), 9, 10 (one token
+     * long between), 20 (in the third shard: shards of one sequence + 1); odd tokens learned */
+    const int starts[] = {0, 4, 6, 9, 10, 20};
+    for (int i = 0; i < N; i++) {
+        ids[i] = 1000 + i;
+        mask[i] = (uint8_t)(i % 2 ? STRATA_MASK_LEARNED : 0);
+    }
+    for (size_t k = 0; k < sizeof starts / sizeof *starts; k++) mask[starts[k]] |= STRATA_MASK_DOC_START;
+    mask[9] = STRATA_MASK_DOC_START | STRATA_MASK_LEARNED; /* a start may be learned too (byte 3) */
+    strata_shard_sink s;
+    strata_shard_sink_init(&s, dir, "train", T + 1, 1, STRATA_SHARD_FLAG_MASK | STRATA_SHARD_FLAG_DOCS, T);
+    CHECK(strata_shard_sink_push(&s, ids, mask, N) == 0 && strata_shard_sink_finish(&s) == 0,
+          "4 sequences with document marks written");
+    size_t want_learned = 0;
+    for (int i = 0; i < N; i++) want_learned += mask[i] & STRATA_MASK_LEARNED;
+    CHECK(s.learned == want_learned, "the sink counts the learned bit only: %zu (want %zu)", s.learned, want_learned);
+    snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
+    int wide, packed, docs = 0;
+    CHECK(strata_shards_info(pat, &wide, &packed, &docs) == 0 && docs == 1 && strata_shards_mark_documents(pat) == 1,
+          "strata_shards_info and strata_shards_mark_documents see the marks");
+    strata_loader L;
+    CHECK(strata_loader_open(&L, pat, T, 5000, 0, 0) == 0 && L.has_docs && !L.unmarked_packed && L.n_chunks == SEQ,
+          "the loader opens them: has_docs");
+    int32_t in[SEQ * T], tg[SEQ * T], pos[SEQ * T];
+    CHECK(strata_loader_read(&L, 0, SEQ, in, tg, pos) == 0, "read with positions");
+    const int32_t want_pos[SEQ * T] = {0, 1, 2, 3, 0, 1, /* row 0: documents at 0 and 4 */
+                                       0, 1, 2, 0, 0, 1, /* row 1: 6, 9, 10 */
+                                       0, 1, 2, 3, 4, 5, /* row 2: document 10 runs on, from 0 */
+                                       0, 1, 0, 1, 2, 3};
+    int ok = !memcmp(pos, want_pos, sizeof pos);
+    for (int i = 0; i < SEQ * T; i++) ok &= in[i] == ids[i] && tg[i] == (mask[i + 1] & 1 ? ids[i + 1] : -1);
+    CHECK(ok, "positions restart at each mark and each row; targets from the learned bit alone");
+    uint64_t n = 0;
+    size_t want_row = 0;
+    for (int i = 1; i <= SEQ * T; i++) want_row += mask[i] & STRATA_MASK_LEARNED;
+    CHECK(strata_loader_count_learned(&L, 0, SEQ, &n) == 0 && n == want_row, "count_learned: %llu (want %zu)",
+          (unsigned long long)n, want_row);
+    strata_loader_close(&L);
+
+    /* the same tokens with the learned bit but no marks: positions 0 .. T-1 in every row */
+    snprintf(pat, sizeof pat, "%s/plain_*.bin", dir);
+    for (int i = 0; i < N; i++) mask[i] &= STRATA_MASK_LEARNED;
+    strata_shard_sink_init(&s, dir, "plain", N, 1, STRATA_SHARD_FLAG_MASK, T);
+    CHECK(strata_shard_sink_push(&s, ids, mask, N) == 0 && strata_shard_sink_finish(&s) == 0, "unmarked shard written");
+    CHECK(strata_shards_mark_documents(pat) == 0 && strata_shards_mark_documents("") == 0 &&
+              strata_shards_mark_documents("/nonexistent/x_*.bin") == 0,
+          "no marks: 0 (also for no pattern and a pattern matching nothing)");
+    CHECK(strata_loader_open(&L, pat, T, 5000, 0, 0) == 0 && !L.has_docs && L.unmarked_packed,
+          "a packed, masked shard without marks: unmarked_packed");
+    ok = strata_loader_read(&L, 0, SEQ, in, tg, pos) == 0;
+    for (int i = 0; i < SEQ * T; i++) ok &= pos[i] == i % T;
+    CHECK(ok, "without marks every row counts 0 .. T-1");
+    /* a start bit in a shard that does not mark documents is a corrupt byte */
+    strata_loader_close(&L);
+    mask[7] |= STRATA_MASK_DOC_START;
+    char p[1200], msg[2048];
+    snprintf(p, sizeof p, "%s/plain_000000.bin", dir);
+    CHECK(strata_shard_write32(p, (const uint32_t *)ids, mask, N, T, 0) == 0, "an unmarked shard with a stray bit 1");
+    CHECK(strata_loader_open(&L, p, T, 5000, 0, 0) == 0 && strata_loader_read(&L, 1, 1, in, tg, pos) != 0,
+          "its read is refused");
+    snprintf(msg, sizeof msg, "%s: mask byte 3 at position 7 is not one this shard's flags define (0 or 1; a corrupt "
+             "shard?)", p);
+    CHECK(error_is(msg), "naming the shard, byte and position");
+    strata_loader_close(&L);
+}
+
 int main(void) {
     strata_log_set_level(STRATA_LOG_WARN);
     /* mkdtemp template: the prefix, then six placeholder characters it replaces. */
@@ -615,6 +697,7 @@ int main(void) {
     test_loader_sequences();
     test_loader_masked();
     test_sink_overlap();
+    test_document_positions();
     test_shuffle();
     test_batch_seq();
     test_prepare_text();

@@ -562,10 +562,12 @@ int main(int argc, char **argv) {
      * micro-batch (masked runs of uneven lengths); the step's loss is the mean over the
      * learned targets of the whole global batch, whatever the world and accumulation
      * (5 steps: the mask enters the first step's loss and gradient already, and e2e_zero
-     * runs this at worlds 2-4 on CI's two cores) */
+     * runs this at worlds 2-4 on CI's two cores); with accumulation, the same shard with
+     * packed documents marked too (a start every 6 tokens on average, so a 16-token
+     * sequence holds several): each rank's rows keep them apart as world 1's do */
     {
         const int msteps = STEPS < 5 ? STEPS : 5;
-        char masked_glob[256], plain_glob[256], mpath[512];
+        char masked_glob[256], docs_glob[256], plain_glob[256], mpath[512];
         size_t n_m = 40000;
         uint32_t *mt = malloc(n_m * sizeof *mt);
         uint8_t *mk = malloc(n_m);
@@ -574,13 +576,19 @@ int main(int argc, char **argv) {
             mk[i] = (uint8_t)(i % 16 > strata_hash64(i / 16) % 14); /* a masked "prompt" of 0-13 tokens a sequence */
         }
         snprintf(mpath, sizeof mpath, "%s/masked_000000.bin", dir);
-        if (strata_shard_write32(mpath, mt, mk, n_m, 0)) return 1;
+        if (strata_shard_write32(mpath, mt, mk, n_m, 0, 0)) return 1;
+        for (size_t i = 0; i < n_m; i++)
+            if (strata_hash64(3 * i + 1) % 6 == 0) mk[i] |= STRATA_MASK_DOC_START;
+        snprintf(mpath, sizeof mpath, "%s/docsmask_000000.bin", dir);
+        if (strata_shard_write32(mpath, mt, mk, n_m, 0, 1)) return 1;
         free(mt);
         free(mk);
         snprintf(plain_glob, sizeof plain_glob, "%s", data_glob);
         snprintf(masked_glob, sizeof masked_glob, "%s/masked_*.bin", dir);
-        snprintf(data_glob, sizeof data_glob, "%s", masked_glob);
+        snprintf(docs_glob, sizeof docs_glob, "%s/docsmask_*.bin", dir);
         for (int accum = 1; accum <= 4; accum *= 4) {
+            const char *what = accum == 1 ? "mask" : "mask and documents";
+            snprintf(data_glob, sizeof data_glob, "%s", accum == 1 ? masked_glob : docs_glob);
             run ref;
             run_open(&ref, single, 0, 1, 0, B * world * accum, 1, 1);
             run_steps(&ref, msteps);
@@ -598,8 +606,10 @@ int main(int argc, char **argv) {
                 }
                 counts_ok &= ref.res[s].learned_tokens == want && want < (uint64_t)B * world * accum * 16;
             }
-            CHECK(counts_ok && micro_differ, "mask, world 1: each step reports its learned targets, fewer than its "
-                  "tokens, and micro-batches of %d sequences learn different numbers of them", B);
+            CHECK(counts_ok && micro_differ, "%s, world 1: each step reports its learned targets, fewer than its "
+                  "tokens, and micro-batches of %d sequences learn different numbers of them", what, B);
+            CHECK((accum > 1) == (ref.m.cur_pos != NULL), "%s: the model %s positions", what,
+                  accum > 1 ? "has the batch's" : "has no");
             for (int stage = 0; stage <= 3; stage++) {
                 run r;
                 run_open(&r, comm, rank, world, stage, B, accum, 1);
@@ -612,19 +622,21 @@ int main(int argc, char **argv) {
                     same_counts &= r.res[s].learned_tokens == ref.res[s].learned_tokens;
                 }
                 CHECK(first < 1e-6 && worst < 1e-6 && same_counts,
-                      "mask, world %d stage %d accum %d: first loss within %.1e, all %d within %.1e (<= 1e-6) of "
-                      "world 1 with the global batch, same learned counts", world, stage, accum, first, msteps, worst);
+                      "%s, world %d stage %d accum %d: first loss within %.1e, all %d within %.1e (<= 1e-6) of "
+                      "world 1 with the global batch, same learned counts", what, world, stage, accum, first, msteps,
+                      worst);
                 double wd = weight_diff(&r, &ref);
-                CHECK(wd < 1e-5, "mask, world %d stage %d accum %d: final weights differ by %.2e", world, stage, accum, wd);
+                CHECK(wd < 1e-5, "%s, world %d stage %d accum %d: final weights differ by %.2e", what, world, stage,
+                      accum, wd);
                 double v_r = 0, v_ref = 0;
                 /* the same sequences: accum batches of world x B, one of world x B x accum */
                 CHECK(strata_engine_eval(r.e, &r.L, accum, &v_r) == 0 && strata_engine_eval(ref.e, &ref.L, 1, &v_ref) == 0 &&
                           fabs(v_r - v_ref) <= 1e-5 * fabs(v_ref),
-                      "mask, world %d stage %d accum %d: validation takes the same mean (%.9g vs %.9g)", world, stage,
-                      accum, v_r, v_ref);
+                      "%s, world %d stage %d accum %d: validation takes the same mean (%.9g vs %.9g)", what, world,
+                      stage, accum, v_r, v_ref);
                 if (rank == 0)
-                    printf("mask, world %d stage %d accum %d: loss %.4f -> %.4f, first rel diff %.1e, max %.1e, "
-                           "%llu of %d targets learned in step 1\n", world, stage, accum, r.loss[0], r.loss[msteps - 1],
+                    printf("%s, world %d stage %d accum %d: loss %.4f -> %.4f, first rel diff %.1e, max %.1e, "
+                           "%llu of %d targets learned in step 1\n", what, world, stage, accum, r.loss[0], r.loss[msteps - 1],
                            first, worst, (unsigned long long)r.res[0].learned_tokens, B * world * accum * 16);
                 run_close(&r);
             }

@@ -186,6 +186,17 @@ static void set_threads(int n)
 /* ---------------------------------------------------------------------------------- */
 /* double references                                                                    */
 
+/* Positions of packed documents (core/kernels.h): 0 at each row's first token and at each
+ * of starts[] (indices into the B*T tokens), else one more than the token before. */
+static void doc_positions(int32_t *pos, int B, int T, const int *starts, int n_starts)
+{
+    for (int i = 0; i < B * T; i++) {
+        int start = i % T == 0;
+        for (int k = 0; k < n_starts; k++) start |= starts[k] == i;
+        pos[i] = start ? 0 : pos[i - 1] + 1;
+    }
+}
+
 static double ref_gelu(double x)
 {
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -347,7 +358,7 @@ static void test_encoder(void)
     float *out = filled(no, 99.0f);
     enc_ctx c = {B, T, C, tok, to_f64(wte, (size_t)V * C), to_f64(wpe, (size_t)maxT * C),
                  malloc(no * sizeof(double)), rand_f64(no)};
-    K->encoder_forward(S, out, tok, wte, wpe, B, T, C);
+    K->encoder_forward(S, out, tok, NULL, wte, wpe, B, T, C);
     enc_loss(&c);
     check_fwd("encoder_forward", out, c.out, no);
 
@@ -358,7 +369,7 @@ static void test_encoder(void)
     strata_token_order(tok, 10, V, count, order);
     static const int32_t want[10] = {3, 7, 0, 2, 8, 1, 5, 6, 9, 4}; /* by token, ties by position */
     CHECK(!memcmp(order, want, sizeof want), "strata_token_order: positions by token, ties in position order");
-    K->encoder_backward(S, dwte, dwpe, R, tok, order, B, T, C);
+    K->encoder_backward(S, dwte, dwpe, R, tok, order, NULL, NULL, B, T, C);
     double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
     double *g_wpe = fd_grad(enc_loss, &c, c.wpe, (size_t)maxT * C);
     check_grad("encoder_backward dwte (+=)", dwte, dwte0, g_wte, (size_t)V * C);
@@ -376,7 +387,7 @@ static void test_encoder_no_positions(void)
     size_t no = (size_t)B * T * C;
     float *wte = randf((size_t)V * C, -1, 1), *out = filled(no, 99.0f);
     enc_ctx c = {B, T, C, tok, to_f64(wte, (size_t)V * C), NULL, malloc(no * sizeof(double)), rand_f64(no)};
-    K->encoder_forward(S, out, tok, wte, NULL, B, T, C);
+    K->encoder_forward(S, out, tok, NULL, wte, NULL, B, T, C);
     int same = 1;
     for (int i = 0; i < B * T; i++) same &= bitwise_equal(out + (size_t)i * C, wte + (size_t)tok[i] * C, (size_t)C);
     printf("%-44s %s\n", "encoder_forward wpe NULL: the wte rows", same ? "same bits" : "DIFFER");
@@ -386,11 +397,46 @@ static void test_encoder_no_positions(void)
     float *dwte0 = randf((size_t)V * C, -1, 1), *dwte = copyf(dwte0, (size_t)V * C);
     int32_t order[10], count[12];
     strata_token_order(tok, 10, V, count, order);
-    K->encoder_backward(S, dwte, NULL, R, tok, order, B, T, C);
+    K->encoder_backward(S, dwte, NULL, R, tok, order, NULL, NULL, B, T, C);
     double *g_wte = fd_grad(enc_loss, &c, c.wte, (size_t)V * C);
     check_grad("encoder_backward dwte (+=), dwpe NULL", dwte, dwte0, g_wte, (size_t)V * C);
     free(wte), free(out), free(c.wte), free(c.out), free((void *)c.R), free(R), free(dwte0), free(dwte);
     free(g_wte);
+}
+
+/* Learned positions of packed documents: out = wte[tok] + wpe[pos] (the same fp32 add),
+ * dwpe gathers each position's rows wherever they are, dwte is as without positions. */
+static void test_encoder_documents(void)
+{
+    int B = 2, T = 6, C = 8, V = 11;
+    int32_t tok[12] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 9, 2, 2}, pos[12];
+    const int starts[] = {2, 3, 9};
+    doc_positions(pos, B, T, starts, 3);
+    size_t no = (size_t)B * T * C;
+    float *wte = randf((size_t)V * C, -1, 1), *wpe = randf((size_t)T * C, -1, 1), *out = filled(no, 99.0f);
+    K->encoder_forward(S, out, tok, pos, wte, wpe, B, T, C);
+    int same = 1;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++)
+            same &= out[(size_t)i * C + c] == wte[(size_t)tok[i] * C + c] + wpe[(size_t)pos[i] * C + c];
+    printf("%-44s %s\n", "encoder_forward, packed documents' positions", same ? "same bits" : "DIFFER");
+    CHECK(same, "encoder_forward with positions: not wte[tok] + wpe[pos]");
+    float *dout = randf(no, -1, 1), *dwte = filled((size_t)V * C, 0.5f), *dwpe = filled((size_t)T * C, 0.25f);
+    float *dwte_plain = filled((size_t)V * C, 0.5f), *dwpe_plain = filled((size_t)T * C, 0.25f);
+    int32_t order[12], pos_order[12], count[12];
+    strata_token_order(tok, 12, V, count, order);
+    strata_token_order(pos, 12, T, count, pos_order);
+    K->encoder_backward(S, dwte, dwpe, dout, tok, order, pos, pos_order, B, T, C);
+    K->encoder_backward(S, dwte_plain, dwpe_plain, dout, tok, order, NULL, NULL, B, T, C);
+    double *want = malloc((size_t)T * C * sizeof(double));
+    for (size_t i = 0; i < (size_t)T * C; i++) want[i] = 0.25;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++) want[(size_t)pos[i] * C + c] += dout[(size_t)i * C + c];
+    check_fwd("encoder_backward dwpe (+=) by position", dwpe, want, (size_t)T * C);
+    same = bitwise_equal(dwte, dwte_plain, (size_t)V * C);
+    printf("%-44s %s\n", "  dwte as without positions", same ? "same bits" : "DIFFER");
+    CHECK(same, "encoder_backward with positions changed dwte");
+    free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe), free(dwte_plain), free(dwpe_plain), free(want);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -595,7 +641,7 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, double amp, in
     float *qkv = randf(nq, -amp, amp), *out = filled(no, 99.0f), *lse = filled(nl, 99.0f);
     attn_ctx c = {B, T, NH, NKV, hs, to_f64(qkv, nq), malloc(no * sizeof(double)), rand_f64(no)};
     double *rlse = malloc(nl * sizeof(double));
-    K->attention_forward(S, out, lse, qkv, B, T, NH, NKV, hs);
+    K->attention_forward(S, out, lse, qkv, NULL, B, T, NH, NKV, hs);
     ref_attention(c.out, rlse, c.qkv, B, T, NH, NKV, hs);
     snprintf(name, sizeof name, "attention_forward out %s", tag);
     check_fwd(name, out, c.out, no);
@@ -603,7 +649,7 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, double amp, in
     check_fwd(name, lse, rlse, nl);
 
     float *R = f64_to_f32(c.R, no), *dqkv = filled(nq, 99.0f);
-    K->attention_backward(S, dqkv, R, qkv, out, lse, B, T, NH, NKV, hs);
+    K->attention_backward(S, dqkv, R, qkv, out, lse, NULL, B, T, NH, NKV, hs);
     double *exact = malloc(nq * sizeof(double));
     ref_attention_grad(exact, c.R, c.qkv, B, T, NH, NKV, hs);
     snprintf(name, sizeof name, "attention_backward dqkv (=) %s", tag);
@@ -660,10 +706,10 @@ static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, in
     }
     float *o1 = filled(no, 9.0f), *o2 = filled(no, 8.0f), *l1 = filled(nl, 9.0f), *l2 = filled(nl, 8.0f);
     float *d = randf(no, -1, 1), *g1 = filled(rows * W, 9.0f), *g2 = filled(rows * Wm, 8.0f);
-    K->attention_forward(S, o1, l1, qkv, B, T, NH, NKV, hs);
-    K->attention_forward(S, o2, l2, mha, B, T, NH, NH, hs);
-    K->attention_backward(S, g1, d, qkv, o1, l1, B, T, NH, NKV, hs);
-    K->attention_backward(S, g2, d, mha, o2, l2, B, T, NH, NH, hs);
+    K->attention_forward(S, o1, l1, qkv, NULL, B, T, NH, NKV, hs);
+    K->attention_forward(S, o2, l2, mha, NULL, B, T, NH, NH, hs);
+    K->attention_backward(S, g1, d, qkv, o1, l1, NULL, B, T, NH, NKV, hs);
+    K->attention_backward(S, g2, d, mha, o2, l2, NULL, B, T, NH, NH, hs);
     int fwd = bitwise_equal(o1, o2, no) && bitwise_equal(l1, l2, nl), dq = 1;
     double *kv_want = calloc(rows * 2 * NKV * hs, sizeof(double));
     float *kv_got = malloc(rows * 2 * NKV * hs * sizeof(float));
@@ -687,6 +733,63 @@ static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, in
     CHECK(e < 1e-4, "GQA dk, dv differ by %.3e from the sums of the repeated heads' gradients", e);
     free(qkv), free(mha), free(o1), free(o2), free(l1), free(l2), free(d), free(g1), free(g2);
     free(kv_want), free(kv_got);
+}
+
+/* Attention over packed documents is each document's attention alone: out, lse and dqkv of
+ * a document's rows against a call on those rows by themselves (not bitwise: the key
+ * blocks fall elsewhere, so fp32 sums associate differently); and positions that make each
+ * row one document are the plain causal call, bit for bit. */
+static void test_attention_documents(int B, int T, int NH, int NKV, int hs, const int *starts, int n_starts)
+{
+    char tag[96], name[160];
+    snprintf(tag, sizeof tag, "B=%d T=%d NH=%d NKV=%d hs=%d, %d starts", B, T, NH, NKV, hs, n_starts);
+    int W = (NH + 2 * NKV) * hs, C = NH * hs;
+    size_t rows = (size_t)B * T, nq = rows * W, no = rows * C, nl = (size_t)B * NH * T;
+    float *qkv = randf(nq, -1.5, 1.5), *dout = randf(no, -1, 1);
+    float *out = filled(no, 99.0f), *lse = filled(nl, 99.0f), *dqkv = filled(nq, 99.0f);
+    int32_t *pos = malloc(rows * sizeof(int32_t));
+    doc_positions(pos, B, T, starts, n_starts);
+    K->attention_forward(S, out, lse, qkv, pos, B, T, NH, NKV, hs);
+    K->attention_backward(S, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
+    double *w_out = malloc(no * sizeof(double)), *w_lse = malloc(nl * sizeof(double)),
+           *w_dqkv = malloc(nq * sizeof(double));
+    float *ao = malloc(no * sizeof(float)), *al = malloc(nl * sizeof(float)), *ag = malloc(nq * sizeof(float));
+    int docs = 0;
+    for (int b = 0; b < B; b++)
+        for (int s0 = 0; s0 < T;) {
+            int e = s0 + 1;
+            while (e < T && pos[(size_t)b * T + e] != 0) e++;
+            size_t r0 = (size_t)b * T + s0;
+            int len = e - s0;
+            K->attention_forward(S, ao, al, qkv + r0 * W, NULL, 1, len, NH, NKV, hs);
+            K->attention_backward(S, ag, dout + r0 * C, qkv + r0 * W, ao, al, NULL, 1, len, NH, NKV, hs);
+            for (size_t i = 0; i < (size_t)len * C; i++) w_out[r0 * C + i] = ao[i];
+            for (size_t i = 0; i < (size_t)len * W; i++) w_dqkv[r0 * W + i] = ag[i];
+            for (int h = 0; h < NH; h++)
+                for (int t = 0; t < len; t++) w_lse[((size_t)b * NH + h) * T + s0 + t] = al[(size_t)h * len + t];
+            docs++;
+            s0 = e;
+        }
+    double eo = max_rel_err(out, NULL, w_out, no, 1e-2), el = max_rel_err(lse, NULL, w_lse, nl, 1e-2);
+    double eg = max_rel_err(dqkv, NULL, w_dqkv, nq, 1e-2);
+    snprintf(name, sizeof name, "attention, %d documents packed", docs);
+    printf("%-44s out %.1e, lse %.1e, dqkv %.1e vs each alone (%s)\n", name, eo, el, eg, tag);
+    CHECK(eo < 1e-5 && el < 1e-5 && eg < 1e-4, "%s: packed documents differ from each alone: out %.3e, lse %.3e, "
+          "dqkv %.3e", tag, eo, el, eg);
+
+    /* every row one document: the positions 0 .. T-1, and the causal call's bits */
+    doc_positions(pos, B, T, NULL, 0);
+    float *o2 = filled(no, 9.0f), *l2 = filled(nl, 9.0f), *g2 = filled(nq, 9.0f);
+    float *o3 = filled(no, 8.0f), *l3 = filled(nl, 8.0f), *g3 = filled(nq, 8.0f);
+    K->attention_forward(S, o2, l2, qkv, pos, B, T, NH, NKV, hs);
+    K->attention_backward(S, g2, dout, qkv, o2, l2, pos, B, T, NH, NKV, hs);
+    K->attention_forward(S, o3, l3, qkv, NULL, B, T, NH, NKV, hs);
+    K->attention_backward(S, g3, dout, qkv, o3, l3, NULL, B, T, NH, NKV, hs);
+    int same = bitwise_equal(o2, o3, no) && bitwise_equal(l2, l3, nl) && bitwise_equal(g2, g3, nq);
+    printf("%-44s %s\n", "  one document a row: positions vs none", same ? "same bits" : "DIFFER");
+    CHECK(same, "%s: positions 0 .. T-1 differ from the plain causal call", tag);
+    free(qkv), free(dout), free(out), free(lse), free(dqkv), free(pos), free(w_out), free(w_lse), free(w_dqkv);
+    free(ao), free(al), free(ag), free(o2), free(l2), free(g2), free(o3), free(l3), free(g3);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -1131,7 +1234,7 @@ static void test_rope(int B, int T, int heads, int hs, int ld, float base)
     float *inv = rope_inv_freq(hs, base), *x0 = randf(n, -2, 2), *x = copyf(x0, n);
     rope_ctx c = {B, T, heads, hs, ld, inv, to_f64(x0, n), malloc(n * sizeof(double)), rand_f64(n)};
     double *want = to_f64(x0, n);
-    K->rope_forward(S, x, inv, B, T, heads, hs, ld);
+    K->rope_forward(S, x, inv, NULL, B, T, heads, hs, ld);
     ref_rope(want, inv, B, T, heads, hs, ld, 1);
     snprintf(name, sizeof name, "rope_forward %s", tag);
     check_fwd(name, x, want, n);
@@ -1151,7 +1254,7 @@ static void test_rope(int B, int T, int heads, int hs, int ld, float base)
     CHECK(exact, "%s: not q * cos + rotate_half(q) * sin in fp32, or the rest of the row moved", tag);
 
     float *back = copyf(x, n);
-    K->rope_backward(S, back, inv, B, T, heads, hs, ld);
+    K->rope_backward(S, back, inv, NULL, B, T, heads, hs, ld);
     double *x0d = to_f64(x0, n);
     /* each turn rounds every element to a few ulps of the row's size, not of its own */
     double e = max_rel_err(back, NULL, x0d, n, 1.0);
@@ -1159,7 +1262,7 @@ static void test_rope(int B, int T, int heads, int hs, int ld, float base)
     CHECK(e < 1e-6, "%s: backward(forward(x)) is %.3e of max |x| from x", tag, e);
 
     float *dx = f64_to_f32(c.R, n);
-    K->rope_backward(S, dx, inv, B, T, heads, hs, ld);
+    K->rope_backward(S, dx, inv, NULL, B, T, heads, hs, ld);
     int fd = n < 4000;
     double *g;
     if (fd) {
@@ -1173,6 +1276,36 @@ static void test_rope(int B, int T, int heads, int hs, int ld, float base)
     check_grad_vs(name, dx, NULL, g, n, fd ? "finite differences" : "the transpose in double");
     free(inv), free(x0), free(x), free(c.x), free(c.y), free((void *)c.R), free(want), free(back), free(x0d);
     free(dx), free(g);
+}
+
+/* Rotary positions of packed documents: a row turns by its position in its document, the
+ * same fp32 formula as test_rope's with that position, and the backward undoes it. */
+static void test_rope_documents(void)
+{
+    int B = 2, T = 70, heads = 3, hs = 64, ld = 3 * 64 + 8, half = hs / 2;
+    const int starts[] = {5, 6, 40, 70 + 33};
+    size_t n = (size_t)B * T * ld;
+    int32_t pos[2 * 70];
+    doc_positions(pos, B, T, starts, 4);
+    float *inv = rope_inv_freq(hs, 500000.0f), *x0 = randf(n, -2, 2), *x = copyf(x0, n);
+    K->rope_forward(S, x, inv, pos, B, T, heads, hs, ld);
+    int exact = 1;
+    for (int r = 0; r < B * T; r++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < half; i++) {
+                size_t a = (size_t)r * ld + (size_t)h * hs + i;
+                float ang = (float)pos[r] * inv[i], cs = cosf(ang), sn = sinf(ang);
+                float q1 = x0[a], q2 = x0[a + half];
+                exact &= x[a] == q1 * cs + (-q2) * sn && x[a + half] == q2 * cs + q1 * sn;
+            }
+    printf("%-44s %s\n", "rope_forward, packed documents' positions", exact ? "same bits" : "DIFFER");
+    CHECK(exact, "rope_forward with positions: not the formula at each row's position in its document");
+    K->rope_backward(S, x, inv, pos, B, T, heads, hs, ld);
+    double *x0d = to_f64(x0, n);
+    double e = max_rel_err(x, NULL, x0d, n, 1.0);
+    printf("%-44s max err %.2e of max |x|\n", "  forward then backward: the input", e);
+    CHECK(e < 1e-6, "rope with positions: backward(forward(x)) is %.3e of max |x| from x", e);
+    free(inv), free(x0), free(x), free(x0d);
 }
 
 /* The cosines and sines are kept between calls: a call with other inv_freq values at the same
@@ -1192,7 +1325,7 @@ static void test_rope_table_changes(void)
         memcpy(freq, calls[k].f, (size_t)(calls[k].hs / 2) * sizeof(float));
         float *x0 = randf(n, -1, 1), *x = copyf(x0, n);
         double *want = to_f64(x0, n);
-        K->rope_forward(S, x, freq, 1, calls[k].T, calls[k].heads, calls[k].hs, ld);
+        K->rope_forward(S, x, freq, NULL, 1, calls[k].T, calls[k].heads, calls[k].hs, ld);
         ref_rope(want, freq, 1, calls[k].T, calls[k].heads, calls[k].hs, ld, 1);
         ok &= max_rel_err(x, NULL, want, n, 1e-2) < 1e-5;
         free(x0), free(x), free(want);
@@ -1302,9 +1435,9 @@ static void test_llama_determinism(void)
         K->rmsnorm_forward(S, o[4], o[5], qkv, w, N, NH, hs, W, 1e-6f); /* per-head q norm */
         K->rmsnorm_backward(S, o[4], o[3], qd, qkv, w, o[5], N, NH, hs, W);
         o[6] = copyf(qk, (size_t)N * W);
-        K->rope_forward(S, o[6], inv, N / T, T, NH, hs, W);
-        K->rope_forward(S, o[6] + NH * hs, inv, N / T, T, NKV, hs, W);
-        K->rope_backward(S, o[6], inv, N / T, T, NH + NKV, hs, W);
+        K->rope_forward(S, o[6], inv, NULL, N / T, T, NH, hs, W);
+        K->rope_forward(S, o[6] + NH * hs, inv, NULL, N / T, T, NKV, hs, W);
+        K->rope_backward(S, o[6], inv, NULL, N / T, T, NH + NKV, hs, W);
         o[7] = filled((size_t)N * I, 0.0f), o[8] = filled((size_t)N * 2 * I, 0.0f);
         K->swiglu_forward(S, o[7], gu, N, I);
         K->swiglu_backward(S, o[8], dsw, gu, N, I);
@@ -1393,11 +1526,11 @@ static void test_attention_determinism(int NH, int NKV, int hs)
     for (int run = 0; run < 3; run++) {
         set_threads(run == 0 ? 1 : 2);
         float *o = filled(no, 0.0f);
-        K->attention_forward(S, o, lse, qkv, B, T, NH, NKV, hs);
+        K->attention_forward(S, o, lse, qkv, NULL, B, T, NH, NKV, hs);
         if (run == 0) memcpy(out, o, no * sizeof(float));
         same_a &= bitwise_equal(o, out, no);
         dq[run] = filled(nq, 7.0f);
-        K->attention_backward(S, dq[run], d, qkv, out, lse, B, T, NH, NKV, hs);
+        K->attention_backward(S, dq[run], d, qkv, out, lse, NULL, B, T, NH, NKV, hs);
         free(o);
     }
     same_a &= bitwise_equal(dq[0], dq[1], nq) && bitwise_equal(dq[0], dq[2], nq);
@@ -1452,6 +1585,7 @@ int main(void)
     }
     test_encoder();
     test_encoder_no_positions();
+    test_encoder_documents();
     test_layernorm(10, 8);
     test_layernorm(3, 37);
     /* every matrix product on the hand-written kernel, then on the BLAS (when built with
@@ -1495,6 +1629,12 @@ int main(void)
     test_attention(1, 70, 8, 1, 64, 1.0, 24);
     test_attention(1, 130, 8, 2, 128, 0.7, 24);
     test_attention(1, 256, 8, 1, 128, 0.7, 12);
+    {
+        /* documents mid-block, at a block's edge (64), one token long, a row without any */
+        const int starts[] = {3, 40, 63, 64, 65, 129, 150 + 1, 150 + 90};
+        test_attention_documents(3, 150, 4, 2, 16, starts, 8);
+        test_attention_documents(2, 150, 8, 1, 64, starts + 4, 4);
+    }
     test_attention_gqa_is_repeated_mha(2, 70, 8, 2, 64);
     test_attention_gqa_is_repeated_mha(1, 130, 8, 1, 128);
     /* what the Llama family adds */
@@ -1508,6 +1648,7 @@ int main(void)
     test_rope(2, 301, 8, 64, 12 * 64, 10000.0f);   /* q of a qkv row, positions past 256 */
     test_rope(3, 77, 2, 128, 12 * 128, 500000.0f);
     test_rope_table_changes();
+    test_rope_documents();
     test_swiglu(5, 37);
     test_swiglu(3, 16);
     test_swiglu(64, 1000);

@@ -41,6 +41,8 @@ static const strata_model_shape llama_qk = {
     .rope_high_freq_factor = 4.0, .rope_original_context = 16, .rms_norm_eps = 1e-6f, .tie_embeddings = 1,
     .qk_norm = 1};
 
+static int rig_documents; /* what the next rig's plan says of packed documents */
+
 static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckpt_every, size_t logits_chunk_bytes,
                              size_t mlp_chunk_bytes) {
     memset(r, 0, sizeof *r);
@@ -55,7 +57,7 @@ static void rig_open_chunked(rig *r, const strata_model_shape *shape_in, int ckp
         strata_arena_reserve(&r->arena, STRATA_MEM_DEVICE, STRATA_CAT_GRADS, "g", r->m.units[u].numel * 4, (void **)&r->grads[u]);
     }
     strata_model_plan_opts o = {.ckpt_every = ckpt_every, .logits_chunk_bytes = logits_chunk_bytes,
-                                .mlp_chunk_bytes = mlp_chunk_bytes};
+                                .mlp_chunk_bytes = mlp_chunk_bytes, .documents = rig_documents};
     strata_model_plan(&r->m, &r->arena, r->dev, STRATA_F32, B, T, &o);
     if (strata_arena_commit(&r->arena)) { printf("commit: %s\n", strata_error()); exit(1); }
     for (int u = 0; u < r->m.n_units; u++) {
@@ -90,10 +92,109 @@ static void rig_close(rig *r) {
     free(r->grads);
 }
 
+/* One training step's gradients, concatenated over the units (n floats, allocated), with
+ * the batch's positions (NULL: none); *losses receives the B*T losses. */
+static float *step_grads(rig *r, const int32_t *pos, float *losses, size_t *n) {
+    strata_model *m = &r->m;
+    for (int u = 0; u < m->n_units; u++) memset(r->grads[u], 0, m->units[u].numel * 4);
+    CHECK(strata_model_set_batch(m, r->inputs, r->targets, pos) == 0, "set_batch: %s", strata_error());
+    *m->loss_sum = 0;
+    for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 1, 1.0f, 1.0f);
+    memcpy(losses, m->losses, sizeof(float) * B * T);
+    for (int u = m->n_units - 1; u >= 0; u--) CHECK(strata_model_backward_unit(m, u) == 0, "backward of unit %d", u);
+    *n = 0;
+    for (int u = 0; u < m->n_units; u++) *n += m->units[u].numel;
+    float *g = malloc(*n * sizeof(float)), *p = g;
+    for (int u = 0; u < m->n_units; u++, p += m->units[u - 1].numel) memcpy(p, r->grads[u], m->units[u].numel * 4);
+    return g;
+}
+
+/* Packed documents train as each alone: a batch of documents packed into its rows, with
+ * their positions, gives each document's tokens the losses it gets alone at the start of a
+ * row (the rest of the batch's targets ignored), and the gradients their sum; with the
+ * positions of one document a row, the same bits as no positions; every block recomputed,
+ * the same bits as none; positions that do not count up are refused. */
+static void check_documents(const strata_model_shape *shape, const char *what) {
+    rig r, rc;
+    rig_documents = 1;
+    rig_open(&r, shape, 0);
+    rig_open(&rc, shape, 1);
+    rig_documents = 0;
+    /* row 0: documents [0,3) [3,6); row 1: [0,2) [2,3) [3,6) */
+    const int32_t pos[B * T] = {0, 1, 2, 0, 1, 2, 0, 1, 0, 0, 1, 2};
+    int32_t in0[B * T], tg0[B * T];
+    memcpy(in0, r.inputs, sizeof in0);
+    memcpy(tg0, r.targets, sizeof tg0);
+    float packed_loss[B * T], alone_loss[B * T], loss_ckpt[B * T], want_loss[B * T];
+    size_t n;
+    float *packed = step_grads(&r, pos, packed_loss, &n);
+    memcpy(rc.inputs, in0, sizeof in0);
+    memcpy(rc.targets, tg0, sizeof tg0);
+    float *ckpt = step_grads(&rc, pos, loss_ckpt, &n);
+    int same = !memcmp(packed, ckpt, n * sizeof(float)) && !memcmp(packed_loss, loss_ckpt, sizeof loss_ckpt);
+    double *want = calloc(n, sizeof(double));
+    int docs = 0;
+    for (int i = 0; i < B * T;) {
+        int e = i + 1;
+        while (e % T && pos[e]) e++;
+        /* the document alone at the start of row 0; every other target ignored */
+        for (int k = 0; k < B * T; k++) {
+            r.inputs[k] = (int32_t)((k * 7 + 3) % 11);
+            r.targets[k] = -1;
+        }
+        memcpy(r.inputs, in0 + i, (size_t)(e - i) * sizeof(int32_t));
+        memcpy(r.targets, tg0 + i, (size_t)(e - i) * sizeof(int32_t));
+        float *g = step_grads(&r, NULL, alone_loss, &n);
+        for (size_t k = 0; k < n; k++) want[k] += g[k];
+        memcpy(want_loss + i, alone_loss, (size_t)(e - i) * sizeof(float));
+        free(g);
+        docs++;
+        i = e;
+    }
+    double worst = 0, mx = 0, lerr = 0;
+    for (size_t k = 0; k < n; k++) mx = fabs(want[k]) > mx ? fabs(want[k]) : mx;
+    for (size_t k = 0; k < n; k++) {
+        double e = fabs(packed[k] - want[k]) / (fabs(want[k]) + 1e-3 * mx);
+        worst = e > worst ? e : worst;
+    }
+    for (int i = 0; i < B * T; i++) {
+        double e = fabs(packed_loss[i] - want_loss[i]) / (fabs(want_loss[i]) + 1e-6);
+        lerr = e > lerr ? e : lerr;
+    }
+    printf("%-60s losses %.1e, gradients %.1e vs %d documents alone\n", what, lerr, worst, docs);
+    CHECK(lerr < 1e-5 && worst < 1e-4, "%s: packed documents differ from each alone: losses %.3e, gradients %.3e", what,
+          lerr, worst);
+    CHECK(same, "%s: with documents, every block recomputed gives the same bits as none", what);
+
+    /* one document a row: the same bits as no positions */
+    memcpy(r.inputs, in0, sizeof in0);
+    memcpy(r.targets, tg0, sizeof tg0);
+    int32_t ident[B * T];
+    for (int i = 0; i < B * T; i++) ident[i] = i % T;
+    float l1[B * T], l2[B * T];
+    float *g1 = step_grads(&r, ident, l1, &n), *g2 = step_grads(&r, NULL, l2, &n);
+    CHECK(!memcmp(g1, g2, n * sizeof(float)) && !memcmp(l1, l2, sizeof l1),
+          "%s: positions 0 .. T-1 in every row are no positions, bit for bit", what);
+    int32_t bad[B * T];
+    memcpy(bad, pos, sizeof bad);
+    bad[T + 4] = 3;
+    CHECK(strata_model_set_batch(&r.m, r.inputs, r.targets, bad) != 0 &&
+              strstr(strata_error(), "position 3 at row 1, position 4 of the batch does not follow 0: a document "
+                                     "starts at 0 and counts up by one"),
+          "%s: a position that does not count up is refused: %s", what, strata_error());
+    rig_close(&r);
+    rig_close(&rc);
+    rig_open(&r, shape, 0); /* planned without documents */
+    CHECK(strata_model_set_batch(&r.m, r.inputs, r.targets, pos) != 0 && strstr(strata_error(), "reserved no room"),
+          "%s: positions for a model planned without them are refused: %s", what, strata_error());
+    rig_close(&r);
+    free(packed), free(ckpt), free(want), free(g1), free(g2);
+}
+
 /* Mean loss over the batch (ignored positions count zero), forward only. */
 static double loss_of(rig *r) {
     strata_model *m = &r->m;
-    strata_model_set_batch(m, r->inputs, r->targets);
+    strata_model_set_batch(m, r->inputs, r->targets, NULL);
     *m->loss_sum = 0;
     for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 0, 0.0f, 1.0f);
     double s = 0;
@@ -104,7 +205,7 @@ static double loss_of(rig *r) {
 static double train_step(rig *r) {
     strata_model *m = &r->m;
     for (int u = 0; u < m->n_units; u++) memset(r->grads[u], 0, m->units[u].numel * 4);
-    strata_model_set_batch(m, r->inputs, r->targets);
+    strata_model_set_batch(m, r->inputs, r->targets, NULL);
     *m->loss_sum = 0;
     for (int u = 0; u < m->n_units; u++) strata_model_forward_unit(m, u, 1, 1.0f / (B * T), 1.0f / (B * T));
     for (int u = m->n_units - 1; u >= 0; u--) CHECK(strata_model_backward_unit(m, u) == 0, "backward of unit %d", u);
@@ -358,6 +459,9 @@ int main(void) {
         check_gradients(&r, models[i].shape, models[i].what);
         rig_close(&r);
     }
+    check_documents(&llama_gqa, "llama (GQA), packed documents");
+    check_documents(&llama_qk, "llama (q/k norms, llama3 RoPE), packed documents");
+    check_documents(&gpt2_shape, "gpt2 (learned positions), packed documents");
     rig r;
     rig_open(&r, &gpt2_shape, 0);
     check_gradients(&r, &gpt2_shape, "gpt2");
@@ -370,19 +474,19 @@ int main(void) {
     int32_t before[B * T];
     memcpy(before, m->inputs, sizeof before);
     bad[T + 4] = 11; /* = vocab_size */
-    CHECK(strata_model_set_batch(m, bad, r.targets) != 0 &&
+    CHECK(strata_model_set_batch(m, bad, r.targets, NULL) != 0 &&
               !strcmp(strata_error(), "token id 11 at row 1, position 4 of the batch is outside the vocabulary [0, 11)"),
           "an input id = vocab_size is refused, naming it: %s", strata_error());
     CHECK(!memcmp(before, m->inputs, sizeof before), "a refused batch copies nothing");
     bad[T + 4] = -7;
-    CHECK(strata_model_set_batch(m, bad, r.targets) != 0 && strstr(strata_error(), "token id -7 at row 1, position 4"),
+    CHECK(strata_model_set_batch(m, bad, r.targets, NULL) != 0 && strstr(strata_error(), "token id -7 at row 1, position 4"),
           "a negative input id is refused: %s", strata_error());
     memcpy(bad, r.targets, sizeof bad);
     bad[5] = 1 << 30;
-    CHECK(strata_model_set_batch(m, r.inputs, bad) != 0 &&
+    CHECK(strata_model_set_batch(m, r.inputs, bad, NULL) != 0 &&
               strstr(strata_error(), "target id 1073741824 at row 0, position 5"),
           "a target id past the vocabulary is refused: %s", strata_error());
-    CHECK(strata_model_set_batch(m, r.inputs, r.targets) == 0, "ids in range, and an ignored (-1) target, pass");
+    CHECK(strata_model_set_batch(m, r.inputs, r.targets, NULL) == 0, "ids in range, and an ignored (-1) target, pass");
     /* the embedding's backward on a GPU adds each token's rows in the order set_batch
      * uploads (the CPU's kernel walks positions itself, so only this sees a wrong one) */
     int32_t want[B * T], counts[11 + 1];

@@ -634,7 +634,7 @@ static void gemm(const gemm_args *g)
 /* ---------------------------------------------------------------------------------- */
 /* Encoder                                                                               */
 
-static void cpu_encoder_forward(strata_stream *s, void *out_, const int32_t *tok,
+static void cpu_encoder_forward(strata_stream *s, void *out_, const int32_t *tok, const int32_t *pos,
                                 const void *wte_, const void *wpe_, int B, int T, int C)
 {
     float *out = out_;
@@ -647,7 +647,7 @@ static void cpu_encoder_forward(strata_stream *s, void *out_, const int32_t *tok
             memcpy(o, e, (size_t)C * sizeof(float));
             continue;
         }
-        const float *p = wpe + (size_t)(bt % T) * C;
+        const float *p = wpe + (size_t)(pos ? pos[bt] : bt % T) * C;
         for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }
@@ -665,11 +665,14 @@ static int ch_block(int C)
     return w < 16 ? 16 : w > CH_BLOCK_MAX ? CH_BLOCK_MAX : w;
 }
 
-/* Position order already (each channel block walks the batch in order): order is unused. */
+/* Position order already (each channel block walks the batch in order): order and
+ * pos_order are unused. */
 static void cpu_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout_,
-                                 const int32_t *tok, const int32_t *order, int B, int T, int C)
+                                 const int32_t *tok, const int32_t *order, const int32_t *pos,
+                                 const int32_t *pos_order, int B, int T, int C)
 {
     (void)order;
+    (void)pos_order;
     const float *dout = dout_;
     int cb = ch_block(C), nblk = (C + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if ((long)B * T * C > PAR_MIN)
@@ -683,7 +686,7 @@ static void cpu_encoder_backward(strata_stream *s, float *dwte, float *dwpe, con
                     for (int c = c0; c < c1; c++) we[c] += d[c];
                     continue;
                 }
-                float *wp = dwpe + (size_t)t * C;
+                float *wp = dwpe + (size_t)(pos ? pos[(size_t)b * T + t] : t) * C;
                 for (int c = c0; c < c1; c++) {
                     we[c] += d[c];
                     wp[c] += d[c];
@@ -840,7 +843,11 @@ static void cpu_matmul_backward(strata_stream *s, void *dinp, float *dw, float *
  * [0, t1) are kept transposed, S^T (nk, QB), in a per-thread scratch (never
  * B*NH*T*T): every product then reads q, k, v in place or packs only a (hs, QB) slice,
  * and the softmax runs over keys with the block's queries as vector lanes. Key u is
- * visible to query t0 + i when i >= u - t0 (causal). */
+ * visible to query t0 + i when i >= u - t0 (causal) and, with documents (pos), when
+ * u >= lo[i] = t0 + i - pos[t0 + i], the first key of the query's own document. lo never
+ * decreases along a row, so a block's keys start at k0 = lo[0] (0 without documents) and
+ * packed documents cost about what each would alone; row u - k0 of S^T holds key u, and
+ * the keys a block's query cannot see are exact zeros in its products. */
 #define QB 64
 
 typedef struct attn_scratch {
@@ -861,22 +868,39 @@ static inline int attn_first(int u, int t0)
     return u > t0 ? u - t0 : 0;
 }
 
-/* st (nk, QB) = k[0..nk) @ q[t0..t0+nq)^T: unscaled scores, transposed; q and k rows are
- * W elements apart (a qkv row) */
-static void attn_scores_t(attn_scratch *w, const float *q, const float *k, int t0, int nq,
+/* lo[i], the first key query t0 + i may see, for the block's nq queries (pos_row: the
+ * row's positions, NULL without documents); returns the block's first key, lo[0] */
+static int attn_doc_lo(const int32_t *pos_row, int t0, int nq, int *lo)
+{
+    for (int i = 0; i < nq; i++) lo[i] = pos_row ? t0 + i - pos_row[t0 + i] : 0;
+    return lo[0];
+}
+
+/* one past the last query column of the block that sees key u: the queries whose document
+ * starts at or before u, a prefix of the block; *e carries the answer for the key before
+ * (keys are walked upwards, and the prefix only grows) */
+static inline int attn_last(const int *lo, int nq, int u, int *e)
+{
+    while (*e < nq && lo[*e] <= u) (*e)++;
+    return *e;
+}
+
+/* st (nk, QB) = k[k0..k0+nk) @ q[t0..t0+nq)^T: unscaled scores, transposed; q and k rows
+ * are W elements apart (a qkv row) */
+static void attn_scores_t(attn_scratch *w, const float *q, const float *k, int t0, int nq, int k0,
                           int nk, int W, int hs)
 {
     gemm_args g = {
         .M = nk, .N = nq, .K = hs,
-        .a = k, .a_rs = (size_t)W, .a_cs = 1,
+        .a = k + (size_t)k0 * W, .a_rs = (size_t)W, .a_cs = 1,
         .b = q + (size_t)t0 * W, .b_rs = 1, .b_cs = (size_t)W,
-        .c = w->st, .ldc = QB, .band = BAND_C_UPPER, .band_off = t0,
+        .c = w->st, .ldc = QB, .band = BAND_C_UPPER, .band_off = t0 - k0,
     };
     gemm_block(&g, 0, nk, 0, nq, &w->g);
 }
 
 static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, const void *qkv_,
-                                  int B, int T, int NH, int NKV, int hs)
+                                  const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     float *out = out_;
     const float *qkv = qkv_;
@@ -894,45 +918,53 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
             const float *k = row0 + (size_t)(NH + kv) * hs, *v = row0 + (size_t)(NH + NKV + kv) * hs;
             float *o = out + (size_t)b * T * C + (size_t)h * hs;
             float *l = lse + (size_t)bh * T;
+            const int32_t *pos_row = pos ? pos + (size_t)b * T : NULL;
             for (int t0 = 0; t0 < T; t0 += QB) {
-                int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
-                attn_scores_t(&w, q, k, t0, nq, nk, W, hs);
+                int nq = T - t0 < QB ? T - t0 : QB, lo[QB];
+                int k0 = attn_doc_lo(pos_row, t0, nq, lo), nk = t0 + nq - k0, e;
+                attn_scores_t(&w, q, k, t0, nq, k0, nk, W, hs);
                 float mx[QB], inv[QB];
                 double sum[QB];
                 for (int i = 0; i < nq; i++) {
                     mx[i] = -INFINITY;
                     sum[i] = 0.0;
                 }
+                e = 0;
                 for (int u = 0; u < nk; u++) {
                     float *row = w.st + (size_t)u * QB;
-                    for (int i = attn_first(u, t0); i < nq; i++) {
+                    int last = attn_last(lo, nq, k0 + u, &e);
+                    for (int i = attn_first(k0 + u, t0); i < last; i++) {
                         row[i] *= scale;
                         mx[i] = row[i] > mx[i] ? row[i] : mx[i];
                     }
                 }
+                e = 0;
                 for (int u = 0; u < nk; u++) {
                     float *row = w.st + (size_t)u * QB;
-                    int lo = attn_first(u, t0);
-                    for (int i = 0; i < lo; i++) row[i] = 0.0f;
-                    for (int i = lo; i < nq; i++) {
+                    int first = attn_first(k0 + u, t0), last = attn_last(lo, nq, k0 + u, &e);
+                    for (int i = 0; i < first; i++) row[i] = 0.0f;
+                    for (int i = first; i < last; i++) {
                         row[i] = exp_fast(row[i] - mx[i]);
                         sum[i] += (double)row[i];
                     }
+                    for (int i = last > first ? last : first; i < nq; i++) row[i] = 0.0f;
                 }
                 for (int i = 0; i < nq; i++) {
                     inv[i] = (float)(1.0 / sum[i]);
                     l[t0 + i] = (float)((double)mx[i] + log(sum[i]));
                 }
+                e = 0;
                 for (int u = 0; u < nk; u++) {
                     float *row = w.st + (size_t)u * QB;
-                    for (int i = attn_first(u, t0); i < nq; i++) row[i] *= inv[i];
+                    int last = attn_last(lo, nq, k0 + u, &e);
+                    for (int i = attn_first(k0 + u, t0); i < last; i++) row[i] *= inv[i];
                 }
-                /* o[t0..t0+nq) (=) p (nq, nk) @ v[0..nk) */
+                /* o[t0..t0+nq) (=) p (nq, nk) @ v[k0..k0+nk) */
                 gemm_args g = {
                     .M = nq, .N = hs, .K = nk,
                     .a = w.st, .a_rs = 1, .a_cs = QB,
-                    .b = v, .b_rs = (size_t)W, .b_cs = 1,
-                    .c = o + (size_t)t0 * C, .ldc = (size_t)C, .band = BAND_A_LOWER, .band_off = t0,
+                    .b = v + (size_t)k0 * W, .b_rs = (size_t)W, .b_cs = 1,
+                    .c = o + (size_t)t0 * C, .ldc = (size_t)C, .band = BAND_A_LOWER, .band_off = t0 - k0,
                 };
                 gemm_block(&g, 0, nq, 0, hs, &w.g);
             }
@@ -941,8 +973,8 @@ static void cpu_attention_forward(strata_stream *s, void *out_, float *lse, cons
 }
 
 static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *dout_,
-                                   const void *qkv_, const void *out_, const float *lse, int B,
-                                   int T, int NH, int NKV, int hs)
+                                   const void *qkv_, const void *out_, const float *lse,
+                                   const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     float *dqkv = dqkv_;
     const float *dout = dout_, *qkv = qkv_, *out = out_;
@@ -960,6 +992,7 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
             size_t row0 = (size_t)b * T * W;
             const float *k = qkv + row0 + (size_t)(NH + kv) * hs, *v = qkv + row0 + (size_t)(NH + NKV + kv) * hs;
             float *dk = dqkv + row0 + (size_t)(NH + kv) * hs, *dv = dqkv + row0 + (size_t)(NH + NKV + kv) * hs;
+            const int32_t *pos_row = pos ? pos + (size_t)b * T : NULL;
             for (int t = 0; t < T; t++) { /* dK and dV accumulate below */
                 memset(dk + (size_t)t * W, 0, (size_t)hs * sizeof(float));
                 memset(dv + (size_t)t * W, 0, (size_t)hs * sizeof(float));
@@ -972,56 +1005,63 @@ static void cpu_attention_backward(strata_stream *s, void *dqkv_, const void *do
                 const float *o = out + ooff, *dout_bh = dout + ooff;
                 const float *l = lse + (size_t)bh * T;
                 for (int t0 = 0; t0 < T; t0 += QB) {
-                    int nq = T - t0 < QB ? T - t0 : QB, nk = t0 + nq;
+                    int nq = T - t0 < QB ? T - t0 : QB, lo[QB];
+                    int k0 = attn_doc_lo(pos_row, t0, nq, lo), nk = t0 + nq - k0, e;
                     const float *dob = dout_bh + (size_t)t0 * C;
                     /* probabilities from the saved log-sum-exp */
-                    attn_scores_t(&w, q, k, t0, nq, nk, W, hs);
+                    attn_scores_t(&w, q, k, t0, nq, k0, nk, W, hs);
+                    e = 0;
                     for (int u = 0; u < nk; u++) {
                         float *row = w.st + (size_t)u * QB;
-                        int lo = attn_first(u, t0);
-                        for (int i = 0; i < lo; i++) row[i] = 0.0f;
-                        for (int i = lo; i < nq; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
+                        int first = attn_first(k0 + u, t0), last = attn_last(lo, nq, k0 + u, &e);
+                        for (int i = 0; i < first; i++) row[i] = 0.0f;
+                        for (int i = first; i < last; i++) row[i] = exp_fast(row[i] * scale - l[t0 + i]);
+                        for (int i = last > first ? last : first; i < nq; i++) row[i] = 0.0f;
                     }
-                    /* dp^T (nk, nq) = v[0..nk) @ dout block^T */
+                    /* dp^T (nk, nq) = v[k0..k0+nk) @ dout block^T */
                     gemm_args gdp = {
                         .M = nk, .N = nq, .K = hs,
-                        .a = v, .a_rs = (size_t)W, .a_cs = 1,
+                        .a = v + (size_t)k0 * W, .a_rs = (size_t)W, .a_cs = 1,
                         .b = dob, .b_rs = 1, .b_cs = (size_t)C,
-                        .c = w.dpt, .ldc = QB, .band = BAND_C_UPPER, .band_off = t0,
+                        .c = w.dpt, .ldc = QB, .band = BAND_C_UPPER, .band_off = t0 - k0,
                     };
                     gemm_block(&gdp, 0, nk, 0, nq, &w.g);
-                    /* dv[0..nk) += p^T @ dout block */
+                    /* dv[k0..k0+nk) += p^T @ dout block */
                     gemm_args gdv = {
                         .M = nk, .N = hs, .K = nq,
                         .a = w.st, .a_rs = QB, .a_cs = 1,
                         .b = dob, .b_rs = (size_t)C, .b_cs = 1,
-                        .c = dv, .ldc = (size_t)W, .accumulate = 1, .band = BAND_A_UPPER, .band_off = t0,
+                        .c = dv + (size_t)k0 * W, .ldc = (size_t)W, .accumulate = 1, .band = BAND_A_UPPER,
+                        .band_off = t0 - k0,
                     };
                     gemm_block(&gdv, 0, nk, 0, hs, &w.g);
                     /* ds^T = scale * p^T * (dp^T - rowsum(dout * out)), in place of p^T */
                     float D[QB];
                     for (int i = 0; i < nq; i++)
                         D[i] = (float)dot_f64(dob + (size_t)i * C, o + (size_t)(t0 + i) * C, (size_t)hs);
+                    e = 0;
                     for (int u = 0; u < nk; u++) {
                         float *row = w.st + (size_t)u * QB;
                         const float *dpr = w.dpt + (size_t)u * QB;
-                        for (int i = attn_first(u, t0); i < nq; i++)
+                        int last = attn_last(lo, nq, k0 + u, &e);
+                        for (int i = attn_first(k0 + u, t0); i < last; i++)
                             row[i] = scale * row[i] * (dpr[i] - D[i]);
                     }
-                    /* dq block (=) ds (nq, nk) @ k[0..nk) */
+                    /* dq block (=) ds (nq, nk) @ k[k0..k0+nk) */
                     gemm_args gdq = {
                         .M = nq, .N = hs, .K = nk,
                         .a = w.st, .a_rs = 1, .a_cs = QB,
-                        .b = k, .b_rs = (size_t)W, .b_cs = 1,
-                        .c = dq + (size_t)t0 * W, .ldc = (size_t)W, .band = BAND_A_LOWER, .band_off = t0,
+                        .b = k + (size_t)k0 * W, .b_rs = (size_t)W, .b_cs = 1,
+                        .c = dq + (size_t)t0 * W, .ldc = (size_t)W, .band = BAND_A_LOWER, .band_off = t0 - k0,
                     };
                     gemm_block(&gdq, 0, nq, 0, hs, &w.g);
-                    /* dk[0..nk) += ds^T @ q block */
+                    /* dk[k0..k0+nk) += ds^T @ q block */
                     gemm_args gdk = {
                         .M = nk, .N = hs, .K = nq,
                         .a = w.st, .a_rs = QB, .a_cs = 1,
                         .b = q + (size_t)t0 * W, .b_rs = (size_t)W, .b_cs = 1,
-                        .c = dk, .ldc = (size_t)W, .accumulate = 1, .band = BAND_A_UPPER, .band_off = t0,
+                        .c = dk + (size_t)k0 * W, .ldc = (size_t)W, .accumulate = 1, .band = BAND_A_UPPER,
+                        .band_off = t0 - k0,
                     };
                     gemm_block(&gdk, 0, nk, 0, hs, &w.g);
                 }
@@ -1432,7 +1472,8 @@ static const float *rope_cos_sin(const float *inv_freq, int T, int half)
 }
 
 /* dir 1 turns by +angle (the forward), -1 by -angle (the backward: the transpose) */
-static void rope_turn(float *x, const float *inv_freq, int B, int T, int heads, int hs, int ld, int dir)
+static void rope_turn(float *x, const float *inv_freq, const int32_t *pos, int B, int T, int heads, int hs, int ld,
+                      int dir)
 {
     if (B <= 0 || T <= 0 || heads <= 0 || hs < 2) return;
     int half = hs / 2;
@@ -1441,7 +1482,7 @@ static void rope_turn(float *x, const float *inv_freq, int B, int T, int heads, 
     long rows = (long)B * T;
 #pragma omp parallel for schedule(static) if (rows * heads * hs > PAR_MIN)
     for (long r = 0; r < rows; r++) {
-        size_t t = (size_t)(r % T);
+        size_t t = (size_t)(pos ? pos[r] : r % T); /* below T: a position in the row's window */
         const float *cs = tab + t * half, *sn = tab + plane + t * half;
         for (int h = 0; h < heads; h++) {
             float *restrict a = x + (size_t)r * ld + (size_t)h * hs; /* i < hs/2 */
@@ -1462,16 +1503,16 @@ static void rope_turn(float *x, const float *inv_freq, int B, int T, int heads, 
     }
 }
 
-static void cpu_rope_forward(strata_stream *s, void *x, const float *inv_freq, int B, int T, int heads,
-                             int hs, int ld)
+static void cpu_rope_forward(strata_stream *s, void *x, const float *inv_freq, const int32_t *pos, int B, int T,
+                             int heads, int hs, int ld)
 {
-    rope_turn(x, inv_freq, B, T, heads, hs, ld, 1);
+    rope_turn(x, inv_freq, pos, B, T, heads, hs, ld, 1);
 }
 
-static void cpu_rope_backward(strata_stream *s, void *dx, const float *inv_freq, int B, int T, int heads,
-                              int hs, int ld)
+static void cpu_rope_backward(strata_stream *s, void *dx, const float *inv_freq, const int32_t *pos, int B, int T,
+                              int heads, int hs, int ld)
 {
-    rope_turn(dx, inv_freq, B, T, heads, hs, ld, -1);
+    rope_turn(dx, inv_freq, pos, B, T, heads, hs, ld, -1);
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -71,26 +71,27 @@ static void att_check_heads(const char *what, int NH, int NKV, int hs) {
                      "(NH must be a positive multiple of NKV)", what, NH, NKV, hs);
 }
 
-void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, const void *qkv, int B,
-                                   int T, int NH, int NKV, int hs) {
+void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, const void *qkv, const int32_t *pos,
+                                   int B, int T, int NH, int NKV, int hs) {
     if (B <= 0 || T <= 0) return;
     att_check_heads("attention_forward", NH, NKV, hs);
     cudaStream_t st = strata_cuda_stream_handle(s);
     if (att_tc_takes(hs, T, out, qkv, qkv, out)) {
-        strata_cuda_attention_tc_forward(st, out, lse, qkv, B, T, NH, NKV, hs);
+        strata_cuda_attention_tc_forward(st, out, lse, qkv, pos, B, T, NH, NKV, hs);
         return;
     }
-    strata_cuda_attention_simt_forward(st, out, lse, qkv, B, T, NH, NKV, hs);
+    strata_cuda_attention_simt_forward(st, out, lse, qkv, pos, B, T, NH, NKV, hs);
 }
 
 void strata_cuda_attention_backward(strata_stream *s, void *dqkv, const void *dout, const void *qkv,
-                                    const void *out, const float *lse, int B, int T, int NH, int NKV, int hs) {
+                                    const void *out, const float *lse, const int32_t *pos, int B, int T, int NH,
+                                    int NKV, int hs) {
     if (B <= 0 || T <= 0) return;
     att_check_heads("attention_backward", NH, NKV, hs);
     cudaStream_t st = strata_cuda_stream_handle(s);
     if (att_tc_takes(hs, T, dqkv, dout, qkv, out)) {
-        strata_cuda_attention_tc_backward(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+        strata_cuda_attention_tc_backward(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
         return;
     }
-    strata_cuda_attention_simt_backward(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    strata_cuda_attention_simt_backward(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
 }

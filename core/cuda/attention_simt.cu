@@ -28,7 +28,10 @@
  * c), so the four read one contiguous 64-byte run of a shared tile row: 16-byte loads,
  * no bank conflicts. A dot product is the four partial sums added by two shuffles. Every
  * lane of a warp runs the shuffles; rows outside the causal mask or past T take part
- * and have their results masked. */
+ * and have their results masked.
+ * With documents (pos), a row's visible keys start at its lo (attention.cuh): the query
+ * kernels start at the key tile holding their first row's lo, and the dK/dV kernel stops
+ * at the end of its last key's document (att_doc_end); within, lo masks like causality. */
 
 namespace {
 
@@ -106,7 +109,8 @@ __device__ __forceinline__ void load_kv_tile(float (*ks)[HS], float (*vs)[HS], c
 /* out, lse of one query head: grid (row tiles, B NH) */
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv,
-                                                               int T, int NH, int NKV, float qscale) {
+                                                               const int *pos, int T, int NH, int NKV,
+                                                               float qscale) {
     __shared__ __align__(16) float ks[ATT_KT][HS];
     __shared__ __align__(16) float vs[ATT_KT][HS];
     int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
@@ -125,26 +129,29 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(bf16 *out, float 
         o[d] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
+    const int *pos_row = pos ? pos + (size_t)b * T : NULL;
+    const int lo = active ? att_doc_lo(pos_row, i) : 0;
     int kend = min(q0 + ATT_ROWS, T);
-    for (int k0 = 0; k0 < kend; k0 += ATT_KT) {
+    for (int k0 = att_doc_lo(pos_row, q0) / ATT_KT * ATT_KT; k0 < kend; k0 += ATT_KT) {
         __syncthreads();
         load_kv_tile<HS>(ks, vs, kb, vb, W, k0, T);
         __syncthreads();
-        int nvis = active ? min(ATT_KT, i - k0 + 1) : 0; /* keys k0 .. i are visible */
+        int nvis = active ? min(ATT_KT, i - k0 + 1) : 0; /* keys k0 + jlo .. i are visible */
+        int jlo = max(0, lo - k0);
         float sc[ATT_KT], mt = m;
 #pragma unroll
         for (int j = 0; j < ATT_KT; j++) {
             sc[j] = quad_sum(dot_quarter<HS>(q, ks[j], sub));
-            if (j < nvis) mt = fmaxf(mt, sc[j]);
+            if (j >= jlo && j < nvis) mt = fmaxf(mt, sc[j]);
         }
-        if (nvis <= 0) continue;
+        if (nvis <= jlo) continue;
         float corr = exp2f(m - mt); /* 0 on the first tile, where l and o are 0 */
         l *= corr;
 #pragma unroll
         for (int d = 0; d < HS / 4; d++) o[d] *= corr;
 #pragma unroll
         for (int j = 0; j < ATT_KT; j++) {
-            float p = j < nvis ? exp2f(sc[j] - mt) : 0.0f;
+            float p = j >= jlo && j < nvis ? exp2f(sc[j] - mt) : 0.0f;
             l += p;
             axpy_quarter<HS>(o, p, vs[j], sub);
         }
@@ -160,7 +167,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(bf16 *out, float 
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(bf16 *dqkv, const bf16 *dout,
                                                                   const bf16 *qkv, const bf16 *out,
-                                                                  const float *lse, int T, int NH,
+                                                                  const float *lse, const int *pos, int T, int NH,
                                                                   int NKV, float scale, float qscale) {
     __shared__ __align__(16) float ks[ATT_KT][HS];
     __shared__ __align__(16) float vs[ATT_KT][HS];
@@ -189,17 +196,20 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(bf16 *dqkv, co
         dq[d] = 0.0f;
     }
     D = quad_sum(D);
+    const int *pos_row = pos ? pos + (size_t)b * T : NULL;
+    const int lo = active ? att_doc_lo(pos_row, i) : 0;
     int kend = min(q0 + ATT_ROWS, T);
-    for (int k0 = 0; k0 < kend; k0 += ATT_KT) {
+    for (int k0 = att_doc_lo(pos_row, q0) / ATT_KT * ATT_KT; k0 < kend; k0 += ATT_KT) {
         __syncthreads();
         load_kv_tile<HS>(ks, vs, kb, vb, W, k0, T);
         __syncthreads();
         int nvis = active ? min(ATT_KT, i - k0 + 1) : 0;
+        int jlo = max(0, lo - k0);
         int jmax = min(ATT_KT, kend - k0); /* the same for every lane: shuffles stay converged */
         for (int j = 0; j < jmax; j++) {
             float sc = quad_sum(dot_quarter<HS>(q, ks[j], sub));
             float dp = quad_sum(dot_quarter<HS>(dov, vs[j], sub));
-            float ds = j < nvis ? exp2f(sc - lse2) * (dp - D) : 0.0f;
+            float ds = j >= jlo && j < nvis ? exp2f(sc - lse2) * (dp - D) : 0.0f;
             axpy_quarter<HS>(dq, ds, ks[j], sub);
         }
     }
@@ -214,11 +224,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(bf16 *dqkv, co
 template <int HS>
 __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(bf16 *dqkv, const bf16 *dout,
                                                                    const bf16 *qkv, const bf16 *out,
-                                                                   const float *lse, int T, int NH,
+                                                                   const float *lse, const int *pos, int T, int NH,
                                                                    int NKV, float scale, float qscale) {
     __shared__ __align__(16) float qs[ATT_QT][HS];
     __shared__ __align__(16) float dos[ATT_QT][HS];
     __shared__ float ls[ATT_QT], Ds[ATT_QT];
+    __shared__ int los[ATT_QT]; /* each query's first visible key */
     int bk = blockIdx.y, b = bk / NKV, kvh = bk % NKV, G = NH / NKV;
     int j0 = blockIdx.x * ATT_ROWS;
     int sub = threadIdx.x & (ATT_SPLIT - 1), j = j0 + threadIdx.x / ATT_SPLIT;
@@ -238,12 +249,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(bf16 *dqkv, c
     }
     /* D for the tile: 16 lanes per query, HS/16 dims each, reduced by shuffles */
     int dr = threadIdx.x / 16, dpart = threadIdx.x % 16;
+    /* queries past the end of the last key's document see none of this block's keys */
+    const int *pos_row = pos ? pos + (size_t)b * T : NULL;
+    const int tend = att_doc_end(pos_row, min(j0 + ATT_ROWS, T) - 1, T);
     for (int h = kvh * G; h < (kvh + 1) * G; h++) {
         /* query head h: its q in qkv's rows, its dout and out rows, its lse */
         const bf16 *qb = rows + (size_t)h * HS;
         const bf16 *dob = dout + (size_t)b * T * C + (size_t)h * HS, *ob = out + (size_t)b * T * C + (size_t)h * HS;
         const float *lseh = lse + ((size_t)b * NH + h) * T;
-        for (int t0 = j0; t0 < T; t0 += ATT_QT) {
+        for (int t0 = j0; t0 < tend; t0 += ATT_QT) {
             __syncthreads();
             for (int e = threadIdx.x; e < ATT_QT * HS; e += ATT_THREADS) {
                 int r = e / HS, d = e % HS, qi = t0 + r;
@@ -266,6 +280,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(bf16 *dqkv, c
                 if (dpart == 0) {
                     Ds[dr] = part;
                     ls[dr] = qi < T ? lseh[qi] * LOG2E : 0.0f;
+                    los[dr] = qi < T ? att_doc_lo(pos_row, qi) : T;
                 }
             }
             __syncthreads();
@@ -273,7 +288,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(bf16 *dqkv, c
             for (int r = 0; r < rmax; r++) {
                 float sc = quad_sum(dot_quarter<HS>(kq, qs[r], sub));
                 float dp = quad_sum(dot_quarter<HS>(vq, dos[r], sub));
-                int visible = active && t0 + r >= j; /* query t0 + r sees key j */
+                int visible = active && t0 + r >= j && los[r] <= j; /* query t0 + r sees key j */
                 float p = visible ? exp2f(sc - ls[r]) : 0.0f;
                 float ds = p * (dp - Ds[r]);
                 axpy_quarter<HS>(dv, p, dos[r], sub);
@@ -289,26 +304,27 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(bf16 *dqkv, c
 }
 
 template <int HS>
-static void attention_forward_hs(cudaStream_t st, void *out, float *lse, const void *qkv, int B,
+static void attention_forward_hs(cudaStream_t st, void *out, float *lse, const void *qkv, const int *pos, int B,
                                  int T, int NH, int NKV) {
     float scale = 1.0f / sqrtf((float)HS);
     dim3 grid((T + ATT_ROWS - 1) / ATT_ROWS, B * NH);
-    attn_fwd_kernel<HS><<<grid, ATT_THREADS, 0, st>>>((bf16 *)out, lse, (const bf16 *)qkv, T, NH, NKV,
+    attn_fwd_kernel<HS><<<grid, ATT_THREADS, 0, st>>>((bf16 *)out, lse, (const bf16 *)qkv, pos, T, NH, NKV,
                                                        scale * LOG2E);
     LAUNCH_CHECK("attention_forward");
 }
 
 template <int HS>
 static void attention_backward_hs(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                  const void *out, const float *lse, int B, int T, int NH, int NKV) {
+                                  const void *out, const float *lse, const int *pos, int B, int T, int NH,
+                                  int NKV) {
     float scale = 1.0f / sqrtf((float)HS);
     dim3 grid_q((T + ATT_ROWS - 1) / ATT_ROWS, B * NH), grid_kv((T + ATT_ROWS - 1) / ATT_ROWS, B * NKV);
     attn_bwd_dq_kernel<HS><<<grid_q, ATT_THREADS, 0, st>>>((bf16 *)dqkv, (const bf16 *)dout,
-                                                           (const bf16 *)qkv, (const bf16 *)out, lse, T,
+                                                           (const bf16 *)qkv, (const bf16 *)out, lse, pos, T,
                                                            NH, NKV, scale, scale * LOG2E);
     LAUNCH_CHECK("attention_backward (dq)");
     attn_bwd_dkv_kernel<HS><<<grid_kv, ATT_THREADS, 0, st>>>((bf16 *)dqkv, (const bf16 *)dout,
-                                                             (const bf16 *)qkv, (const bf16 *)out, lse, T,
+                                                             (const bf16 *)qkv, (const bf16 *)out, lse, pos, T,
                                                              NH, NKV, scale, scale * LOG2E);
     LAUNCH_CHECK("attention_backward (dk, dv)");
 }
@@ -318,15 +334,15 @@ static void attention_backward_hs(cudaStream_t st, void *dqkv, const void *dout,
 #define ATT_HEAD_SIZES "16, 32, 64, 80, 96 or 128"
 
 /* the dispatcher's call when the tensor cores do not take it: one instantiation per head size */
-void strata_cuda_attention_simt_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
-                                        int NH, int NKV, int hs) {
+void strata_cuda_attention_simt_forward(cudaStream_t st, void *out, float *lse, const void *qkv, const int *pos,
+                                        int B, int T, int NH, int NKV, int hs) {
     switch (hs) {
-    case 16: attention_forward_hs<16>(st, out, lse, qkv, B, T, NH, NKV); break;
-    case 32: attention_forward_hs<32>(st, out, lse, qkv, B, T, NH, NKV); break;
-    case 64: attention_forward_hs<64>(st, out, lse, qkv, B, T, NH, NKV); break;
-    case 80: attention_forward_hs<80>(st, out, lse, qkv, B, T, NH, NKV); break;
-    case 96: attention_forward_hs<96>(st, out, lse, qkv, B, T, NH, NKV); break;
-    case 128: attention_forward_hs<128>(st, out, lse, qkv, B, T, NH, NKV); break;
+    case 16: attention_forward_hs<16>(st, out, lse, qkv, pos, B, T, NH, NKV); break;
+    case 32: attention_forward_hs<32>(st, out, lse, qkv, pos, B, T, NH, NKV); break;
+    case 64: attention_forward_hs<64>(st, out, lse, qkv, pos, B, T, NH, NKV); break;
+    case 80: attention_forward_hs<80>(st, out, lse, qkv, pos, B, T, NH, NKV); break;
+    case 96: attention_forward_hs<96>(st, out, lse, qkv, pos, B, T, NH, NKV); break;
+    case 128: attention_forward_hs<128>(st, out, lse, qkv, pos, B, T, NH, NKV); break;
     default:
         strata_panic(__FILE__, __LINE__, "attention_forward: head size %d (NH %d, NKV %d) is not "
                      "one the CUDA kernels are built for (" ATT_HEAD_SIZES ")", hs, NH, NKV);
@@ -334,15 +350,15 @@ void strata_cuda_attention_simt_forward(cudaStream_t st, void *out, float *lse, 
 }
 
 void strata_cuda_attention_simt_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                         const void *out, const float *lse, int B, int T, int NH, int NKV,
-                                         int hs) {
+                                         const void *out, const float *lse, const int *pos, int B, int T, int NH,
+                                         int NKV, int hs) {
     switch (hs) {
-    case 16: attention_backward_hs<16>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV); break;
-    case 32: attention_backward_hs<32>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV); break;
-    case 64: attention_backward_hs<64>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV); break;
-    case 80: attention_backward_hs<80>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV); break;
-    case 96: attention_backward_hs<96>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV); break;
-    case 128: attention_backward_hs<128>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV); break;
+    case 16: attention_backward_hs<16>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV); break;
+    case 32: attention_backward_hs<32>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV); break;
+    case 64: attention_backward_hs<64>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV); break;
+    case 80: attention_backward_hs<80>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV); break;
+    case 96: attention_backward_hs<96>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV); break;
+    case 128: attention_backward_hs<128>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV); break;
     default:
         strata_panic(__FILE__, __LINE__, "attention_backward: head size %d (NH %d, NKV %d) is not "
                      "one the CUDA kernels are built for (" ATT_HEAD_SIZES ")", hs, NH, NKV);

@@ -66,6 +66,9 @@
  * Rows past T are zero in shared memory (cp.async zero-fill), so nothing read there is
  * NaN; the causal mask is by index; a query past T gets lse = +inf in the backward, so
  * its P is exactly 0 and it adds nothing to dK and dV.
+ * With documents (pos), a query's keys start at its lo (attention.cuh), masked like the
+ * causal mask: the forward and dQ kernels start at the key tile holding their first
+ * query's lo, and the dK/dV kernel stops at the end of its last key's document.
  *
  * Head sizes 64 and 128 with 16-byte aligned qkv, out, dout and dqkv take this path;
  * anything else runs on the CUDA-core kernels (att_tc_takes in attention.cu decides). */
@@ -201,7 +204,8 @@ __device__ __forceinline__ void tc_store_rows(bf16 *dst, size_t ld, int row0, in
  * (TC_ROWS + 4 KT) (HS + TC_PAD) bf16 of dynamic shared memory. */
 template <int HS, int KT>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, float *lse, const bf16 *qkv,
-                                                                 int T, int NH, int NKV, float qscale) {
+                                                                 const int *pos, int T, int NH, int NKV,
+                                                                 float qscale) {
     constexpr int S = HS + TC_PAD;
     bf16 *qs = (bf16 *)tc_shared; /* [TC_ROWS][S] queries; each warp stages its output rows here */
     bf16 *ks = qs + TC_ROWS * S;  /* [2][KT][S] key tiles */
@@ -215,12 +219,20 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, floa
     const bf16 *rows = qkv + (size_t)b * T * W;
     const bf16 *qg = rows + (size_t)h * HS, *kg = rows + (size_t)(NH + kvh) * HS,
                *vg = rows + (size_t)(NH + NKV + kvh) * HS;
-    const int nkt = (min(q0 + TC_ROWS, T) + KT - 1) / KT; /* keys 0 .. min(q0 + 63, T - 1) */
+    const int nkt = (min(q0 + TC_ROWS, T) + KT - 1) / KT; /* keys up to min(q0 + 63, T - 1) */
+    /* documents: the first key tile any query of the block sees, this lane's queries' first
+     * keys, and the warp's last query's (the largest) */
+    const int *pos_row = pos ? pos + (size_t)b * T : NULL;
+    const int kt0 = att_doc_lo(pos_row, q0) / KT;
+    int lo[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) lo[r] = qrow[r] < T ? att_doc_lo(pos_row, qrow[r]) : 0;
+    const int wlo = att_doc_lo(pos_row, min(wq + 15, T - 1));
 
     tc_load_rows<HS, TC_ROWS>(qs, qg, W, q0, T);
     tc_cp_commit();
-    tc_load_rows<HS, KT>(ks, kg, W, 0, T);
-    tc_load_rows<HS, KT>(vs, vg, W, 0, T);
+    tc_load_rows<HS, KT>(ks + (kt0 & 1) * KT * S, kg, W, kt0 * KT, T);
+    tc_load_rows<HS, KT>(vs + (kt0 & 1) * KT * S, vg, W, kt0 * KT, T);
     tc_cp_commit();
     tc_cp_wait<1>(); /* the queries */
     __syncthreads();
@@ -233,7 +245,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, floa
     for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, mb[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
 
-    for (int kt = 0; kt < nkt; kt++) {
+    for (int kt = kt0; kt < nkt; kt++) {
         const bf16 *kts = ks + (kt & 1) * KT * S, *vts = vs + (kt & 1) * KT * S;
         if (kt + 1 < nkt) { /* the next tile goes into the other buffer, freed last iteration */
             const int nx = (kt + 1) & 1;
@@ -261,12 +273,14 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_fwd_kernel(bf16 *out, floa
             }
         /* element (j, e) is query qrow[e / 2], key k0 + 8j + 2t + e % 2 */
         const int k0 = kt * KT;
-        if (k0 + KT - 1 > wq) /* the tile reaches past this warp's first query */
+        if (k0 + KT - 1 > wq || k0 < wlo) /* past the warp's first query, or before its last's document */
 #pragma unroll
             for (int j = 0; j < KT / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (k0 + 8 * j + 2 * t + (e & 1) > qrow[e >> 1]) s[j][e] = -INFINITY;
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + 8 * j + 2 * t + (e & 1);
+                    if (key > qrow[e >> 1] || key < lo[e >> 1]) s[j][e] = -INFINITY;
+                }
 
         /* online softmax; a row's max is shared by its quad (lanes 4g .. 4g+3) */
         float corr[2];
@@ -358,17 +372,20 @@ __global__ void attn_tc_bwd_d_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *o
 
 /* a query tile's lse (in log2 units, +inf past T) and D (0 past T) into shared memory */
 template <int QT>
-__device__ __forceinline__ void tc_load_row_stats(float *ls, float *ds, const float *lseg,
-                                                  const bf16 *dslot, size_t W, int q0, int T) {
+__device__ __forceinline__ void tc_load_row_stats(float *ls, float *ds, int *los, const float *lseg,
+                                                  const bf16 *dslot, const int *pos_row, size_t W, int q0, int T) {
     if (threadIdx.x < QT) {
         const int qi = q0 + (int)threadIdx.x;
         float lv = INFINITY, dv = 0.0f;
+        int lo = T;
         if (qi < T) {
             lv = lseg[qi] * LOG2E;
             dv = *(const float *)(dslot + (size_t)qi * W);
+            lo = att_doc_lo(pos_row, qi);
         }
         ls[threadIdx.x] = lv;
         ds[threadIdx.x] = dv;
+        los[threadIdx.x] = lo;
     }
 }
 
@@ -376,12 +393,12 @@ __device__ __forceinline__ void tc_load_row_stats(float *ls, float *ds, const fl
  * NH / NKV query heads that share it: the block streams the query tiles at or after its
  * keys of each of those heads in turn (head order), so a key/value head's gradient has
  * one writer. Grid (B*NKV, ceil(T/64)), 128 threads, (2 TC_ROWS + 4 QT) (HS + TC_PAD)
- * bf16 + 4 QT floats of dynamic shared memory. */
+ * bf16 + 4 QT floats + 2 QT ints of dynamic shared memory. */
 template <int HS, int QT>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv, const bf16 *dout,
                                                                      const bf16 *qkv, const float *lse,
-                                                                     int T, int NH, int NKV, float scale,
-                                                                     float qscale) {
+                                                                     const int *pos, int T, int NH, int NKV,
+                                                                     float scale, float qscale) {
     constexpr int S = HS + TC_PAD;
     bf16 *ks = (bf16 *)tc_shared; /* [TC_ROWS][S] this block's keys, then each warp's dK rows */
     bf16 *vs = ks + TC_ROWS * S;  /* [TC_ROWS][S] its values, then each warp's dV rows */
@@ -389,6 +406,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
     bf16 *dos = qs + 2 * QT * S;  /* [2][QT][S] their dout */
     float *ls = (float *)(dos + 2 * QT * S); /* [2][QT] lse * log2 e */
     float *ds = ls + 2 * QT;                 /* [2][QT] D */
+    int *los = (int *)(ds + 2 * QT);         /* [2][QT] each query's first visible key */
     const int bk = blockIdx.x, b = bk / NKV, kvh = bk % NKV, group = NH / NKV;
     const int k0 = blockIdx.y * TC_ROWS; /* key tile 0 sees every query: it starts first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -400,15 +418,19 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
     bf16 *dg = dqkv + (size_t)b * T * W;
     const float *lseg = lse + (size_t)b * NH * T; /* query head h's at h T */
     const size_t koff = (size_t)(NH + kvh) * HS, voff = (size_t)(NH + NKV + kvh) * HS;
-    const int nqt = (T - k0 + QT - 1) / QT; /* queries k0 .. T - 1, per query head */
-    const int h0 = kvh * group;             /* the first query head of the group */
+    /* queries k0 .. tend - 1 per query head: those after the end of the last key's
+     * document (documents, pos) see none of the block's keys */
+    const int *pos_row = pos ? pos + (size_t)b * T : NULL;
+    const int tend = att_doc_end(pos_row, min(k0 + TC_ROWS, T) - 1, T);
+    const int nqt = (tend - k0 + QT - 1) / QT;
+    const int h0 = kvh * group; /* the first query head of the group */
 
     tc_load_rows<HS, TC_ROWS>(ks, qg + koff, W, k0, T);
     tc_load_rows<HS, TC_ROWS>(vs, qg + voff, W, k0, T);
     tc_load_rows<HS, QT>(qs, qg + (size_t)h0 * HS, W, k0, T);
     tc_load_rows<HS, QT>(dos, dog + (size_t)h0 * HS, C, k0, T);
     tc_cp_commit();
-    tc_load_row_stats<QT>(ls, ds, lseg + (size_t)h0 * T, dg + (size_t)h0 * HS, W, k0, T);
+    tc_load_row_stats<QT>(ls, ds, los, lseg + (size_t)h0 * T, dg + (size_t)h0 * HS, pos_row, W, k0, T);
 
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -417,19 +439,19 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
         for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
 
     /* iteration it holds query head h's queries q0 .. q0 + QT - 1: the group's heads in
-     * turn, each from k0 to T - 1 */
+     * turn, each from k0 to tend - 1 */
     int h = h0, q0 = k0;
     for (int it = 0; it < group * nqt; it++) {
         const int cur = it & 1;
-        const int last = q0 + QT >= T; /* the head's last tile: the next starts the next head */
+        const int last = q0 + QT >= tend; /* the head's last tile: the next starts the next head */
         const int hn = last ? h + 1 : h, qn = last ? k0 : q0 + QT;
         if (it + 1 < group * nqt) { /* the next tile goes into the other buffers, freed last iteration */
             const int nx = cur ^ 1;
             tc_load_rows<HS, QT>(qs + nx * QT * S, qg + (size_t)hn * HS, W, qn, T);
             tc_load_rows<HS, QT>(dos + nx * QT * S, dog + (size_t)hn * HS, C, qn, T);
             tc_cp_commit();
-            tc_load_row_stats<QT>(ls + nx * QT, ds + nx * QT, lseg + (size_t)hn * T, dg + (size_t)hn * HS, W,
-                                  qn, T);
+            tc_load_row_stats<QT>(ls + nx * QT, ds + nx * QT, los + nx * QT, lseg + (size_t)hn * T,
+                                  dg + (size_t)hn * HS, pos_row, W, qn, T);
             tc_cp_wait<1>();
         } else {
             tc_cp_wait<0>();
@@ -437,6 +459,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
         __syncthreads();
         const bf16 *qts = qs + cur * QT * S, *dots = dos + cur * QT * S;
         const float *lts = ls + cur * QT, *dts = ds + cur * QT;
+        const int *lots = los + cur * QT;
 
         /* st (16 keys x QT queries) = k q^T; dpt = v dout^T */
         float st[QT / 8][4], dpt[QT / 8][4];
@@ -467,7 +490,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qc = 8 * j + 2 * t + (e & 1);
-                const float p = krow[e >> 1] <= q0 + qc ? exp2f(st[j][e] * qscale - lts[qc]) : 0.0f;
+                const int kr = krow[e >> 1];
+                const float p = kr <= q0 + qc && kr >= lots[qc] ? exp2f(st[j][e] * qscale - lts[qc]) : 0.0f;
                 st[j][e] = p;
                 dpt[j][e] = p * (dpt[j][e] - dts[qc]);
             }
@@ -504,8 +528,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dkv_kernel(bf16 *dqkv,
 template <int HS, int KT>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, const bf16 *dout,
                                                                     const bf16 *qkv, const float *lse,
-                                                                    int T, int NH, int NKV, float scale,
-                                                                    float qscale) {
+                                                                    const int *pos, int T, int NH, int NKV,
+                                                                    float scale, float qscale) {
     constexpr int S = HS + TC_PAD;
     bf16 *qs = (bf16 *)tc_shared; /* [TC_ROWS][S] queries, then each warp's dQ rows */
     bf16 *dos = qs + TC_ROWS * S; /* [TC_ROWS][S] their dout */
@@ -523,12 +547,17 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, 
     const bf16 *dog = dout + (size_t)b * T * C + (size_t)h * HS;
     bf16 *dg = dqkv + (size_t)b * T * W + (size_t)h * HS; /* dq slots, holding D until the end */
     const int nkt = (min(q0 + TC_ROWS, T) + KT - 1) / KT;
+    const int *pos_row = pos ? pos + (size_t)b * T : NULL; /* documents: as in the forward */
+    const int kt0 = att_doc_lo(pos_row, q0) / KT;
+    int lo[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) lo[r] = qrow[r] < T ? att_doc_lo(pos_row, qrow[r]) : 0;
 
     tc_load_rows<HS, TC_ROWS>(qs, qg, W, q0, T);
     tc_load_rows<HS, TC_ROWS>(dos, dog, C, q0, T);
     tc_cp_commit();
-    tc_load_rows<HS, KT>(ks, kg, W, 0, T);
-    tc_load_rows<HS, KT>(vs, vg, W, 0, T);
+    tc_load_rows<HS, KT>(ks + (kt0 & 1) * KT * S, kg, W, kt0 * KT, T);
+    tc_load_rows<HS, KT>(vs + (kt0 & 1) * KT * S, vg, W, kt0 * KT, T);
     tc_cp_commit();
 
     /* this lane's rows: lse in log2 units (+inf past T, so P is 0 there) and D, read here,
@@ -555,7 +584,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, 
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
-    for (int kt = 0; kt < nkt; kt++) {
+    for (int kt = kt0; kt < nkt; kt++) {
         const bf16 *kts = ks + (kt & 1) * KT * S, *vts = vs + (kt & 1) * KT * S;
         if (kt + 1 < nkt) {
             const int nx = (kt + 1) & 1;
@@ -592,8 +621,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_bwd_dq_kernel(bf16 *dqkv, 
         for (int j = 0; j < KT / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                const float p = k0 + 8 * j + 2 * t + (e & 1) <= qrow[r] ? exp2f(s[j][e] * qscale - l2[r]) : 0.0f;
+                const int r = e >> 1, key = k0 + 8 * j + 2 * t + (e & 1);
+                const float p = key <= qrow[r] && key >= lo[r] ? exp2f(s[j][e] * qscale - l2[r]) : 0.0f;
                 s[j][e] = p * (dp[j][e] - dd[r]);
             }
         /* dq += ds k */
@@ -628,14 +657,14 @@ static void tc_allow_smem(const void *kernel, int bytes, unsigned *devices_done)
 }
 
 template <int HS, int KT>
-static void attention_tc_forward_hs(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
-                                    int NH, int NKV) {
+static void attention_tc_forward_hs(cudaStream_t st, void *out, float *lse, const void *qkv, const int *pos, int B,
+                                    int T, int NH, int NKV) {
     static unsigned smem_done;
     const int bytes = (TC_ROWS + 4 * KT) * (HS + TC_PAD) * (int)sizeof(bf16);
     tc_allow_smem((const void *)attn_tc_fwd_kernel<HS, KT>, bytes, &smem_done);
     const float scale = 1.0f / sqrtf((float)HS);
     dim3 grid(B * NH, (T + TC_ROWS - 1) / TC_ROWS);
-    attn_tc_fwd_kernel<HS, KT><<<grid, TC_THREADS, bytes, st>>>((bf16 *)out, lse, (const bf16 *)qkv, T, NH,
+    attn_tc_fwd_kernel<HS, KT><<<grid, TC_THREADS, bytes, st>>>((bf16 *)out, lse, (const bf16 *)qkv, pos, T, NH,
                                                                   NKV, scale * LOG2E);
     LAUNCH_CHECK("attention_forward (tensor cores)");
 }
@@ -643,10 +672,12 @@ static void attention_tc_forward_hs(cudaStream_t st, void *out, float *lse, cons
 /* T2: the streamed tile of the backward (query tile of dK/dV, key tile of dQ) */
 template <int HS, int T2>
 static void attention_tc_backward_hs(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                     const void *out, const float *lse, int B, int T, int NH, int NKV) {
+                                     const void *out, const float *lse, const int *pos, int B, int T, int NH,
+                                     int NKV) {
     static unsigned dkv_done, dq_done;
     const int S = HS + TC_PAD;
-    const int dkv_bytes = (2 * TC_ROWS + 4 * T2) * S * (int)sizeof(bf16) + 4 * T2 * (int)sizeof(float);
+    const int dkv_bytes =
+        (2 * TC_ROWS + 4 * T2) * S * (int)sizeof(bf16) + 4 * T2 * (int)sizeof(float) + 2 * T2 * (int)sizeof(int);
     const int dq_bytes = (2 * TC_ROWS + 4 * T2) * S * (int)sizeof(bf16);
     tc_allow_smem((const void *)attn_tc_bwd_dkv_kernel<HS, T2>, dkv_bytes, &dkv_done);
     tc_allow_smem((const void *)attn_tc_bwd_dq_kernel<HS, T2>, dq_bytes, &dq_done);
@@ -657,25 +688,26 @@ static void attention_tc_backward_hs(cudaStream_t st, void *dqkv, const void *do
     LAUNCH_CHECK("attention_backward (tensor cores, D)");
     const unsigned tiles = (unsigned)((T + TC_ROWS - 1) / TC_ROWS);
     attn_tc_bwd_dkv_kernel<HS, T2><<<dim3(B * NKV, tiles), TC_THREADS, dkv_bytes, st>>>(
-        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, T, NH, NKV, scale, scale * LOG2E);
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, pos, T, NH, NKV, scale, scale * LOG2E);
     LAUNCH_CHECK("attention_backward (tensor cores, dk, dv)");
     attn_tc_bwd_dq_kernel<HS, T2><<<dim3(B * NH, tiles), TC_THREADS, dq_bytes, st>>>(
-        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, T, NH, NKV, scale, scale * LOG2E);
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, lse, pos, T, NH, NKV, scale, scale * LOG2E);
     LAUNCH_CHECK("attention_backward (tensor cores, dq)");
 }
 
 } /* namespace */
 
 /* the dispatcher's call once att_tc_takes said yes: head size 64 or 128 */
-void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, int B, int T,
-                                      int NH, int NKV, int hs) {
-    if (hs == 64) attention_tc_forward_hs<64, 64>(st, out, lse, qkv, B, T, NH, NKV);
-    else attention_tc_forward_hs<128, 64>(st, out, lse, qkv, B, T, NH, NKV);
+void strata_cuda_attention_tc_forward(cudaStream_t st, void *out, float *lse, const void *qkv, const int *pos,
+                                      int B, int T, int NH, int NKV, int hs) {
+    if (hs == 64) attention_tc_forward_hs<64, 64>(st, out, lse, qkv, pos, B, T, NH, NKV);
+    else attention_tc_forward_hs<128, 64>(st, out, lse, qkv, pos, B, T, NH, NKV);
 }
 
 void strata_cuda_attention_tc_backward(cudaStream_t st, void *dqkv, const void *dout, const void *qkv,
-                                       const void *out, const float *lse, int B, int T, int NH, int NKV, int hs) {
+                                       const void *out, const float *lse, const int *pos, int B, int T, int NH,
+                                       int NKV, int hs) {
     /* hs 128 streams 32-row tiles in the backward: its accumulators need the registers */
-    if (hs == 64) attention_tc_backward_hs<64, 64>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV);
-    else attention_tc_backward_hs<128, 32>(st, dqkv, dout, qkv, out, lse, B, T, NH, NKV);
+    if (hs == 64) attention_tc_backward_hs<64, 64>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV);
+    else attention_tc_backward_hs<128, 32>(st, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV);
 }

@@ -32,9 +32,9 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
 static inline int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* core/kernels.h's attention_forward and attention_backward (core/cuda/attention.cu) */
-void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, const void *qkv, int B, int T, int NH,
-                                   int NKV, int hs);
+void strata_cuda_attention_forward(strata_stream *s, void *out, float *lse, const void *qkv, const int32_t *pos,
+                                   int B, int T, int NH, int NKV, int hs);
 void strata_cuda_attention_backward(strata_stream *s, void *dqkv, const void *dout, const void *qkv, const void *out,
-                                    const float *lse, int B, int T, int NH, int NKV, int hs);
+                                    const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int hs);
 
 #endif

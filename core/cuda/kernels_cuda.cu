@@ -163,30 +163,31 @@ static void cuda_add_inplace(strata_stream *s, void *dst, const void *src, size_
 /* ---------------------------------------------------------------------------------- */
 /* Encoder                                                                               */
 
-/* wpe NULL (the Llama family): out is wte's row, bit for bit */
-__global__ void encoder_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *wte,
+/* wpe NULL (the Llama family): out is wte's row, bit for bit; pos NULL: position t */
+__global__ void encoder_fwd_kernel(bf16 *out, const int32_t *tok, const int32_t *pos, const bf16 *wte,
                                    const bf16 *wpe, int T, int C, size_t n) {
     GRID_STRIDE(i, n) {
         size_t bt = i / (size_t)C;
-        int c = (int)(i % (size_t)C), t = (int)(bt % (size_t)T);
+        int c = (int)(i % (size_t)C), t = pos ? pos[bt] : (int)(bt % (size_t)T);
         bf16 e = wte[(size_t)tok[bt] * C + c];
         out[i] = wpe ? to_bf16(ld(e) + ld(wpe[(size_t)t * C + c])) : e;
     }
 }
 
-static void cuda_encoder_forward(strata_stream *s, void *out, const int32_t *tok, const void *wte,
-                                 const void *wpe, int B, int T, int C) {
+static void cuda_encoder_forward(strata_stream *s, void *out, const int32_t *tok, const int32_t *pos,
+                                 const void *wte, const void *wpe, int B, int T, int C) {
     size_t n = (size_t)B * T * C;
     if (!n) return;
     encoder_fwd_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, strata_cuda_stream_handle(s)>>>(
-        (bf16 *)out, tok, (const bf16 *)wte, (const bf16 *)wpe, T, C, n);
+        (bf16 *)out, tok, pos, (const bf16 *)wte, (const bf16 *)wpe, T, C, n);
     LAUNCH_CHECK("encoder_forward");
 }
 
 /* The embedding's backward without atomics, so its sums are the same on every run: each
  * element of dwte and dwpe gets its rows added one by one in position order, starting from
  * its old value, as the CPU oracle adds them (the same bits, given the same dout).
- * dwpe: a thread per (t, c) walks the B rows of position t. */
+ * dwpe: a thread per (t, c) walks the B rows of position t; with pos (packed documents),
+ * dwte's kernel below with pos as the ids and pos_order as the order. */
 __global__ void encoder_bwd_wpe_kernel(float *dwpe, const bf16 *dout, int B, size_t TC) {
     GRID_STRIDE(i, TC) {
         float acc = dwpe[i];
@@ -236,14 +237,18 @@ __global__ void __launch_bounds__(ENC_COLS)
 }
 
 static void cuda_encoder_backward(strata_stream *s, float *dwte, float *dwpe, const void *dout,
-                                  const int32_t *tok, const int32_t *order, int B, int T, int C) {
+                                  const int32_t *tok, const int32_t *order, const int32_t *pos,
+                                  const int32_t *pos_order, int B, int T, int C) {
     int n = B * T;
     if (n <= 0 || C <= 0) return;
     cudaStream_t st = strata_cuda_stream_handle(s);
     dim3 grid((unsigned)n, (unsigned)((C + ENC_COLS - 1) / ENC_COLS));
     encoder_bwd_wte_kernel<<<grid, ENC_COLS, 0, st>>>(dwte, (const bf16 *)dout, tok, order, n, C);
     LAUNCH_CHECK("encoder_backward (dwte)");
-    if (dwpe) {
+    if (dwpe && pos) { /* a position's rows are a run of pos_order, as a token's are of order */
+        encoder_bwd_wte_kernel<<<grid, ENC_COLS, 0, st>>>(dwpe, (const bf16 *)dout, pos, pos_order, n, C);
+        LAUNCH_CHECK("encoder_backward (dwpe by position)");
+    } else if (dwpe) {
         size_t TC = (size_t)T * C;
         encoder_bwd_wpe_kernel<<<grid_for(TC, EW_THREADS), EW_THREADS, 0, st>>>(dwpe, (const bf16 *)dout, B, TC);
         LAUNCH_CHECK("encoder_backward (dwpe)");
@@ -512,20 +517,21 @@ static void cuda_rmsnorm_backward(strata_stream *s, void *dinp, float *dw, const
 /* Rotary positions, in place: a warp per row, a lane per pair, over the row's heads     */
 /*
  * Pair i of a head is elements i and i + hs/2 (Hugging Face's rotate_half layout); row r
- * of the B*T is position t = r % T, its angle (float)t * inv_freq[i] in fp32 and its
- * cosine and sine from sincosf, the accurate one (no fast math here; the CPU oracle uses
- * cosf and sinf, so the two agree to an ulp or two, not bit for bit). The forward turns
+ * of the B*T is position t = r % T (pos[r] with packed documents), its angle
+ * (float)t * inv_freq[i] in fp32 and its cosine and sine from sincosf, the accurate one (no
+ * fast math here; the CPU oracle uses cosf and sinf, so the two agree to an ulp or two, not
+ * bit for bit). The forward turns
  * (x1, x2) by +angle: (x1 cos - x2 sin, x2 cos + x1 sin); the backward by -angle, the
  * rotation's transpose, which is the same with sin negated (exactly). Each thread reads
  * its two elements before it writes them, so in place is safe. */
 
 #define ROPE_ROWS 8 /* rows per block of (32, ROPE_ROWS) threads */
 
-__global__ void rope_kernel(bf16 *x, const float *inv_freq, size_t rows, int T, int heads, int hs, int stride,
-                            float dir) {
+__global__ void rope_kernel(bf16 *x, const float *inv_freq, const int32_t *pos, size_t rows, int T, int heads,
+                            int hs, int stride, float dir) {
     const int half = hs / 2;
     for (size_t r = (size_t)blockIdx.x * ROPE_ROWS + threadIdx.y; r < rows; r += (size_t)gridDim.x * ROPE_ROWS) {
-        const int t = (int)(r % (size_t)T);
+        const int t = pos ? pos[r] : (int)(r % (size_t)T);
         bf16 *row = x + r * (size_t)stride;
         for (int i = threadIdx.x; i < half; i += 32) {
             float sn, cs;
@@ -541,23 +547,23 @@ __global__ void rope_kernel(bf16 *x, const float *inv_freq, size_t rows, int T, 
     }
 }
 
-static void rope_launch(strata_stream *s, const char *what, void *x, const float *inv_freq, int B, int T,
-                        int heads, int hs, int stride, float dir) {
+static void rope_launch(strata_stream *s, const char *what, void *x, const float *inv_freq, const int32_t *pos,
+                        int B, int T, int heads, int hs, int stride, float dir) {
     if (B <= 0 || T <= 0 || heads <= 0 || hs < 2) return;
     size_t rows = (size_t)B * T;
     rope_kernel<<<grid_for(rows, ROPE_ROWS), dim3(32, ROPE_ROWS), 0, strata_cuda_stream_handle(s)>>>(
-        (bf16 *)x, inv_freq, rows, T, heads, hs, stride, dir);
+        (bf16 *)x, inv_freq, pos, rows, T, heads, hs, stride, dir);
     LAUNCH_CHECK(what);
 }
 
-static void cuda_rope_forward(strata_stream *s, void *x, const float *inv_freq, int B, int T, int heads, int hs,
-                              int stride) {
-    rope_launch(s, "rope_forward", x, inv_freq, B, T, heads, hs, stride, 1.0f);
+static void cuda_rope_forward(strata_stream *s, void *x, const float *inv_freq, const int32_t *pos, int B, int T,
+                              int heads, int hs, int stride) {
+    rope_launch(s, "rope_forward", x, inv_freq, pos, B, T, heads, hs, stride, 1.0f);
 }
 
-static void cuda_rope_backward(strata_stream *s, void *dx, const float *inv_freq, int B, int T, int heads, int hs,
-                               int stride) {
-    rope_launch(s, "rope_backward", dx, inv_freq, B, T, heads, hs, stride, -1.0f);
+static void cuda_rope_backward(strata_stream *s, void *dx, const float *inv_freq, const int32_t *pos, int B, int T,
+                               int heads, int hs, int stride) {
+    rope_launch(s, "rope_backward", dx, inv_freq, pos, B, T, heads, hs, stride, -1.0f);
 }
 
 /* ---------------------------------------------------------------------------------- */

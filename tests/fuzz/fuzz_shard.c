@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint64_t n = L.n_chunks < MAX_SEQUENCES ? L.n_chunks : MAX_SEQUENCES;
     for (uint64_t s = 0; s < n + 1 && ok; s++) { /* +1: the first of the next epoch */
         uint64_t learned = 0, minus = 0;
-        ok = strata_loader_read(&L, s, 1, in, tg) == 0;
+        ok = strata_loader_read(&L, s, 1, in, tg, NULL) == 0;
         int counted = strata_loader_count_learned(&L, s, 1, &learned) == 0;
         if (ok && !counted) /* the count checks the mask alone; the read checks it and the ids */
             fuzz_violation("sequence %llu: read accepted but the count refused", (unsigned long long)s);

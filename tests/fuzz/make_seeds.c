@@ -220,7 +220,7 @@ static void shard_seed_of(const char *name, const uint16_t *tokens, const uint32
     char dir[] = "/tmp/strata-seeds-XXXXXX", path[1100];
     if (!mkdtemp(dir)) die("cannot make a temporary folder");
     snprintf(path, sizeof path, "%s/shard.bin", dir);
-    if (tokens32 ? strata_shard_write32(path, tokens32, mask, n, 0) : strata_shard_write(path, tokens, n))
+    if (tokens32 ? strata_shard_write32(path, tokens32, mask, n, 0, 0) : strata_shard_write(path, tokens, n))
         die("strata_shard_write");
     buf b = {0};
     read_into(&b, path);
