@@ -16,13 +16,30 @@
 
 /* ---- packing ---- */
 
-/* One split's sequences: examples in order, T tokens a sequence, padding not learned. */
+/* The sequences best-fit packing fills at once (--pack best-fit); in order, one. */
+#define PACK_OPEN_BEST_FIT 64
+
+/* A sequence being filled: its tokens so far. */
+typedef struct pack_seq {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t used;
+} pack_seq;
+
+/* One split's sequences, T tokens each, padding not learned, written to the sink as they
+ * are closed. Up to open_max fill at once (pack_seq, oldest first): an example goes into
+ * the open one it leaves the least room in (the oldest among equals); when none has room,
+ * a new one opens, after the fullest open one (the oldest among equals) is padded out and
+ * written if open_max are open already. With open_max 1 that is packing in order: an
+ * example that does not fit what is left of the current sequence starts the next. A
+ * sequence filled exactly is written at once. */
 typedef struct packer {
     strata_shard_sink sink;
-    int T;
+    int T, open_max;
     int32_t pad;
-    size_t used; /* tokens in the current sequence, [0, T) */
-    int any;     /* an example was packed */
+    pack_seq *open; /* open_max slots, the first n_open in use, oldest first */
+    int n_open;
+    int any; /* an example was packed */
     size_t padding;
 } packer;
 
@@ -39,29 +56,81 @@ static int push_pad(packer *p, size_t n) {
     return 0;
 }
 
-/* Pads the current sequence to its end, when one is begun. */
-static int close_sequence(packer *p) {
-    if (!p->used) return 0;
-    size_t n = (size_t)p->T - p->used;
-    p->used = 0;
-    return push_pad(p, n);
-}
-
-/* Packs one example (ex->mask[0] marks its start and is not learned). One longer than T
- * was decided on by the caller: it begins a sequence and runs on. */
-static int pack(packer *p, const strata_tokens *ex) {
-    if (p->used + ex->n > (size_t)p->T && close_sequence(p)) return -1;
-    if (strata_shard_sink_push(&p->sink, ex->ids, ex->mask, ex->n)) return -1;
-    p->used = (p->used + ex->n) % (size_t)p->T;
-    p->any = 1;
+/* Writes open sequence i, padded out, and closes it (the younger ones move up a slot; its
+ * buffers go to the last slot, for the next to open). */
+static int close_sequence(packer *p, int i) {
+    pack_seq s = p->open[i];
+    if (strata_shard_sink_push(&p->sink, s.ids, s.mask, s.used) || push_pad(p, (size_t)p->T - s.used)) return -1;
+    memmove(p->open + i, p->open + i + 1, (size_t)(p->n_open - i - 1) * sizeof *p->open);
+    s.used = 0;
+    p->open[--p->n_open] = s;
     return 0;
 }
 
-/* The last sequence padded, then one token more: the target of its last position. */
+/* Closes the fullest open sequence (the oldest among equals). */
+static int close_fullest(packer *p) {
+    int full = 0;
+    for (int i = 1; i < p->n_open; i++)
+        if (p->open[i].used > p->open[full].used) full = i;
+    return close_sequence(p, full);
+}
+
+/* A new open sequence (the fullest closed first when every slot is in use). */
+static pack_seq *open_sequence(packer *p) {
+    if (p->n_open == p->open_max && close_fullest(p)) return NULL;
+    pack_seq *s = &p->open[p->n_open++];
+    if (!s->ids) {
+        s->ids = strata_xmalloc((size_t)p->T * sizeof *s->ids);
+        s->mask = strata_xmalloc((size_t)p->T);
+    }
+    s->used = 0;
+    return s;
+}
+
+/* Packs one example (ex->mask[0] marks its start and is not learned). One longer than T
+ * was decided on by the caller: its whole sequences are written at once (after the
+ * fullest open sequence, when every slot is in use) and what is left of it begins a new
+ * open one, so each part starts a sequence and keeps the tokens before it within its
+ * sequence's window. */
+static int pack(packer *p, const strata_tokens *ex) {
+    size_t T = (size_t)p->T, n = ex->n, at = 0;
+    p->any = 1;
+    if (n > T) {
+        if (p->n_open == p->open_max && close_fullest(p)) return -1;
+        at = n / T * T;
+        if (strata_shard_sink_push(&p->sink, ex->ids, ex->mask, at)) return -1;
+        if (at == n) return 0;
+    }
+    int best = -1; /* the open sequence the example leaves the least room in */
+    for (int i = 0; i < p->n_open && !at; i++) {
+        size_t room = T - p->open[i].used;
+        if (room >= n && (best < 0 || room < T - p->open[best].used)) best = i;
+    }
+    pack_seq *s = best >= 0 ? &p->open[best] : open_sequence(p);
+    if (!s) return -1;
+    memcpy(s->ids + s->used, ex->ids + at, (n - at) * sizeof *s->ids);
+    memcpy(s->mask + s->used, ex->mask + at, n - at);
+    s->used += n - at;
+    return s->used == T ? close_sequence(p, (int)(s - p->open)) : 0;
+}
+
+/* The open sequences written, oldest first, then one token more: the target of the last
+ * position. */
 static int pack_finish(packer *p) {
-    if (p->any && (close_sequence(p) || push_pad(p, 1))) return -1;
+    while (p->n_open)
+        if (close_sequence(p, 0)) return -1;
+    if (p->any && push_pad(p, 1)) return -1;
     if (p->any) p->padding--; /* the trailing token is no sequence's padding */
     return strata_shard_sink_finish(&p->sink);
+}
+
+static void pack_free(packer *p) {
+    for (int i = 0; p->open && i < p->open_max; i++) {
+        free(p->open[i].ids);
+        free(p->open[i].mask);
+    }
+    free(p->open);
+    p->open = NULL;
 }
 
 /* ---- one line ---- */
@@ -315,6 +384,7 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
         return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", o->max_shard_tokens, INT32_MAX);
     jsonl_job j = {.o = o, .tk = tk, .r = r};
     j.train.T = j.val.T = o->seq_len;
+    j.train.open_max = j.val.open_max = o->pack_in_order ? 1 : PACK_OPEN_BEST_FIT;
     j.eos = strata_bpe_eos_id(tk);
     strata_bpe_template(tk, &j.prefix, &j.n_prefix, &j.suffix, &j.n_suffix);
     if (o->kind == STRATA_JSONL_MESSAGES) {
@@ -334,7 +404,11 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     int32_t pad = strata_bpe_pad_id(tk);
     j.train.pad = j.val.pad = pad >= 0 ? pad : j.eos >= 0 ? j.eos : j.suffix[j.n_suffix - 1];
     int kept = 0;
+    j.train.open = strata_xcalloc((size_t)j.train.open_max, sizeof *j.train.open);
+    j.val.open = strata_xcalloc((size_t)j.val.open_max, sizeof *j.val.open);
     int rc = strata_prepare_dir(out_dir, fill, &j, &kept);
+    pack_free(&j.train);
+    pack_free(&j.val);
     if (rc) return rc;
     r->train_shards = j.train.sink.n_shards;
     r->val_shards = j.val.sink.n_shards;

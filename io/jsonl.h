@@ -13,12 +13,17 @@
  * The EOS is the tokenizer's (strata_bpe_eos_id). An example's first token is never
  * learned (nothing of its own comes before it).
  *
- * Examples are packed into sequences of seq_len tokens, in order: an example that does not
- * fit what is left of the current sequence starts the next one, the rest padded with a
- * token that is not learned (the tokenizer's pad token, else its EOS). An example longer
- * than seq_len is split (it starts a sequence and runs on into the next ones, so every
- * part keeps the tokens before it within its sequence's window, and no token of it is
- * lost) or dropped. A sequence's last target is the next sequence's first token: the
+ * Examples are packed into sequences of seq_len tokens, a sequence's room left over padded
+ * with a token that is not learned (the tokenizer's pad token, else its EOS). Best fit
+ * (the default): up to 64 sequences fill at once, each example going into the one it
+ * leaves the least room in, and when none has room for it the fullest is written out if
+ * all 64 are open, so little is padding whatever the lengths; in order (pack_in_order):
+ * an example that does not fit what is left of the current sequence starts the next one.
+ * The examples of a sequence are kept apart when a run trains on them (the shards mark
+ * where each starts: io/data.h), so which share one changes nothing an example learns. An
+ * example longer than seq_len is split (it starts a sequence and runs on into the next
+ * ones, so every part keeps the tokens before it within its sequence's window, and no
+ * token of it is lost) or dropped. A sequence's last target is the next sequence's first token: the
  * shards overlap by that one token (strata_shard_sink's overlap), so the loader's chunks
  * are exactly the packed sequences. The shards record seq_len, and the loader refuses to
  * read sequences of another length from them.
@@ -49,6 +54,7 @@ typedef struct strata_jsonl_opts {
     strata_chat_format chat_format; /* MESSAGES */
     int seq_len;
     int overflow_split; /* 1: split an example longer than seq_len, 0: drop it */
+    int pack_in_order;  /* 1: pack examples in order, 0: best fit (the default) */
     int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
     double val_fraction;
     size_t max_shard_tokens;

@@ -51,7 +51,7 @@ static int cmd_config(int argc, char **argv) {
 typedef struct prepare_args {
     const char **files;
     int n, jsonl;
-    const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow;
+    const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow, *pack;
     double val_fraction;
     long long shard_tokens, seq_len;
     int skip_bad;
@@ -63,7 +63,8 @@ static int prepare_usage(const char *why, const char *arg) {
                     "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
                     "                      (--text-field F | --prompt-field P --response-field R |\n"
                     "                       --messages-field M --chat-format llama3|chatml)\n"
-                    "                      [--overflow split|drop] [--skip-bad] [--val-fraction F] [--shard-tokens N]\n");
+                    "                      [--pack best-fit|in-order] [--overflow split|drop] [--skip-bad]\n"
+                    "                      [--val-fraction F] [--shard-tokens N]\n");
     return STRATA_EXIT_USAGE;
 }
 
@@ -79,7 +80,8 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
                          : !strcmp(argv[i], "--response-field") ? &a->response_field
                          : !strcmp(argv[i], "--messages-field") ? &a->messages_field
                          : !strcmp(argv[i], "--chat-format") ? &a->chat
-                         : !strcmp(argv[i], "--overflow") ? &a->overflow : NULL;
+                         : !strcmp(argv[i], "--overflow") ? &a->overflow
+                         : !strcmp(argv[i], "--pack") ? &a->pack : NULL;
         if (!strcmp(argv[i], "--text") || !strcmp(argv[i], "--jsonl")) {
             int jsonl = argv[i][2] == 'j';
             if (a->n && jsonl != a->jsonl) return prepare_usage("--text and --jsonl do not mix", NULL);
@@ -111,9 +113,9 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     }
     if (!a->n || !a->out) return prepare_usage(NULL, NULL);
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
-    if (!a->jsonl && (modes || a->chat || a->overflow || a->skip_bad || a->seq_len))
+    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->skip_bad || a->seq_len))
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
-                             "--seq-len, --overflow and --skip-bad go with --jsonl", NULL);
+                             "--seq-len, --pack, --overflow and --skip-bad go with --jsonl", NULL);
     if (!a->jsonl) return 0;
     if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
@@ -125,12 +127,15 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     if (!a->seq_len) return prepare_usage("--jsonl needs --seq-len (examples are packed into sequences of it)", NULL);
     if (a->overflow && strcmp(a->overflow, "split") && strcmp(a->overflow, "drop"))
         return prepare_usage("--overflow is split or drop, not", a->overflow);
+    if (a->pack && strcmp(a->pack, "best-fit") && strcmp(a->pack, "in-order"))
+        return prepare_usage("--pack is best-fit or in-order, not", a->pack);
     return 0;
 }
 
 static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
     strata_jsonl_opts o = {.files = a->files, .n_files = a->n, .seq_len = (int)a->seq_len,
                            .overflow_split = !a->overflow || !strcmp(a->overflow, "split"), .skip_bad = a->skip_bad,
+                           .pack_in_order = a->pack && !strcmp(a->pack, "in-order"),
                            .val_fraction = a->val_fraction, .max_shard_tokens = (size_t)a->shard_tokens,
                            .text_field = a->text_field, .prompt_field = a->prompt_field,
                            .response_field = a->response_field, .messages_field = a->messages_field};
@@ -145,10 +150,12 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
         fprintf(stderr, "strata prepare: %s\n", strata_error());
         return rc == STRATA_PREPARE_REFUSED || rc == STRATA_JSONL_BAD_LINE ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
     }
-    printf("%zu examples packed into %zu train and %zu val sequences of %d tokens (%zu learned of %zu train tokens); "
-           "longer than --seq-len: %zu %s; bad lines skipped: %zu\n", r.examples, r.train_seqs, r.val_seqs, o.seq_len,
-           r.train_learned, r.train_tokens, o.overflow_split ? r.split : r.dropped, o.overflow_split ? "split" : "dropped",
-           r.bad);
+    size_t all = r.train_tokens + r.val_tokens;
+    printf("%zu examples packed %s into %zu train and %zu val sequences of %d tokens (%zu learned of %zu train "
+           "tokens; padding %.1f%% of all); longer than --seq-len: %zu %s; bad lines skipped: %zu\n",
+           r.examples, o.pack_in_order ? "in order" : "by best fit", r.train_seqs, r.val_seqs, o.seq_len,
+           r.train_learned, r.train_tokens, all ? 100.0 * (double)r.padding / (double)all : 0.0,
+           o.overflow_split ? r.split : r.dropped, o.overflow_split ? "split" : "dropped", r.bad);
     return STRATA_EXIT_OK;
 }
 

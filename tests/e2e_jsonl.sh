@@ -172,6 +172,11 @@ else
   echo "skip: the export's checks with transformers (not importable here)"
 fi
 
+# --- --pack takes best-fit or in-order, and goes with --jsonl
+[ "$(code "$S" prepare --jsonl none.jsonl --tokenizer $tok --text-field text --seq-len 64 --pack tight --out p)" = 2 ] &&
+  grep -q "pack is best-fit or in-order, not 'tight'" out.txt && [ ! -e p ] || fail "--pack tight: $(cat out.txt)"
+pass "--pack tight is refused (exit 2), naming the choices"
+
 # --- a vocabulary past 65536 on uint16 shards is refused at start
 printf 'some text to make byte-level shards of, long enough for a sequence or two.\n%.0s' {1..20} > t.txt
 "$S" prepare --text t.txt --out bytes > /dev/null

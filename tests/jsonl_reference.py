@@ -166,26 +166,53 @@ def example(kind, chat, tok, src, eos):
     return ids, mask
 
 
-def pack(examples, split, pad):
-    """The packed stream (ids, mask) of one split, as io/jsonl.h describes; and the counts."""
-    ids, mask, used, n_split, n_drop = [], [], 0, 0, 0
+def pack(examples, split, pad, open_max=1):
+    """The packed stream (ids, mask) of one split, as io/jsonl.h describes (open_max
+    sequences filled at once: 1 packs in order, 64 is --pack best-fit); and the counts."""
+    ids, mask, n_split, n_drop = [], [], 0, 0
+    bins = []  # open sequences, oldest first: [ids, mask]
+
+    def close(i):
+        b_ids, b_mask = bins.pop(i)
+        ids.extend(b_ids + [pad] * (T - len(b_ids)))
+        mask.extend(b_mask + [0] * (T - len(b_ids)))
+
+    def close_fullest():
+        close(max(range(len(bins)), key=lambda i: (len(bins[i][0]), -i)))
+
+    any_packed = False
     for e_ids, e_mask in examples:
         if len(e_ids) > T:
             if not split:
                 n_drop += 1
                 continue
             n_split += 1
-        if used + len(e_ids) > T and used:
-            ids += [pad] * (T - used)
-            mask += [0] * (T - used)
-            used = 0
-        ids += e_ids
-        mask += e_mask
-        used = (used + len(e_ids)) % T
-    if ids:
-        if used:
-            ids += [pad] * (T - used)
-            mask += [0] * (T - used)
+        any_packed = True
+        at = 0
+        if len(e_ids) > T:  # its whole sequences at once; what is left begins an open one
+            if len(bins) == open_max:
+                close_fullest()
+            at = len(e_ids) // T * T
+            ids.extend(e_ids[:at])
+            mask.extend(e_mask[:at])
+            if at == len(e_ids):
+                continue
+        rest_ids, rest_mask = e_ids[at:], e_mask[at:]
+        fits = [i for i, b in enumerate(bins) if T - len(b[0]) >= len(rest_ids)] if not at else []
+        if fits:
+            i = min(fits, key=lambda i: (T - len(bins[i][0]), i))
+        else:
+            if len(bins) == open_max:
+                close_fullest()
+            bins.append([[], []])
+            i = len(bins) - 1
+        bins[i][0].extend(rest_ids)
+        bins[i][1].extend(rest_mask)
+        if len(bins[i][0]) == T:
+            close(i)
+    while bins:
+        close(0)
+    if any_packed:
         ids.append(pad)
         mask.append(0)
     return ids, mask, n_split, n_drop
@@ -261,12 +288,14 @@ def main():
             named = (one + ":1:") in out and (field is None or ("field '%s'" % field) in out)
             fails.check(rc == 2 and named, "%s: bad line %d (%r) alone: exit 2 naming line 1%s (exit %d: %s)" % (
                 name, k, raw[:40], ", field '%s'" % field if field else "", rc, out.strip()[-160:]))
-        for overflow in ("split", "drop"):
-            out_dir = "%s_%s" % (name, overflow)
+        padding = {}
+        for overflow, packing in (("split", None), ("drop", None), ("split", "in-order")):
+            out_dir = "%s_%s" % (name, overflow) + ("_" + packing if packing else "")
+            how = "--overflow %s%s" % (overflow, " --pack " + packing if packing else "")
             rc, out = run_prepare(args, work, base + ["--out", out_dir, "--skip-bad", "--overflow", overflow,
-                                                      "--val-fraction", "0.25"])
+                                                      "--val-fraction", "0.25"] + (["--pack", packing] if packing else []))
             if rc != 0:
-                fails.check(False, "%s --overflow %s: prepare exit %d: %s" % (name, overflow, rc, out[-400:]))
+                fails.check(False, "%s %s: prepare exit %d: %s" % (name, how, rc, out[-400:]))
                 continue
             # the last quarter of the file's non-blank lines go to val
             nonblank = [ln for ln in open(path, "rb").read().split(b"\n") if ln.strip(b" \t\r")]
@@ -282,22 +311,28 @@ def main():
                 if not isinstance(src, dict) or json.dumps(src, sort_keys=True) not in goods:
                     continue
                 (val_ex if i >= val_from else train_ex).append(exs[order.index(src)])
-            want_t = pack(train_ex, overflow == "split", pad)
-            want_v = pack(val_ex, overflow == "split", pad)
+            open_max = 1 if packing == "in-order" else 64
+            want_t = pack(train_ex, overflow == "split", pad, open_max)
+            want_v = pack(val_ex, overflow == "split", pad, open_max)
             got_t = read_stream(os.path.join(work, out_dir), "train")
             got_v = read_stream(os.path.join(work, out_dir), "val")
             for label, want, got in (("train", want_t, got_t), ("val", want_v, got_v)):
                 ok = got[0] == want[0] and got[1] == want[1] and got[2]
                 k = next((i for i, (a, b) in enumerate(zip(got[0], want[0])) if a != b), None)
-                fails.check(ok, "%s --overflow %s, %s: %d ids and masks identical to the reference (%d learned, %d "
-                            "sequences of %d), shards of whole sequences + 1%s" % (
-                                name, overflow, label, len(want[0]), sum(m & 1 for m in want[1]), max(0, len(want[0]) - 1) // T, T,
+                fails.check(ok, "%s %s, %s: %d ids and masks identical to the reference (%d learned, %d sequences of "
+                            "%d), shards of whole sequences + 1%s" % (
+                                name, how, label, len(want[0]), sum(m & 1 for m in want[1]),
+                                max(0, len(want[0]) - 1) // T, T,
                                 "" if ok else " (first difference at %s; %d vs %d tokens)" % (k, len(got[0]), len(want[0]))))
+            if overflow == "split":
+                padding[packing or "best-fit"] = (len(want_t[0]) + len(want_v[0]),
+                                                  sum(1 for m in want_t[1] + want_v[1] if m == 0))
             n_split, n_drop = want_t[2] + want_v[2], want_t[3] + want_v[3]
             said = "longer than --seq-len: %d %s; bad lines skipped: %d" % (
                 n_split if overflow == "split" else n_drop, overflow if overflow == "split" else "dropped", n_bad)
-            fails.check(said in out and n_split + n_drop > 0,
-                        "%s --overflow %s: prints '%s'" % (name, overflow, said))
+            fails.check(said in out and n_split + n_drop > 0 and
+                        ("packed by best fit" if not packing else "packed in order") in out,
+                        "%s %s: prints '%s' and how it packed" % (name, how, said))
             # the tokenizer files beside the shards: the chat template of a messages format
             with open(os.path.join(work, out_dir, "tokenizer_config.json")) as f:
                 cfg = json.load(f)
@@ -305,6 +340,40 @@ def main():
                 fails.check("chat_template" in cfg and cfg["eos_token"] == ("<|eot_id|>" if chat == "llama3" else "<|im_end|>"),
                             "%s: tokenizer_config.json beside the shards holds the chat template and the turn's end as "
                             "eos_token" % name)
+        if len(padding) == 2:
+            (n_bf, pad_bf), (n_io, pad_io) = padding["best-fit"], padding["in-order"]
+            fails.check(n_bf <= n_io, "%s: best fit packs into no more tokens than packing in order (%d vs %d; tokens "
+                        "not learned %d vs %d)" % (name, n_bf, n_io, pad_bf, pad_io))
+    # many documents of lengths from a few tokens to most of a sequence (lines of the corpus
+    # run together): best fit against the reference both ways, and into fewer sequences
+    T = 64
+    tok, tok_dir = toks["llama3"], os.path.join(work, "llama3")
+    lines = [ln.strip() for ln in open(corpus, encoding="utf-8") if ln.strip()]
+    texts, at = [], 0
+    for i in range(300):
+        k = 1 + (i * 7919) % 6  # 1 to 6 lines
+        texts.append(" ".join(lines[at:at + k]))
+        at += k
+    path = os.path.join(work, "many.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    eos = tid(tok, "<|end_of_text|>")
+    exs = [example("text", None, tok, {"text": t}, eos) for t in texts]
+    sizes = {}
+    for packing, open_max in (("best-fit", 64), ("in-order", 1)):
+        out_dir = "many_" + packing
+        rc, out = run_prepare(args, work, ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T), "--text-field",
+                                           "text", "--val-fraction", "0", "--pack", packing, "--out", out_dir])
+        want = pack(exs, True, eos, open_max)
+        got = read_stream(os.path.join(work, out_dir), "train") if rc == 0 else ([], [], False, 0)
+        fails.check(got[0] == want[0] and got[1] == want[1] and got[2], "300 documents --pack %s: %d ids and masks "
+                    "identical to the reference (exit %d)" % (packing, len(want[0]), rc))
+        sizes[packing] = (len(want[0]) - 1) // T, sum(1 for m in want[1][:-1] if m == 0)
+    (s_bf, p_bf), (s_io, p_io) = sizes["best-fit"], sizes["in-order"]
+    print("300 documents of %d tokens on average into sequences of %d: best fit %d sequences (%d tokens not learned), "
+          "in order %d (%d)" % (sum(len(e[0]) for e in exs) // len(exs), T, s_bf, p_bf, s_io, p_io))
+    fails.check(s_bf < s_io, "best fit packs 300 documents into fewer sequences than packing in order (%d vs %d)" % (
+        s_bf, s_io))
     return fails.verdict("strata prepare --jsonl gives the reference's ids and masks")
 
 
