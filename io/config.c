@@ -191,7 +191,11 @@ static const key_spec schema[] = {
         "tokenizer.json (or a Hugging Face model directory) the shards were made with; empty = the tokenizer.json "
         "`strata prepare` wrote beside them"),
 
-    ROW("train", "steps", K_INT64, train.steps, 1, 1e12, NULL, NULL, F_REQUIRED, "optimizer steps"),
+    ROW("train", "steps", K_INT64, train.steps, 0, 1e12, NULL, "0", 0,
+        "optimizer steps (required unless train.epochs is set)"),
+    DBL("train", "epochs", train.epochs, 0, 1e6, "0", F_FLOAT,
+        "passes over data.train's sequences: when set, a run takes train.steps from it at its start (what it came "
+        "to is recorded with the run)"),
     INT_("train", "micro_batch", train.micro_batch, 1, 65536, "8", "B, sequences per rank per micro-step"),
     INT_("train", "seq_len", train.seq_len, 0, 1048576, "0", "T per sequence; 0 = model.seq_len"),
     INT_("train", "grad_accum", train.grad_accum, 1, 65536, "1", "micro-steps per optimizer step"),
@@ -938,6 +942,9 @@ static int check_llama(const strata_config *c, const char *name) {
 }
 
 int strata_config_check(const strata_config *c, const char *name) {
+    if (c->train.steps < 1 && !(c->train.epochs > 0))
+        return strata_fail("%s: missing required key 'train.steps' (optimizer steps), or train.epochs (passes over "
+                           "data.train)", name);
     if (c->model.n_head < 1) return strata_fail("%s: model.n_head (%d) must be at least 1", name, c->model.n_head);
     if (c->model.arch == STRATA_ARCH_GPT2 && c->model.n_embd % c->model.n_head)
         return strata_fail("%s: model.n_embd (%d) must be divisible by model.n_head (%d)", name, c->model.n_embd,

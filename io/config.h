@@ -69,7 +69,8 @@ typedef struct strata_config {
     } data;
 
     struct {
-        int64_t steps;
+        int64_t steps;   /* 0 = from epochs (a run sets it at its start) */
+        double epochs;   /* passes over data.train; 0 = steps decides */
         int micro_batch; /* B, sequences per rank per micro-step */
         int seq_len;     /* T per sequence; 0 = model.seq_len */
         int grad_accum;  /* micro-steps per optimizer step */

@@ -364,6 +364,32 @@ static int kernel_profile_choice(void) {
     return strata_fail("STRATA_PROFILE=%s: not a profile this build knows (kernels, or off)", v);
 }
 
+/* train.epochs into train.steps: passes over data.train's sequences (chunks of T + 1
+ * tokens, as the loader cuts them), a step taking the global batch, micro_batch x
+ * grad_accum x world sequences; rounded up, so the last step's batch may run into the next
+ * pass, as any step's may. Under mpirun the ranks' results are compared with the rest of
+ * their configs (a rank whose data.train holds other shards differs). 0, or -1 + error. */
+static int steps_from_epochs(trainer *t) {
+    strata_config *cfg = &t->cfg;
+    if (!(cfg->train.epochs > 0)) return 0;
+    strata_loader L;
+    int T = strata_config_seq_len(cfg);
+    if (strata_loader_open(&L, cfg->data.train, T, cfg->model.vocab_size, 0, 0))
+        return strata_fail_wrap("train.epochs counts the sequences of data.train");
+    uint64_t n = L.n_chunks;
+    strata_loader_close(&L);
+    double per_step = (double)cfg->train.micro_batch * cfg->train.grad_accum * t->world;
+    double want = cfg->train.epochs * (double)n / per_step;
+    int64_t steps = (int64_t)ceil(want - 1e-9 * want); /* 0.1 x 80 / 8 is 1, not 1 + an ulp */
+    if (steps < 1) steps = 1;
+    if (t->rank == 0)
+        STRATA_INFO("train", "train.epochs %g: %lld steps of %.0f sequences over the %llu of data.train (T %d)%s",
+                    cfg->train.epochs, (long long)steps, per_step, (unsigned long long)n, T,
+                    cfg->train.steps > 0 && cfg->train.steps != steps ? "; the train.steps given is not used" : "");
+    cfg->train.steps = steps;
+    return 0;
+}
+
 /* The config and what it names, checked before anything is opened: its tokenizer, its
  * YAML for the checkpoints, STRATA_PROFILE, and offload.nvme_path (missing, or not a
  * directory). A refusal is a usage error (exit 2), said by rank 0, before run.dir is
@@ -401,7 +427,7 @@ static int load_config(trainer *t) {
             goto refuse;
         }
     }
-    if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
+    if (steps_from_epochs(t) || strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
     where = NULL;
     if ((t->kernel_profile = kernel_profile_choice()) < 0) goto refuse;
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);

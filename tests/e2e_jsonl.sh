@@ -81,6 +81,17 @@ learned=$(field runs/w1 1 learned_tokens)
 [ "$learned" -gt 0 ] && [ "$learned" -lt 256 ] || fail "step 1 learned $learned of 256 tokens"
 pass "losses and validation losses of world 1, ${runs// / and } agree within 1e-6; $learned of 256 tokens learned in step 1"
 
+# --- train.epochs: passes over the conversations decide the steps (rounded up), and a resume agrees
+"$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --set train.eval_every=0 > ep.log 2>&1 ||
+  { tail -20 ep.log; fail "train with train.epochs 4"; }
+n=$(grep -o 'over the [0-9]* of data.train' ep.log | grep -o '[0-9]*' || true)
+steps=$(grep -o 'train.epochs 4: [0-9]* steps of 4 sequences' ep.log | cut -d' ' -f3 || true)
+[ -n "$n" ] && [ "$steps" = $(( (4 * n + 3) / 4 )) ] && [ "$(wc -l < runs/ep/metrics.jsonl)" = "$steps" ] &&
+  grep -q "the train.steps given is not used" ep.log || fail "train.epochs 4 over $n sequences: $(grep epochs ep.log)"
+"$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --resume latest > ep2.log 2>&1 &&
+  grep -q "run already at step $steps of $steps" ep2.log || fail "resume of the train.epochs run: $(tail -3 ep2.log)"
+pass "train.epochs 4 over $n sequences of 4 a step: $steps steps; its resume finds it done"
+
 # --- sample in the chat format, and the export's chat template
 "$S" sample runs/w1 --chat --prompt "  Hi there " --tokens 3 --temperature 0 > sample.txt 2> sample.err ||
   { cat sample.err; fail "sample --chat"; }

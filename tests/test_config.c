@@ -53,7 +53,7 @@ static const bad_case bad_cases[] = {
     {"integer: below range", HEAD TRAIN "  micro_batch: 0\n", NULL,
      "bad.yaml:11: key 'train.micro_batch': must be between 1 and 65536, got 0"},
     {"int64: overflow", HEAD "train:\n  steps: 99999999999999999999\n", NULL,
-     "bad.yaml:10: key 'train.steps': must be between 1 and 1000000000000, got 99999999999999999999"},
+     "bad.yaml:10: key 'train.steps': must be between 0 and 1000000000000, got 99999999999999999999"},
     {"uint64: negative seed", HEAD TRAIN "  seed: -1\n", NULL,
      "bad.yaml:11: key 'train.seed': must be between 0 and 18446744073709551615, got -1"},
     {"vocab above the bound", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 2000000\n",
@@ -103,6 +103,10 @@ static const bad_case bad_cases[] = {
      NULL, "bad.yaml:8: key 'data.train': must not be empty"},
     {"missing required key", "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 8\n  seq_len: 16\n  vocab_size: 256\n" TRAIN,
      NULL, "bad.yaml: missing required key 'data.train'"},
+    {"neither steps nor epochs", HEAD "train:\n  micro_batch: 4\n", NULL,
+     "bad.yaml: missing required key 'train.steps' (optimizer steps), or train.epochs (passes over data.train)"},
+    {"negative epochs", HEAD "train:\n  epochs: -1\n", NULL,
+     "bad.yaml:10: key 'train.epochs': must be between 0 and 1000000, got -1"},
     {"duplicate key", HEAD TRAIN "  steps: 20\n", NULL, "bad.yaml:11: duplicate key 'train.steps' (first at line 10)"},
     {"duplicate section", HEAD TRAIN "train:\n  micro_batch: 4\n", NULL,
      "bad.yaml:11: duplicate section 'train' (first at line 9)"},
@@ -345,6 +349,7 @@ static void test_defaults(void) {
     CHECK(c.model.padded_vocab_size == 0 && c.model.init_std == 0.02, "model defaults");
     CHECK(!strcmp(c.data.val, "") && c.data.shuffle == 1 && c.data.document_mask == 1 && !strcmp(c.data.train, ""),
           "data defaults");
+    CHECK(c.train.steps == 0 && c.train.epochs == 0.0, "train.steps and train.epochs: neither (one is required)");
     CHECK(c.train.micro_batch == 8 && c.train.seq_len == 0 && c.train.grad_accum == 1 && c.train.seed == 1337,
           "train defaults 1");
     CHECK(c.train.eval_every == 100 && c.train.eval_batches == 8 && c.train.log_every == 1 &&
