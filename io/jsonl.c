@@ -198,6 +198,31 @@ static const strata_json *string_member(jsonl_job *j, const strata_json *obj, co
     return NULL;
 }
 
+/* A message's role and content: {"role": ..., "content": ...} as OpenAI's and Hugging
+ * Face's chat data write it, or {"from": ..., "value": ...} as ShareGPT's does (from human,
+ * gpt or system; user and assistant too). *role is "system", "user" or "assistant". 0, or 1
+ * (a bad line, error set). */
+static int message_parts(jsonl_job *j, const strata_json *msgv, const char *m, size_t i, const char **role,
+                         const strata_json **content) {
+    char field[400];
+    int is_bad = 0, sharegpt = !strata_json_get(msgv, "role") && strata_json_get(msgv, "from");
+    snprintf(field, sizeof field, "%s[%zu].%s", m, i, sharegpt ? "from" : "role");
+    const strata_json *who = string_member(j, msgv, sharegpt ? "from" : "role", field, 0, &is_bad);
+    if (!who) return 1;
+    static const char *const names[][2] = {{"system", "system"}, {"user", "user"},        {"assistant", "assistant"},
+                                           {"human", "user"},    {"gpt", "assistant"}};
+    *role = NULL;
+    for (size_t k = 0; k < sizeof names / sizeof *names && !*role; k++)
+        if ((sharegpt || k < 3) && !strcmp(who->str, names[k][0])) *role = names[k][1];
+    if (!*role)
+        return bad(j, field, sharegpt ? "is not system, human or gpt (ShareGPT's roles; user and assistant also do)"
+                                      : "is not system, user or assistant", NULL);
+    int learned = !strcmp(*role, "assistant");
+    snprintf(field, sizeof field, "%s[%zu].%s", m, i, sharegpt ? "value" : "content");
+    *content = string_member(j, msgv, sharegpt ? "value" : "content", field, !learned, &is_bad);
+    return *content ? 0 : 1;
+}
+
 /* The conversation of field M as a chat (io/chat.h). 0, 1 (a bad line, error set), -1. */
 static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens *ex) {
     const char *m = j->o->messages_field;
@@ -209,7 +234,7 @@ static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens
         return bad(j, m, msg, NULL);
     }
     strata_chat_begin(&j->chat, ex);
-    int assistant = 0, is_bad = 0;
+    int assistant = 0;
     for (size_t i = 0; i < list->len; i++) {
         const strata_json *msgv = &list->items[i];
         snprintf(field, sizeof field, "%s[%zu]", m, i);
@@ -217,17 +242,12 @@ static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens
             snprintf(msg, sizeof msg, "is %s, not a message object", strata_json_kind(msgv));
             return bad(j, field, msg, NULL);
         }
-        snprintf(field, sizeof field, "%s[%zu].role", m, i);
-        const strata_json *role = string_member(j, msgv, "role", field, 0, &is_bad);
-        if (!role) return 1;
-        int is_assistant = !strcmp(role->str, "assistant");
-        if (!is_assistant && strcmp(role->str, "user") && strcmp(role->str, "system"))
-            return bad(j, field, "is not system, user or assistant", NULL);
-        snprintf(field, sizeof field, "%s[%zu].content", m, i);
-        const strata_json *content = string_member(j, msgv, "content", field, !is_assistant, &is_bad);
-        if (!content) return 1;
+        const char *role;
+        const strata_json *content;
+        if (message_parts(j, msgv, m, i, &role, &content)) return 1;
+        int is_assistant = !strcmp(role, "assistant");
         assistant |= is_assistant;
-        if (strata_chat_message(&j->chat, ex, role->str, content->str, content->len, is_assistant, j->where)) return -1;
+        if (strata_chat_message(&j->chat, ex, role, content->str, content->len, is_assistant, j->where)) return -1;
     }
     if (!assistant) return bad(j, m, "has no assistant message (nothing to learn)", NULL);
     return 0;

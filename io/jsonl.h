@@ -8,8 +8,9 @@
  *   prompt    fields P and R: the template's BOS and P's tokens not learned, R's tokens and
  *             the EOS learned (an empty R is a bad line: nothing would be learned but EOS);
  *   messages  field M, an array of {"role": "system"|"user"|"assistant", "content": "..."},
- *             in a chat format (io/chat.h): only assistant turns learned (a conversation
- *             without an assistant turn, or with an empty one, is a bad line).
+ *             or ShareGPT's {"from": "system"|"human"|"gpt", "value": "..."} (user and
+ *             assistant too), in a chat format (io/chat.h): only assistant turns learned (a
+ *             conversation without an assistant turn, or with an empty one, is a bad line).
  * The EOS is the tokenizer's (strata_bpe_eos_id). An example's first token is never
  * learned (nothing of its own comes before it).
  *

@@ -344,10 +344,41 @@ def main():
             (n_bf, pad_bf), (n_io, pad_io) = padding["best-fit"], padding["in-order"]
             fails.check(n_bf <= n_io, "%s: best fit packs into no more tokens than packing in order (%d vs %d; tokens "
                         "not learned %d vs %d)" % (name, n_bf, n_io, pad_bf, pad_io))
-    # many documents of lengths from a few tokens to most of a sequence (lines of the corpus
-    # run together): best fit against the reference both ways, and into fewer sequences
+    # ShareGPT's conversations ({"from": human|gpt|system, "value": ...}) are the same
+    # examples as role/content ones: the same ids and masks, packed the same way
     T = 64
     tok, tok_dir = toks["llama3"], os.path.join(work, "llama3")
+    who = {"system": "system", "user": "human", "assistant": "gpt"}
+    path = os.path.join(work, "sharegpt.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for c in CONVERSATIONS:
+            f.write(json.dumps({"conversations": [{"from": who[m["role"]], "value": m["content"]} for m in c]}) + "\n")
+    rc, out = run_prepare(args, work, ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T), "--messages-field",
+                                       "conversations", "--chat-format", "llama3", "--val-fraction", "0", "--out",
+                                       "sharegpt"])
+    eot = tid(tok, "<|eot_id|>")
+    want = pack([example("messages", "llama3", tok, {"messages": c}, eot) for c in CONVERSATIONS], True, eot, 64)
+    got = read_stream(os.path.join(work, "sharegpt"), "train") if rc == 0 else ([], [], False, 0)
+    fails.check(got[0] == want[0] and got[1] == want[1], "ShareGPT's from/value conversations: the ids and masks of the "
+                "same conversations as role/content (%d tokens; exit %d%s)" % (len(want[0]), rc,
+                                                                            "" if rc == 0 else ": " + out[-200:]))
+    for k, (line, field) in enumerate([
+            ('{"conversations": [{"from": "tool", "value": "x"}, {"from": "gpt", "value": "y"}]}',
+             "conversations[0].from"),
+            ('{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt"}]}', "conversations[1].value"),
+            ('{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": ""}]}',
+             "conversations[1].value")]):
+        one = os.path.join(work, "sharegpt_bad%d.jsonl" % k)
+        with open(one, "w") as f:
+            f.write(line + "\n")
+        rc, out = run_prepare(args, work, ["--jsonl", one, "--tokenizer", tok_dir, "--seq-len", str(T),
+                                           "--messages-field", "conversations", "--chat-format", "llama3", "--out",
+                                           "sharegpt_bad"])
+        fails.check(rc == 2 and ("field '%s'" % field) in out, "ShareGPT bad line %d: exit 2 naming %s (exit %d: %s)" % (
+            k, field, rc, out.strip()[-160:]))
+
+    # many documents of lengths from a few tokens to most of a sequence (lines of the corpus
+    # run together): best fit against the reference both ways, and into fewer sequences
     lines = [ln.strip() for ln in open(corpus, encoding="utf-8") if ln.strip()]
     texts, at = [], 0
     for i in range(300):
