@@ -253,6 +253,30 @@ static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens
     return 0;
 }
 
+/* The prompt of a prompt/response line: --prompt-field's fields (comma-separated, as
+ * Alpaca's instruction,input), those not empty joined by a blank line into text, as one
+ * string (so it is tokenized as a Python script's f"{instruction}\n\n{input}" is). The first
+ * must be a string (it may be empty); a later one may be missing or null, or else must be
+ * a string. 0, or 1 (a bad line, error set). */
+static int prompt_text(jsonl_job *j, const strata_json *root, strata_sbuf *text) {
+    const char *list = j->o->prompt_field;
+    char key[256];
+    int is_bad = 0, first = 1;
+    for (const char *p = list; *p; first = 0) {
+        size_t n = strcspn(p, ",");
+        snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key - 1 ? n : sizeof key - 1), p);
+        p += n + (p[n] == ',');
+        const strata_json *v = strata_json_get(root, key);
+        if (!first && (!v || v->type == STRATA_JSON_NULL)) continue;
+        v = string_member(j, root, key, key, 1, &is_bad);
+        if (!v) return 1;
+        if (!v->len) continue;
+        if (text->len) strata_sbuf_puts(text, "\n\n");
+        strata_sbuf_putn(text, v->str, v->len);
+    }
+    return 0;
+}
+
 /* The example of one line. 0, 1 (a bad line, error set), -1 (a failure). */
 static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens *ex) {
     const strata_jsonl_opts *o = j->o;
@@ -283,18 +307,23 @@ static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens 
     } else if (o->kind == STRATA_JSONL_MESSAGES) {
         rc = messages_example(j, root, ex);
     } else {
-        const strata_json *a, *b = NULL;
+        const strata_json *b = NULL;
+        strata_sbuf prompt = {0};
+        const char *a_str = NULL;
+        size_t a_len = 0;
         if (o->kind == STRATA_JSONL_TEXT) {
-            a = string_member(j, root, o->text_field, o->text_field, 0, &is_bad);
-        } else {
-            a = string_member(j, root, o->prompt_field, o->prompt_field, 1, &is_bad);
-            if (a) b = string_member(j, root, o->response_field, o->response_field, 0, &is_bad);
+            const strata_json *a = string_member(j, root, o->text_field, o->text_field, 0, &is_bad);
+            if (a) a_str = a->str, a_len = a->len;
+        } else if (!prompt_text(j, root, &prompt)) {
+            a_str = prompt.p ? prompt.p : "";
+            a_len = prompt.len;
+            b = string_member(j, root, o->response_field, o->response_field, 0, &is_bad);
         }
-        if (is_bad || !a || (o->kind == STRATA_JSONL_PROMPT && !b)) {
+        if (is_bad || !a_str || (o->kind == STRATA_JSONL_PROMPT && !b)) {
             rc = 1;
         } else {
             for (int i = 0; i < j->n_prefix; i++) strata_tokens_push(ex, j->prefix[i], 0);
-            rc = strata_tokens_encode(ex, j->tk, a->str, a->len, o->kind == STRATA_JSONL_TEXT, j->where);
+            rc = strata_tokens_encode(ex, j->tk, a_str, a_len, o->kind == STRATA_JSONL_TEXT, j->where);
             if (!rc && b) rc = strata_tokens_encode(ex, j->tk, b->str, b->len, 1, j->where);
             /* the EOS: the template's own when it puts one after a text, else the tokenizer's */
             if (!rc && j->n_suffix)
@@ -303,6 +332,7 @@ static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens 
                 strata_tokens_push(ex, j->eos, 1);
             if (rc) rc = -1;
         }
+        strata_sbuf_free(&prompt);
     }
     strata_json_free(&doc);
     /* nothing of its own predicts an example's first token; the mark keeps the examples

@@ -7,6 +7,9 @@
  *             and its EOS after, all learned but what comes before the text;
  *   prompt    fields P and R: the template's BOS and P's tokens not learned, R's tokens and
  *             the EOS learned (an empty R is a bad line: nothing would be learned but EOS);
+ *             P may list fields, comma-separated (Alpaca's instruction,input): the first
+ *             must be there, the others may be missing or null, and those not empty are
+ *             joined by a blank line and tokenized as one string;
  *   messages  field M, an array of {"role": "system"|"user"|"assistant", "content": "..."},
  *             or ShareGPT's {"from": "system"|"human"|"gpt", "value": "..."} (user and
  *             assistant too), in a chat format (io/chat.h): only assistant turns learned (a

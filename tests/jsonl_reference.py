@@ -377,6 +377,36 @@ def main():
         fails.check(rc == 2 and ("field '%s'" % field) in out, "ShareGPT bad line %d: exit 2 naming %s (exit %d: %s)" % (
             k, field, rc, out.strip()[-160:]))
 
+    # Alpaca's instruction, input and output: --prompt-field instruction,input joins the
+    # fields that are there and not empty with a blank line, tokenized as one string
+    alpaca = [{"instruction": "Name a colour.", "input": "", "output": "Blue."},
+              {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
+              {"instruction": "Translate to French.", "input": "cheese\n", "output": "fromage"},
+              {"instruction": "Say hi.", "output": "Hi!"},
+              {"instruction": "", "input": "Only an input here.", "output": "Then this."},
+              {"instruction": "Shout.", "input": None, "output": "HEY"}]
+    path = os.path.join(work, "alpaca.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(a) + "\n" for a in alpaca)
+    eos = tid(tok, "<|end_of_text|>")
+    prompts = ["\n\n".join(x for x in (a["instruction"], a.get("input")) if x) for a in alpaca]
+    want = pack([example("prompt", None, tok, {"prompt": p, "response": a["output"]}, eos)
+                 for p, a in zip(prompts, alpaca)], True, eos, 64)
+    base = ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T), "--prompt-field", "instruction,input",
+            "--response-field", "output"]
+    rc, out = run_prepare(args, work, base + ["--val-fraction", "0", "--out", "alpaca"])
+    got = read_stream(os.path.join(work, "alpaca"), "train") if rc == 0 else ([], [], False, 0)
+    fails.check(got[0] == want[0] and got[1] == want[1], "Alpaca's instruction,input: the ids and masks of the fields "
+                "joined by a blank line (%d tokens; exit %d%s)" % (len(want[0]), rc, "" if rc == 0 else ": " + out[-200:]))
+    for k, (line, field) in enumerate([('{"instruction": "x", "input": 5, "output": "y"}', "input"),
+                                       ('{"input": "x", "output": "y"}', "instruction")]):
+        one = os.path.join(work, "alpaca_bad%d.jsonl" % k)
+        with open(one, "w") as f:
+            f.write(line + "\n")
+        rc, out = run_prepare(args, work, ["--jsonl", one] + base[2:] + ["--out", "alpaca_bad"])
+        fails.check(rc == 2 and ("field '%s'" % field) in out, "Alpaca bad line %d: exit 2 naming %s (exit %d: %s)" % (
+            k, field, rc, out.strip()[-160:]))
+
     # many documents of lengths from a few tokens to most of a sequence (lines of the corpus
     # run together): best fit against the reference both ways, and into fewer sequences
     lines = [ln.strip() for ln in open(corpus, encoding="utf-8") if ln.strip()]
