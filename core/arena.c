@@ -31,7 +31,18 @@ void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_cate
     e->bytes = bytes;
     e->offset = a->total[kind];
     e->dst = dst;
+    e->shared = 0;
     a->total[kind] += strata_round_up(bytes, kind_align(kind));
+}
+
+void strata_arena_share(strata_arena *a, const char *name, size_t bytes, void **dst) {
+    int i = a->n - 1;
+    while (i >= 0 && a->entries[i].shared) i--;
+    STRATA_ASSERT(i >= 0 && bytes <= a->entries[i].bytes);
+    strata_arena_entry owner = a->entries[i];
+    strata_arena_reserve(a, owner.kind, owner.cat, name, 0, dst);
+    a->entries[a->n - 1].offset = owner.offset;
+    a->entries[a->n - 1].shared = 1;
 }
 
 int strata_arena_commit(strata_arena *a) {

@@ -32,6 +32,7 @@ typedef struct strata_arena_entry {
     size_t bytes;
     size_t offset;
     void **dst;
+    int shared; /* strata_arena_share's: another dst for the slice before it */
 } strata_arena_entry;
 
 typedef struct strata_arena {
@@ -48,6 +49,10 @@ void strata_arena_init(strata_arena *a, strata_device *dev);
  * I/O can use any slice); *dst is set at commit. dst may be NULL for planning-only entries. */
 void strata_arena_reserve(strata_arena *a, strata_mem_kind kind, strata_mem_category cat,
                           const char *name, size_t bytes, void **dst);
+/* Another dst for the slice reserved last (not counting shares), of bytes at most its
+ * size: buffers whose lives never overlap share memory, which the plan counts once (the
+ * share itself holds 0 bytes). */
+void strata_arena_share(strata_arena *a, const char *name, size_t bytes, void **dst);
 /* Allocates one block per memory kind and fills every dst. The pinned block starts on a
  * 4096-byte boundary, so the whole of it can be registered for O_DIRECT I/O. 0, or -1
  * naming the kind and size that could not be allocated. */

@@ -54,7 +54,6 @@ typedef struct gpt2_acts {
     float *lnf_mean, *lnf_rstd;
     /* gradient buffers for backward */
     void *dbtc;           /* (B,T,C) */
-    void *dbtc2;          /* (B,T,C) */
     void *dqkv;           /* (B,T,3C) */
     void *dfch;           /* (R,4C) */
 } gpt2_acts;
@@ -151,14 +150,18 @@ static void plan(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_b
         plan_block_acts(a, &x->h[l], n, BT, C, NH, es, BT);
     }
     if (any_recomputed) plan_block_acts(a, &x->recompute, "recompute", BT, C, NH, es, R);
-    strata_model_reserve(a, "scratch_btc", BT * C * es, &x->scratch_btc);
+    /* Buffers whose lives never overlap share memory: dqkv (a block's backward, from
+     * attention's gradient to q|k|v's), scratch_btc (a block's forward: c_proj's outputs,
+     * spent by the residual adds; in a recomputed block's backward, before its gradients) and
+     * lnf (from the head's forward to its backward), 3 (B,T,C) buffers rather than 5. dbtc
+     * meets each of dqkv and lnf in one call, so it keeps its own. */
+    strata_model_reserve(a, "dqkv", BT * 3 * C * es, &x->dqkv);
+    strata_arena_share(a, "scratch_btc", BT * C * es, &x->scratch_btc);
+    strata_arena_share(a, "lnf", BT * C * es, &x->lnf);
     strata_model_reserve(a, "fch_gelu", R * 4 * C * es, &x->fch_gelu);
-    strata_model_reserve(a, "lnf", BT * C * es, &x->lnf);
     strata_model_reserve(a, "lnf_mean", BT * 4, (void **)&x->lnf_mean);
     strata_model_reserve(a, "lnf_rstd", BT * 4, (void **)&x->lnf_rstd);
     strata_model_reserve(a, "dbtc", BT * C * es, &x->dbtc);
-    strata_model_reserve(a, "dbtc2", BT * C * es, &x->dbtc2);
-    strata_model_reserve(a, "dqkv", BT * 3 * C * es, &x->dqkv);
     strata_model_reserve(a, "dfch", R * 4 * C * es, &x->dfch);
 }
 

@@ -293,14 +293,23 @@ static void plan(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_b
         plan_block_acts(m, a, &x->h[l], n, es, BT);
     }
     if (any_recomputed) plan_block_acts(m, a, &x->recompute, "recompute", es, R);
-    strata_model_reserve(a, "scratch_btc", BT * d.C * es, &x->scratch_btc);
+    /* Buffers whose lives never overlap share memory. One holds scratch_btc (a block's
+     * forward: o_proj's and down_proj's outputs, spent by the residual adds; in a recomputed
+     * block's backward, before its gradients), dbtc (a block's backward: the gradient into
+     * ln2, then the one into ln1, each spent by its norm's backward; the head's gradient
+     * into lnf) and datty (o_proj's gradient, made after dbtc's first is spent and spent by
+     * attention's backward before dbtc's second); the other lnf (from the head's forward to
+     * its backward) and dqkv (a block's backward, from attention's to q|k|v's). At Llama 3
+     * 8B's width that is 2.5 (B,T,C) buffers rather than 5.5. */
+    size_t C = d.C, A = d.A, Q = d.Q;
+    strata_model_reserve(a, "scratch_btc", BT * (C > A ? C : A) * es, &x->scratch_btc);
+    strata_arena_share(a, "dbtc", BT * C * es, &x->dbtc);
+    strata_arena_share(a, "datty", BT * A * es, &x->datty);
+    strata_model_reserve(a, "lnf", BT * (C > Q ? C : Q) * es, &x->lnf);
+    strata_arena_share(a, "dqkv", BT * Q * es, &x->dqkv);
     strata_model_reserve(a, "mlp", R * d.I * es, &x->mlp);
-    strata_model_reserve(a, "lnf", BT * d.C * es, &x->lnf);
     strata_model_reserve(a, "lnf_rstd", BT * 4, (void **)&x->lnf_rstd);
     strata_model_reserve(a, "rope_inv_freq", (size_t)(d.hd / 2) * 4, (void **)&x->inv_freq);
-    strata_model_reserve(a, "dbtc", BT * d.C * es, &x->dbtc);
-    strata_model_reserve(a, "datty", BT * d.A * es, &x->datty);
-    strata_model_reserve(a, "dqkv", BT * d.Q * es, &x->dqkv);
     if (m->shape.qk_norm) {
         strata_model_reserve(a, "zeros_hd", (size_t)d.hd * es, &x->zeros_hd);
         strata_model_reserve(a, "rstd_scratch", BT * (size_t)(d.NH + d.NKV) * 4, (void **)&x->rstd_scratch);
