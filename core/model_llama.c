@@ -307,7 +307,10 @@ static void plan(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_b
     strata_arena_share(a, "datty", BT * A * es, &x->datty);
     strata_model_reserve(a, "lnf", BT * (C > Q ? C : Q) * es, &x->lnf);
     strata_arena_share(a, "dqkv", BT * Q * es, &x->dqkv);
-    strata_model_reserve(a, "mlp", R * d.I * es, &x->mlp);
+    /* and silu(gate)*up (spent by down_proj's weight gradient) with gate|up's gradient,
+     * made after it */
+    strata_model_reserve(a, "dgu", R * 2 * d.I * es, &x->dgu);
+    strata_arena_share(a, "mlp", R * d.I * es, &x->mlp);
     strata_model_reserve(a, "lnf_rstd", BT * 4, (void **)&x->lnf_rstd);
     strata_model_reserve(a, "rope_inv_freq", (size_t)(d.hd / 2) * 4, (void **)&x->inv_freq);
     if (m->shape.qk_norm) {
@@ -315,7 +318,6 @@ static void plan(strata_model *m, strata_arena *a, size_t es, size_t mlp_chunk_b
         strata_model_reserve(a, "rstd_scratch", BT * (size_t)(d.NH + d.NKV) * 4, (void **)&x->rstd_scratch);
         strata_model_reserve(a, "dqkv_raw", BT * d.Q * es, &x->dqkv_raw);
     }
-    strata_model_reserve(a, "dgu", R * 2 * d.I * es, &x->dgu);
     strata_model_reserve(a, "dmlp", R * d.I * es, &x->dmlp);
 }
 
