@@ -256,6 +256,14 @@ def parts():
     return p
 
 
+def splitmix64(x):
+    """A 64-bit mix of x (SplitMix64's finalizer): independent-looking bits for each x."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 # ---- running one row --------------------------------------------------------------------------
 
 def descendants(pid):
@@ -384,8 +392,9 @@ class Runner:
 
     def prepare_docs(self, data):
         """docs/: the text shards' tokens as Strata's 32-bit shards (io/data.h) with every token
-        learned and a document starting after each blank line (a paragraph of code: tens to
-        hundreds of bytes, so a sequence holds several and some run across sequences)."""
+        learned and documents marked at pseudo-random points, 128 tokens apart on average (a
+        geometric spread: some of one token, some across sequences), so a 256-token sequence
+        holds two or three and the kernels' tiles meet starts everywhere."""
         docs = os.path.join(self.work, "docs")
         os.makedirs(docs, exist_ok=True)
         for path in sorted(glob.glob(os.path.join(data, "*_*.bin"))):
@@ -393,8 +402,8 @@ class Runner:
             head = struct.unpack("<256i", raw[:1024])
             toks = list(struct.unpack("<%dH" % head[2], raw[1024:1024 + 2 * head[2]]))
             mask = bytearray([1]) * len(toks)
-            for i in range(2, len(toks)):
-                if toks[i - 1] == 10 and toks[i - 2] == 10:
+            for i in range(1, len(toks)):
+                if splitmix64(i) % 128 == 0:
                     mask[i] |= 2
             hdr = [20240520, 2, len(toks), 3, 0] + [0] * 251  # flags: a mask, marking document starts
             with open(os.path.join(docs, os.path.basename(path)), "wb") as f:
