@@ -343,6 +343,13 @@ static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens 
 
 /* ---- the files ---- */
 
+/* Whether an example learns a token (a truncated one may not). */
+static int learns(const strata_tokens *ex) {
+    for (size_t i = 0; i < ex->n; i++)
+        if (ex->mask[i] & STRATA_MASK_LEARNED) return 1;
+    return 0;
+}
+
 /* Lines of one file: blank ones (after a '\r' before the '\n') are no examples. */
 static size_t count_examples(const char *buf, size_t len) {
     size_t n = 0;
@@ -389,12 +396,17 @@ static int one_file(jsonl_job *j, const char *path) {
                 STRATA_DEBUG("data", "skipped: %s", strata_error());
                 j->r->bad++;
             }
-        } else if (ex.n > (size_t)o->seq_len && !o->overflow_split) {
-            j->r->dropped++;
         } else {
-            j->r->split += ex.n > (size_t)o->seq_len;
-            j->r->examples++;
-            rc = pack(to_val ? &j->val : &j->train, &ex);
+            int longer = ex.n > (size_t)o->seq_len;
+            if (longer && o->overflow == STRATA_JSONL_TRUNCATE) ex.n = (size_t)o->seq_len;
+            if (longer && (o->overflow == STRATA_JSONL_DROP || !learns(&ex))) {
+                j->r->dropped++;
+            } else {
+                j->r->split += longer && o->overflow == STRATA_JSONL_SPLIT;
+                j->r->truncated += longer && o->overflow == STRATA_JSONL_TRUNCATE;
+                j->r->examples++;
+                rc = pack(to_val ? &j->val : &j->train, &ex);
+            }
         }
     }
     strata_tokens_free(&ex);
@@ -471,9 +483,10 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     r->padding = j.train.padding + j.val.padding;
     STRATA_INFO("data", "%s: %zu examples from %d file%s in %zu train + %zu val sequences of %d tokens (%zu + %zu tokens, "
                 "%zu + %zu learned, %zu padding; 32-bit shards with a loss mask, %d + %d; tokenizer.json beside them%s); "
-                "longer than --seq-len: %zu split, %zu dropped; bad lines skipped: %zu",
+                "longer than --seq-len: %zu split, %zu truncated, %zu dropped; bad lines skipped: %zu",
                 out_dir, r->examples, o->n_files, o->n_files == 1 ? "" : "s", r->train_seqs, r->val_seqs, o->seq_len,
                 r->train_tokens, r->val_tokens, r->train_learned, r->val_learned, r->padding, r->train_shards,
-                r->val_shards, kept ? "; the directory's other files kept" : "", r->split, r->dropped, r->bad);
+                r->val_shards, kept ? "; the directory's other files kept" : "", r->split, r->truncated, r->dropped,
+                r->bad);
     return 0;
 }

@@ -27,7 +27,8 @@
  * where each starts: io/data.h), so which share one changes nothing an example learns. An
  * example longer than seq_len is split (it starts a sequence and runs on into the next
  * ones, so every part keeps the tokens before it within its sequence's window, and no
- * token of it is lost) or dropped. A sequence's last target is the next sequence's first token: the
+ * token of it is lost), dropped, or truncated to its first seq_len tokens (dropped when
+ * those learn nothing). A sequence's last target is the next sequence's first token: the
  * shards overlap by that one token (strata_shard_sink's overlap), so the loader's chunks
  * are exactly the packed sequences. The shards record seq_len, and the loader refuses to
  * read sequences of another length from them.
@@ -50,6 +51,15 @@
 
 typedef enum strata_jsonl_kind { STRATA_JSONL_TEXT, STRATA_JSONL_PROMPT, STRATA_JSONL_MESSAGES } strata_jsonl_kind;
 
+/* What becomes of an example longer than seq_len: split (it runs on into the next
+ * sequences), dropped, or truncated to its first seq_len tokens (dropped when those learn
+ * nothing: a conversation whose first answer starts past them). */
+typedef enum strata_jsonl_overflow {
+    STRATA_JSONL_SPLIT = 0,
+    STRATA_JSONL_DROP,
+    STRATA_JSONL_TRUNCATE,
+} strata_jsonl_overflow;
+
 typedef struct strata_jsonl_opts {
     const char *const *files;
     int n_files;
@@ -57,7 +67,7 @@ typedef struct strata_jsonl_opts {
     const char *text_field, *prompt_field, *response_field, *messages_field;
     strata_chat_format chat_format; /* MESSAGES */
     int seq_len;
-    int overflow_split; /* 1: split an example longer than seq_len, 0: drop it */
+    strata_jsonl_overflow overflow; /* an example longer than seq_len */
     int pack_in_order;  /* 1: pack examples in order, 0: best fit (the default) */
     int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
     double val_fraction;
@@ -65,7 +75,8 @@ typedef struct strata_jsonl_opts {
 } strata_jsonl_opts;
 
 typedef struct strata_jsonl_report {
-    size_t examples, bad, split, dropped; /* examples packed; lines skipped; longer than seq_len */
+    size_t examples, bad;             /* examples packed; lines skipped */
+    size_t split, dropped, truncated; /* longer than seq_len, by what became of them */
     size_t train_seqs, val_seqs;
     size_t train_tokens, val_tokens, train_learned, val_learned, padding;
     int train_shards, val_shards;

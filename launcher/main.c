@@ -63,7 +63,7 @@ static int prepare_usage(const char *why, const char *arg) {
                     "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
                     "                      (--text-field F | --prompt-field P --response-field R |\n"
                     "                       --messages-field M --chat-format llama3|chatml)\n"
-                    "                      [--pack best-fit|in-order] [--overflow split|drop] [--skip-bad]\n"
+                    "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
                     "                      [--val-fraction F] [--shard-tokens N]\n");
     return STRATA_EXIT_USAGE;
 }
@@ -125,8 +125,8 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
                                      : "--messages-field needs --chat-format llama3 or chatml", NULL);
     if (!a->tok_path) return prepare_usage("--jsonl needs --tokenizer (the model's: its special tokens and EOS)", NULL);
     if (!a->seq_len) return prepare_usage("--jsonl needs --seq-len (examples are packed into sequences of it)", NULL);
-    if (a->overflow && strcmp(a->overflow, "split") && strcmp(a->overflow, "drop"))
-        return prepare_usage("--overflow is split or drop, not", a->overflow);
+    if (a->overflow && strcmp(a->overflow, "split") && strcmp(a->overflow, "truncate") && strcmp(a->overflow, "drop"))
+        return prepare_usage("--overflow is split, truncate or drop, not", a->overflow);
     if (a->pack && strcmp(a->pack, "best-fit") && strcmp(a->pack, "in-order"))
         return prepare_usage("--pack is best-fit or in-order, not", a->pack);
     return 0;
@@ -134,7 +134,10 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
 
 static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
     strata_jsonl_opts o = {.files = a->files, .n_files = a->n, .seq_len = (int)a->seq_len,
-                           .overflow_split = !a->overflow || !strcmp(a->overflow, "split"), .skip_bad = a->skip_bad,
+                           .overflow = !a->overflow || !strcmp(a->overflow, "split") ? STRATA_JSONL_SPLIT
+                                       : !strcmp(a->overflow, "truncate")            ? STRATA_JSONL_TRUNCATE
+                                                                                      : STRATA_JSONL_DROP,
+                           .skip_bad = a->skip_bad,
                            .pack_in_order = a->pack && !strcmp(a->pack, "in-order"),
                            .val_fraction = a->val_fraction, .max_shard_tokens = (size_t)a->shard_tokens,
                            .text_field = a->text_field, .prompt_field = a->prompt_field,
@@ -151,11 +154,18 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
         return rc == STRATA_PREPARE_REFUSED || rc == STRATA_JSONL_BAD_LINE ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;
     }
     size_t all = r.train_tokens + r.val_tokens;
+    char longer[160];
+    if (o.overflow == STRATA_JSONL_TRUNCATE)
+        snprintf(longer, sizeof longer, "%zu truncated, %zu dropped (nothing learned in their first --seq-len tokens)",
+                 r.truncated, r.dropped);
+    else if (o.overflow == STRATA_JSONL_SPLIT)
+        snprintf(longer, sizeof longer, "%zu split", r.split);
+    else
+        snprintf(longer, sizeof longer, "%zu dropped", r.dropped);
     printf("%zu examples packed %s into %zu train and %zu val sequences of %d tokens (%zu learned of %zu train "
-           "tokens; padding %.1f%% of all); longer than --seq-len: %zu %s; bad lines skipped: %zu\n",
+           "tokens; padding %.1f%% of all); longer than --seq-len: %s; bad lines skipped: %zu\n",
            r.examples, o.pack_in_order ? "in order" : "by best fit", r.train_seqs, r.val_seqs, o.seq_len,
-           r.train_learned, r.train_tokens, all ? 100.0 * (double)r.padding / (double)all : 0.0,
-           o.overflow_split ? r.split : r.dropped, o.overflow_split ? "split" : "dropped", r.bad);
+           r.train_learned, r.train_tokens, all ? 100.0 * (double)r.padding / (double)all : 0.0, longer, r.bad);
     return STRATA_EXIT_OK;
 }
 

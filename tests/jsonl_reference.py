@@ -11,7 +11,7 @@ For each of
   messages llama3  with the Llama 3 fixture,
   messages chatml  with the Qwen2 fixture,
   text             with the Llama 2 fixture (SentencePiece-style),
-each --overflow split and drop, the ids and masks of every shard (train and val) must be
+each --overflow split, truncate and drop, the ids and masks of every shard (train and val) must be
 exactly those of the reference's examples packed the documented way (io/jsonl.h), the
 counts printed must be the reference's, every bad line alone must stop prepare with exit 2
 naming the file, line 1 and the field, and --skip-bad must skip exactly the bad lines. For
@@ -166,10 +166,11 @@ def example(kind, chat, tok, src, eos):
     return ids, mask
 
 
-def pack(examples, split, pad, open_max=1):
-    """The packed stream (ids, mask) of one split, as io/jsonl.h describes (open_max
-    sequences filled at once: 1 packs in order, 64 is --pack best-fit); and the counts."""
-    ids, mask, n_split, n_drop = [], [], 0, 0
+def pack(examples, overflow, pad, open_max=1):
+    """The packed stream (ids, mask) of one split, as io/jsonl.h describes (overflow: split,
+    truncate or drop; open_max sequences filled at once: 1 packs in order, 64 is --pack
+    best-fit); and the counts split, dropped and truncated."""
+    ids, mask, n_split, n_drop, n_trunc = [], [], 0, 0, 0
     bins = []  # open sequences, oldest first: [ids, mask]
 
     def close(i):
@@ -183,10 +184,13 @@ def pack(examples, split, pad, open_max=1):
     any_packed = False
     for e_ids, e_mask in examples:
         if len(e_ids) > T:
-            if not split:
+            if overflow == "truncate":
+                e_ids, e_mask = e_ids[:T], e_mask[:T]
+            if overflow == "drop" or not any(m & 1 for m in e_mask):
                 n_drop += 1
                 continue
-            n_split += 1
+            n_split += overflow == "split"
+            n_trunc += overflow == "truncate"
         any_packed = True
         at = 0
         if len(e_ids) > T:  # its whole sequences at once; what is left begins an open one
@@ -215,7 +219,7 @@ def pack(examples, split, pad, open_max=1):
     if any_packed:
         ids.append(pad)
         mask.append(0)
-    return ids, mask, n_split, n_drop
+    return ids, mask, n_split, n_drop, n_trunc
 
 
 def read_stream(directory, prefix):
@@ -289,7 +293,7 @@ def main():
             fails.check(rc == 2 and named, "%s: bad line %d (%r) alone: exit 2 naming line 1%s (exit %d: %s)" % (
                 name, k, raw[:40], ", field '%s'" % field if field else "", rc, out.strip()[-160:]))
         padding = {}
-        for overflow, packing in (("split", None), ("drop", None), ("split", "in-order")):
+        for overflow, packing in (("split", None), ("drop", None), ("truncate", None), ("split", "in-order")):
             out_dir = "%s_%s" % (name, overflow) + ("_" + packing if packing else "")
             how = "--overflow %s%s" % (overflow, " --pack " + packing if packing else "")
             rc, out = run_prepare(args, work, base + ["--out", out_dir, "--skip-bad", "--overflow", overflow,
@@ -312,8 +316,8 @@ def main():
                     continue
                 (val_ex if i >= val_from else train_ex).append(exs[order.index(src)])
             open_max = 1 if packing == "in-order" else 64
-            want_t = pack(train_ex, overflow == "split", pad, open_max)
-            want_v = pack(val_ex, overflow == "split", pad, open_max)
+            want_t = pack(train_ex, overflow, pad, open_max)
+            want_v = pack(val_ex, overflow, pad, open_max)
             got_t = read_stream(os.path.join(work, out_dir), "train")
             got_v = read_stream(os.path.join(work, out_dir), "val")
             for label, want, got in (("train", want_t, got_t), ("val", want_v, got_v)):
@@ -327,10 +331,14 @@ def main():
             if overflow == "split":
                 padding[packing or "best-fit"] = (len(want_t[0]) + len(want_v[0]),
                                                   sum(1 for m in want_t[1] + want_v[1] if m == 0))
-            n_split, n_drop = want_t[2] + want_v[2], want_t[3] + want_v[3]
-            said = "longer than --seq-len: %d %s; bad lines skipped: %d" % (
-                n_split if overflow == "split" else n_drop, overflow if overflow == "split" else "dropped", n_bad)
-            fails.check(said in out and n_split + n_drop > 0 and
+            n_split, n_drop, n_trunc = want_t[2] + want_v[2], want_t[3] + want_v[3], want_t[4] + want_v[4]
+            if overflow == "truncate":
+                said = ("longer than --seq-len: %d truncated, %d dropped (nothing learned in their first --seq-len "
+                        "tokens); bad lines skipped: %d" % (n_trunc, n_drop, n_bad))
+            else:
+                said = "longer than --seq-len: %d %s; bad lines skipped: %d" % (
+                    n_split if overflow == "split" else n_drop, overflow if overflow == "split" else "dropped", n_bad)
+            fails.check(said in out and n_split + n_drop + n_trunc > 0 and
                         ("packed by best fit" if not packing else "packed in order") in out,
                         "%s %s: prints '%s' and how it packed" % (name, how, said))
             # the tokenizer files beside the shards: the chat template of a messages format
@@ -357,7 +365,7 @@ def main():
                                        "conversations", "--chat-format", "llama3", "--val-fraction", "0", "--out",
                                        "sharegpt"])
     eot = tid(tok, "<|eot_id|>")
-    want = pack([example("messages", "llama3", tok, {"messages": c}, eot) for c in CONVERSATIONS], True, eot, 64)
+    want = pack([example("messages", "llama3", tok, {"messages": c}, eot) for c in CONVERSATIONS], "split", eot, 64)
     got = read_stream(os.path.join(work, "sharegpt"), "train") if rc == 0 else ([], [], False, 0)
     fails.check(got[0] == want[0] and got[1] == want[1], "ShareGPT's from/value conversations: the ids and masks of the "
                 "same conversations as role/content (%d tokens; exit %d%s)" % (len(want[0]), rc,
@@ -391,7 +399,7 @@ def main():
     eos = tid(tok, "<|end_of_text|>")
     prompts = ["\n\n".join(x for x in (a["instruction"], a.get("input")) if x) for a in alpaca]
     want = pack([example("prompt", None, tok, {"prompt": p, "response": a["output"]}, eos)
-                 for p, a in zip(prompts, alpaca)], True, eos, 64)
+                 for p, a in zip(prompts, alpaca)], "split", eos, 64)
     base = ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T), "--prompt-field", "instruction,input",
             "--response-field", "output"]
     rc, out = run_prepare(args, work, base + ["--val-fraction", "0", "--out", "alpaca"])
@@ -425,7 +433,7 @@ def main():
         out_dir = "many_" + packing
         rc, out = run_prepare(args, work, ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T), "--text-field",
                                            "text", "--val-fraction", "0", "--pack", packing, "--out", out_dir])
-        want = pack(exs, True, eos, open_max)
+        want = pack(exs, "split", eos, open_max)
         got = read_stream(os.path.join(work, out_dir), "train") if rc == 0 else ([], [], False, 0)
         fails.check(got[0] == want[0] and got[1] == want[1] and got[2], "300 documents --pack %s: %d ids and masks "
                     "identical to the reference (exit %d)" % (packing, len(want[0]), rc))
