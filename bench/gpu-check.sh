@@ -13,6 +13,9 @@
 #   matrix-llama      stages, CPU optimizer and tensor-core attention (~2-6 min each)
 #   sanitize          compute-sanitizer memcheck and racecheck (~4 min)
 #   torch             bf16 against transformers (~2 min)
+#   finetune          tests/e2e_jsonl.sh on the GPU: a Llama fine-tuned on JSONL conversations
+#                     (packed by best fit, kept apart), its logits against transformers over
+#                     each conversation alone, export, sample, epochs (~1 min)
 #   bench, bench15    124M and 1.5B: Strata against the nanoGPT-style PyTorch model eager
 #                     and compiled and HF's, and Strata's kernel profile (~8 min each)
 #   memory            the plan against nvidia-smi (and a long context's chunks and copies),
@@ -52,13 +55,13 @@
 # GPU_CHECK_STRATA (the binary the parts run) and GPU_CHECK_NEEDS_S (every part's estimate).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ALL_PARTS="check matrix-world1 matrix-llama matrix-attention matrix-ranks torch bench memory bench15 offload offload7b offload10b sanitize"
+ALL_PARTS="check matrix-world1 matrix-llama matrix-attention matrix-ranks torch finetune bench memory bench15 offload offload7b offload10b sanitize"
 # the seconds each part needs to be worth starting: a margin over what it took on the H200
 # (2026-11-27: check 16 s, matrix-world1 55, matrix-llama 24, matrix-attention 25,
 # matrix-ranks 38, torch 49; sanitize's memcheck of test_cuda alone ran over 3 minutes; the
 # packed-document rows added since, 3 to matrix-llama and 4 to matrix-attention, not yet timed)
 declare -A NEEDS=([check]=45 [matrix-llama]=75 [matrix-world1]=90 [matrix-attention]=90 [matrix-ranks]=90 [sanitize]=480
-                  [torch]=90 [bench]=300 [bench15]=360 [memory]=270 [offload]=360 [offload7b]=330 [offload10b]=450)
+                  [torch]=90 [finetune]=120 [bench]=300 [bench15]=360 [memory]=270 [offload]=360 [offload7b]=330 [offload10b]=450)
 log() { echo "[gpu-check] $*"; }
 # ---- shared by the main script and by each part: a part runs as this script again
 # (GPU_CHECK_PART), in its own process group under `timeout`, so the deadline stops all of it
@@ -249,6 +252,19 @@ part_torch() {
     timeout -k 5 $(($(left) - 15)) python3 "$ROOT/tests/torch_reference.py" "${args[@]}" > "$OUT/torch-$shape.log" 2>&1 || true
     say "- torch reference, $shape shape, bf16 on the GPU: $(tail -1 "$OUT/torch-$shape.log" | cut -c1-200)"
   done
+}
+
+part_finetune() {
+  log "fine-tuning from JSONL on the GPU: packed conversations kept apart, against transformers (tests/e2e_jsonl.sh)"
+  # the tokenizers' corpus: the project's own prose (the GPU machine has no tiny shakespeare)
+  cat "$ROOT/README.md" "$ROOT"/docs/*.md > "$W/finetune-corpus.txt"
+  local rc=0
+  watched 240 "e2e_jsonl on the GPU" env STRATA_E2E_DEVICE=cuda STRATA_E2E_CORPUS="$W/finetune-corpus.txt" STRATA="$S" \
+    STRATA_SOURCE_DIR="$ROOT" STRATA_PYTHON="${STRATA_PYTHON:-python3}" bash "$ROOT/tests/e2e_jsonl.sh" \
+    > "$OUT/finetune.log" 2>&1 || rc=$?
+  say "- e2e_jsonl on the GPU: $(exit_text $rc)"
+  grep -E "^(FAIL|packed:)|^ok: (losses|dump-grads|train.epochs)" "$OUT/finetune.log" | cut -c1-300 | sed 's/^/    /' |
+    tee -a "$SUMMARY" || true
 }
 
 bench_budget() { local b=$(($(left) - 20)); [ "$b" -le "$1" ] || b=$1; echo $b; }

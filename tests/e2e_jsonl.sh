@@ -20,11 +20,17 @@
 # Needs `tokenizers` (transformers and torch for the export checks, which are skipped
 # without them, saying so): the Python is $STRATA_PYTHON, else launcher/python-env.sh's
 # venv, else python3; exits 77 (skip), saying why, without it or without the corpus.
+# STRATA_E2E_DEVICE=cuda (bench/gpu-check.sh's finetune part) trains and dumps on the GPU in
+# bf16: one rank (several share no GPU here), bf16's tolerances; STRATA_E2E_CORPUS names
+# another text for the tokenizers (the GPU machine has no tiny shakespeare).
 set -euo pipefail
 S=${STRATA:?set by ctest}
 SRC=${STRATA_SOURCE_DIR:?set by ctest}
-corpus="$SRC/../shared/data/tinyshakespeare.txt"
+DEV=${STRATA_E2E_DEVICE:-cpu}
+corpus=${STRATA_E2E_CORPUS:-"$SRC/../shared/data/tinyshakespeare.txt"}
 [ -f "$corpus" ] || { echo "SKIP: no $corpus (tiny shakespeare)"; exit 77; }
+# relative agreement of two runs' losses, and of the logits against transformers (of max |logit|)
+if [ "$DEV" = cpu ]; then TOL_RUNS=1e-6 TOL_LOGITS=1e-4 TOL_LOSS=1e-5; else TOL_RUNS=2e-2 TOL_LOGITS=3e-2 TOL_LOSS=2e-2; fi
 PY=$("$SRC/launcher/python-env.sh" --has tokenizers)
 [ -n "$PY" ] || { echo "SKIP: no Python with tokenizers (set STRATA_PYTHON, or launcher/python-env.sh --install)"; exit 77; }
 W=$(mktemp -d /tmp/strata-e2e-jsonl.XXXXXX)
@@ -40,7 +46,7 @@ tok=ref/llama3
 
 # --- training on masked conversations: world 1, world 2, accumulation 4 agree
 cat > chat.yaml <<YAML
-device: cpu
+device: $DEV
 model: {arch: llama, n_layer: 1, n_head: 2, n_kv_head: 1, n_embd: 32, intermediate_size: 64, seq_len: 64,
         vocab_size: 128256, tie_embeddings: true}
 data: {train: "$data/train_*.bin", val: "$data/val_*.bin", shuffle: false}
@@ -54,7 +60,7 @@ field() { grep "\"step\": $2," "$1/metrics.jsonl" | grep -o "\"$3\": [^,}]*" | c
   > a4.log 2>&1 ||
   { tail -20 a4.log; fail "train with accumulation 4"; }
 runs="runs/a4"
-if command -v mpirun > /dev/null; then
+if command -v mpirun > /dev/null && [ "$DEV" = cpu ]; then
   MPI=(mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1)
   [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
   "${MPI[@]}" "$S" train chat.yaml --set run.dir=runs/w2 --set train.micro_batch=2 > w2.log 2>&1 ||
@@ -66,8 +72,8 @@ for r in $runs; do
     for f in loss val_loss; do
       a=$(field runs/w1 $step $f)
       b=$(field "$r" $step $f)
-      "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-6 * abs(a))" "$a" "$b" ||
-        fail "$r step $step $f $b differs from world 1's $a by more than 1e-6 relative"
+      "$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > $TOL_RUNS * abs(a))" "$a" "$b" ||
+        fail "$r step $step $f $b differs from world 1's $a by more than $TOL_RUNS relative"
     done
     [ "$(field runs/w1 $step learned_tokens)" = "$(field "$r" $step learned_tokens)" ] ||
       fail "$r step $step: learned_tokens $(field "$r" $step learned_tokens) vs $(field runs/w1 $step learned_tokens)"
@@ -79,7 +85,7 @@ done
 pass "train.seq_len 32 on shards packed to 64: refused at start (exit 2), naming both lengths"
 learned=$(field runs/w1 1 learned_tokens)
 [ "$learned" -gt 0 ] && [ "$learned" -lt 256 ] || fail "step 1 learned $learned of 256 tokens"
-pass "losses and validation losses of world 1, ${runs// / and } agree within 1e-6; $learned of 256 tokens learned in step 1"
+pass "losses and validation losses of world 1, ${runs// / and } agree within $TOL_RUNS ($DEV); $learned of 256 tokens learned in step 1"
 
 # --- train.epochs: passes over the conversations decide the steps (rounded up), and a resume agrees
 "$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --set train.eval_every=0 > ep.log 2>&1 ||
@@ -137,11 +143,11 @@ with open(sys.argv[1], "w") as f:
 PY
   "$S" prepare --jsonl short.jsonl --tokenizer $tok --messages-field messages --chat-format llama3 --seq-len 64 \
     --val-fraction 0 --out short > prep.txt || fail "prepare short conversations: $(cat prep.txt)"
-  "$S" dump-grads runs/w1 --data "short/train_*.bin" --batch 3 --out packed.safetensors > dump.txt ||
+  "$S" dump-grads runs/w1 --data "short/train_*.bin" --batch 3 --device $DEV --out packed.safetensors > dump.txt ||
     fail "dump-grads on packed conversations: $(cat dump.txt)"
-  "$S" dump-grads runs/w1 --data "short/train_*.bin" --batch 3 --out joined.safetensors \
+  "$S" dump-grads runs/w1 --data "short/train_*.bin" --batch 3 --device $DEV --out joined.safetensors \
     --set data.document_mask=false > dump.txt || fail "dump-grads, data.document_mask false: $(cat dump.txt)"
-  "$PY" - packed.safetensors hf joined.safetensors <<'PY' || fail "packed conversations against transformers, each alone"
+  "$PY" - packed.safetensors hf joined.safetensors $TOL_LOGITS $TOL_LOSS <<'PY' || fail "packed conversations vs transformers"
 import sys
 import torch
 from safetensors.torch import load_file
@@ -176,7 +182,8 @@ print("packed: %d conversations in %d rows (%d holding several): logits within %
       "transformers, loss %.6f vs %.6f (rel %.1e); the rows whole differ by %.1e; with data.document_mask false, "
       "the rows whole are transformers' within %.1e" % (
           docs, B, packed, worst, d["loss"].item(), loss, rel, whole, joined))
-assert packed >= 2 and worst < 1e-4 and rel < 1e-5 and whole > 1e-3 and joined < 1e-4
+tol_logits, tol_loss = float(sys.argv[4]), float(sys.argv[5])
+assert packed >= 2 and worst < tol_logits and rel < tol_loss and whole > max(1e-3, 3 * tol_logits) and joined < tol_logits
 PY
   pass "dump-grads over packed conversations = transformers over each conversation alone"
 else
