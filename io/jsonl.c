@@ -91,7 +91,11 @@ static pack_seq *open_sequence(packer *p) {
  * was decided on by the caller: its whole sequences are written at once (after the
  * fullest open sequence, when every slot is in use) and what is left of it begins a new
  * open one, so each part starts a sequence and keeps the tokens before it within its
- * sequence's window. */
+ * sequence's window. A sequence's last target is the first token of the sequence written
+ * next, learned only when that continues the same example: with more than one sequence
+ * open, others may be written between the whole sequences and the rest, so the rest's
+ * first token is not learned there and starts a document, as every open sequence's first
+ * token then does. */
 static int pack(packer *p, const strata_tokens *ex) {
     size_t T = (size_t)p->T, n = ex->n, at = 0;
     p->any = 1;
@@ -110,6 +114,7 @@ static int pack(packer *p, const strata_tokens *ex) {
     if (!s) return -1;
     memcpy(s->ids + s->used, ex->ids + at, (n - at) * sizeof *s->ids);
     memcpy(s->mask + s->used, ex->mask + at, n - at);
+    if (at && p->open_max > 1) s->mask[s->used] = STRATA_MASK_DOC_START;
     s->used += n - at;
     return s->used == T ? close_sequence(p, (int)(s - p->open)) : 0;
 }

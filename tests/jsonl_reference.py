@@ -202,6 +202,8 @@ def pack(examples, overflow, pad, open_max=1):
             if at == len(e_ids):
                 continue
         rest_ids, rest_mask = e_ids[at:], e_mask[at:]
+        if at and open_max > 1:  # other sequences may come between: its first target is no longer its own
+            rest_mask = [2] + rest_mask[1:]
         fits = [i for i, b in enumerate(bins) if T - len(b[0]) >= len(rest_ids)] if not at else []
         if fits:
             i = min(fits, key=lambda i: (T - len(bins[i][0]), i))
@@ -220,6 +222,17 @@ def pack(examples, overflow, pad, open_max=1):
         ids.append(pad)
         mask.append(0)
     return ids, mask, n_split, n_drop, n_trunc
+
+
+def targets_stay_within(ids, mask):
+    """Whether every sequence's last target (the next sequence's first token) is learned only
+    where the next sequence continues the example the sequence ends in: the sequence holds
+    that one example alone (no start after its first token) and the next starts no other."""
+    for r in range(max(0, len(ids) - 1) // T - 1):
+        nxt = mask[(r + 1) * T]
+        if nxt & 1 and (nxt & 2 or any(m & 2 for m in mask[r * T + 1:(r + 1) * T])):
+            return False
+    return True
 
 
 def read_stream(directory, prefix):
@@ -323,6 +336,8 @@ def main():
             for label, want, got in (("train", want_t, got_t), ("val", want_v, got_v)):
                 ok = got[0] == want[0] and got[1] == want[1] and got[2]
                 k = next((i for i, (a, b) in enumerate(zip(got[0], want[0])) if a != b), None)
+                fails.check(targets_stay_within(*got[:2]), "%s %s, %s: no sequence's last target is learned from "
+                            "another example" % (name, how, label))
                 fails.check(ok, "%s %s, %s: %d ids and masks identical to the reference (%d learned, %d sequences of "
                             "%d), shards of whole sequences + 1%s" % (
                                 name, how, label, len(want[0]), sum(m & 1 for m in want[1]),
@@ -420,7 +435,7 @@ def main():
     lines = [ln.strip() for ln in open(corpus, encoding="utf-8") if ln.strip()]
     texts, at = [], 0
     for i in range(300):
-        k = 1 + (i * 7919) % 6  # 1 to 6 lines
+        k = 1 + (i * 7919) % 6 + 10 * (i % 37 == 0)  # 1 to 6 lines, now and then 11 to 16
         texts.append(" ".join(lines[at:at + k]))
         at += k
     path = os.path.join(work, "many.jsonl")
@@ -437,6 +452,8 @@ def main():
         got = read_stream(os.path.join(work, out_dir), "train") if rc == 0 else ([], [], False, 0)
         fails.check(got[0] == want[0] and got[1] == want[1] and got[2], "300 documents --pack %s: %d ids and masks "
                     "identical to the reference (exit %d)" % (packing, len(want[0]), rc))
+        fails.check(targets_stay_within(*got[:2]) and want[2] > 0, "300 documents --pack %s: %d longer than a "
+                    "sequence split, and no sequence's last target learned from another example" % (packing, want[2]))
         sizes[packing] = (len(want[0]) - 1) // T, sum(1 for m in want[1][:-1] if m == 0)
     (s_bf, p_bf), (s_io, p_io) = sizes["best-fit"], sizes["in-order"]
     print("300 documents of %d tokens on average into sequences of %d: best fit %d sequences (%d tokens not learned), "
