@@ -161,12 +161,10 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
                          (void **)&m->order_host);
     strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "token counts (host)",
                          ((size_t)m->shape.vocab_size + 1) * 4, (void **)&m->token_counts);
-    m->pos = m->pos_host = m->pos_order = m->pos_order_host = m->pos_counts = NULL;
+    m->pos = m->pos_order = m->pos_order_host = m->pos_counts = NULL;
     m->cur_pos = NULL;
     if (o->documents) {
         strata_model_reserve(a, "inputs.pos", BT * 4, (void **)&m->pos);
-        strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "inputs.pos (host)", BT * 4,
-                             (void **)&m->pos_host);
         if (m->family->learned_positions) {
             strata_model_reserve(a, "inputs.pos_order", BT * 4, (void **)&m->pos_order);
             strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "inputs.pos_order (host)", BT * 4,
@@ -235,8 +233,7 @@ static int set_positions(strata_model *m, const int32_t *positions) {
     }
     if (!packed) return 0; /* every row one document: the kernels' plain causal path, bit for bit */
     size_t bytes = n * sizeof(int32_t);
-    memcpy(m->pos_host, positions, bytes);
-    STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->pos, m->pos_host, bytes));
+    STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->pos, positions, bytes)); /* as the inputs are */
     if (m->pos_order) {
         strata_token_order(positions, n, T, m->pos_counts, m->pos_order_host);
         STRATA_TRY(strata_memcpy_async(m->dev, m->dev->compute, m->pos_order, m->pos_order_host, bytes));

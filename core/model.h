@@ -131,9 +131,10 @@ typedef struct strata_model {
     int32_t *order_host;      /* (B,T) host staging for order */
     int32_t *token_counts;    /* (V+1) host: the counting sort's scratch */
     /* packed documents (strata_model_plan_opts.documents): each input's position in its
-     * document, device and host staging, and (GPT-2's learned positions) the positions
-     * sorted by it, as order is by token; NULL when not planned */
-    int32_t *pos, *pos_host, *pos_order, *pos_order_host, *pos_counts;
+     * document (device), and (GPT-2's learned positions) the positions sorted by it, as
+     * order is by token, with its host staging and counting sort's scratch; NULL when not
+     * planned */
+    int32_t *pos, *pos_order, *pos_order_host, *pos_counts;
     const int32_t *cur_pos;   /* what the kernels get: pos, or NULL while the batch's rows are
                                  each one document (or no positions were given) */
     /* the family's own activations, gradient buffers and constants (arena): a struct only
