@@ -101,7 +101,7 @@ int strata_shard_write32(const char *path, const uint32_t *tokens, const uint8_t
 }
 
 /* Why header h does not describe a shard of `payload` bytes, in msg; NULL when it does.
- * Sets *bits (16 or 32) and *masked. */
+ * Sets *bits (16 or 32), *masked and *docs (the mask marks document starts). */
 static const char *header_problem(const int32_t *h, size_t payload, char *msg, size_t n, int *bits, int *masked,
                                   int *docs) {
     *bits = 16;
