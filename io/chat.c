@@ -40,6 +40,15 @@ strata_chat_format strata_chat_format_of(const strata_bpe *tk) {
     return STRATA_CHAT_NONE;
 }
 
+strata_chat_format strata_chat_format_detect(const strata_bpe *tk) {
+    strata_chat_format f = strata_chat_format_of(tk);
+    if (f != STRATA_CHAT_NONE) return f;
+    int llama3 = strata_bpe_token_id(tk, "<|start_header_id|>") >= 0 && strata_bpe_token_id(tk, "<|end_header_id|>") >= 0 &&
+                 strata_bpe_token_id(tk, "<|eot_id|>") >= 0;
+    int chatml = strata_bpe_token_id(tk, "<|im_start|>") >= 0 && strata_bpe_token_id(tk, "<|im_end|>") >= 0;
+    return llama3 == chatml ? STRATA_CHAT_NONE : llama3 ? STRATA_CHAT_LLAMA3 : STRATA_CHAT_CHATML;
+}
+
 /* ---- ids with a mask ---- */
 
 void strata_tokens_push(strata_tokens *t, int32_t id, uint8_t learned) {

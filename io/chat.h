@@ -32,6 +32,10 @@ const char *strata_chat_format_name(strata_chat_format f);
 const char *strata_chat_template(strata_chat_format f);
 /* The format whose template tk's tokenizer_config.json holds (NONE for any other). */
 strata_chat_format strata_chat_format_of(const strata_bpe *tk);
+/* The format a model with tokenizer tk is prompted in: the one its tokenizer_config.json's
+ * template is, else the one whose special tokens it has (Llama 3's headers and <|eot_id|>,
+ * or ChatML's <|im_start|> and <|im_end|>); NONE when it has neither set, or both. */
+strata_chat_format strata_chat_format_detect(const strata_bpe *tk);
 
 /* Token ids with a mask byte each (1: learned as a target), growing. */
 typedef struct strata_tokens {

@@ -62,7 +62,7 @@ static int prepare_usage(const char *why, const char *arg) {
     fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n"
                     "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
                     "                      (--text-field F | --prompt-field P --response-field R |\n"
-                    "                       --messages-field M --chat-format llama3|chatml)\n"
+                    "                       --messages-field M [--chat-format llama3|chatml])\n"
                     "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
                     "                      [--val-fraction F] [--shard-tokens N]\n");
     return STRATA_EXIT_USAGE;
@@ -120,9 +120,7 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
                              "--messages-field", NULL);
-    if (!!a->messages_field != !!a->chat)
-        return prepare_usage(a->chat ? "--chat-format goes with --messages-field"
-                                     : "--messages-field needs --chat-format llama3 or chatml", NULL);
+    if (a->chat && !a->messages_field) return prepare_usage("--chat-format goes with --messages-field", NULL);
     if (!a->tok_path) return prepare_usage("--jsonl needs --tokenizer (the model's: its special tokens and EOS)", NULL);
     if (!a->seq_len) return prepare_usage("--jsonl needs --seq-len (examples are packed into sequences of it)", NULL);
     if (a->overflow && strcmp(a->overflow, "split") && strcmp(a->overflow, "truncate") && strcmp(a->overflow, "drop"))
@@ -146,6 +144,17 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
     if (a->chat && strata_chat_format_parse(a->chat, &o.chat_format)) {
         fprintf(stderr, "strata prepare: --chat-format: %s\n", strata_error());
         return STRATA_EXIT_USAGE;
+    }
+    if (a->messages_field && !a->chat) { /* the format the tokenizer's model is prompted in */
+        o.chat_format = strata_chat_format_detect(tk);
+        if (o.chat_format == STRATA_CHAT_NONE) {
+            fprintf(stderr, "strata prepare: --messages-field needs --chat-format llama3 or chatml: tokenizer %s has "
+                            "the special tokens of neither (or of both), so which it is prompted in is not known\n",
+                    strata_bpe_source(tk));
+            return STRATA_EXIT_USAGE;
+        }
+        printf("chat format: %s, the one tokenizer %s is prompted in (--chat-format chooses another)\n",
+               strata_chat_format_name(o.chat_format), strata_bpe_source(tk));
     }
     strata_jsonl_report r;
     int rc = strata_prepare_jsonl(&o, a->out, tk, &r);

@@ -400,6 +400,25 @@ def main():
         fails.check(rc == 2 and ("field '%s'" % field) in out, "ShareGPT bad line %d: exit 2 naming %s (exit %d: %s)" % (
             k, field, rc, out.strip()[-160:]))
 
+    # without --chat-format, the format whose special tokens the tokenizer has: the same
+    # shards as naming it; a tokenizer of neither format (Llama 2's) is refused, exit 2
+    for fmt, tk_name in (("llama3", "llama3"), ("chatml", "qwen2")):
+        path = os.path.join(work, "sharegpt.jsonl")
+        common = ["--jsonl", path, "--tokenizer", os.path.join(work, tk_name), "--seq-len", str(T), "--messages-field",
+                  "conversations", "--val-fraction", "0"]
+        rc1, out1 = run_prepare(args, work, common + ["--chat-format", fmt, "--out", "named_" + fmt])
+        rc2, out2 = run_prepare(args, work, common + ["--out", "auto_" + fmt])
+        same = rc1 == 0 and rc2 == 0 and all(
+            open(os.path.join(work, "named_" + fmt, f), "rb").read() == open(os.path.join(work, "auto_" + fmt, f), "rb").read()
+            for f in ("train_000000.bin", "tokenizer_config.json"))
+        fails.check(same and ("chat format: %s" % fmt) in out2, "no --chat-format with %s's tokenizer: %s, the shards "
+                    "and template of naming it (exit %d, %d)" % (tk_name, fmt, rc1, rc2))
+    rc, out = run_prepare(args, work, ["--jsonl", os.path.join(work, "sharegpt.jsonl"), "--tokenizer",
+                                       os.path.join(work, "llama2"), "--seq-len", str(T), "--messages-field",
+                                       "conversations", "--out", "auto_none"])
+    fails.check(rc == 2 and "needs --chat-format llama3 or chatml" in out, "no --chat-format with Llama 2's tokenizer: "
+                "exit 2, asking for one (exit %d: %s)" % (rc, out.strip()[-160:]))
+
     # Alpaca's instruction, input and output: --prompt-field instruction,input joins the
     # fields that are there and not empty with a blank line, tokenized as one string
     alpaca = [{"instruction": "Name a colour.", "input": "", "output": "Blue."},
