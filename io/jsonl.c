@@ -149,6 +149,7 @@ typedef struct jsonl_job {
     int n_prefix, n_suffix;
     packer train, val;
     strata_jsonl_report *r;
+    size_t *lengths, n_lengths, cap_lengths; /* every well-formed example's, for the report */
     char where[1200]; /* "FILE:LINE" of the line at hand */
 } jsonl_job;
 
@@ -402,6 +403,11 @@ static int one_file(jsonl_job *j, const char *path) {
                 j->r->bad++;
             }
         } else {
+            if (j->n_lengths == j->cap_lengths) {
+                j->cap_lengths = j->cap_lengths ? 2 * j->cap_lengths : 1024;
+                j->lengths = strata_xrealloc(j->lengths, j->cap_lengths * sizeof *j->lengths);
+            }
+            j->lengths[j->n_lengths++] = ex.n;
             int longer = ex.n > (size_t)o->seq_len;
             if (longer && o->overflow == STRATA_JSONL_TRUNCATE) ex.n = (size_t)o->seq_len;
             if (longer && (o->overflow == STRATA_JSONL_DROP || !learns(&ex))) {
@@ -441,6 +447,21 @@ static int fill(void *ctx, const char *dir) {
     return strata_prepare_write_tokenizer(dir, j->tk);
 }
 
+static int cmp_size(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The report's median, 99th percentile and longest of n lengths (nearest rank: the
+ * ceil(p n)-th smallest); sorts them. */
+static void length_stats(strata_jsonl_report *r, size_t *len, size_t n) {
+    if (!n) return;
+    qsort(len, n, sizeof *len, cmp_size);
+    r->len_median = len[(n + 1) / 2 - 1];
+    r->len_p99 = len[(99 * n + 99) / 100 - 1];
+    r->len_max = len[n - 1];
+}
+
 int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata_bpe *tk, strata_jsonl_report *r) {
     memset(r, 0, sizeof *r);
     if (o->n_files <= 0) return strata_fail("prepare: no JSONL files given (out_dir %s)", out_dir);
@@ -476,6 +497,8 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     int rc = strata_prepare_dir(out_dir, fill, &j, &kept);
     pack_free(&j.train);
     pack_free(&j.val);
+    length_stats(r, j.lengths, j.n_lengths);
+    free(j.lengths);
     if (rc) return rc;
     r->train_shards = j.train.sink.n_shards;
     r->val_shards = j.val.sink.n_shards;

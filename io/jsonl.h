@@ -80,6 +80,9 @@ typedef struct strata_jsonl_report {
     size_t train_seqs, val_seqs;
     size_t train_tokens, val_tokens, train_learned, val_learned, padding;
     int train_shards, val_shards;
+    /* every well-formed example's length in tokens, whatever became of it: the median, the
+     * 99th percentile and the longest (nearest rank), to choose --seq-len by */
+    size_t len_median, len_p99, len_max;
 } strata_jsonl_report;
 
 /* Prepares out_dir (replaced whole, as io/data.h's strata_prepare_dir) from the JSONL files

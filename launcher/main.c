@@ -175,6 +175,8 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
            "tokens; padding %.1f%% of all); longer than --seq-len: %s; bad lines skipped: %zu\n",
            r.examples, o.pack_in_order ? "in order" : "by best fit", r.train_seqs, r.val_seqs, o.seq_len,
            r.train_learned, r.train_tokens, all ? 100.0 * (double)r.padding / (double)all : 0.0, longer, r.bad);
+    printf("example lengths in tokens: median %zu, 99th percentile %zu, longest %zu (--seq-len %d)\n", r.len_median,
+           r.len_p99, r.len_max, o.seq_len);
     return STRATA_EXIT_OK;
 }
 

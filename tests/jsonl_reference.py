@@ -346,6 +346,10 @@ def main():
             if overflow == "split":
                 padding[packing or "best-fit"] = (len(want_t[0]) + len(want_v[0]),
                                                   sum(1 for m in want_t[1] + want_v[1] if m == 0))
+            lens = sorted(len(e[0]) for e in train_ex + val_ex)  # nearest rank
+            stats = "example lengths in tokens: median %d, 99th percentile %d, longest %d (--seq-len %d)" % (
+                lens[(len(lens) + 1) // 2 - 1], lens[(99 * len(lens) + 99) // 100 - 1], lens[-1], T)
+            fails.check(stats in out, "%s %s: prints '%s'" % (name, how, stats))
             n_split, n_drop, n_trunc = want_t[2] + want_v[2], want_t[3] + want_v[3], want_t[4] + want_v[4]
             if overflow == "truncate":
                 said = ("longer than --seq-len: %d truncated, %d dropped (nothing learned in their first --seq-len "
@@ -473,6 +477,9 @@ def main():
                     "identical to the reference (exit %d)" % (packing, len(want[0]), rc))
         fails.check(targets_stay_within(*got[:2]) and want[2] > 0, "300 documents --pack %s: %d longer than a "
                     "sequence split, and no sequence's last target learned from another example" % (packing, want[2]))
+        lens = sorted(len(e[0]) for e in exs)
+        stats = "median %d, 99th percentile %d, longest %d" % (lens[149], lens[296], lens[-1])  # ranks 150, 297, 300
+        fails.check(stats in out and lens[296] < lens[-1], "300 documents --pack %s: lengths %s" % (packing, stats))
         sizes[packing] = (len(want[0]) - 1) // T, sum(1 for m in want[1][:-1] if m == 0)
     (s_bf, p_bf), (s_io, p_io) = sizes["best-fit"], sizes["in-order"]
     print("300 documents of %d tokens on average into sequences of %d: best fit %d sequences (%d tokens not learned), "
