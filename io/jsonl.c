@@ -356,6 +356,30 @@ static int learns(const strata_tokens *ex) {
     return 0;
 }
 
+/* Which of a file's n examples are among its n_val for validation: the last ones, or
+ * spread (those whose index hashes lowest: strata_hash64, ties to the earlier). */
+typedef struct ranked {
+    uint64_t h;
+    size_t k;
+} ranked;
+static int cmp_ranked(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    return x->h != y->h ? (x->h > y->h) - (x->h < y->h) : (x->k > y->k) - (x->k < y->k);
+}
+static unsigned char *val_lines(size_t n, size_t n_val, int at_end) {
+    unsigned char *val = strata_xcalloc(n ? n : 1, 1);
+    if (at_end) {
+        for (size_t k = n - n_val; k < n; k++) val[k] = 1;
+        return val;
+    }
+    ranked *r = strata_xmalloc((n ? n : 1) * sizeof *r);
+    for (size_t k = 0; k < n; k++) r[k] = (ranked){strata_hash64(k), k};
+    qsort(r, n, sizeof *r, cmp_ranked);
+    for (size_t i = 0; i < n_val; i++) val[r[i].k] = 1;
+    free(r);
+    return val;
+}
+
 /* Lines of one file: blank ones (after a '\r' before the '\n') are no examples. */
 static size_t count_examples(const char *buf, size_t len) {
     size_t n = 0;
@@ -375,6 +399,7 @@ static int one_file(jsonl_job *j, const char *path) {
     size_t len = 0;
     if (strata_read_file_bounded(path, STRATA_TEXT_MAX_BYTES, &buf, &len)) return -1;
     size_t n = count_examples(buf, len), n_val = (size_t)((double)n * o->val_fraction), k = 0, lineno = 0;
+    unsigned char *val = val_lines(n, n_val, o->val_at_end);
     strata_tokens ex = {0};
     int rc = 0;
     for (size_t i = 0; i < len && !rc;) {
@@ -386,7 +411,7 @@ static int one_file(jsonl_job *j, const char *path) {
         size_t q = s;
         while (q < stop && (buf[q] == ' ' || buf[q] == '\t')) q++;
         if (q == stop) continue; /* a blank line */
-        int to_val = k++ >= n - n_val;
+        int to_val = val[k++];
         snprintf(j->where, sizeof j->where, "%s:%zu", path, lineno);
         ex.n = 0;
         int e = example_of(j, buf + s, stop - s, &ex);
@@ -421,6 +446,7 @@ static int one_file(jsonl_job *j, const char *path) {
         }
     }
     strata_tokens_free(&ex);
+    free(val);
     free(buf);
     return rc;
 }

@@ -33,8 +33,10 @@
  * are exactly the packed sequences. The shards record seq_len, and the loader refuses to
  * read sequences of another length from them.
  *
- * The last val_fraction of each file's examples (by line) go to val shards, the rest to
- * train. A malformed line (not JSON, invalid UTF-8, not an object, a field missing, not a
+ * val_fraction of each file's examples (by line, rounded down) go to val shards, the rest
+ * to train: spread over the file (the default: the lines whose index hashes lowest, so a
+ * file ordered by source, topic or length gives a validation set like the rest), or its
+ * last ones (val_at_end). A malformed line (not JSON, invalid UTF-8, not an object, a field missing, not a
  * string, empty, a message without a role or content, a role other than system, user,
  * assistant) is an error naming the file, line and field, or is skipped and counted. */
 #ifndef STRATA_JSONL_H
@@ -69,6 +71,7 @@ typedef struct strata_jsonl_opts {
     int seq_len;
     strata_jsonl_overflow overflow; /* an example longer than seq_len */
     int pack_in_order;  /* 1: pack examples in order, 0: best fit (the default) */
+    int val_at_end;     /* 1: each file's last examples are the validation set, 0: spread */
     int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
     double val_fraction;
     size_t max_shard_tokens;

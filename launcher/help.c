@@ -58,7 +58,7 @@ static const struct {
      "                      (--text-field F | --prompt-field P --response-field R |\n"
      "                       --messages-field M [--chat-format llama3|chatml])\n"
      "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
-     "                      [--val-fraction F] [--shard-tokens N]\n"
+     "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N]\n"
      "\n"
      "Turns text files, or fine-tuning examples in JSON Lines, into token shards (DIR/train_000000.bin,\n"
      "DIR/val_...) and writes the tokenizer beside them as DIR/tokenizer.json (with its\n"
@@ -99,6 +99,8 @@ static const struct {
      "                       tokenizer_config.json) or vocab.json + merges.txt; the ids are those Hugging\n"
      "                       Face `tokenizers` gives. Without it tokens are bytes (vocab_size 256).\n"
      "  --val-fraction F     share of each file held out for validation, in [0, 1) (default 0.1)\n"
+     "  --val-split spread|end  JSONL: which examples of each file are held out: spread over it (the\n"
+     "                       default: those whose line index hashes lowest) or its last ones\n"
      "  --shard-tokens N     tokens per shard at most (default 100000000)\n"},
     {"config",
      "usage: strata config [CONFIG] [--set section.key=value]...\n"

@@ -51,7 +51,8 @@ static int cmd_config(int argc, char **argv) {
 typedef struct prepare_args {
     const char **files;
     int n, jsonl;
-    const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow, *pack;
+    const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow, *pack,
+        *val_split;
     double val_fraction;
     long long shard_tokens, seq_len;
     int skip_bad;
@@ -64,7 +65,7 @@ static int prepare_usage(const char *why, const char *arg) {
                     "                      (--text-field F | --prompt-field P --response-field R |\n"
                     "                       --messages-field M [--chat-format llama3|chatml])\n"
                     "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
-                    "                      [--val-fraction F] [--shard-tokens N]\n");
+                    "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N]\n");
     return STRATA_EXIT_USAGE;
 }
 
@@ -81,7 +82,8 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
                          : !strcmp(argv[i], "--messages-field") ? &a->messages_field
                          : !strcmp(argv[i], "--chat-format") ? &a->chat
                          : !strcmp(argv[i], "--overflow") ? &a->overflow
-                         : !strcmp(argv[i], "--pack") ? &a->pack : NULL;
+                         : !strcmp(argv[i], "--pack") ? &a->pack
+                         : !strcmp(argv[i], "--val-split") ? &a->val_split : NULL;
         if (!strcmp(argv[i], "--text") || !strcmp(argv[i], "--jsonl")) {
             int jsonl = argv[i][2] == 'j';
             if (a->n && jsonl != a->jsonl) return prepare_usage("--text and --jsonl do not mix", NULL);
@@ -113,9 +115,9 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     }
     if (!a->n || !a->out) return prepare_usage(NULL, NULL);
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
-    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->skip_bad || a->seq_len))
+    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len))
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
-                             "--seq-len, --pack, --overflow and --skip-bad go with --jsonl", NULL);
+                             "--seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl", NULL);
     if (!a->jsonl) return 0;
     if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
@@ -127,6 +129,8 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
         return prepare_usage("--overflow is split, truncate or drop, not", a->overflow);
     if (a->pack && strcmp(a->pack, "best-fit") && strcmp(a->pack, "in-order"))
         return prepare_usage("--pack is best-fit or in-order, not", a->pack);
+    if (a->val_split && strcmp(a->val_split, "spread") && strcmp(a->val_split, "end"))
+        return prepare_usage("--val-split is spread or end, not", a->val_split);
     return 0;
 }
 
@@ -137,6 +141,7 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
                                                                                       : STRATA_JSONL_DROP,
                            .skip_bad = a->skip_bad,
                            .pack_in_order = a->pack && !strcmp(a->pack, "in-order"),
+                           .val_at_end = a->val_split && !strcmp(a->val_split, "end"),
                            .val_fraction = a->val_fraction, .max_shard_tokens = (size_t)a->shard_tokens,
                            .text_field = a->text_field, .prompt_field = a->prompt_field,
                            .response_field = a->response_field, .messages_field = a->messages_field};

@@ -224,6 +224,22 @@ def pack(examples, overflow, pad, open_max=1):
     return ids, mask, n_split, n_drop, n_trunc
 
 
+def splitmix64(x):
+    """core/common.c's strata_hash64."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def val_lines(n, n_val, at_end):
+    """The indices of a file's n examples held out for validation (io/jsonl.h): the last n_val,
+    or the n_val whose index hashes lowest."""
+    if at_end:
+        return set(range(n - n_val, n))
+    return set(sorted(range(n), key=lambda k: (splitmix64(k), k))[:n_val])
+
+
 def targets_stay_within(ids, mask):
     """Whether every sequence's last target (the next sequence's first token) is learned only
     where the next sequence continues the example the sequence ends in: the sequence holds
@@ -309,15 +325,18 @@ def main():
         for overflow, packing in (("split", None), ("drop", None), ("truncate", None), ("split", "in-order")):
             out_dir = "%s_%s" % (name, overflow) + ("_" + packing if packing else "")
             how = "--overflow %s%s" % (overflow, " --pack " + packing if packing else "")
+            # every split but drop holds out each file's last quarter (--val-split end), so the e2e
+            # runs have validation data; drop's is spread over the file (the default)
+            spread = overflow == "drop"
             rc, out = run_prepare(args, work, base + ["--out", out_dir, "--skip-bad", "--overflow", overflow,
-                                                      "--val-fraction", "0.25"] + (["--pack", packing] if packing else []))
+                                                      "--val-fraction", "0.25"] + (["--pack", packing] if packing else []) +
+                                  ([] if spread else ["--val-split", "end"]))
             if rc != 0:
                 fails.check(False, "%s %s: prepare exit %d: %s" % (name, how, rc, out[-400:]))
                 continue
-            # the last quarter of the file's non-blank lines go to val
+            # a quarter of the file's non-blank lines go to val: the last, or those hashing lowest
             nonblank = [ln for ln in open(path, "rb").read().split(b"\n") if ln.strip(b" \t\r")]
-            n_val = int(len(nonblank) * 0.25)
-            val_from = len(nonblank) - n_val
+            held = val_lines(len(nonblank), int(len(nonblank) * 0.25), not spread)
             goods = {json.dumps(src, sort_keys=True) for src in order}
             train_ex, val_ex = [], []
             for i, ln in enumerate(nonblank):
@@ -327,7 +346,7 @@ def main():
                     continue
                 if not isinstance(src, dict) or json.dumps(src, sort_keys=True) not in goods:
                     continue
-                (val_ex if i >= val_from else train_ex).append(exs[order.index(src)])
+                (val_ex if i in held else train_ex).append(exs[order.index(src)])
             open_max = 1 if packing == "in-order" else 64
             want_t = pack(train_ex, overflow, pad, open_max)
             want_v = pack(val_ex, overflow, pad, open_max)
@@ -481,6 +500,17 @@ def main():
         stats = "median %d, 99th percentile %d, longest %d" % (lens[149], lens[296], lens[-1])  # ranks 150, 297, 300
         fails.check(stats in out and lens[296] < lens[-1], "300 documents --pack %s: lengths %s" % (packing, stats))
         sizes[packing] = (len(want[0]) - 1) // T, sum(1 for m in want[1][:-1] if m == 0)
+    # a tenth held out, spread over the file (the default): the documents whose index hashes lowest
+    held = val_lines(len(texts), len(texts) // 10, False)
+    rc, out = run_prepare(args, work, ["--jsonl", path, "--tokenizer", tok_dir, "--seq-len", str(T), "--text-field",
+                                       "text", "--val-fraction", "0.1", "--out", "many_val"])
+    got_t = read_stream(os.path.join(work, "many_val"), "train") if rc == 0 else ([], [], False, 0)
+    got_v = read_stream(os.path.join(work, "many_val"), "val") if rc == 0 else ([], [], False, 0)
+    want_t = pack([e for k, e in enumerate(exs) if k not in held], "split", eos, 64)
+    want_v = pack([e for k, e in enumerate(exs) if k in held], "split", eos, 64)
+    fails.check(got_t[:2] == want_t[:2] and got_v[:2] == want_v[:2] and min(held) < 100 and max(held) >= 200,
+                "300 documents, --val-fraction 0.1: the 30 whose index hashes lowest, from %d to %d, are the "
+                "validation set (exit %d)" % (min(held), max(held), rc))
     (s_bf, p_bf), (s_io, p_io) = sizes["best-fit"], sizes["in-order"]
     print("300 documents of %d tokens on average into sequences of %d: best fit %d sequences (%d tokens not learned), "
           "in order %d (%d)" % (sum(len(e[0]) for e in exs) // len(exs), T, s_bf, p_bf, s_io, p_io))
