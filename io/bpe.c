@@ -127,6 +127,8 @@ struct strata_bpe {
     int n_merges;
     int (*merge_list)[2];      /* in rank order, for writing */
     int byte_id[256];          /* the id of each byte's character, -1 if the vocabulary lacks it */
+    char byte_char[256][2];    /* each byte's character in UTF-8 (all below U+0800: 1-2 bytes) */
+    unsigned char byte_char_len[256];
     added_token *added;
     int n_added;
     added_set pass[2];         /* [0]: tokens with normalized false, [1]: normalized true */
@@ -296,7 +298,10 @@ static int set_vocab(strata_bpe *t, const char *const *strs, const size_t *lens,
     byte_chars(cp);
     for (int b = 0; b < 256; b++) {
         char c[4];
-        t->byte_id[b] = vocab_find(t, c, strata_utf8_encode(c, cp[b]));
+        size_t n = strata_utf8_encode(c, cp[b]);
+        memcpy(t->byte_char[b], c, n);
+        t->byte_char_len[b] = (unsigned char)n;
+        t->byte_id[b] = vocab_find(t, c, n);
     }
     return 0;
 }
@@ -1457,13 +1462,14 @@ static int encode_piece(encoder *e, const unsigned char *s, size_t n) {
     if (t->ignore_merges) { /* a piece that is itself a token skips the merges */
         int id;
         if (t->byte_level) {
-            char *mapped = strata_xmalloc(2 * n);
+            char small[512], *mapped = 2 * n <= sizeof small ? small : strata_xmalloc(2 * n);
             size_t k = 0;
-            uint32_t cp[256];
-            byte_chars(cp);
-            for (size_t i = 0; i < n; i++) k += strata_utf8_encode(mapped + k, cp[s[i]]);
+            for (size_t i = 0; i < n; i++) {
+                memcpy(mapped + k, t->byte_char[s[i]], 2);
+                k += t->byte_char_len[s[i]];
+            }
             id = vocab_find(t, mapped, k);
-            free(mapped);
+            if (mapped != small) free(mapped);
         } else {
             id = vocab_find(t, (const char *)s, n);
         }
