@@ -153,6 +153,10 @@ char *strata_xstrdup(const char *s);
 
 double strata_now_ms(void); /* monotonic clock */
 
+/* The CPUs this process may run on (its affinity mask: a container's or taskset's share,
+ * not the machine's count), at least 1. */
+int strata_cpus_available(void);
+
 /* A wait that might never end says so. Every blocking wait of the device backends (an event
  * or stream sync, a stream waiting for another's record) wakes at least every second
  * (strata_wait_tick) and calls strata_long_wait_check: after STRATA_WAIT_REPORT_S seconds

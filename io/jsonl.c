@@ -4,6 +4,7 @@
 #include "io/jsonl.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,18 +141,17 @@ static void pack_free(packer *p) {
 
 /* ---- one line ---- */
 
-typedef struct jsonl_job {
+/* What turns a line into an example. The threads share it read-only, each with its own
+ * copy for where. */
+typedef struct line_maker {
     const strata_jsonl_opts *o;
     strata_bpe *tk;
     strata_chat chat;
     int32_t eos;
     const int32_t *prefix, *suffix;
     int n_prefix, n_suffix;
-    packer train, val;
-    strata_jsonl_report *r;
-    size_t *lengths, n_lengths, cap_lengths; /* every well-formed example's, for the report */
     char where[1200]; /* "FILE:LINE" of the line at hand */
-} jsonl_job;
+} line_maker;
 
 /* The top-level key whose member holds byte `off` of the line (a key itself counts), for
  * messages about bytes the JSON reader refused; "" when there is none. */
@@ -180,7 +180,7 @@ static size_t error_offset(const char *msg, const char *name) {
     return off;
 }
 
-static int bad(jsonl_job *j, const char *field, const char *fmt, const char *what) {
+static int bad(line_maker *j, const char *field, const char *fmt, const char *what) {
     if (field && field[0]) strata_fail("%s: field '%s' %s", j->where, field, fmt ? fmt : what);
     else strata_fail("%s: %s", j->where, fmt ? fmt : what);
     return 1;
@@ -188,7 +188,7 @@ static int bad(jsonl_job *j, const char *field, const char *fmt, const char *wha
 
 /* A string member `key` of obj: NULL, with the line called bad, when it is missing or not a
  * string (or empty, unless allow_empty). */
-static const strata_json *string_member(jsonl_job *j, const strata_json *obj, const char *key, const char *shown,
+static const strata_json *string_member(line_maker *j, const strata_json *obj, const char *key, const char *shown,
                                         int allow_empty, int *is_bad) {
     const strata_json *v = strata_json_get(obj, key);
     char msg[128];
@@ -208,7 +208,7 @@ static const strata_json *string_member(jsonl_job *j, const strata_json *obj, co
  * Face's chat data write it, or {"from": ..., "value": ...} as ShareGPT's does (from human,
  * gpt or system; user and assistant too). *role is "system", "user" or "assistant". 0, or 1
  * (a bad line, error set). */
-static int message_parts(jsonl_job *j, const strata_json *msgv, const char *m, size_t i, const char **role,
+static int message_parts(line_maker *j, const strata_json *msgv, const char *m, size_t i, const char **role,
                          const strata_json **content) {
     char field[400];
     int is_bad = 0, sharegpt = !strata_json_get(msgv, "role") && strata_json_get(msgv, "from");
@@ -230,7 +230,7 @@ static int message_parts(jsonl_job *j, const strata_json *msgv, const char *m, s
 }
 
 /* The conversation of field M as a chat (io/chat.h). 0, 1 (a bad line, error set), -1. */
-static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens *ex) {
+static int messages_example(line_maker *j, const strata_json *root, strata_tokens *ex) {
     const char *m = j->o->messages_field;
     const strata_json *list = strata_json_get(root, m);
     char field[400], msg[128];
@@ -264,7 +264,7 @@ static int messages_example(jsonl_job *j, const strata_json *root, strata_tokens
  * string (so it is tokenized as a Python script's f"{instruction}\n\n{input}" is). The first
  * must be a string (it may be empty); a later one may be missing or null, or else must be
  * a string. 0, or 1 (a bad line, error set). */
-static int prompt_text(jsonl_job *j, const strata_json *root, strata_sbuf *text) {
+static int prompt_text(line_maker *j, const strata_json *root, strata_sbuf *text) {
     const char *list = j->o->prompt_field;
     char key[256];
     int is_bad = 0, first = 1;
@@ -284,7 +284,7 @@ static int prompt_text(jsonl_job *j, const strata_json *root, strata_sbuf *text)
 }
 
 /* The example of one line. 0, 1 (a bad line, error set), -1 (a failure). */
-static int example_of(jsonl_job *j, const char *line, size_t len, strata_tokens *ex) {
+static int example_of(line_maker *j, const char *line, size_t len, strata_tokens *ex) {
     const strata_jsonl_opts *o = j->o;
     char field[256];
     size_t invalid = strata_utf8_invalid_at(line, len);
@@ -380,73 +380,188 @@ static unsigned char *val_lines(size_t n, size_t n_val, int at_end) {
     return val;
 }
 
-/* Lines of one file: blank ones (after a '\r' before the '\n') are no examples. */
-static size_t count_examples(const char *buf, size_t len) {
-    size_t n = 0;
+/* What a run of prepare holds: the packers, the report, and how lines become examples. */
+typedef struct jsonl_job {
+    const strata_jsonl_opts *o;
+    line_maker mk;
+    int threads;
+    packer train, val;
+    strata_jsonl_report *r;
+    size_t *lengths, n_lengths, cap_lengths; /* every well-formed example's, for the report */
+} jsonl_job;
+
+/* A line of a file that is no blank one: its bytes (without the '\r' before its '\n'). */
+typedef struct line_span {
+    size_t start, stop, lineno;
+} line_span;
+
+/* A file's lines that are examples (a blank one, of spaces, tabs and '\r' at most, is none). */
+static line_span *example_lines(const char *buf, size_t len, size_t *n_lines) {
+    size_t n = 0, cap = 1024, lineno = 0;
+    line_span *lines = strata_xmalloc(cap * sizeof *lines);
     for (size_t i = 0; i < len;) {
         const char *nl = memchr(buf + i, '\n', len - i);
-        size_t end = nl ? (size_t)(nl - buf) : len, k = i;
-        while (k < end && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r')) k++;
-        n += k < end;
-        i = end + 1;
-    }
-    return n;
-}
-
-static int one_file(jsonl_job *j, const char *path) {
-    const strata_jsonl_opts *o = j->o;
-    char *buf = NULL;
-    size_t len = 0;
-    if (strata_read_file_bounded(path, STRATA_TEXT_MAX_BYTES, &buf, &len)) return -1;
-    size_t n = count_examples(buf, len), n_val = (size_t)((double)n * o->val_fraction), k = 0, lineno = 0;
-    unsigned char *val = val_lines(n, n_val, o->val_at_end);
-    strata_tokens ex = {0};
-    int rc = 0;
-    for (size_t i = 0; i < len && !rc;) {
-        const char *nl = memchr(buf + i, '\n', len - i);
-        size_t end = nl ? (size_t)(nl - buf) : len, stop = end, s = i;
+        size_t end = nl ? (size_t)(nl - buf) : len, stop = end, s = i, q = i;
         lineno++;
         i = end + 1;
         while (stop > s && buf[stop - 1] == '\r') stop--;
-        size_t q = s;
-        while (q < stop && (buf[q] == ' ' || buf[q] == '\t')) q++;
-        if (q == stop) continue; /* a blank line */
-        int to_val = val[k++];
-        snprintf(j->where, sizeof j->where, "%s:%zu", path, lineno);
-        ex.n = 0;
-        int e = example_of(j, buf + s, stop - s, &ex);
-        if (e < 0) {
-            rc = -1;
-        } else if (e > 0) {
-            if (!o->skip_bad) {
-                char why[2048];
-                snprintf(why, sizeof why, "%s", strata_error());
-                strata_fail("%s (--skip-bad skips such lines and counts them)", why);
-                rc = STRATA_JSONL_BAD_LINE;
-            } else {
-                STRATA_DEBUG("data", "skipped: %s", strata_error());
-                j->r->bad++;
-            }
-        } else {
-            if (j->n_lengths == j->cap_lengths) {
-                j->cap_lengths = j->cap_lengths ? 2 * j->cap_lengths : 1024;
-                j->lengths = strata_xrealloc(j->lengths, j->cap_lengths * sizeof *j->lengths);
-            }
-            j->lengths[j->n_lengths++] = ex.n;
-            int longer = ex.n > (size_t)o->seq_len;
-            if (longer && o->overflow == STRATA_JSONL_TRUNCATE) ex.n = (size_t)o->seq_len;
-            if (longer && (o->overflow == STRATA_JSONL_DROP || !learns(&ex))) {
-                j->r->dropped++;
-            } else {
-                j->r->split += longer && o->overflow == STRATA_JSONL_SPLIT;
-                j->r->truncated += longer && o->overflow == STRATA_JSONL_TRUNCATE;
-                j->r->examples++;
-                rc = pack(to_val ? &j->val : &j->train, &ex);
-            }
+        while (q < stop && (buf[q] == ' ' || buf[q] == '\t' || buf[q] == '\r')) q++;
+        if (q == stop) continue;
+        if (n == cap) lines = strata_xrealloc(lines, (cap *= 2) * sizeof *lines);
+        lines[n++] = (line_span){s, stop, lineno};
+    }
+    *n_lines = n;
+    return lines;
+}
+
+/* What became of one line: its example (e 0), or e 1 (a bad line) or -1 (a failure) and
+ * the error's text. */
+typedef struct made_line {
+    strata_tokens ex;
+    int e;
+    char *why;
+} made_line;
+
+/* A thread's share of a batch of lines: [from, to). */
+typedef struct batch_part {
+    line_maker mk; /* a copy: where is the thread's own */
+    const char *path, *buf;
+    const line_span *lines;
+    made_line *made;
+    size_t from, to;
+} batch_part;
+
+static void *make_lines(void *arg) {
+    batch_part *p = arg;
+    for (size_t i = p->from; i < p->to; i++) {
+        made_line *m = &p->made[i];
+        snprintf(p->mk.where, sizeof p->mk.where, "%s:%zu", p->path, p->lines[i].lineno);
+        m->ex.n = 0;
+        m->e = example_of(&p->mk, p->buf + p->lines[i].start, p->lines[i].stop - p->lines[i].start, &m->ex);
+        free(m->why);
+        m->why = m->e ? strata_xstrdup(strata_error()) : NULL;
+    }
+    return NULL;
+}
+
+/* A batch of a file's lines, [b, e), being made into made[0, e - b) by up to
+ * STRATA_JSONL_MAX_THREADS threads, each a run of lines of about the same bytes. */
+typedef struct line_batch {
+    size_t b, e;
+    made_line *made;
+    batch_part part[STRATA_JSONL_MAX_THREADS];
+    pthread_t tid[STRATA_JSONL_MAX_THREADS];
+    int started[STRATA_JSONL_MAX_THREADS];
+    int n_parts;
+} line_batch;
+
+/* Starts the threads of batch [b, e) of the file's lines. Which thread makes a line changes
+ * nothing it becomes; a share whose thread cannot start is made here, at once. */
+static void batch_start(jsonl_job *j, line_batch *B, const char *path, const char *buf, const line_span *lines, size_t b,
+                        size_t e) {
+    size_t n = e - b, bytes = 0, from = 0, done = 0;
+    int t = j->threads < 1 ? 1 : j->threads;
+    if ((size_t)t > n) t = (int)n;
+    B->b = b, B->e = e, B->n_parts = t;
+    for (size_t i = b; i < e; i++) bytes += lines[i].stop - lines[i].start + 1;
+    for (int k = 0; k < t; k++) {
+        size_t to = from, goal = bytes * (size_t)(k + 1) / (size_t)t;
+        while (to < n && (to == from || done < goal)) done += lines[b + to].stop - lines[b + to].start + 1, to++;
+        if (k == t - 1) to = n;
+        B->part[k] = (batch_part){.mk = j->mk, .path = path, .buf = buf, .lines = lines + b, .made = B->made,
+                                  .from = from, .to = to};
+        from = to;
+        B->started[k] = !pthread_create(&B->tid[k], NULL, make_lines, &B->part[k]);
+        if (!B->started[k]) make_lines(&B->part[k]);
+    }
+}
+
+static void batch_wait(line_batch *B) {
+    for (int k = 0; k < B->n_parts; k++)
+        if (B->started[k]) pthread_join(B->tid[k], NULL);
+    B->n_parts = 0;
+}
+
+/* The lines a batch holds at most, and about the bytes, per thread: enough that starting
+ * the threads costs nothing next to them, few enough that the examples made ahead of the
+ * packer stay small (some MB of tokens a thread). */
+#define BATCH_LINES 2048
+#define BATCH_BYTES ((size_t)2 << 20)
+
+/* The end of the batch that starts at line b. */
+static size_t batch_end(const jsonl_job *j, const line_span *lines, size_t n, size_t b) {
+    size_t cap_lines = BATCH_LINES * (size_t)j->threads, cap_bytes = BATCH_BYTES * (size_t)j->threads, bytes = 0, e;
+    for (e = b; e < n && e - b < cap_lines && (e == b || bytes < cap_bytes); e++)
+        bytes += lines[e].stop - lines[e].start + 1;
+    return e;
+}
+
+/* One made line, in the file's order: an error, or its example packed (or dropped). */
+static int take_line(jsonl_job *j, made_line *m, int to_val) {
+    const strata_jsonl_opts *o = j->o;
+    if (m->e < 0) return strata_fail("%s", m->why);
+    if (m->e > 0) {
+        if (!o->skip_bad) {
+            strata_fail("%s (--skip-bad skips such lines and counts them)", m->why);
+            return STRATA_JSONL_BAD_LINE;
+        }
+        STRATA_DEBUG("data", "skipped: %s", m->why);
+        j->r->bad++;
+        return 0;
+    }
+    strata_tokens *ex = &m->ex;
+    if (j->n_lengths == j->cap_lengths) {
+        j->cap_lengths = j->cap_lengths ? 2 * j->cap_lengths : 1024;
+        j->lengths = strata_xrealloc(j->lengths, j->cap_lengths * sizeof *j->lengths);
+    }
+    j->lengths[j->n_lengths++] = ex->n;
+    int longer = ex->n > (size_t)o->seq_len;
+    if (longer && o->overflow == STRATA_JSONL_TRUNCATE) ex->n = (size_t)o->seq_len;
+    if (longer && (o->overflow == STRATA_JSONL_DROP || !learns(ex))) {
+        j->r->dropped++;
+        return 0;
+    }
+    j->r->split += longer && o->overflow == STRATA_JSONL_SPLIT;
+    j->r->truncated += longer && o->overflow == STRATA_JSONL_TRUNCATE;
+    j->r->examples++;
+    return pack(to_val ? &j->val : &j->train, ex);
+}
+
+/* One file: its lines made into examples a batch at a time, on the threads, and taken in
+ * order, so the shards are those of one thread whatever their number; each batch is taken
+ * (packed and written) while the threads make the next. */
+static int one_file(jsonl_job *j, const char *path) {
+    const strata_jsonl_opts *o = j->o;
+    char *buf = NULL;
+    size_t len = 0, n = 0;
+    if (strata_read_file_bounded(path, STRATA_TEXT_MAX_BYTES, &buf, &len)) return -1;
+    line_span *lines = example_lines(buf, len, &n);
+    size_t n_val = (size_t)((double)n * o->val_fraction), cap = BATCH_LINES * (size_t)j->threads;
+    unsigned char *val = val_lines(n, n_val, o->val_at_end);
+    line_batch *B = strata_xcalloc(2, sizeof *B);
+    for (int k = 0; k < 2; k++) B[k].made = strata_xcalloc(cap, sizeof *B[k].made);
+    int rc = 0;
+    if (n) batch_start(j, &B[0], path, buf, lines, 0, batch_end(j, lines, n, 0));
+    for (int k = 0; n; k ^= 1) {
+        line_batch *cur = &B[k], *next = &B[k ^ 1];
+        batch_wait(cur);
+        if (cur->e < n) batch_start(j, next, path, buf, lines, cur->e, batch_end(j, lines, n, cur->e));
+        for (size_t i = cur->b; i < cur->e && !rc; i++) rc = take_line(j, &cur->made[i - cur->b], val[i]);
+        if (rc || cur->e == n) {
+            batch_wait(next);
+            break;
         }
     }
-    strata_tokens_free(&ex);
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < cap; i++) {
+            strata_tokens_free(&B[k].made[i].ex);
+            free(B[k].made[i].why);
+        }
+        free(B[k].made);
+    }
+    free(B);
     free(val);
+    free(lines);
     free(buf);
     return rc;
 }
@@ -470,7 +585,7 @@ static int fill(void *ctx, const char *dir) {
         rc = strata_fail("--jsonl: no example to train on (%zu bad line%s skipped, %zu dropped as longer than --seq-len)",
                          j->r->bad, j->r->bad == 1 ? "" : "s", j->r->dropped);
     if (rc) return rc;
-    return strata_prepare_write_tokenizer(dir, j->tk);
+    return strata_prepare_write_tokenizer(dir, j->mk.tk);
 }
 
 static int cmp_size(const void *a, const void *b) {
@@ -496,27 +611,29 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
         return strata_fail("prepare: val_fraction %g is outside [0, 1)", o->val_fraction);
     if (o->max_shard_tokens == 0 || o->max_shard_tokens > (size_t)INT32_MAX)
         return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", o->max_shard_tokens, INT32_MAX);
-    jsonl_job j = {.o = o, .tk = tk, .r = r};
+    int threads = o->threads > 0 ? o->threads : strata_cpus_available();
+    if (threads > STRATA_JSONL_MAX_THREADS) threads = STRATA_JSONL_MAX_THREADS;
+    jsonl_job j = {.o = o, .mk = {.o = o, .tk = tk}, .threads = threads, .r = r};
     j.train.T = j.val.T = o->seq_len;
     j.train.open_max = j.val.open_max = o->pack_in_order ? 1 : PACK_OPEN_BEST_FIT;
-    j.eos = strata_bpe_eos_id(tk);
-    strata_bpe_template(tk, &j.prefix, &j.n_prefix, &j.suffix, &j.n_suffix);
+    j.mk.eos = strata_bpe_eos_id(tk);
+    strata_bpe_template(tk, &j.mk.prefix, &j.mk.n_prefix, &j.mk.suffix, &j.mk.n_suffix);
     if (o->kind == STRATA_JSONL_MESSAGES) {
-        if (strata_chat_open(&j.chat, tk, o->chat_format)) return STRATA_PREPARE_REFUSED;
-        j.eos = strata_chat_turn_end(&j.chat);
+        if (strata_chat_open(&j.mk.chat, tk, o->chat_format)) return STRATA_PREPARE_REFUSED;
+        j.mk.eos = strata_chat_turn_end(&j.mk.chat);
         /* the export's tokenizer_config.json: the template trained with, its BOS, and the turn's
          * end as EOS (what generation stops at), as instruct models' configs have them */
         strata_bpe_set_chat(tk, strata_chat_template(o->chat_format),
                             o->chat_format == STRATA_CHAT_LLAMA3 ? "<|begin_of_text|>" : NULL,
                             o->chat_format == STRATA_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>");
-    } else if (j.eos < 0 && !j.n_suffix) {
+    } else if (j.mk.eos < 0 && !j.mk.n_suffix) {
         strata_fail("tokenizer %s names no end-of-sequence token (no eos_token in a tokenizer_config.json beside it, no "
                     "token its template puts after a text, no </s>, <|end_of_text|> or <|endoftext|>): put eos_token in "
                     "its tokenizer_config.json", strata_bpe_source(tk));
         return STRATA_PREPARE_REFUSED;
     }
     int32_t pad = strata_bpe_pad_id(tk);
-    j.train.pad = j.val.pad = pad >= 0 ? pad : j.eos >= 0 ? j.eos : j.suffix[j.n_suffix - 1];
+    j.train.pad = j.val.pad = pad >= 0 ? pad : j.mk.eos >= 0 ? j.mk.eos : j.mk.suffix[j.mk.n_suffix - 1];
     int kept = 0;
     j.train.open = strata_xcalloc((size_t)j.train.open_max, sizeof *j.train.open);
     j.val.open = strata_xcalloc((size_t)j.val.open_max, sizeof *j.val.open);
@@ -535,10 +652,13 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     r->train_seqs = r->train_tokens ? (r->train_tokens - 1) / (size_t)o->seq_len : 0;
     r->val_seqs = r->val_tokens ? (r->val_tokens - 1) / (size_t)o->seq_len : 0;
     r->padding = j.train.padding + j.val.padding;
-    STRATA_INFO("data", "%s: %zu examples from %d file%s in %zu train + %zu val sequences of %d tokens (%zu + %zu tokens, "
-                "%zu + %zu learned, %zu padding; 32-bit shards with a loss mask, %d + %d; tokenizer.json beside them%s); "
-                "longer than --seq-len: %zu split, %zu truncated, %zu dropped; bad lines skipped: %zu",
-                out_dir, r->examples, o->n_files, o->n_files == 1 ? "" : "s", r->train_seqs, r->val_seqs, o->seq_len,
+    r->threads = threads;
+    STRATA_INFO("data", "%s: %zu examples from %d file%s (tokenized on %d thread%s) in %zu train + %zu val sequences "
+                "of %d tokens (%zu + %zu tokens, %zu + %zu learned, %zu padding; 32-bit shards with a loss mask, %d + "
+                "%d; tokenizer.json beside them%s); longer than --seq-len: %zu split, %zu truncated, %zu dropped; bad "
+                "lines skipped: %zu",
+                out_dir, r->examples, o->n_files, o->n_files == 1 ? "" : "s", threads, threads == 1 ? "" : "s",
+                r->train_seqs, r->val_seqs, o->seq_len,
                 r->train_tokens, r->val_tokens, r->train_learned, r->val_learned, r->padding, r->train_shards,
                 r->val_shards, kept ? "; the directory's other files kept" : "", r->split, r->truncated, r->dropped,
                 r->bad);

@@ -38,7 +38,11 @@
  * file ordered by source, topic or length gives a validation set like the rest), or its
  * last ones (val_at_end). A malformed line (not JSON, invalid UTF-8, not an object, a field missing, not a
  * string, empty, a message without a role or content, a role other than system, user,
- * assistant) is an error naming the file, line and field, or is skipped and counted. */
+ * assistant) is an error naming the file, line and field, or is skipped and counted.
+ *
+ * The lines are tokenized on several threads, a batch of them at a time, and each batch is
+ * packed in the file's order on one more while the next is tokenized: the shards, the
+ * report and the first bad line named are those of one thread. */
 #ifndef STRATA_JSONL_H
 #define STRATA_JSONL_H
 
@@ -75,7 +79,11 @@ typedef struct strata_jsonl_opts {
     int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
     double val_fraction;
     size_t max_shard_tokens;
+    int threads;        /* threads tokenizing lines (one more packs): 0, the CPUs this process may use */
 } strata_jsonl_opts;
+
+/* The threads strata_jsonl_opts.threads is capped at. */
+#define STRATA_JSONL_MAX_THREADS 64
 
 typedef struct strata_jsonl_report {
     size_t examples, bad;             /* examples packed; lines skipped */
@@ -86,6 +94,7 @@ typedef struct strata_jsonl_report {
     /* every well-formed example's length in tokens, whatever became of it: the median, the
      * 99th percentile and the longest (nearest rank), to choose --seq-len by */
     size_t len_median, len_p99, len_max;
+    int threads; /* the lines were tokenized on */
 } strata_jsonl_report;
 
 /* Prepares out_dir (replaced whole, as io/data.h's strata_prepare_dir) from the JSONL files

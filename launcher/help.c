@@ -58,7 +58,7 @@ static const struct {
      "                      (--text-field F | --prompt-field P --response-field R |\n"
      "                       --messages-field M [--chat-format llama3|chatml])\n"
      "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
-     "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N]\n"
+     "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N] [--threads N]\n"
      "\n"
      "Turns text files, or fine-tuning examples in JSON Lines, into token shards (DIR/train_000000.bin,\n"
      "DIR/val_...) and writes the tokenizer beside them as DIR/tokenizer.json (with its\n"
@@ -67,7 +67,7 @@ static const struct {
      "\n"
      "  --text FILE...       UTF-8 text files (each file's tail goes to validation; each side is one\n"
      "                       document, with the tokens the tokenizer's template puts around one)\n"
-     "  --jsonl FILE...      JSON Lines, one example an object (each file's last examples go to\n"
+     "  --jsonl FILE...      JSON Lines, one example an object (--val-fraction of each file's go to\n"
      "                       validation), packed into sequences of --seq-len tokens (the shards record\n"
      "                       it: training reads them with that train.seq_len only)\n"
      "  --text-field F       a plain document in field F, all learned, its EOS after it\n"
@@ -101,7 +101,9 @@ static const struct {
      "  --val-fraction F     share of each file held out for validation, in [0, 1) (default 0.1)\n"
      "  --val-split spread|end  JSONL: which examples of each file are held out: spread over it (the\n"
      "                       default: those whose line index hashes lowest) or its last ones\n"
-     "  --shard-tokens N     tokens per shard at most (default 100000000)\n"},
+     "  --shard-tokens N     tokens per shard at most (default 100000000)\n"
+     "  --threads N          JSONL: lines tokenized at once (default: the CPUs prepare may run on);\n"
+     "                       the shards are the same for any N\n"},
     {"config",
      "usage: strata config [CONFIG] [--set section.key=value]...\n"
      "       strata config --from-deepspeed ds_config.json [--world N] [--base CONFIG]\n"

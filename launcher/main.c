@@ -54,7 +54,7 @@ typedef struct prepare_args {
     const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow, *pack,
         *val_split;
     double val_fraction;
-    long long shard_tokens, seq_len;
+    long long shard_tokens, seq_len, threads;
     int skip_bad;
 } prepare_args;
 
@@ -65,7 +65,7 @@ static int prepare_usage(const char *why, const char *arg) {
                     "                      (--text-field F | --prompt-field P --response-field R |\n"
                     "                       --messages-field M [--chat-format llama3|chatml])\n"
                     "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
-                    "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N]\n");
+                    "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N] [--threads N]\n");
     return STRATA_EXIT_USAGE;
 }
 
@@ -100,12 +100,19 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
             if (*end || !(a->val_fraction >= 0 && a->val_fraction < 1))
                 return prepare_usage("--val-fraction expects a number in [0, 1), got", argv[i]);
             in_files = 0;
-        } else if ((!strcmp(argv[i], "--shard-tokens") || !strcmp(argv[i], "--seq-len")) && v) {
-            long long *num = argv[i][3] == 'h' ? &a->shard_tokens : &a->seq_len;
+        } else if ((!strcmp(argv[i], "--shard-tokens") || !strcmp(argv[i], "--seq-len") || !strcmp(argv[i], "--threads")) &&
+                   v) {
+            long long *num = !strcmp(argv[i], "--shard-tokens") ? &a->shard_tokens
+                          : !strcmp(argv[i], "--seq-len")    ? &a->seq_len
+                                                             : &a->threads;
+            const char *name = argv[i];
             *num = strtoll(argv[++i], &end, 10);
-            if (*end || *num < 1 || *num > INT32_MAX)
-                return prepare_usage(num == &a->seq_len ? "--seq-len expects a positive integer, got"
-                                                        : "--shard-tokens expects a positive integer, got", argv[i]);
+            long long most = num == &a->threads ? STRATA_JSONL_MAX_THREADS : INT32_MAX;
+            if (*end || *num < 1 || *num > most) {
+                char why[96];
+                snprintf(why, sizeof why, "%s expects an integer in [1, %lld], got", name, most);
+                return prepare_usage(why, argv[i]);
+            }
             in_files = 0;
         } else if (in_files && argv[i][0] != '-') {
             a->files[a->n++] = argv[i];
@@ -115,9 +122,10 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     }
     if (!a->n || !a->out) return prepare_usage(NULL, NULL);
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
-    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len))
+    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len ||
+                      a->threads))
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
-                             "--seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl", NULL);
+                             "--seq-len, --pack, --overflow, --val-split, --skip-bad and --threads go with --jsonl", NULL);
     if (!a->jsonl) return 0;
     if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
@@ -143,7 +151,7 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
                            .pack_in_order = a->pack && !strcmp(a->pack, "in-order"),
                            .val_at_end = a->val_split && !strcmp(a->val_split, "end"),
                            .val_fraction = a->val_fraction, .max_shard_tokens = (size_t)a->shard_tokens,
-                           .text_field = a->text_field, .prompt_field = a->prompt_field,
+                           .threads = (int)a->threads, .text_field = a->text_field, .prompt_field = a->prompt_field,
                            .response_field = a->response_field, .messages_field = a->messages_field};
     o.kind = a->text_field ? STRATA_JSONL_TEXT : a->prompt_field ? STRATA_JSONL_PROMPT : STRATA_JSONL_MESSAGES;
     if (a->chat && strata_chat_format_parse(a->chat, &o.chat_format)) {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tuning data from JSONL, end to end:
 #  - tests/jsonl_reference.py: `strata prepare --jsonl` (prompt/response, Llama 3's and
-#    ChatML's chat formats, plain text; --overflow split and drop; --skip-bad) gives the ids
-#    and loss masks of a Python reference that applies the same templates with `tokenizers`,
-#    and names every bad line (file, line, field) with exit 2;
+#    ChatML's chat formats, plain text; --overflow split and drop; --skip-bad; 1 to 4
+#    --threads) gives the ids and loss masks of a Python reference that applies the same
+#    templates with `tokenizers`, and names every bad line (file, line, field) with exit 2;
 #  - a Llama-family model with Llama 3's 128256-token vocabulary trains on the conversations
 #    (32-bit masked shards): world 1 with the global batch in one micro-batch, world 2
 #    (mpirun, when there is one) and accumulation 4 give the same losses and validation
@@ -194,6 +194,11 @@ fi
 [ "$(code "$S" prepare --jsonl none.jsonl --tokenizer $tok --text-field text --seq-len 64 --pack tight --out p)" = 2 ] &&
   grep -q "pack is best-fit or in-order, not 'tight'" out.txt && [ ! -e p ] || fail "--pack tight: $(cat out.txt)"
 pass "--pack tight is refused (exit 2), naming the choices"
+[ "$(code "$S" prepare --jsonl none.jsonl --tokenizer $tok --text-field text --seq-len 64 --threads 0 --out p)" = 2 ] &&
+  grep -q "threads expects an integer in \[1, 64\], got '0'" out.txt && [ ! -e p ] || fail "--threads 0: $(cat out.txt)"
+[ "$(code "$S" prepare --text none.txt --threads 2 --out p)" = 2 ] && grep -q "threads go with --jsonl" out.txt &&
+  [ ! -e p ] || fail "--text with --threads: $(cat out.txt)"
+pass "--threads 0, and --threads with --text, are refused (exit 2), saying why"
 
 # --- a vocabulary past 65536 on uint16 shards is refused at start
 printf 'some text to make byte-level shards of, long enough for a sequence or two.\n%.0s' {1..20} > t.txt

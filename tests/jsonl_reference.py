@@ -322,15 +322,17 @@ def main():
             fails.check(rc == 2 and named, "%s: bad line %d (%r) alone: exit 2 naming line 1%s (exit %d: %s)" % (
                 name, k, raw[:40], ", field '%s'" % field if field else "", rc, out.strip()[-160:]))
         padding = {}
-        for overflow, packing in (("split", None), ("drop", None), ("truncate", None), ("split", "in-order")):
+        for k, (overflow, packing) in enumerate((("split", None), ("drop", None), ("truncate", None),
+                                                 ("split", "in-order"))):
             out_dir = "%s_%s" % (name, overflow) + ("_" + packing if packing else "")
             how = "--overflow %s%s" % (overflow, " --pack " + packing if packing else "")
             # every split but drop holds out each file's last quarter (--val-split end), so the e2e
-            # runs have validation data; drop's is spread over the file (the default)
+            # runs have validation data; drop's is spread over the file (the default); each
+            # tokenizes on its own number of threads, 1 to 4
             spread = overflow == "drop"
             rc, out = run_prepare(args, work, base + ["--out", out_dir, "--skip-bad", "--overflow", overflow,
-                                                      "--val-fraction", "0.25"] + (["--pack", packing] if packing else []) +
-                                  ([] if spread else ["--val-split", "end"]))
+                                                      "--val-fraction", "0.25", "--threads", str(1 + k)] +
+                                  (["--pack", packing] if packing else []) + ([] if spread else ["--val-split", "end"]))
             if rc != 0:
                 fails.check(False, "%s %s: prepare exit %d: %s" % (name, how, rc, out[-400:]))
                 continue
