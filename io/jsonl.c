@@ -527,6 +527,17 @@ static int take_line(jsonl_job *j, made_line *m, int to_val) {
     return pack(to_val ? &j->val : &j->train, ex);
 }
 
+/* Every PROGRESS_MS while a file is prepared: how far it is, and how long the rest takes. */
+#define PROGRESS_MS 10000.0
+static void say_progress(const char *path, size_t done, size_t len, double t0, double *said) {
+    double now = strata_now_ms(), mb_s = (double)done / 1048576.0 / ((now - t0) / 1000.0);
+    if (now - *said < PROGRESS_MS || mb_s <= 0) return;
+    *said = now;
+    STRATA_INFO("data", "%s: %.0f of %.0f MB (%.0f%%), %.1f MB/s, about %.0f s to go", path, (double)done / 1048576.0,
+                (double)len / 1048576.0, 100.0 * (double)done / (double)len, mb_s,
+                (double)(len - done) / 1048576.0 / mb_s);
+}
+
 /* One file: its lines made into examples a batch at a time, on the threads, and taken in
  * order, so the shards are those of one thread whatever their number; each batch is taken
  * (packed and written) while the threads make the next. */
@@ -541,12 +552,14 @@ static int one_file(jsonl_job *j, const char *path) {
     line_batch *B = strata_xcalloc(2, sizeof *B);
     for (int k = 0; k < 2; k++) B[k].made = strata_xcalloc(cap, sizeof *B[k].made);
     int rc = 0;
+    double t0 = strata_now_ms(), said = t0;
     if (n) batch_start(j, &B[0], path, buf, lines, 0, batch_end(j, lines, n, 0));
     for (int k = 0; n; k ^= 1) {
         line_batch *cur = &B[k], *next = &B[k ^ 1];
         batch_wait(cur);
         if (cur->e < n) batch_start(j, next, path, buf, lines, cur->e, batch_end(j, lines, n, cur->e));
         for (size_t i = cur->b; i < cur->e && !rc; i++) rc = take_line(j, &cur->made[i - cur->b], val[i]);
+        if (!rc && cur->e < n) say_progress(path, lines[cur->e].start, len, t0, &said);
         if (rc || cur->e == n) {
             batch_wait(next);
             break;
