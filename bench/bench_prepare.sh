@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# bench/bench_prepare.sh: how fast `strata prepare --jsonl` turns conversations into shards,
-# on 1, 2, 4 ... threads up to the CPUs here, as a markdown table (docs/benchmarks.md,
-# "Preparing fine-tuning data"): MB of JSONL a second, and the speed-up over one thread.
-# The conversations are made from tiny shakespeare (a user's line, then a reply of a
-# log-normal number of lines, as bench/bench_packing.sh makes them), repeated to about
-# MB megabytes; the tokenizers are the Llama 3- and Qwen2-style byte-level BPEs the tests
+# bench/bench_prepare.sh: how fast `strata prepare` turns conversations (--jsonl) and plain
+# text (--text) into shards, on 1, 2, 4 ... threads up to the CPUs here, as a markdown table
+# (docs/benchmarks.md, "Preparing data on every core"): MB of input a second, and the
+# speed-up over one thread. The conversations are made from tiny shakespeare (a user's
+# line, then a reply of a log-normal number of lines, as bench/bench_packing.sh makes
+# them), to about MB megabytes; the text is tiny shakespeare repeated to about MB megabytes,
+# one file. The tokenizers are the Llama 3- and Qwen2-style byte-level BPEs the tests
 # build offline (tests/tokenizers_reference.py: 3000 merges, so more merging than the real
 # ones' 128k-150k vocabularies need). Beside them, as the peer: Hugging Face `tokenizers`
 # (Rust, its own thread pool) encoding the same conversations rendered in the chat
@@ -27,10 +28,11 @@ sys.path.insert(0, sys.argv[1])
 import tokenizers_reference as tref
 tref.make_llama3(sys.argv[2], "llama3")
 tref.make_qwen2(sys.argv[2], "qwen2")
+want = int(sys.argv[3]) << 20
 lines = [l.strip() for l in open(sys.argv[2], encoding="utf-8") if l.strip()]
 r, size = random.Random(1), 0
 with open("chat.jsonl", "w") as f:
-    while size < int(sys.argv[3]) << 20:
+    while size < want:
         i = 0
         while i < len(lines):
             n = max(1, int(r.lognormvariate(3.0, 1.0)))
@@ -38,31 +40,43 @@ with open("chat.jsonl", "w") as f:
                     {"role": "assistant", "content": " ".join(lines[i + 1:i + 1 + n])}]
             size += f.write(json.dumps({"messages": conv}) + "\n")
             i += n + 1
+text = open(sys.argv[2], encoding="utf-8").read()
+with open("corpus.txt", "w", encoding="utf-8") as f:
+    f.write(text * max(1, want // len(text.encode())))
 PY
-bytes=$(stat -c %s chat.jsonl)
+mb() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+jsonl_bytes=$(stat -c %s chat.jsonl)
+text_bytes=$(stat -c %s corpus.txt)
 cpus=$(nproc)
 threads="1"
 for t in 2 4 8 16 32 64; do [ "$t" -le "$cpus" ] && threads="$threads $t"; done
 [[ " $threads " == *" $cpus "* ]] || threads="$threads $cpus"
-echo "$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}') MB of JSONL, $(wc -l < chat.jsonl) conversations, $cpus CPUs"
+echo "$(mb "$jsonl_bytes") MB of JSONL ($(wc -l < chat.jsonl) conversations), $(mb "$text_bytes") MB of text, $cpus CPUs"
 echo
-echo "| tokenizer | threads | seconds | MB/s | speed-up |"
-echo "|---|---|---|---|---|"
+echo "| input | tokenizer | threads | seconds | MB/s | speed-up |"
+echo "|---|---|---|---|---|---|"
 for tk in llama3 qwen2; do
   fmt=$([ $tk = llama3 ] && echo llama3 || echo chatml)
-  one=
-  for t in $threads; do
-    start=$(date +%s.%N)
-    "$S" prepare --jsonl chat.jsonl --tokenizer $tk --messages-field messages --chat-format $fmt --seq-len 2048 \
-      --threads "$t" --out "d$t" > /dev/null 2>&1
-    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.2f", b - a}')
-    [ -n "$one" ] || one=$secs
-    for f in d1/*.bin; do cmp -s "$f" "d$t/$(basename "$f")" || { echo "$t threads: $f differs" >&2; exit 1; }; done
-    echo "| $tk | $t | $secs | $(awk -v b="$bytes" -v s="$secs" 'BEGIN {printf "%.1f", b / 1048576 / s}') |" \
-         "$(awk -v a="$one" -v s="$secs" 'BEGIN {printf "%.2fx", a / s}') |"
+  for input in jsonl text; do
+    one=
+    size=$([ $input = jsonl ] && echo "$jsonl_bytes" || echo "$text_bytes")
+    for t in $threads; do
+      start=$(date +%s.%N)
+      if [ $input = jsonl ]; then
+        "$S" prepare --jsonl chat.jsonl --tokenizer $tk --messages-field messages --chat-format $fmt --seq-len 2048 \
+          --threads "$t" --out "d$t" > /dev/null 2>&1
+      else
+        "$S" prepare --text corpus.txt --tokenizer $tk --threads "$t" --out "d$t" > /dev/null 2>&1
+      fi
+      secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.2f", b - a}')
+      [ -n "$one" ] || one=$secs
+      for f in d1/*.bin; do cmp -s "$f" "d$t/$(basename "$f")" || { echo "$t threads: $f differs" >&2; exit 1; }; done
+      echo "| $input | $tk | $t | $secs | $(awk -v b="$size" -v s="$secs" 'BEGIN {printf "%.1f", b / 1048576 / s}') |" \
+           "$(awk -v a="$one" -v s="$secs" 'BEGIN {printf "%.2fx", a / s}') |"
+    done
+    rm -rf d*
   done
-  rm -rf d*
-  "$PY" - "$tk" "$fmt" "$bytes" <<'PY'
+  "$PY" - "$tk" "$fmt" "$jsonl_bytes" <<'PY'
 import json, sys, time
 from tokenizers import Tokenizer
 tk, fmt, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -76,7 +90,7 @@ texts = [render(json.loads(line)["messages"]) for line in open("chat.jsonl", enc
 start = time.perf_counter()
 tok.encode_batch(texts, add_special_tokens=False)
 secs = time.perf_counter() - start
-print("| %s: tokenizers encode_batch (rendered, no JSON, no packing) | all | %.2f | %.1f | |" % (
+print("| jsonl, rendered: tokenizers encode_batch (no JSON, no packing) | %s | all | %.2f | %.1f | |" % (
     tk, secs, size / 1048576 / secs))
 PY
 done

@@ -31,6 +31,13 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* Llama 3's and Qwen2's Split patterns (Qwen2.5's and Qwen3's are Qwen2's), as their
+ * tokenizer.json hold them: pieces they make never cross a cut strata_bpe_line_cuts names. */
+static const char llama3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                                    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 /* An added token and how tokenizers' AddedVocabulary matches it (io/bpe.h, step 1). */
 typedef struct added_token {
     char *content;
@@ -87,6 +94,7 @@ typedef struct pre_step {
     char rep[5];
     size_t rep_len;
     int prepend, split;
+    int line_local; /* Split: Llama 3's or Qwen2's pattern (strata_bpe_line_cuts) */
 } pre_step;
 
 /* A decoder step over the tokens' strings: ByteLevel (characters back to bytes, all tokens
@@ -707,6 +715,7 @@ static int read_pre_tokenizer(strata_bpe *t, const strata_json *pt, const char *
                                invert ? ", inverted" : "");
         st->kind = PRE_SPLIT;
         if (compile_split(&st->re, pat, is_regex, where)) return -1;
+        st->line_local = is_regex && (!strcmp(pat->str, llama3_pattern) || !strcmp(pat->str, qwen2_pattern));
     } else if (!strcmp(type, "Metaspace")) {
         uint32_t cp;
         st->kind = PRE_METASPACE;
@@ -1764,6 +1773,22 @@ int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *n
     free(e.heap);
     if (rc) return strata_fail_wrap("%s", name);
     return 0;
+}
+
+int strata_bpe_line_cuts(const strata_bpe *t) {
+    if (!t->byte_level || t->is_bytes) return 0;
+    for (int k = 0; k < t->n_norm; k++)
+        if (t->norm[k].kind != NORM_NFC) return 0;
+    int splits = 0; /* a step before the first that splits sees the whole text: it must change nothing */
+    for (int k = 0; k < t->n_pre; k++) {
+        const pre_step *st = &t->pre[k];
+        if (st->kind == PRE_METASPACE || (st->kind == PRE_BYTELEVEL && st->add_prefix_space && !splits)) return 0;
+        if (st->kind == PRE_SPLIT && !st->line_local && !splits) return 0;
+        splits |= st->kind == PRE_SPLIT || (st->kind == PRE_BYTELEVEL && st->use_regex);
+    }
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].lstrip || memchr(t->added[i].content, '\n', t->added[i].len)) return 0;
+    return splits;
 }
 
 int strata_bpe_encode_doc(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink,

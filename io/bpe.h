@@ -71,6 +71,15 @@ int strata_bpe_encode(strata_bpe *t, const char *text, size_t len, const char *n
  * (tokenizers' encode(text, add_special_tokens=True)). */
 int strata_bpe_encode_doc(strata_bpe *t, const char *text, size_t len, const char *name, strata_bpe_sink sink,
                           void *ctx);
+/* Whether a text may be cut just after any '\n' that follows a visible ASCII character and
+ * precedes an ASCII letter, its parts encoded apart (on several threads) and their ids
+ * joined, with the ids of the text encoded whole: so for a byte-level tokenizer whose
+ * pieces are GPT-2's pattern's or Llama 3's or Qwen2's Split's (a newline there ends a
+ * piece, the letter starts the next, and no lookahead crosses it), no normalizer but NFC
+ * (nothing composes with a newline), nothing before the first split that changes the text
+ * (a prefix space, Metaspace), and no added token holding a newline or taking the
+ * whitespace before it (lstrip). 0 for any other: it encodes on one thread. */
+int strata_bpe_line_cuts(const strata_bpe *t);
 /* The bytes token `id` stands for (what decoding writes); NULL for an id outside the
  * vocabulary. */
 const unsigned char *strata_bpe_token_bytes(const strata_bpe *t, int id, size_t *len);

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,6 +348,100 @@ static int push_bytes(strata_shard_sink *s, const unsigned char *bytes, size_t n
 /* The BPE encoder's sink: ids into a shard sink. */
 static int push_ids(void *ctx, const int32_t *ids, size_t n) { return strata_shard_sink_push(ctx, ids, NULL, n); }
 
+/* ---- one document on several threads ---- */
+
+/* The first cut strata_bpe_line_cuts allows at or after `from` (just after a '\n' that
+ * follows a visible ASCII character and precedes an ASCII letter), or n. */
+static size_t line_cut(const char *s, size_t from, size_t n) {
+    for (size_t q = from > 1 ? from - 1 : 1; q + 1 < n;) {
+        const char *nl = memchr(s + q, '\n', n - 1 - q);
+        if (!nl) break;
+        q = (size_t)(nl - s);
+        unsigned char before = (unsigned char)s[q - 1], after = (unsigned char)s[q + 1] | 0x20;
+        if (before > ' ' && before < 0x7f && after >= 'a' && after <= 'z') return q + 1;
+        q++;
+    }
+    return n;
+}
+
+/* One part of a document, encoded by a thread into ids. */
+typedef struct doc_part {
+    strata_bpe *tk;
+    const char *s, *name;
+    size_t n;
+    int32_t *ids;
+    size_t n_ids, cap;
+    int rc;
+    char *why;
+} doc_part;
+
+static int keep_ids(void *ctx, const int32_t *ids, size_t n) {
+    doc_part *p = ctx;
+    if (p->n_ids + n > p->cap) {
+        p->cap = p->n_ids + n > 2 * p->cap ? p->n_ids + n : 2 * p->cap;
+        p->ids = strata_xrealloc(p->ids, p->cap * sizeof *p->ids);
+    }
+    memcpy(p->ids + p->n_ids, ids, n * sizeof *ids);
+    p->n_ids += n;
+    return 0;
+}
+
+static void *encode_part(void *arg) {
+    doc_part *p = arg;
+    p->n_ids = 0;
+    p->rc = strata_bpe_encode(p->tk, p->s, p->n, p->name, keep_ids, p);
+    p->why = p->rc ? strata_xstrdup(strata_error()) : NULL;
+    return NULL;
+}
+
+/* A part holds about text / (threads * PARTS_PER_THREAD) bytes, within these bounds: the
+ * threads share the work evenly, and the ids made ahead of the sink stay small. */
+#define PARTS_PER_THREAD 4
+#define PART_MIN ((size_t)64 << 10)
+#define PART_MAX ((size_t)8 << 20)
+
+/* strata_bpe_encode_doc of text[0, n) into sink, on up to `threads` threads when the
+ * tokenizer allows its cuts (strata_bpe_line_cuts): parts cut there, a round of `threads`
+ * at a time, pushed in order, so the ids are the text's encoded whole. */
+static int encode_doc_threads(strata_bpe *tk, const char *text, size_t n, const char *name, int threads,
+                              strata_shard_sink *sink) {
+    if (threads > STRATA_PREPARE_MAX_THREADS) threads = STRATA_PREPARE_MAX_THREADS;
+    if (threads < 2 || n < 2 * PART_MIN || !strata_bpe_line_cuts(tk))
+        return strata_bpe_encode_doc(tk, text, n, name, push_ids, sink);
+    const int32_t *prefix, *suffix;
+    int n_prefix, n_suffix;
+    strata_bpe_template(tk, &prefix, &n_prefix, &suffix, &n_suffix);
+    if (n_prefix && strata_shard_sink_push(sink, prefix, NULL, (size_t)n_prefix)) return -1;
+    size_t size = n / ((size_t)threads * PARTS_PER_THREAD);
+    size = size < PART_MIN ? PART_MIN : size > PART_MAX ? PART_MAX : size;
+    doc_part part[STRATA_PREPARE_MAX_THREADS] = {{0}};
+    pthread_t tid[STRATA_PREPARE_MAX_THREADS];
+    int rc = 0;
+    size_t parts = 0;
+    for (size_t at = 0; at < n && !rc;) {
+        int k = 0, started[STRATA_PREPARE_MAX_THREADS] = {0};
+        for (; k < threads && at < n; k++, parts++) {
+            size_t end = n - at > size ? line_cut(text, at + size, n) : n;
+            part[k].tk = tk, part[k].s = text + at, part[k].n = end - at, part[k].name = name;
+            at = end;
+            started[k] = !pthread_create(&tid[k], NULL, encode_part, &part[k]);
+            if (!started[k]) encode_part(&part[k]);
+        }
+        for (int i = 0; i < k; i++)
+            if (started[i]) pthread_join(tid[i], NULL);
+        for (int i = 0; i < k; i++) {
+            if (!rc && part[i].rc) rc = strata_fail("%s", part[i].why);
+            if (!rc) rc = strata_shard_sink_push(sink, part[i].ids, NULL, part[i].n_ids);
+            free(part[i].why);
+            part[i].why = NULL;
+        }
+    }
+    for (int i = 0; i < threads; i++) free(part[i].ids);
+    STRATA_DEBUG("data", "%s: %zu bytes encoded in %zu parts on %d threads", name, n, parts, threads);
+    if (!rc && n_suffix) rc = strata_shard_sink_push(sink, suffix, NULL, (size_t)n_suffix);
+    return rc ? -1 : 0;
+}
+
 static int read_whole_file(const char *path, unsigned char **out, size_t *out_len) {
     char *buf;
     size_t len;
@@ -367,6 +462,7 @@ typedef struct text_job {
     double val_fraction;
     size_t max_shard_tokens;
     strata_bpe *tk;
+    int threads;
     strata_shard_sink train, val;
 } text_job;
 
@@ -406,8 +502,8 @@ static int write_prepared(void *ctx, const char *dir) {
             rc = push_bytes(train, bytes, n_train);
             if (rc == 0) rc = push_bytes(val, bytes + n_train, n_val);
         } else {
-            rc = strata_bpe_encode_doc(tk, (const char *)bytes, n_train, path, push_ids, train);
-            if (rc == 0 && n_val) rc = strata_bpe_encode_doc(tk, (const char *)bytes + n_train, n_val, path, push_ids, val);
+            rc = encode_doc_threads(tk, (const char *)bytes, n_train, path, j->threads, train);
+            if (rc == 0 && n_val) rc = encode_doc_threads(tk, (const char *)bytes + n_train, n_val, path, j->threads, val);
         }
         free(bytes);
     }
@@ -596,7 +692,7 @@ int strata_prepare_dir(const char *out_dir, strata_prepare_fill fill, void *ctx,
 }
 
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
-                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk) {
+                        double val_fraction, size_t max_shard_tokens, strata_bpe *tk, int threads) {
     if (n_files <= 0) return strata_fail("prepare: no text files given (out_dir %s)", out_dir);
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return strata_fail("prepare: val_fraction %g is outside [0, 1)", val_fraction);
@@ -604,7 +700,8 @@ int strata_prepare_text(const char *const *text_files, int n_files, const char *
         return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", max_shard_tokens,
                            INT32_MAX);
     text_job j = {.files = text_files, .n_files = n_files, .val_fraction = val_fraction,
-                  .max_shard_tokens = max_shard_tokens, .tk = tk};
+                  .max_shard_tokens = max_shard_tokens, .tk = tk,
+                  .threads = threads > 0 ? threads : strata_cpus_available()};
     int kept = 0;
     int rc = strata_prepare_dir(out_dir, write_prepared, &j, &kept);
     if (rc) return rc;

@@ -89,7 +89,10 @@ void strata_shard_close(strata_shard *sh);
  * Llama's BOS); either way the tokenizer is written beside the shards as tokenizer.json
  * (for bytes, the equivalent Hugging Face tokenizer; tokenizer_config.json too when the
  * tokenizer has one), which is how a run learns what its tokens mean.
- * max_shard_tokens bounds a shard's size. Reports counts through the info log.
+ * max_shard_tokens bounds a shard's size. Reports counts through the info log. A document
+ * is encoded on up to `threads` threads (0: the CPUs it may use) in parts, when the
+ * tokenizer allows the cuts (io/bpe.h strata_bpe_line_cuts), else on one: the ids are the
+ * same.
  *
  * out_dir is replaced whole, never mixed: everything is written into a fresh directory
  * beside it (".<name>.prepare-<pid>"), which then takes its place in one step
@@ -106,7 +109,9 @@ void strata_shard_close(strata_shard *sh);
 #define STRATA_PREPARE_REFUSED (-2)
 struct strata_bpe;
 int strata_prepare_text(const char *const *text_files, int n_files, const char *out_dir,
-                        double val_fraction, size_t max_shard_tokens, struct strata_bpe *tk);
+                        double val_fraction, size_t max_shard_tokens, struct strata_bpe *tk, int threads);
+/* The threads a preparation encodes on at most (threads 0: the CPUs it may use). */
+#define STRATA_PREPARE_MAX_THREADS 64
 
 /* What every kind of preparation shares (strata_prepare_text, io/jsonl.h): fill(ctx, dir)
  * writes the new data into the fresh directory `dir`; out_dir is then replaced by it as

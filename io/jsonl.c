@@ -445,13 +445,13 @@ static void *make_lines(void *arg) {
 }
 
 /* A batch of a file's lines, [b, e), being made into made[0, e - b) by up to
- * STRATA_JSONL_MAX_THREADS threads, each a run of lines of about the same bytes. */
+ * STRATA_PREPARE_MAX_THREADS threads, each a run of lines of about the same bytes. */
 typedef struct line_batch {
     size_t b, e;
     made_line *made;
-    batch_part part[STRATA_JSONL_MAX_THREADS];
-    pthread_t tid[STRATA_JSONL_MAX_THREADS];
-    int started[STRATA_JSONL_MAX_THREADS];
+    batch_part part[STRATA_PREPARE_MAX_THREADS];
+    pthread_t tid[STRATA_PREPARE_MAX_THREADS];
+    int started[STRATA_PREPARE_MAX_THREADS];
     int n_parts;
 } line_batch;
 
@@ -625,7 +625,7 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     if (o->max_shard_tokens == 0 || o->max_shard_tokens > (size_t)INT32_MAX)
         return strata_fail("prepare: max_shard_tokens %zu is outside [1, %d]", o->max_shard_tokens, INT32_MAX);
     int threads = o->threads > 0 ? o->threads : strata_cpus_available();
-    if (threads > STRATA_JSONL_MAX_THREADS) threads = STRATA_JSONL_MAX_THREADS;
+    if (threads > STRATA_PREPARE_MAX_THREADS) threads = STRATA_PREPARE_MAX_THREADS;
     jsonl_job j = {.o = o, .mk = {.o = o, .tk = tk}, .threads = threads, .r = r};
     j.train.T = j.val.T = o->seq_len;
     j.train.open_max = j.val.open_max = o->pack_in_order ? 1 : PACK_OPEN_BEST_FIT;

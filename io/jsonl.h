@@ -79,11 +79,10 @@ typedef struct strata_jsonl_opts {
     int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
     double val_fraction;
     size_t max_shard_tokens;
-    int threads;        /* threads tokenizing lines (one more packs): 0, the CPUs this process may use */
+    int threads;        /* threads tokenizing lines (one more packs): 0, the CPUs this process may use; at
+                         * most STRATA_PREPARE_MAX_THREADS (io/data.h) */
 } strata_jsonl_opts;
 
-/* The threads strata_jsonl_opts.threads is capped at. */
-#define STRATA_JSONL_MAX_THREADS 64
 
 typedef struct strata_jsonl_report {
     size_t examples, bad;             /* examples packed; lines skipped */

@@ -53,7 +53,7 @@ static const struct {
      "than hang).\n"},
     {"prepare",
      "usage: strata prepare --text FILE... --out DIR [--tokenizer DIR|tokenizer.json]\n"
-     "                      [--val-fraction F] [--shard-tokens N]\n"
+     "                      [--val-fraction F] [--shard-tokens N] [--threads N]\n"
      "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
      "                      (--text-field F | --prompt-field P --response-field R |\n"
      "                       --messages-field M [--chat-format llama3|chatml])\n"
@@ -102,8 +102,10 @@ static const struct {
      "  --val-split spread|end  JSONL: which examples of each file are held out: spread over it (the\n"
      "                       default: those whose line index hashes lowest) or its last ones\n"
      "  --shard-tokens N     tokens per shard at most (default 100000000)\n"
-     "  --threads N          JSONL: lines tokenized at once (default: the CPUs prepare may run on);\n"
-     "                       the shards are the same for any N\n"},
+     "  --threads N          threads that tokenize (default: the CPUs prepare may run on): JSONL's\n"
+     "                       lines, a batch at a time; a text file in parts cut after a newline, when\n"
+     "                       the tokenizer's pieces never cross one (GPT-2's, Llama 3's, Qwen's; one\n"
+     "                       thread for others). The shards are the same for any N\n"},
     {"config",
      "usage: strata config [CONFIG] [--set section.key=value]...\n"
      "       strata config --from-deepspeed ds_config.json [--world N] [--base CONFIG]\n"

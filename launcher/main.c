@@ -61,6 +61,7 @@ typedef struct prepare_args {
 static int prepare_usage(const char *why, const char *arg) {
     if (why) fprintf(stderr, "strata prepare: %s%s%s%s\n", why, arg ? " '" : "", arg ? arg : "", arg ? "'" : "");
     fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n"
+                    "                      [--threads N]\n"
                     "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
                     "                      (--text-field F | --prompt-field P --response-field R |\n"
                     "                       --messages-field M [--chat-format llama3|chatml])\n"
@@ -107,7 +108,7 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
                                                              : &a->threads;
             const char *name = argv[i];
             *num = strtoll(argv[++i], &end, 10);
-            long long most = num == &a->threads ? STRATA_JSONL_MAX_THREADS : INT32_MAX;
+            long long most = num == &a->threads ? STRATA_PREPARE_MAX_THREADS : INT32_MAX;
             if (*end || *num < 1 || *num > most) {
                 char why[96];
                 snprintf(why, sizeof why, "%s expects an integer in [1, %lld], got", name, most);
@@ -122,10 +123,9 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     }
     if (!a->n || !a->out) return prepare_usage(NULL, NULL);
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
-    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len ||
-                      a->threads))
+    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len))
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
-                             "--seq-len, --pack, --overflow, --val-split, --skip-bad and --threads go with --jsonl", NULL);
+                             "--seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl", NULL);
     if (!a->jsonl) return 0;
     if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
@@ -209,7 +209,7 @@ static int cmd_prepare(int argc, char **argv) {
     if (!rc && a.jsonl) {
         rc = prepare_jsonl(&a, tk);
     } else if (!rc) {
-        int prc = strata_prepare_text(a.files, a.n, a.out, a.val_fraction, (size_t)a.shard_tokens, tk);
+        int prc = strata_prepare_text(a.files, a.n, a.out, a.val_fraction, (size_t)a.shard_tokens, tk, (int)a.threads);
         if (prc) {
             fprintf(stderr, "strata prepare: %s\n", strata_error());
             rc = prc == STRATA_PREPARE_REFUSED ? STRATA_EXIT_USAGE : STRATA_EXIT_ERROR;

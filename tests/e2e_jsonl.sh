@@ -196,9 +196,7 @@ fi
 pass "--pack tight is refused (exit 2), naming the choices"
 [ "$(code "$S" prepare --jsonl none.jsonl --tokenizer $tok --text-field text --seq-len 64 --threads 0 --out p)" = 2 ] &&
   grep -q "threads expects an integer in \[1, 64\], got '0'" out.txt && [ ! -e p ] || fail "--threads 0: $(cat out.txt)"
-[ "$(code "$S" prepare --text none.txt --threads 2 --out p)" = 2 ] && grep -q "threads go with --jsonl" out.txt &&
-  [ ! -e p ] || fail "--text with --threads: $(cat out.txt)"
-pass "--threads 0, and --threads with --text, are refused (exit 2), saying why"
+pass "--threads 0 is refused (exit 2), saying why"
 
 # --- a vocabulary past 65536 on uint16 shards is refused at start
 printf 'some text to make byte-level shards of, long enough for a sequence or two.\n%.0s' {1..20} > t.txt

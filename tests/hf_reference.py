@@ -149,8 +149,9 @@ def tokenizers_equal(args, work, fails, transformers, corpus):
     hf = Tokenizer.from_file(tok_json)
 
     def strata_ids(tokenizer, path, out):
-        run([args.strata, "prepare", "--tokenizer", tokenizer, "--text", path, "--out", out, "--val-fraction", "0"],
-            work, "prepare --tokenizer")
+        # on 3 threads: GPT-2's pattern lets prepare cut tiny shakespeare into parts (io/bpe.h)
+        run([args.strata, "prepare", "--tokenizer", tokenizer, "--text", path, "--out", out, "--val-fraction", "0",
+             "--threads", "3"], work, "prepare --tokenizer")
         return read_shards(os.path.join(work, out))
 
     texts = {}

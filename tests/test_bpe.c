@@ -340,6 +340,70 @@ static void test_split_layout(void) {
     strata_bpe_free(t);
 }
 
+/* strata_bpe_line_cuts: which tokenizers a text may be cut for (after a '\n' that follows
+ * a visible ASCII character, before an ASCII letter), and that the parts' ids joined are
+ * the whole's there. tests/tokenizers_reference.py and hf_reference.py hold prepare's cuts
+ * to tokenizers' ids on the real layouts. */
+static void test_line_cuts(void) {
+    char j[4096], k[4096];
+    tokenizer_json(j, sizeof j, "[\"a b\",[\"b\",\"c\"],\"\xc4\xa0 a\",\"a a\"]", "false", "");
+    strata_bpe *t = load_text("cuts.json", j);
+    CHECK(t && strata_bpe_line_cuts(t), "GPT-2's layout (ByteLevel with its pattern) may be cut");
+    /* each text cut at its one allowed cut: the parts' ids joined are the whole's */
+    static const char *const texts[][2] = {{"ab c\n", "abc\n\nb a"}, {"a\n", "b  c\n"}, {"b  bc\n", "c ab  "}};
+    for (int i = 0; t && i < 3; i++) {
+        char whole[256], joined[1100];
+        snprintf(whole, sizeof whole, "%s%s", texts[i][0], texts[i][1]);
+        snprintf(joined, sizeof joined, "%s", enc(t, texts[i][0], strlen(texts[i][0])));
+        const char *second = enc(t, texts[i][1], strlen(texts[i][1]));
+        snprintf(joined + strlen(joined), sizeof joined - strlen(joined), " %s", second);
+        const char *all = enc(t, whole, strlen(whole));
+        CHECK(!strcmp(all, joined), "cut after a newline before a letter: the parts' ids joined are the whole's (%s)",
+              all);
+    }
+    strata_bpe_free(t);
+#define EDIT(from, to) edit(k, sizeof k, j, from, to)
+    t = load_text("cuts_nfc.json", EDIT("\"normalizer\":null", "\"normalizer\":{\"type\":\"NFC\"}"));
+    CHECK(t && strata_bpe_line_cuts(t), "NFC before it: may be cut (nothing composes with a newline)");
+    strata_bpe_free(t);
+    t = load_text("cuts_prepend.json", EDIT("\"normalizer\":null", "\"normalizer\":{\"type\":\"Prepend\",\"prepend\":\"x\"}"));
+    CHECK(t && !strata_bpe_line_cuts(t), "Prepend before it: may not (each part would gain the prefix)");
+    strata_bpe_free(t);
+    t = load_text("cuts_space.json", EDIT("\"add_prefix_space\":false", "\"add_prefix_space\":true"));
+    CHECK(t && !strata_bpe_line_cuts(t), "ByteLevel with add_prefix_space: may not (each part would gain a space)");
+    strata_bpe_free(t);
+    t = load_text("cuts_noregex.json", EDIT("\"use_regex\":true", "\"use_regex\":false"));
+    CHECK(t && !strata_bpe_line_cuts(t), "ByteLevel without its pattern: may not (the whole text is one piece)");
+    strata_bpe_free(t);
+    /* Split: Llama 3's pattern may be cut, another may not */
+    const char *llama3 = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+                         "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}"
+                         "\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":\"Isolated\","
+                         "\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}";
+    char pre[1024];
+    snprintf(pre, sizeof pre, "\"pre_tokenizer\":%s", llama3);
+    const char *from = strstr(j, "\"pre_tokenizer\":"), *to = strstr(j, ",\"post_processor\"");
+    snprintf(k, sizeof k, "%.*s%s%s", (int)(from - j), j, pre, to);
+    t = load_text("cuts_llama3.json", k);
+    CHECK(t && strata_bpe_line_cuts(t), "Llama 3's Split, then ByteLevel: may be cut (%s)", t ? "" : strata_error());
+    strata_bpe_free(t);
+    char *p = strstr(k, "\\\\p{N}{1,3}");
+    if (p) memcpy(p, "\\\\p{N}{1,4}", 11);
+    t = load_text("cuts_other.json", k);
+    CHECK(p && t && !strata_bpe_line_cuts(t), "another Split pattern: may not (its pieces are not known to end there)");
+    strata_bpe_free(t);
+#undef EDIT
+    t = with_added("cuts_lstrip.json", ADDED(11, "ca", "\"lstrip\":true,\"normalized\":false"));
+    CHECK(t && !strata_bpe_line_cuts(t), "an added token with lstrip: may not (it takes the newline along)");
+    strata_bpe_free(t);
+    t = with_added("cuts_newline.json", ADDED(11, "\\nc", "\"normalized\":false"));
+    CHECK(t && !strata_bpe_line_cuts(t), "an added token holding a newline: may not (it spans the cut)");
+    strata_bpe_free(t);
+    t = with_added("cuts_plain.json", ADDED(11, "ca", "\"rstrip\":true,\"normalized\":false"));
+    CHECK(t && strata_bpe_line_cuts(t), "an added token with rstrip only: may be cut");
+    strata_bpe_free(t);
+}
+
 /* Llama 2's layout: a vocabulary of text, Prepend + Replace, byte fallback, the unknown
  * token, a template of <s>, and the Replace/ByteFallback/Fuse/Strip decoder; then the same
  * vocabulary with Metaspace (prepend_scheme first) as newer files write it. */
@@ -516,6 +580,7 @@ int main(int argc, char **argv) {
     test_added_tokens();
     test_refusals();
     test_split_layout();
+    test_line_cuts();
     test_sentencepiece_layout();
     test_nfc();
     test_config();

@@ -500,7 +500,7 @@ static void test_prepare_text(void) {
     strata_shard_write(p, &z, 1);
 
     const char *files[2] = {f1, f2};
-    CHECK(strata_prepare_text(files, 2, out, 0.1, 256, NULL) == 0, "prepare_text on two files");
+    CHECK(strata_prepare_text(files, 2, out, 0.1, 256, NULL, 0) == 0, "prepare_text on two files");
     CHECK(access(p, F_OK) != 0, "stale train_000009.bin removed");
     /* train: 900 + 270 = 1170 bytes -> 256*4 + 146; val: 100 + 30 = 130 -> one shard. */
     unsigned char want_train[1170], want_val[130];
@@ -540,18 +540,18 @@ static void test_prepare_text(void) {
 
     write_file(tpath(p, "empty.txt"), t1, 0);
     const char *bad[1] = {p};
-    CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL) != 0, "empty text file refused");
+    CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL, 0) != 0, "empty text file refused");
     snprintf(msg, sizeof msg, "prepare into %s (left as it was): %s: text file is empty (nothing to tokenise)", out, p);
     CHECK(error_is(msg), "empty-file message names the file");
     tpath(p, "missing.txt");
-    CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL) != 0, "missing text file refused");
+    CHECK(strata_prepare_text(bad, 1, out, 0.1, 256, NULL, 0) != 0, "missing text file refused");
     snprintf(msg, sizeof msg, "prepare into %s (left as it was): %s: cannot read: No such file or directory", out, p);
     CHECK(error_is(msg), "missing-file message names the file");
     /* the failed preparations left the earlier one as it was (tests/e2e_prepare.sh has more) */
     snprintf(p, sizeof p, "%s/train_000004.bin", out);
     CHECK(strata_shard_open(&sh, p) == 0 && sh.n_tokens == 146, "the shards of the earlier preparation are still there");
     if (sh.map) strata_shard_close(&sh);
-    CHECK(strata_prepare_text(files, 2, out, 1.5, 256, NULL) != 0 &&
+    CHECK(strata_prepare_text(files, 2, out, 1.5, 256, NULL, 0) != 0 &&
               error_is("prepare: val_fraction 1.5 is outside [0, 1)"),
           "val_fraction 1.5 refused");
 }

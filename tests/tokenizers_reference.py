@@ -23,7 +23,8 @@ have, trained on tiny shakespeare:
            its decomposition, shuffled combining marks and Hangul jamo.
 Each encodes tiny shakespeare and a Unicode-heavy text (emoji, CJK, combining marks, CRLF,
 runs of spaces, digit runs, contractions, the special tokens' strings) with `strata prepare
---tokenizer` (ids read back from its shards) and must give tokenizers' encode(text).ids;
+--tokenizer` (ids read back from its shards) and must give tokenizers' encode(text).ids,
+on one thread and on three (Llama 3's and Qwen2's cut into parts there, the others not);
 `test_bpe --decode` must give tokenizers' decode(ids, skip_special_tokens=False).
 
 Exits 77 (the ctest skip code) when `tokenizers` cannot be imported.
@@ -33,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -243,10 +245,26 @@ def nfc_text():
 
 # ---- the comparison ----
 
-def strata_ids(args, work, tok_dir, text_path, out):
-    run([args.strata, "prepare", "--tokenizer", tok_dir, "--text", text_path, "--out", out, "--val-fraction", "0"],
-        work, "prepare --tokenizer %s" % os.path.basename(tok_dir))
-    return shard_io.read_ids(os.path.join(work, out))
+# The fixtures whose text prepare cuts into parts on several threads (io/bpe.h
+# strata_bpe_line_cuts: Llama 3's and Qwen2's Split patterns); the others encode on one.
+CUTS = {"llama3", "qwen2"}
+
+
+def strata_ids(args, work, fails, name, tok_dir, text_path, out):
+    """The ids prepare writes on one thread; on three it must write the same, in parts
+    exactly for the fixtures of CUTS (the debug log says how many)."""
+    base = [args.strata, "prepare", "--tokenizer", tok_dir, "--text", text_path, "--val-fraction", "0"]
+    run(base + ["--out", out, "--threads", "1"], work, "prepare --tokenizer %s" % os.path.basename(tok_dir))
+    ids = shard_io.read_ids(os.path.join(work, out))
+    if os.path.getsize(text_path) >= (128 << 10):
+        p = subprocess.run(base + ["--out", out + "_t3", "--threads", "3"], cwd=work, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=dict(os.environ, STRATA_LOG="debug"))
+        parts = re.search(r"encoded in (\d+) parts on 3 threads", p.stdout + p.stderr)
+        same = p.returncode == 0 and shard_io.read_ids(os.path.join(work, out + "_t3")) == ids
+        fails.check(same and (name in CUTS) == bool(parts and int(parts.group(1)) > 1),
+                    "%s, %s: on 3 threads, the ids of one (%s)" % (
+                        name, os.path.basename(text_path), "%s parts" % parts.group(1) if parts else "not cut"))
+    return ids
 
 
 def shard_bits(work, out):
@@ -257,7 +275,7 @@ def shard_bits(work, out):
 
 def compare(args, work, fails, name, hf, tok_dir, path, text):
     out = "ids_%s_%s" % (name, os.path.basename(path).split(".")[0])
-    got = strata_ids(args, work, tok_dir, path, out)
+    got = strata_ids(args, work, fails, name, tok_dir, path, out)
     want = hf.encode(text).ids
     first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if first is None and len(got) != len(want):
@@ -305,7 +323,7 @@ def main():
         shakespeare = f.read()
     uni = os.path.join(work, "unicode.txt")
     with open(uni, "w", encoding="utf-8", newline="") as f:
-        f.write(UNICODE_TEXT * 3)
+        f.write(UNICODE_TEXT * 150)  # 160 KB: cut into parts on several threads
     only = set(filter(None, args.only.split(",")))
 
     fixtures = []
@@ -329,7 +347,7 @@ def main():
             own = [1] + sp.encode(shakespeare)
             fails.check(want == own, "mistral: the converted fixture gives sentencepiece's own ids on tiny shakespeare "
                         "(%d), so it is the SentencePiece model" % len(own))
-        compare(args, work, fails, name, hf, d, uni, UNICODE_TEXT * 3)
+        compare(args, work, fails, name, hf, d, uni, UNICODE_TEXT * 150)
     if not only or "nfc" in only:
         text = nfc_text()
         path = os.path.join(work, "nfc.txt")
