@@ -122,6 +122,7 @@ static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
 static const char *const grad_home_names[] = {"none", "cpu", NULL}; /* a prefix of offload_names */
 static const char *const arch_names[] = {"gpt2", "llama", NULL};
 static const char *const rope_names[] = {"none", "llama3", NULL};
+static const char *const eval_start_names[] = {"auto", "true", "false", NULL};
 static const char *const hf_type_names[] = {"auto", "gpt2", "llama", "mistral", "qwen2", "qwen3", NULL};
 
 #define OFF(field) offsetof(strata_config, field)
@@ -201,7 +202,12 @@ static const key_spec schema[] = {
     INT_("train", "grad_accum", train.grad_accum, 1, 65536, "1", "micro-steps per optimizer step"),
     ROW("train", "seed", K_UINT64, train.seed, 0, 0, NULL, "1337", 0, "seed for init, data order, sampling"),
     INT_("train", "eval_every", train.eval_every, 0, BIG, "100", "steps between validation passes; 0 = never"),
-    INT_("train", "eval_batches", train.eval_batches, 1, 1000000, "8", "micro-batches per validation pass"),
+    INT_("train", "eval_batches", train.eval_batches, 0, 1000000, "8",
+         "micro-batches per validation pass; 0 = the whole validation set (its sequences that fill whole micro-batches "
+         "on every rank, at least one micro-batch)"),
+    ENUM_("train", "eval_at_start", train.eval_at_start, eval_start_names, "auto",
+          "a validation pass before the first step, so the curve starts where the weights did (metrics.jsonl's step "
+          "0); auto = when the run starts from model.init_from (a resume never does)"),
     INT_("train", "log_every", train.log_every, 1, BIG, "1", "steps between log lines"),
     INT_("train", "sample_every", train.sample_every, 0, BIG, "0",
          "steps between text samples; 0 = only at the end"),

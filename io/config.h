@@ -25,6 +25,8 @@ typedef enum { STRATA_COMM_AUTO = 0, STRATA_COMM_MPI, STRATA_COMM_NCCL } strata_
 #define STRATA_AUTO (-1.0)
 
 typedef enum { STRATA_OFFLOAD_NONE = 0, STRATA_OFFLOAD_CPU, STRATA_OFFLOAD_NVME } strata_offload_choice;
+/* train.eval_at_start: auto = when the run starts from model.init_from (never on a resume) */
+typedef enum { STRATA_EVAL_START_AUTO = 0, STRATA_EVAL_START_TRUE, STRATA_EVAL_START_FALSE } strata_eval_start;
 /* model.hf_model_type: the Hugging Face model_type export writes (with its architecture);
  * auto = gpt2 for GPT-2, and for the Llama family qwen3 with qk_norm, qwen2 with qkv_bias,
  * llama otherwise */
@@ -76,7 +78,8 @@ typedef struct strata_config {
         int grad_accum;  /* micro-steps per optimizer step */
         uint64_t seed;
         int eval_every; /* steps between validation passes; 0 = never */
-        int eval_batches;
+        int eval_batches; /* micro-batches a pass; 0 = the whole validation set */
+        int eval_at_start; /* strata_eval_start: a pass before the first step */
         int log_every;
         int sample_every; /* steps between text samples; 0 = only at the end */
         int sample_tokens;

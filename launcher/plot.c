@@ -3,7 +3,7 @@
  *
  * The metrics file is parsed by a small scanner for flat JSON objects that keeps the
  * numeric fields it knows and skips everything else; the one nested object it reads, the
- * "plan" of a run's first row (launcher/train.c), goes through io/json.c. A malformed line
+ * "plan" of a run's first step's row (launcher/train.c), goes through io/json.c. A malformed line
  * costs a warning, not the plot.
  *
  * Every curve carries the points it draws in data units (data-run, data-points="step,value
@@ -97,7 +97,7 @@ static int key_is(const char *k, size_t klen, const char *name) {
     return strlen(name) == klen && memcmp(k, name, klen) == 0;
 }
 
-/* The "plan" object [p, end) of a first row (launcher/train.c, write_plan) into plan. */
+/* The "plan" object [p, end) of a first step's row (launcher/train.c, write_plan) into plan. */
 static int parse_plan(const char *p, const char *end, run_plan *plan, char *why, size_t why_len) {
     strata_json_doc doc;
     if (strata_json_parse(&doc, p, (size_t)(end - p), "plan")) {

@@ -1,6 +1,7 @@
 /* launcher/train.c: `strata train`, the training run, as its phases in the order
  * strata_cmd_train runs them. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@
 
 /* ---- metrics ---- */
 
-/* On resume, cuts metrics.jsonl back to one history: the rows of steps 1..last_step, each
+/* On resume, cuts metrics.jsonl back to one history: the rows of steps 0..last_step, each
  * once, in order. Rows of later steps (a run that went further and was killed), a last
  * line cut short (a full disk, a kill mid-write) and repeats are dropped. The file is
  * rewritten through path.tmp, fsynced and renamed; on any failure the .tmp is removed and
@@ -69,7 +70,7 @@ static int metrics_truncate(const char *path, int64_t last_step) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
-    int64_t prev = 0;
+    int64_t prev = -1; /* step 0: the validation before the first step (train.eval_at_start) */
     int e = 0;
     while ((n = getline(&line, &cap, in)) > 0) {
         if (line[n - 1] != '\n') continue; /* cut short */
@@ -1004,6 +1005,45 @@ static void figure(step_record *r, const char *key, const char *fmt, double v) {
     r->n_tb++;
 }
 
+/* The start of step `step`'s record (rank 0): metrics.jsonl's line opened on its step. NULL
+ * line when out of host memory. */
+static step_record open_record(char **text, size_t *len, int64_t step) {
+    step_record rec = {.line = open_memstream(text, len)};
+    if (rec.line) fprintf(rec.line, "{\"step\": %lld", (long long)step);
+    return rec;
+}
+
+/* The record of step `step` closed and written: its line to metrics.jsonl, flushed, its
+ * scalars as one TensorBoard event; an event that cannot be written takes the line back
+ * too, so both records end at the same step. 0 or -1 + error, t->record_failed naming the
+ * file. */
+static int commit_record(trainer *t, int64_t step, step_record *rec, char **text, size_t *len) {
+    fprintf(rec->line, "}\n");
+    if (fclose(rec->line) != 0) {
+        free(*text);
+        return strata_fail("metrics: out of host memory for a line");
+    }
+    errno = 0;
+    int bad = fwrite(*text, 1, *len, t->metrics) != *len || fflush(t->metrics) != 0;
+    int e = errno ? errno : EIO;
+    free(*text);
+    if (bad) return metrics_failed(t, e);
+    if (t->tb && strata_tb_write_scalars(t->tb, step, rec->tb, rec->n_tb)) {
+        snprintf(t->record_failed, sizeof t->record_failed, "the TensorBoard events (%s)", strata_tb_path(t->tb));
+        char why[1200];
+        snprintf(why, sizeof why, "%s", strata_error());
+        /* the line just written goes too: both records end at the previous step */
+        if (ftruncate(fileno(t->metrics), (off_t)t->metrics_good_bytes) != 0 ||
+            fseek(t->metrics, t->metrics_good_bytes, SEEK_SET) != 0)
+            STRATA_WARN("train", "%s: cannot take back step %lld's line: %s", t->metrics_path, (long long)step,
+                        strerror(errno));
+        return strata_fail("%s (metrics.jsonl's line of this step is taken back, so both end at step %lld)", why,
+                           (long long)step - 1);
+    }
+    t->metrics_good_bytes += (long)*len;
+    return 0;
+}
+
 /* The plan this run allocated, once per run (its first row): bytes per tier and category
  * (the five of `strata plan`'s table), each tier's capacity (0: unknown) and the device's
  * runtime row. metrics.jsonl's rows carry what a step measured; what the plan holds and
@@ -1039,10 +1079,9 @@ static int write_metrics(trainer *t, const step_figures *f) {
     /* the line is made in memory and written at once, so the write's errno is its own */
     char *text = NULL;
     size_t len = 0;
-    step_record rec = {.line = open_memstream(&text, &len)};
+    step_record rec = open_record(&text, &len, f->done);
     FILE *m = rec.line;
     if (!m) return strata_fail("metrics: out of host memory for a line");
-    fprintf(m, "{\"step\": %lld", (long long)f->done);
     figure(&rec, "loss", "%.9g", r->loss);
     if (f->eval_now) figure(&rec, "val_loss", "%.9g", f->val_loss);
     figure(&rec, "lr", "%.9g", r->lr);
@@ -1092,31 +1131,9 @@ static int write_metrics(trainer *t, const step_figures *f) {
 #undef SPLIT_SECONDS_
 #undef SPLIT_COUNTS_
     }
-    fprintf(m, "}\n");
-    if (fclose(m) != 0) {
-        free(text);
-        return strata_fail("metrics: out of host memory for a line");
-    }
-    errno = 0;
-    int bad = fwrite(text, 1, len, t->metrics) != len || fflush(t->metrics) != 0;
-    int e = errno ? errno : EIO;
-    free(text);
-    if (bad) return metrics_failed(t, e);
-    if (t->tb && strata_tb_write_scalars(t->tb, f->done, rec.tb, rec.n_tb)) {
-        snprintf(t->record_failed, sizeof t->record_failed, "the TensorBoard events (%s)", strata_tb_path(t->tb));
-        char why[1200];
-        snprintf(why, sizeof why, "%s", strata_error());
-        /* the line just written goes too: both records end at the previous step */
-        if (ftruncate(fileno(t->metrics), (off_t)t->metrics_good_bytes) != 0 ||
-            fseek(t->metrics, t->metrics_good_bytes, SEEK_SET) != 0)
-            STRATA_WARN("train", "%s: cannot take back step %lld's line: %s", t->metrics_path, (long long)f->done,
-                        strerror(errno));
-        return strata_fail("%s (metrics.jsonl's line of this step is taken back, so both end at step %lld)", why,
-                           (long long)f->done - 1);
-    }
-    t->metrics_good_bytes += (long)len;
-    return 0;
+    return commit_record(t, f->done, &rec, &text, &len);
 }
+
 
 /* A step whose loss is not finite: a device fault on some rank (checkpoint what is intact,
  * exit 4) or a diverged run (stop, exit 1). Every rank comes here together. */
@@ -1156,6 +1173,57 @@ static int metrics_stop(trainer *t, int64_t done, double loss, int64_t last_save
     return STRATA_EXIT_ERROR;
 }
 
+/* The micro-batches of a validation pass: train.eval_batches, or for 0 every sequence of
+ * data.val that fills a whole micro-batch on every rank (at least one micro-batch). */
+static int eval_batches(const trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    if (cfg->train.eval_batches > 0) return cfg->train.eval_batches;
+    uint64_t per = (uint64_t)cfg->train.micro_batch * (uint64_t)t->world, n = t->val.n_chunks / per;
+    return n < 1 ? 1 : n > INT_MAX ? INT_MAX : (int)n;
+}
+
+/* A validation pass before the first step (train.eval_at_start; auto: a run that starts
+ * from model.init_from), so the curve starts where the weights did: rank 0 prints it and
+ * records it as step 0 (metrics.jsonl's row of val_loss alone, and its event). Every rank
+ * comes here together. Returns an exit code (0: go on). */
+static int validate_at_start(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    int want = cfg->train.eval_at_start == STRATA_EVAL_START_AUTO ? cfg->model.init_from[0] != 0
+                                                                   : cfg->train.eval_at_start == STRATA_EVAL_START_TRUE;
+    if (!want || !t->have_val || t->cli.resume || t->start != 0) return 0;
+    int n = eval_batches(t);
+    double val_loss = NAN;
+    strata_signals_doing(STRATA_DOING_EVAL);
+    if (t->rank == 0) STRATA_DEBUG("train", "validation before the first step, %d batches", n);
+    int ev = strata_engine_eval(t->engine, &t->val, n, &val_loss);
+    if (ev < 0) fatal(t, "validation before the first step");
+    if (ev == STRATA_ENGINE_STOPPED) { /* the first step's agreement stops the run */
+        if (t->rank == 0) STRATA_INFO("train", "validation before the first step abandoned: a stop was asked for");
+        return 0;
+    }
+    double failed = 0;
+    if (t->rank == 0) {
+        strata_out_printf(stdout, "step %6d/%lld | val %.4f (before training, %d batches)\n", 0,
+                          (long long)cfg->train.steps, val_loss, n);
+        char *text = NULL;
+        size_t len = 0;
+        step_record rec = open_record(&text, &len, 0);
+        if (!rec.line) {
+            strata_fail("metrics: out of host memory for a line");
+            failed = 1;
+        } else {
+            figure(&rec, "val_loss", "%.9g", val_loss);
+            failed = commit_record(t, 0, &rec, &text, &len) != 0;
+        }
+        if (failed) strata_log(STRATA_LOG_ERROR, "train", "before the first step: %s", strata_error());
+    }
+    if (t->world > 1 && strata_allreduce_host_f64(t->comm, &failed, 1)) fatal(t, "agreeing on the first record");
+    if (failed && t->rank == 0)
+        STRATA_ERROR("train", "stopped before the first step because %s could not be written; nothing was trained",
+                     t->record_failed);
+    return failed ? STRATA_EXIT_ERROR : 0;
+}
+
 /* The steps from t->start to train.steps, with validation, metrics and checkpoints; stops
  * early on a signal (every rank agrees first), a non-finite step or a metrics write that
  * fails. Returns an exit code. */
@@ -1164,6 +1232,9 @@ static int train_loop(trainer *t) {
     int64_t steps = cfg->train.steps, last_saved = t->cli.resume ? t->start : -1;
     double loss = NAN, run_t0 = strata_now_ms();
     strata_signals_saved(last_saved);
+    int rc = validate_at_start(t);
+    if (rc) return rc;
+    run_t0 = strata_now_ms(); /* the ETA counts steps, not the validation before them */
     for (int64_t step = t->start; step < steps; step++) {
         step_figures f = {.done = step + 1, .val_loss = NAN};
         __atomic_store_n(&t->step_now, step + 1, __ATOMIC_RELAXED);
@@ -1186,7 +1257,7 @@ static int train_loop(trainer *t) {
         f.eval_now = t->have_val && ((cfg->train.eval_every > 0 && f.done % cfg->train.eval_every == 0) || f.done == steps);
         strata_signals_doing(STRATA_DOING_EVAL);
         if (f.eval_now) {
-            int n = cfg->train.eval_batches;
+            int n = eval_batches(t);
             if (t->rank == 0) STRATA_DEBUG("train", "step %lld: validation, %d batches", (long long)f.done, n);
             int ev = strata_engine_eval(t->engine, &t->val, n, &f.val_loss);
             if (ev < 0) fatal(t, "validation");

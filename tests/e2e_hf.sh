@@ -6,6 +6,10 @@
 #    offloaded to pinned memory and to NVMe);
 #  - a sharded directory (--max-shard-size, with model.safetensors.index.json) and a lone
 #    .safetensors file load alike; re-exporting unsharded leaves no stale index;
+#  - a run from model.init_from validates before its first step (train.eval_at_start): the
+#    source run's last validation loss bit for bit, as metrics.jsonl's step 0; kept once by
+#    a resume (world 2 stage 3 agrees within 1e-6); off on request, and on request from
+#    random weights (eval_batches 0: all);
 #  - resuming wins over model.init_from; a YAML shape that disagrees with config.json,
 #    a missing init_from and bad export options are refused with exit 2 naming the value;
 #    a NaN in its weights stops the run at load with exit 1, naming tensor and element;
@@ -75,6 +79,35 @@ grep -q "initialised from hf: 28 tensors in 1 file, F32" b.log || fail "init_fro
 [ "$(loss_at runs/b 1)" = "$ref" ] || fail "world 1: init_from's step-0 loss $(loss_at runs/b 1) vs the run's $ref"
 [ -s runs/b/tokenizer.json ] || fail "the fine-tuning run should record its tokenizer"
 pass "world 1: export -> init_from gives the run's next loss bit for bit ($ref)"
+
+# --- validation before the first step (train.eval_at_start): from model.init_from, the
+# weights' own validation loss, which the run they came from measured after its last step
+# (same weights, same batches: bit for bit), as step 0's row; not when turned off, once on
+# a resume, and on request for a run from random weights
+printf 'Validation before the first step shows where the weights start; after it, training.' | head -c 80 > v.txt
+"$S" prepare --text v.txt --out vdata --val-fraction 0.5 > /dev/null
+val_at() { grep "\"step\": $2," "$1/metrics.jsonl" | grep -o '"val_loss": [^,}]*' | cut -d' ' -f2; }
+"$S" train base.yaml --set data.train='vdata/train_*.bin' --set data.val='vdata/val_*.bin' --set run.dir=runs/va \
+  > va.log
+"$S" export runs/va --out hfv > /dev/null
+vref=$(val_at runs/va 3)
+"$S" train ft.yaml --set model.init_from=hfv --set data.train='vdata/train_*.bin' --set data.val='vdata/val_*.bin' \
+  --set run.dir=runs/vb --set run.checkpoint_every=1 > vb.log
+[ -n "$vref" ] && [ "$(val_at runs/vb 0)" = "$vref" ] && [ "$(head -1 runs/vb/metrics.jsonl)" = "{\"step\": 0, \"val_loss\": $vref}" ] &&
+  grep -q "^step      0/1 | val .* (before training, 8 batches)" vb.log ||
+  fail "init_from: step 0's validation should be the source run's last ($vref): $(head -1 runs/vb/metrics.jsonl); $(grep 'step  *0' vb.log)"
+"$S" train ft.yaml --set model.init_from=hfv --set data.train='vdata/train_*.bin' --set data.val='vdata/val_*.bin' \
+  --set run.dir=runs/vb --set train.steps=2 --resume latest > vb2.log
+[ "$(grep -c '"step": 0,' runs/vb/metrics.jsonl)" = 1 ] && ! grep -q "before training" vb2.log &&
+  [ "$(wc -l < runs/vb/metrics.jsonl)" = 3 ] || fail "a resume keeps step 0's row once and validates nothing first: $(cat runs/vb/metrics.jsonl | cut -c1-40)"
+"$S" train ft.yaml --set model.init_from=hfv --set data.train='vdata/train_*.bin' --set data.val='vdata/val_*.bin' \
+  --set run.dir=runs/vc --set train.eval_at_start=false > vc.log
+[ -z "$(val_at runs/vc 0)" ] && ! grep -q "before training" vc.log || fail "eval_at_start false: no validation first"
+"$S" train base.yaml --set data.train='vdata/train_*.bin' --set data.val='vdata/val_*.bin' --set run.dir=runs/vd \
+  --set train.eval_at_start=true --set train.eval_batches=0 > vd.log
+[ -n "$(val_at runs/vd 0)" ] && grep -q "^step      0/3 | val .* (before training, 1 batches)" vd.log ||
+  fail "eval_at_start true from random weights, eval_batches 0 (2 val sequences, B 2: 1 batch): $(grep 'step  *0' vd.log)"
+pass "validation before the first step: from init_from it is the source run's last, bit for bit ($vref); off, once on a resume, on request"
 
 # --- sharded, and a lone file (whose n_head comes from Strata's own metadata)
 "$S" export runs/a/ckpt/step_00000003 --out hf_sharded --max-shard-size 8KB > /dev/null
@@ -168,3 +201,12 @@ for off in none cpu nvme split; do
     [ $((10 * r1)) -lt $((6 * total)) ] || fail "offload $off: ranks read $r0 and $r1 of $total parameters"
 done
 pass "world 2, stage 3 (shards on the device, in pinned memory, on NVMe; the optimizer state split over all three): init_from gives the run's next loss bit for bit ($ref2); each rank read only its half ($r0 + $r1 = $total parameters)"
+
+# --- validation before the first step at world 2, stage 3: the parameters gathered from
+# their shards before any step; the same sequences as world 1's (B 1 on each of 2 ranks)
+"${MPI[@]}" -np 2 "$S" train ft.yaml --set model.init_from=hfv --set data.train='vdata/train_*.bin' \
+  --set data.val='vdata/val_*.bin' --set run.dir=runs/vw2 --set train.micro_batch=1 --set zero.stage=3 > vw2.log 2>&1
+v2=$(val_at runs/vw2 0)
+[ -n "$v2" ] && awk -v a="$v2" -v b="$vref" 'BEGIN {d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * b)}' ||
+  fail "world 2 stage 3: step 0's validation $v2 vs world 1's $vref"
+pass "world 2, stage 3: the validation before the first step agrees with world 1 ($v2 vs $vref)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `strata plot` on real runs: the SVG renders without error (rsvg-convert, from Debian's
-# librsvg2-bin) for a run with validation, one without, one with its optimizer offloaded,
-# a resumed one, and the three first overlaid; and every panel's series is metrics.jsonl's
+# librsvg2-bin) for a run with validation (before its first step too), one without, one
+# with its optimizer offloaded, a resumed one, and the three first overlaid; and every
+# panel's series is metrics.jsonl's
 # (tests/tensorboard_check.py svg: each curve's numbers are the rows', its pixels map back
 # to them through its panel's axes, each memory bar, capacity and measured peak is the
 # run's last plan row and the rows after it). Exits 77 (skip), saying so, without
@@ -38,7 +39,9 @@ drawn() {
   python3 "$SRC/tests/tensorboard_check.py" svg "$svg" "${m[@]}" || fail "$svg does not draw what metrics.jsonl says"
 }
 
-"$S" train tiny.yaml > val.log 2>&1 || fail "train: $(tail -3 val.log)"
+# the run with validation also validates before its first step: a row of step 0, val_loss alone
+"$S" train tiny.yaml --set train.eval_at_start=true > val.log 2>&1 || fail "train: $(tail -3 val.log)"
+head -1 runs/val/metrics.jsonl | grep -q '^{"step": 0, "val_loss": [0-9.]*}$' || fail "step 0's row: $(head -1 runs/val/metrics.jsonl)"
 "$S" train tiny.yaml --set run.dir=runs/noval --set data.val= --set train.steps=30 > noval.log 2>&1 || fail "train: $(tail -3 noval.log)"
 "$S" train tiny.yaml --set run.dir=runs/offload --set offload.optimizer=cpu --set optim.lr=1e-3 > off.log 2>&1 ||
   fail "train: $(tail -3 off.log)"
@@ -47,7 +50,7 @@ for run in val noval offload; do
   drawn runs/$run/plot.svg runs/$run
 done
 grep -q 'data-tier="pinned" data-category="optimizer"' runs/offload/plot.svg || fail "the offload run's optimizer state should be drawn pinned"
-pass "one run each: with validation, without, with its optimizer offloaded (pinned tier drawn): rendered, every series as metrics.jsonl says"
+pass "one run each: with validation (from step 0), without, with its optimizer offloaded (pinned tier drawn): rendered, every series as metrics.jsonl says"
 
 # a resumed run at another micro-batch: two plan rows, the second drawn
 "$S" train tiny.yaml --set run.dir=runs/res --set train.steps=10 > res1.log 2>&1

@@ -67,11 +67,12 @@ run: {dir: runs/val, checkpoint_every: 4, keep: 0}
 offload: {block_kb: 64, queue_depth: 4}
 YAML
 
-# --- with validation, without, with the optimizer offloaded
-"$S" train tiny.yaml > val.log 2>&1 || fail "train: $(tail -3 val.log)"
+# --- with validation (before the first step too: step 0's loss/val), without, with the optimizer offloaded
+"$S" train tiny.yaml --set train.eval_at_start=true > val.log 2>&1 || fail "train: $(tail -3 val.log)"
 [ "$(events_of runs/val | wc -l)" = 1 ] || fail "one events file expected in runs/val: $(ls runs/val)"
+head -1 runs/val/metrics.jsonl | grep -q '^{"step": 0, "val_loss"' || fail "no step 0 row: $(head -1 runs/val/metrics.jsonl)"
 check runs/val runs/val/metrics.jsonl
-pass "a run with validation: TensorBoard reads what metrics.jsonl says"
+pass "a run with validation, from step 0: TensorBoard reads what metrics.jsonl says"
 "$S" train tiny.yaml --set run.dir=runs/noval --set data.val= > noval.log 2>&1 || fail "train without val: $(tail -3 noval.log)"
 check runs/noval runs/noval/metrics.jsonl
 pass "a run without validation"
@@ -95,11 +96,11 @@ check runs/val runs/val/metrics.jsonl
 pass "a fresh run in a used run.dir replaces its events, as it does metrics.jsonl"
 
 # --- resumed after a clean end: one continuous curve
-"$S" train tiny.yaml --set run.dir=runs/res --set train.steps=8 > res1.log 2>&1
+"$S" train tiny.yaml --set run.dir=runs/res --set train.steps=8 --set train.eval_at_start=true > res1.log 2>&1
 "$S" train tiny.yaml --set run.dir=runs/res --set train.steps=16 --resume latest > res2.log 2>&1 || fail "resume: $(tail -3 res2.log)"
 [ "$(events_of runs/res | wc -l)" = 1 ] || fail "a resume should append to the run's events file"
 check runs/res runs/res/metrics.jsonl
-pass "resumed at step 8 to 16: steps 1-16 once each, the plan at 0 and at 8"
+pass "resumed at step 8 to 16: steps 0-16 once each, the plan at 0 and at 8"
 
 # --- the checkpoint's own step torn from the events: the resume writes it again from metrics.jsonl
 ev=$(events_of runs/res)
@@ -108,7 +109,7 @@ truncate -s $(($(stat -c %s "$ev") - 7)) "$ev" # step 16's record, the run's las
 grep -q "\[tb\] steps 16-16 written again from runs/res/metrics.jsonl: a torn record had taken their events" res3.log ||
   fail "step 16's event is not written again: $(grep '\[tb\]' res3.log)"
 check runs/res runs/res/metrics.jsonl
-pass "step 16's event torn, resumed at 16 to 20: step 16 written again from metrics.jsonl, steps 1-20 once each"
+pass "step 16's event torn, resumed at 16 to 20: step 16 written again from metrics.jsonl, steps 0-20 once each"
 
 # --- SIGKILLed mid-run with its last record torn; TensorBoard reads up to it; the resume drops it
 "$S" train tiny.yaml --set run.dir=runs/kill --set train.steps=100000 --set train.eval_every=0 > kill.log 2>&1 &
