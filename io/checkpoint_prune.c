@@ -28,7 +28,7 @@ static int retire_dir(const char *ckpt_dir, const char *name) {
     return strata_rm_tree(old);
 }
 
-void strata_ckpt_prune(const char *ckpt_dir, const char *current, int keep) {
+void strata_ckpt_prune(const char *ckpt_dir, const char *current, int keep, const char *protect) {
     static const char *const leftovers[] = {".tmp", ".old"};
     for (int s = 0; s < 2; s++) {
         strata_ckpt_step *v;
@@ -59,6 +59,7 @@ void strata_ckpt_prune(const char *ckpt_dir, const char *current, int keep) {
             kept++;
             continue;
         }
+        if (!strcmp(v[i].name, protect)) continue; /* the best: kept besides the newest */
         if (retire_dir(ckpt_dir, v[i].name) != 0) STRATA_WARN("ckpt", "retention: %s", strata_error());
         else STRATA_DEBUG("ckpt", "retention: removed %s/%s", ckpt_dir, v[i].name);
     }

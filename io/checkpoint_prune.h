@@ -5,9 +5,10 @@
 #define STRATA_CHECKPOINT_PRUNE_H
 
 /* After a commit: the newest `keep` complete checkpoints in ckpt_dir stay (0 keeps all;
- * `current`, the step directory just committed, always stays), and every unfinished
+ * `current`, the step directory just committed, always stays, and so does `protect`, the
+ * one of the best validation loss with run.keep_best; "" for none), and every unfinished
  * step_*.tmp or step_*.old directory goes. Failures are warnings: the new checkpoint is
  * already safe. */
-void strata_ckpt_prune(const char *ckpt_dir, const char *current, int keep);
+void strata_ckpt_prune(const char *ckpt_dir, const char *current, int keep, const char *protect);
 
 #endif

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,13 +29,11 @@
 
 /* ---- resolving what to load ---- */
 
-/* The checkpoint `latest` names in run_dir/ckpt; if that file is missing or names
- * something incomplete, the newest complete step directory. */
-static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
-    char ckpt_dir[CKPT_PATH_MAX], latest[CKPT_PATH_MAX];
-    if (strata_ckpt_fmt_path(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", run_dir) != 0 ||
-        strata_ckpt_fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0)
-        return -1;
+/* The checkpoint `latest` names in ckpt_dir (a run's ckpt/); if that file is missing or
+ * names something incomplete, the newest complete step directory. */
+static int resolve_latest(const char *ckpt_dir, char *out, size_t outlen) {
+    char latest[CKPT_PATH_MAX];
+    if (strata_ckpt_fmt_path(latest, sizeof latest, "%s/latest", ckpt_dir) != 0) return -1;
     if (!strata_is_dir(ckpt_dir)) return strata_fail("no checkpoint in %s (no such directory)", ckpt_dir);
     FILE *f = fopen(latest, "r");
     if (f) {
@@ -66,17 +65,44 @@ static int resolve_latest(const char *run_dir, char *out, size_t outlen) {
     return rc;
 }
 
+/* The checkpoint ckpt_dir/best names, when it is still there. */
+static int resolve_best(const char *ckpt_dir, char *out, size_t outlen) {
+    char name[256], man[CKPT_PATH_MAX];
+    double val = NAN;
+    int have = strata_ckpt_best(ckpt_dir, name, sizeof name, &val);
+    if (have < 0) return -1;
+    if (!have)
+        return strata_fail("%s/best: none yet (a checkpoint becomes the best when its step validated: run.checkpoint_every "
+                           "a multiple of train.eval_every, or the last step)", ckpt_dir);
+    if (strata_ckpt_fmt_path(out, outlen, "%s/%s", ckpt_dir, name) != 0 ||
+        strata_ckpt_fmt_path(man, sizeof man, "%s/manifest.yaml", out) != 0)
+        return -1;
+    if (!strata_is_file(man))
+        return strata_fail("%s/best names %s (validation loss %.6g), which run.keep has removed since: run.keep_best: true "
+                           "keeps it", ckpt_dir, name, val);
+    return 0;
+}
+
 int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t outlen) {
     if (!what || !*what) return strata_fail("no checkpoint named (expected 'latest', a run or a checkpoint directory)");
-    if (!strcmp(what, "latest")) {
-        if (!run_dir || !*run_dir) return strata_fail("checkpoint 'latest': no run directory given to look in");
-        return resolve_latest(run_dir, out, outlen);
-    }
     char p[CKPT_PATH_MAX];
+    if (!strcmp(what, "latest") || !strcmp(what, "best")) {
+        if (!run_dir || !*run_dir) return strata_fail("checkpoint '%s': no run directory given to look in", what);
+        if (strata_ckpt_fmt_path(p, sizeof p, "%s/ckpt", run_dir) != 0) return -1;
+        return what[0] == 'l' ? resolve_latest(p, out, outlen) : resolve_best(p, out, outlen);
+    }
+    /* a run's ckpt/latest or ckpt/best file: the checkpoint it names */
+    const char *base = strrchr(what, '/');
+    base = base ? base + 1 : what;
+    if ((!strcmp(base, "latest") || !strcmp(base, "best")) && strata_is_file(what)) {
+        if (base == what) snprintf(p, sizeof p, ".");
+        else if (strata_ckpt_fmt_path(p, sizeof p, "%.*s", (int)(base - what - 1), what) != 0) return -1;
+        return base[0] == 'l' ? resolve_latest(p, out, outlen) : resolve_best(p, out, outlen);
+    }
     if (strata_ckpt_fmt_path(p, sizeof p, "%s/manifest.yaml", what) != 0) return -1;
     if (strata_is_file(p)) return strata_ckpt_fmt_path(out, outlen, "%s", what);
     if (strata_ckpt_fmt_path(p, sizeof p, "%s/ckpt", what) != 0) return -1;
-    if (strata_is_dir(p)) return resolve_latest(what, out, outlen);
+    if (strata_is_dir(p)) return resolve_latest(p, out, outlen);
     /* A bare step name ("step_00000120") inside the run's ckpt/. */
     if (run_dir && *run_dir && !strchr(what, '/')) {
         char q[CKPT_PATH_MAX];
@@ -212,6 +238,9 @@ static int parse_meta(strata_ckpt *ck, strata_ydoc *d) {
         strata_ydoc_double(d, root, "", "last_loss", &ck->meta.last_loss) != 0 ||
         strata_ydoc_expect(d, root, "", "dtype", "float32") != 0)
         return -1;
+    ck->meta.val_loss = NAN; /* written only by a step that validated */
+    ck->meta.validated = strata_ydoc_has(d, root, "val_loss");
+    if (ck->meta.validated && strata_ydoc_double(d, root, "", "val_loss", &ck->meta.val_loss) != 0) return -1;
     if (ck->world < 1 || ck->world > CKPT_MAX_WORLD)
         return strata_fail("%s: world %d must be between 1 and %d", d->path, ck->world, CKPT_MAX_WORLD);
     ck->meta.world = ck->world;
@@ -334,8 +363,8 @@ static int parse_tensors(strata_ckpt *ck, strata_ydoc *d, int *nt_out) {
  * layout they make checked as the writer checked it. */
 static int parse_manifest(strata_ckpt *ck) {
     static const char *const top_keys[] = {"manifest_crc32c", "format", "step", "world", "stage", "seed", "rng_state",
-                                           "tokens_seen", "last_loss", "dtype", "units", "tensors", "config",
-                                           "optim_state", "optim_block", NULL};
+                                           "tokens_seen", "last_loss", "val_loss", "dtype", "units", "tensors",
+                                           "config", "optim_state", "optim_block", NULL};
     char path[CKPT_PATH_MAX];
     if (strata_ckpt_fmt_path(path, sizeof path, "%s/manifest.yaml", ck->dir) != 0) return -1;
     if (!strata_is_file(path)) {

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -350,7 +351,9 @@ static int build_manifest(strata_sbuf *b, const strata_param_layout *L, const st
               st == STRATA_OPTIM_STATE_FP32 ? CKPT_FORMAT : CKPT_FORMAT_2, (long long)meta->step, meta->world,
               meta->stage, (unsigned long long)meta->seed, (unsigned long long)meta->rng_state);
     /* 17 significant digits read back to the same double. */
-    strata_sbuf_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\ndtype: float32\n", meta->tokens_seen, meta->last_loss);
+    strata_sbuf_printf(b, "tokens_seen: %.17g\nlast_loss: %.17g\n", meta->tokens_seen, meta->last_loss);
+    if (meta->validated) strata_sbuf_printf(b, "val_loss: %.17g\n", meta->val_loss);
+    strata_sbuf_printf(b, "dtype: float32\n");
     if (st != STRATA_OPTIM_STATE_FP32) strata_sbuf_printf(b, "optim_state: %s\n", strata_optim_state_name(st));
     if (st == STRATA_OPTIM_STATE_INT8) strata_sbuf_printf(b, "optim_block: %d\n", STRATA_Q8_BLOCK);
     strata_sbuf_printf(b, "units:\n");
@@ -410,8 +413,56 @@ static int write_manifest(const char *tmp_dir, const char *mtmp, const char *mpa
     return strata_fsync_dir(tmp_dir);
 }
 
+/* `best` after step `name` is committed: it names this step when the step's val_loss is
+ * finite and lower than the one `best` records (which may have been removed by retention
+ * since: it still counts). A `best` of a later step than this one is of another history (a
+ * resume from before it) and goes. *protect receives the name `best` holds afterwards ("":
+ * none), for retention to keep. */
+static int update_best(const char *ckpt_dir, const char *name, const strata_ckpt_meta *meta, char *protect,
+                       size_t protect_len) {
+    char path[CKPT_PATH_MAX], cur[256];
+    double cur_val = NAN;
+    protect[0] = 0;
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/best", ckpt_dir) != 0) return -1;
+    int have = strata_ckpt_best(ckpt_dir, cur, sizeof cur, &cur_val);
+    if (have < 0) STRATA_WARN("ckpt", "%s; it is written anew", strata_error());
+    if (have > 0 && strtoll(cur + 5, NULL, 10) > meta->step) { /* "step_N" (strata_ckpt_best checked) */
+        if (unlink(path) != 0 && errno != ENOENT) return strata_fail("%s: cannot remove: %s", path, strerror(errno));
+        have = 0;
+    }
+    if (!meta->validated || !isfinite(meta->val_loss) || (have > 0 && strcmp(cur, name) && !(meta->val_loss < cur_val))) {
+        if (have > 0) snprintf(protect, protect_len, "%s", cur);
+        return 0;
+    }
+    char text[320];
+    int n = snprintf(text, sizeof text, "%s\nval_loss: %.17g\n", name, meta->val_loss);
+    if (strata_write_file_atomic(path, text, (size_t)n) != 0) return -1; /* via best.tmp */
+    snprintf(protect, protect_len, "%s", name);
+    return 0;
+}
+
+int strata_ckpt_best(const char *ckpt_dir, char *name, size_t name_len, double *val_loss) {
+    char path[CKPT_PATH_MAX], text[400];
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/best", ckpt_dir) != 0) return -1;
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? 0 : strata_fail("%s: cannot read: %s", path, strerror(errno));
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    (void)fclose(f); /* read-only */
+    text[n] = 0;
+    char step[64];
+    long long k = -1;
+    int used = 0;
+    /* "step_N\nval_loss: X\n", N a plain number: a name inside ckpt/ and nothing else */
+    if (sscanf(text, "%63[^\n]\nval_loss: %lf\n%n", step, val_loss, &used) != 2 || (size_t)used != n ||
+        sscanf(step, "step_%lld", &k) != 1 || k < 0 || strspn(step + 5, "0123456789") != strlen(step + 5) ||
+        strlen(step) >= name_len)
+        return strata_fail("%s: not what a run writes there (\"step_N\", then \"val_loss: X\")", path);
+    snprintf(name, name_len, "%s", step);
+    return 1;
+}
+
 int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_param_layout *L,
-                       const strata_ckpt_meta *meta, int keep, char *final_dir, size_t final_len) {
+                       const strata_ckpt_meta *meta, int keep, int keep_best, char *final_dir, size_t final_len) {
     if (!meta || meta->step < 0 || meta->world < 1)
         return strata_fail("checkpoint %s: invalid step %lld / world %d", tmp_dir, meta ? (long long)meta->step : -1LL,
                            meta ? meta->world : 0);
@@ -446,7 +497,9 @@ int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_pa
     int n = snprintf(text, sizeof text, "%s\n", name);
     if (strata_write_file_atomic(latest, text, (size_t)n) != 0) return -1; /* via latest.tmp */
 
-    strata_ckpt_prune(ckpt_dir, name, keep);
+    char protect[256];
+    if (update_best(ckpt_dir, name, meta, protect, sizeof protect) != 0) return -1;
+    strata_ckpt_prune(ckpt_dir, name, keep, keep_best ? protect : "");
     if (final_dir && final_len > 0 && strata_ckpt_fmt_path(final_dir, final_len, "%s", final) != 0) return -1;
     STRATA_DEBUG("ckpt", "committed %s", final);
     return 0;

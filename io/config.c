@@ -242,6 +242,9 @@ static const key_spec schema[] = {
     INT_("run", "checkpoint_every", run.checkpoint_every, 0, BIG, "0",
          "steps between checkpoints; 0 = only at the end and on a stop"),
     INT_("run", "keep", run.keep, 0, 1000000, "3", "checkpoints kept; 0 = all"),
+    BOOL_("run", "keep_best", run.keep_best, "false",
+          "also keep the checkpoint of the lowest validation loss (ckpt/best names it; export or sample RUN/ckpt/best) "
+          "whatever run.keep removes; a step that validates and checkpoints can be it"),
     BOOL_("run", "checkpoint_at_end", run.checkpoint_at_end, "true",
           "write a checkpoint after the last step (benchmarks turn it off)"),
     BOOL_("run", "tensorboard", run.tensorboard, "true",

@@ -98,6 +98,7 @@ typedef struct strata_config {
         char dir[STRATA_PATH_MAX]; /* run directory: metrics, checkpoints, plots */
         int checkpoint_every;      /* steps; 0 = only at the end and on a stop */
         int keep;                  /* checkpoints kept; 0 = all */
+        int keep_best;             /* also the one of the lowest validation loss (ckpt/best) */
         int checkpoint_at_end;     /* after the last step (a stop signal always writes one) */
         int tensorboard;           /* rank 0 writes TensorBoard events (io/tensorboard.h) */
         char tensorboard_dir[STRATA_PATH_MAX]; /* where; "" = run.dir */

@@ -174,6 +174,17 @@ static const char *type_name(yaml_node_type_t t) {
     return t == YAML_SCALAR_NODE ? "scalar" : t == YAML_SEQUENCE_NODE ? "list" : "mapping";
 }
 
+int strata_ydoc_has(strata_ydoc *d, yaml_node_t *map, const char *key) {
+    size_t klen = strlen(key);
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(&d->doc, pr->key);
+        if (k && k->type == YAML_SCALAR_NODE && k->data.scalar.length == klen &&
+            !memcmp(k->data.scalar.value, key, klen))
+            return 1;
+    }
+    return 0;
+}
+
 yaml_node_t *strata_ydoc_get(strata_ydoc *d, yaml_node_t *map, const char *ctx, const char *key,
                              yaml_node_type_t type) {
     size_t klen = strlen(key);

@@ -56,6 +56,8 @@ yaml_node_t *strata_ydoc_root(strata_ydoc *d);
 /* Every key of map is one of `known` (NULL-terminated); `why` ends the refusal of another. */
 int strata_ydoc_keys_known(strata_ydoc *d, yaml_node_t *map, const char *ctx, const char *const *known,
                            const char *why);
+/* Whether map holds key (for a key that may be left out). */
+int strata_ydoc_has(strata_ydoc *d, yaml_node_t *map, const char *key);
 /* The value of key, of the given type; NULL + error when it is missing or of another type. */
 yaml_node_t *strata_ydoc_get(strata_ydoc *d, yaml_node_t *map, const char *ctx, const char *key,
                              yaml_node_type_t type);

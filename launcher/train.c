@@ -189,10 +189,11 @@ static double percent_off(size_t got, size_t predicted) {
 }
 
 /* Writes the checkpoint of `step` completed steps; its directory goes to dir (dir_len). */
-static int save_checkpoint(trainer *t, int64_t step, double loss, char *dir, size_t dir_len) {
+/* val_loss: the step's validation, NaN when it had none (ckpt/best compares them). */
+static int save_checkpoint(trainer *t, int64_t step, double loss, double val_loss, char *dir, size_t dir_len) {
     strata_ckpt_meta meta = {.step = step, .world = t->world, .stage = t->cfg.zero.stage, .seed = t->cfg.train.seed,
                              .rng_state = t->rng.state, .tokens_seen = t->tokens_seen, .last_loss = loss,
-                             .config_yaml = t->config_yaml};
+                             .validated = !isnan(val_loss), .val_loss = val_loss, .config_yaml = t->config_yaml};
     double t0 = strata_now_ms();
     if (strata_engine_save(t->engine, t->cfg.run.dir, &meta, dir, dir_len)) return -1;
     if (t->rank == 0) STRATA_INFO("ckpt", "saved %s (%.0f ms)", dir, strata_now_ms() - t0);
@@ -257,7 +258,7 @@ static int out_of_memory(trainer *t, int64_t step, double loss) {
     char dir[STRATA_PATH_MAX] = "";
     int saved = 0;
     if (done > 0) {
-        if (save_checkpoint(t, done, loss, dir, sizeof dir) == 0) saved = 1;
+        if (save_checkpoint(t, done, loss, NAN, dir, sizeof dir) == 0) saved = 1;
         else if (t->rank == 0) STRATA_ERROR("ckpt", "the emergency checkpoint of step %lld failed: %s", (long long)done, strata_error());
     }
     if (t->rank != 0) return STRATA_EXIT_OOM;
@@ -321,6 +322,20 @@ static void plan_this_run(trainer *t, strata_plan *plan) {
     strata_plan_check(plan, &t->cfg, t->dev);
 }
 
+/* run.keep_best keeps a checkpoint whose step validated: say so before step 1 when only the
+ * last step both validates and saves (periodic checkpoints never fall on a validation). */
+static void check_keep_best(const trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    int64_t e = cfg->train.eval_every, c = cfg->run.checkpoint_every, steps = cfg->train.steps;
+    if (!cfg->run.keep_best || !cfg->data.val[0]) return;
+    int64_t a = e, b = c;
+    while (b) { int64_t r = a % b; a = b; b = r; } /* gcd */
+    if (e > 0 && c > 0 && e / a * c <= steps) return; /* some periodic checkpoint validates */
+    STRATA_WARN("ckpt", "run.keep_best: no periodic checkpoint falls on a validation (train.eval_every %lld, "
+                "run.checkpoint_every %lld), so only the last step can be the best; make checkpoint_every a multiple of "
+                "eval_every", (long long)e, (long long)c);
+}
+
 /* Checkpoints are bytes too: warn before step 1 when run.dir's filesystem cannot hold the
  * checkpoints the run will keep (the write would fail atomically, but hours in). */
 static void check_checkpoint_space(const trainer *t) {
@@ -331,7 +346,7 @@ static void check_checkpoint_space(const trainer *t) {
     for (int u = 0; u < t->m.n_units; u++) one += 12.0 * (double)padded[u];
     int64_t steps = cfg->train.steps, every = cfg->run.checkpoint_every;
     double count = every > 0 ? (double)(steps / every) + (steps % every ? 1 : 0) : 1;
-    if (cfg->run.keep > 0 && count > cfg->run.keep) count = cfg->run.keep;
+    if (cfg->run.keep > 0 && count > cfg->run.keep) count = cfg->run.keep + (cfg->run.keep_best ? 1 : 0);
     double need = one * (count + (count > 1 ? 1 : 0)); /* the newest is written before the oldest goes */
     char dir[STRATA_PATH_MAX];
     snprintf(dir, sizeof dir, "%s", cfg->run.dir);
@@ -707,6 +722,7 @@ static int build_and_plan(trainer *t) {
                         update_threads == 1 ? "" : "s",
                         cfg->offload.cpu_threads ? "" : ": auto, every core but 2 beside the GPU");
         check_checkpoint_space(t);
+        check_keep_best(t);
     }
     if (strata_arena_commit(&t->arena)) fatal(t, "allocating the memory plan");
     return 0;
@@ -1158,7 +1174,7 @@ static int nonfinite_step(trainer *t, int64_t step, const strata_step_result *r,
 static int metrics_stop(trainer *t, int64_t done, double loss, int64_t last_saved) {
     char dir[STRATA_PATH_MAX] = "";
     strata_signals_doing(STRATA_DOING_SAVE);
-    int saved = save_checkpoint(t, done, loss, dir, sizeof dir) == 0;
+    int saved = save_checkpoint(t, done, loss, NAN, dir, sizeof dir) == 0;
     if (saved) strata_signals_saved(done);
     if (t->rank != 0) return STRATA_EXIT_ERROR;
     if (saved)
@@ -1289,7 +1305,8 @@ static int train_loop(trainer *t) {
         if (periodic || (f.done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
             char dir[STRATA_PATH_MAX];
             strata_signals_doing(STRATA_DOING_SAVE);
-            if (save_checkpoint(t, f.done, loss, dir, sizeof dir)) fatal(t, "saving a checkpoint");
+            if (save_checkpoint(t, f.done, loss, f.eval_now ? f.val_loss : NAN, dir, sizeof dir))
+                fatal(t, "saving a checkpoint");
             last_saved = f.done;
             strata_signals_saved(f.done);
         }
@@ -1379,6 +1396,26 @@ static FILE *terminal_lost(const char *name, int err, void *arg) {
                 "have written there follows here\n", when, name, strerror(err), err, at) > 0)
         (void)fflush(t->term_log);
     return t->term_log;
+}
+
+/* The checkpoint of the lowest validation loss (ckpt/best), at the end of a run (rank 0):
+ * where it is and how to export it, or what removed it. */
+static void report_best(const trainer *t) {
+    char ckpt_dir[STRATA_PATH_MAX + 8], name[256], man[STRATA_PATH_MAX + 300];
+    double val = NAN;
+    snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", t->cfg.run.dir);
+    int have = strata_ckpt_best(ckpt_dir, name, sizeof name, &val);
+    if (have <= 0) {
+        if (have < 0) STRATA_WARN("ckpt", "%s", strata_error());
+        return;
+    }
+    snprintf(man, sizeof man, "%s/%s/manifest.yaml", ckpt_dir, name);
+    if (strata_is_file(man))
+        STRATA_INFO("ckpt", "the lowest validation loss of a saved step, %.4f, is %s/%s: `strata export %s/best --out DIR` "
+                    "exports it", val, ckpt_dir, name, ckpt_dir);
+    else
+        STRATA_INFO("ckpt", "the lowest validation loss of a saved step, %.4f, was %s/%s, which run.keep has removed "
+                    "(run.keep_best: true keeps it)", val, ckpt_dir, name);
 }
 
 /* Memory as planned against memory as used, at the end of the run (rank 0). */
@@ -1474,6 +1511,7 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         strata_engine_params_resident(t->engine) == 0)
         final_sample(t);
     if (rank == 0) report_memory(t);
+    if (rank == 0 && exit_code == STRATA_EXIT_OK) report_best(t);
     close_trainer(t);
     return exit_code;
 }

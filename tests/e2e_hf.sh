@@ -10,6 +10,8 @@
 #    source run's last validation loss bit for bit, as metrics.jsonl's step 0; kept once by
 #    a resume (world 2 stage 3 agrees within 1e-6); off on request, and on request from
 #    random weights (eval_batches 0: all);
+#  - run.keep_best: ckpt/best names the saved step of the lowest validation loss, which
+#    run.keep then keeps; its export validates at step 0 to that loss bit for bit;
 #  - resuming wins over model.init_from; a YAML shape that disagrees with config.json,
 #    a missing init_from and bad export options are refused with exit 2 naming the value;
 #    a NaN in its weights stops the run at load with exit 1, naming tensor and element;
@@ -108,6 +110,27 @@ vref=$(val_at runs/va 3)
 [ -n "$(val_at runs/vd 0)" ] && grep -q "^step      0/3 | val .* (before training, 1 batches)" vd.log ||
   fail "eval_at_start true from random weights, eval_batches 0 (2 val sequences, B 2: 1 batch): $(grep 'step  *0' vd.log)"
 pass "validation before the first step: from init_from it is the source run's last, bit for bit ($vref); off, once on a resume, on request"
+
+# --- the best checkpoint (run.keep_best): validation on noise gets worse as the model learns
+# the text; ckpt/best names the step of the lowest validation loss, retention (run.keep 1)
+# keeps it, and its export starts a run whose step-0 validation is that loss, bit for bit
+LC_ALL=C awk 'BEGIN {srand(7); for (i = 0; i < 4000; i++) printf "%c", 1 + int(rand() * 255)}' > noise.bin
+"$S" prepare --text noise.bin --out ndata --val-fraction 0.5 > /dev/null
+"$S" train base.yaml --set data.train='vdata/train_*.bin' --set data.val='ndata/val_*.bin' --set run.dir=runs/best \
+  --set train.steps=8 --set train.eval_every=2 --set run.checkpoint_every=2 --set run.keep=1 --set run.keep_best=true \
+  > best.log
+read -r bstep bval <<< "$(grep -o '"step": [0-9]*, "loss": [^,]*, "val_loss": [^,]*' runs/best/metrics.jsonl |
+                          awk '{print $2, $6}' | tr -d , | sort -g -k2 | head -1)"
+bname=$(printf 'step_%08d' "$bstep")
+[ "$(head -1 runs/best/ckpt/best)" = "$bname" ] && [ -d "runs/best/ckpt/$bname" ] && [ "$bstep" != 8 ] &&
+  [ -d runs/best/ckpt/step_00000008 ] && [ "$(ls -d runs/best/ckpt/step_* | wc -l)" = 2 ] &&
+  grep -q "the lowest validation loss of a saved step, .* is runs/best/ckpt/$bname" best.log ||
+  fail "ckpt/best should name $bname (val $bval), kept beside the newest: $(cat runs/best/ckpt/best); $(ls runs/best/ckpt)"
+"$S" export runs/best/ckpt/best --out hfbest > /dev/null
+"$S" train ft.yaml --set model.init_from=hfbest --set data.train='vdata/train_*.bin' --set data.val='ndata/val_*.bin' \
+  --set run.dir=runs/frombest > frombest.log
+[ "$(val_at runs/frombest 0)" = "$bval" ] || fail "export of ckpt/best: step 0's validation $(val_at runs/frombest 0) vs $bval"
+pass "run.keep_best: ckpt/best names step $bstep of the lowest validation ($bval), kept beside the newest; its export validates to it bit for bit"
 
 # --- sharded, and a lone file (whose n_head comes from Strata's own metadata)
 "$S" export runs/a/ckpt/step_00000003 --out hf_sharded --max-shard-size 8KB > /dev/null

@@ -118,8 +118,10 @@ static strata_ckpt_meta make_meta(int64_t step, int world, const char *config) {
                               .last_loss = 0.1 + 0.2, .config_yaml = config};
 }
 
-/* Every rank's write_rank (all in this process), then commit. */
-static int save(const char *run, model *m, int world, int64_t step, const char *config, int keep) {
+/* Every rank's write_rank (all in this process), then commit (val < 0: the step did not
+ * validate). */
+static int save_val(const char *run, model *m, int world, int64_t step, const char *config, int keep, int keep_best,
+                    double val) {
     char tmp[4096], final[4096];
     if (strata_ckpt_tmp_dir(tmp, sizeof tmp, run, step) != 0) return -1;
     for (int r = 0; r < world; r++) {
@@ -131,7 +133,13 @@ static int save(const char *run, model *m, int world, int64_t step, const char *
             return -1;
     }
     strata_ckpt_meta meta = make_meta(step, world, config);
-    return strata_ckpt_commit(run, tmp, &m->L, &meta, keep, final, sizeof final);
+    meta.validated = val >= 0;
+    meta.val_loss = val;
+    return strata_ckpt_commit(run, tmp, &m->L, &meta, keep, keep_best, final, sizeof final);
+}
+
+static int save(const char *run, model *m, int world, int64_t step, const char *config, int keep) {
+    return save_val(run, m, world, step, config, keep, 0, -1);
 }
 
 /* Elements [lo, hi) of (u, k) as the checkpoint must return them: data, zeros in padding. */
@@ -559,6 +567,72 @@ static void test_retention_and_resolve(const char *root) {
     free_model(&m2);
 }
 
+/* ckpt/best: the step of the lowest validation loss among the saved steps that validated;
+ * kept by retention with keep_best (and removed without it, still named); dropped when a
+ * resume from an earlier step saves; resolved as "best" and as the file RUN/ckpt/best. */
+static void test_best(const char *root) {
+    char run[1024], ckpt[1100], dir[4096], want[4096], p[4200], name[256];
+    snprintf(run, sizeof run, "%s/best", root);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", run);
+    model m;
+    small_model(&m, 5);
+    double val = 0;
+    /* validations 3.0, 2.5, (none), 2.75, 2.5 (a tie keeps the older), keep 1 with keep_best */
+    const double vals[] = {3.0, 2.5, -1, 2.75, 2.5};
+    int ok = 1;
+    for (int i = 0; i < 5; i++) ok &= save_val(run, &m, 2, 10 * (i + 1), "x: 1\n", 1, 1, vals[i]) == 0;
+    CHECK(ok, "five commits, keep 1, keep_best");
+    CHECK(strata_ckpt_best(ckpt, name, sizeof name, &val) == 1 && !strcmp(name, "step_00000020") && val == 2.5,
+          "best: step 20 (2.5; step 50's tie keeps the older): %s %g", name, val);
+    CHECK(exists("%s/step_00000020%s", ckpt, "") && exists("%s/step_00000050%s", ckpt, "") &&
+              !exists("%s/step_00000010%s", ckpt, "") && !exists("%s/step_00000030%s", ckpt, "") &&
+              !exists("%s/step_00000040%s", ckpt, ""),
+          "retention keeps the newest (50) and the best (20) only");
+    snprintf(want, sizeof want, "%s/step_00000020", ckpt);
+    CHECK(strata_ckpt_resolve("best", run, dir, sizeof dir) == 0 && !strcmp(dir, want), "\"best\" -> %s", dir);
+    snprintf(p, sizeof p, "%s/best", ckpt);
+    CHECK(strata_ckpt_resolve(p, NULL, dir, sizeof dir) == 0 && !strcmp(dir, want), "RUN/ckpt/best -> %s", dir);
+    snprintf(p, sizeof p, "%s/latest", ckpt);
+    snprintf(want, sizeof want, "%s/step_00000050", ckpt);
+    CHECK(strata_ckpt_resolve(p, NULL, dir, sizeof dir) == 0 && !strcmp(dir, want), "RUN/ckpt/latest -> %s", dir);
+    snprintf(want, sizeof want, "%s/step_00000020", ckpt);
+    strata_ckpt *ck = strata_ckpt_open(want);
+    CHECK(ck && strata_ckpt_get_meta(ck)->validated && strata_ckpt_get_meta(ck)->val_loss == 2.5,
+          "step 20's manifest records its validation loss, bit for bit");
+    strata_ckpt_close(ck);
+    snprintf(want, sizeof want, "%s/step_00000050", ckpt);
+    ck = strata_ckpt_open(want);
+    CHECK(ck && strata_ckpt_get_meta(ck)->validated, "step 50 validated too");
+    strata_ckpt_close(ck);
+
+    /* a lower one replaces it; without keep_best retention removes it, best still names it */
+    CHECK(save_val(run, &m, 2, 60, "x: 1\n", 1, 0, 2.0) == 0 && save_val(run, &m, 2, 70, "x: 1\n", 1, 0, 2.2) == 0,
+          "steps 60 (2.0) and 70 (2.2) without keep_best");
+    CHECK(strata_ckpt_best(ckpt, name, sizeof name, &val) == 1 && !strcmp(name, "step_00000060") &&
+              !exists("%s/step_00000060%s", ckpt, "") && !exists("%s/step_00000020%s", ckpt, ""),
+          "best names step 60 (2.0), which keep 1 removed; step 20 went too");
+    CHECK(strata_ckpt_resolve("best", run, dir, sizeof dir) != 0 && strstr(strata_error(), "step_00000060") &&
+              strstr(strata_error(), "run.keep_best: true keeps it"),
+          "\"best\" of a removed checkpoint says what removed it: %s", strata_error());
+
+    /* a resume from before the best: the next save drops it (another history) */
+    CHECK(save_val(run, &m, 2, 55, "x: 1\n", 0, 1, -1) == 0 && strata_ckpt_best(ckpt, name, sizeof name, &val) == 0,
+          "a save of step 55 (a resume from before step 60) drops best");
+    CHECK(save_val(run, &m, 2, 56, "x: 1\n", 0, 1, 9.0) == 0 && strata_ckpt_best(ckpt, name, sizeof name, &val) == 1 &&
+              !strcmp(name, "step_00000056"),
+          "and the next validated save is the best");
+
+    /* what no run writes is refused, naming the file */
+    snprintf(p, sizeof p, "%s/best", ckpt);
+    const char *bad[] = {"../step_00000010\nval_loss: 1\n", "step_00000010\n", "step_1x\nval_loss: 1\n", ""};
+    for (int i = 0; i < 4; i++) {
+        write_text(p, bad[i]);
+        CHECK(strata_ckpt_best(ckpt, name, sizeof name, &val) < 0 && strstr(strata_error(), p),
+              "a best file of %s is refused: %s", i == 3 ? "nothing" : "another form", strata_error());
+    }
+    free_model(&m);
+}
+
 static void test_corruption(const char *root) {
     char run[1024], dir[4096], p[4200], msg[8600];
     snprintf(run, sizeof run, "%s/bad", root);
@@ -810,7 +884,7 @@ static int kill_writer(const char *run, int delay_us, int in_commit) {
         }
         if (write(pfd[1], "C", 1) != 1) _exit(2);
         strata_ckpt_meta meta = make_meta(2, 2, "step: 2\n");
-        _exit(strata_ckpt_commit(run, tmp, &b.L, &meta, 3, NULL, 0) == 0 ? 0 : 4);
+        _exit(strata_ckpt_commit(run, tmp, &b.L, &meta, 3, 0, NULL, 0) == 0 ? 0 : 4);
     }
     close(pfd[1]);
     char c = 0;
@@ -986,6 +1060,7 @@ int main(void) {
     test_partial_read_large_segment(root);
     test_config_text(root);
     test_retention_and_resolve(root);
+    test_best(root);
     test_corruption(root);
     test_check_layout(root);
     test_write_failure(root);
