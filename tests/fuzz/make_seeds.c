@@ -140,7 +140,7 @@ static void checkpoint_seed(int world, const char *name) {
     strata_ckpt_meta meta = {.step = 7, .world = world, .stage = world > 1 ? 2 : 0, .seed = 1234,
                              .rng_state = 0x0123456789abcdefull, .tokens_seen = 57344, .last_loss = 3.25,
                              .config_yaml = "model:\n  n_layer: 1\n  n_head: 1\n  n_embd: 2\n"};
-    if (strata_ckpt_commit(run, tmp, &L, &meta, 0, final, sizeof final)) die("strata_ckpt_commit");
+    if (strata_ckpt_commit(run, tmp, &L, &meta, 0, 0, final, sizeof final)) die("strata_ckpt_commit");
     buf b = {0};
     char path[1100];
     snprintf(path, sizeof path, "%s/manifest.yaml", final);
