@@ -200,6 +200,10 @@ static const key_spec schema[] = {
     INT_("train", "micro_batch", train.micro_batch, 1, 65536, "8", "B, sequences per rank per micro-step"),
     INT_("train", "seq_len", train.seq_len, 0, 1048576, "0", "T per sequence; 0 = model.seq_len"),
     INT_("train", "grad_accum", train.grad_accum, 1, 65536, "1", "micro-steps per optimizer step"),
+    INT_("train", "global_batch", train.global_batch, 0, BIG, "0",
+         "sequences per optimizer step over all ranks: when set, grad_accum is global_batch / (micro_batch x ranks), "
+         "which must be whole, so a resume at another world size keeps the batch (and the losses) by itself; 0 = "
+         "micro_batch x grad_accum x ranks"),
     ROW("train", "seed", K_UINT64, train.seed, 0, 0, NULL, "1337", 0, "seed for init, data order, sampling"),
     INT_("train", "eval_every", train.eval_every, 0, BIG, "100", "steps between validation passes; 0 = never"),
     INT_("train", "eval_batches", train.eval_batches, 0, 1000000, "8",
@@ -1010,6 +1014,25 @@ int strata_config_check(const strata_config *c, const char *name) {
         return strata_fail("%s: offload.block_kb (%d) must be a multiple of 4 (O_DIRECT needs 4 KiB alignment)",
                            name, c->offload.block_kb);
     return 0;
+}
+
+int strata_config_set_world(strata_config *c, const char *name, int world) {
+    if (c->train.global_batch > 0) {
+        long long per = (long long)c->train.micro_batch * world, g = c->train.global_batch;
+        if (g % per)
+            return strata_fail("%s: train.global_batch %lld is not a multiple of train.micro_batch %d x %d rank%s = %lld "
+                               "sequences a micro-step", name, g, c->train.micro_batch, world, world == 1 ? "" : "s", per);
+        if (g / per > 65536)
+            return strata_fail("%s: train.global_batch %lld takes %lld micro-steps of %lld sequences (train.micro_batch "
+                               "%d x %d rank%s), more than 65536", name, g, g / per, per, c->train.micro_batch, world,
+                               world == 1 ? "" : "s");
+        if (c->train.grad_accum != 1 && c->train.grad_accum != g / per)
+            return strata_fail("%s: train.grad_accum %d and train.global_batch %lld disagree (at %d rank%s with "
+                               "micro_batch %d, global_batch asks for grad_accum %lld): set one of them", name,
+                               c->train.grad_accum, g, world, world == 1 ? "" : "s", c->train.micro_batch, g / per);
+        c->train.grad_accum = (int)(g / per);
+    }
+    return strata_config_check_world(c, name, world);
 }
 
 int strata_config_check_world(const strata_config *c, const char *name, int world) {

@@ -76,6 +76,7 @@ typedef struct strata_config {
         int micro_batch; /* B, sequences per rank per micro-step */
         int seq_len;     /* T per sequence; 0 = model.seq_len */
         int grad_accum;  /* micro-steps per optimizer step */
+        int global_batch; /* sequences per optimizer step over all ranks; 0 = as grad_accum makes it */
         uint64_t seed;
         int eval_every; /* steps between validation passes; 0 = never */
         int eval_batches; /* micro-batches a pass; 0 = the whole validation set */
@@ -181,6 +182,9 @@ int strata_config_check(const strata_config *c, const char *name);
 /* The rules that depend on the run's world size as well (offload.gradients: cpu is for one
  * rank): 0, or -1 + a message naming `name` and the key. */
 int strata_config_check_world(const strata_config *c, const char *name, int world);
+/* The same, after what the world decides: train.grad_accum from train.global_batch (0: as
+ * given), refused naming both when it is not whole or disagrees with a grad_accum given. */
+int strata_config_set_world(strata_config *c, const char *name, int world);
 
 /* A checkpoint's weights against the config that would use them: every key the weights'
  * meaning depends on (the shape keys, and model.n_head, which changes no tensor's shape)

@@ -16,7 +16,7 @@ int strata_cmd_plan(int argc, char **argv) {
     if (rc) return rc;
     strata_config cfg;
     if (strata_config_load(&cfg, cli.config_path, cli.sets, cli.n_sets) ||
-        strata_config_check_world(&cfg, cfg.path[0] ? cfg.path : "<built-in>", cli.world)) {
+        strata_config_set_world(&cfg, cfg.path[0] ? cfg.path : "<built-in>", cli.world)) {
         fprintf(stderr, "%s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }

@@ -414,7 +414,7 @@ static int load_config(trainer *t) {
     strata_config *cfg = &t->cfg;
     const char *where = NULL; /* names the config in the message, for what it leads to */
     if (strata_config_load(cfg, t->cli.config_path, t->cli.sets, t->cli.n_sets) ||
-        strata_config_check_world(cfg, cfg->path[0] ? cfg->path : "<built-in>", t->world))
+        strata_config_set_world(cfg, cfg->path[0] ? cfg->path : "<built-in>", t->world))
         goto refuse;
     where = cfg->path[0] ? cfg->path : "<built-in>";
     /* said now, not after the plan is allocated: llm.c's uint16 shards cannot hold the ids

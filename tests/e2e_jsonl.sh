@@ -6,7 +6,8 @@
 #    templates with `tokenizers`, and names every bad line (file, line, field) with exit 2;
 #  - a Llama-family model with Llama 3's 128256-token vocabulary trains on the conversations
 #    (32-bit masked shards): world 1 with the global batch in one micro-batch, world 2
-#    (mpirun, when there is one) and accumulation 4 give the same losses and validation
+#    (mpirun, when there is one) and accumulation 4 (both from train.global_batch 4 of
+#    micro-batches of 1) give the same losses and validation
 #    losses within 1e-6 relative and the same learned-token counts (metrics.jsonl), fewer
 #    than the step's tokens;
 #  - `strata sample --chat` writes the prompt in the run's chat format and generates after
@@ -56,15 +57,19 @@ run: {dir: runs/w1, checkpoint_every: 2, keep: 0}
 YAML
 field() { grep "\"step\": $2," "$1/metrics.jsonl" | grep -o "\"$3\": [^,}]*" | cut -d' ' -f2; }
 "$S" train chat.yaml > w1.log 2>&1 || { tail -20 w1.log; fail "train at world 1"; }
-"$S" train chat.yaml --set run.dir=runs/a4 --set train.micro_batch=1 --set train.grad_accum=4 --set train.eval_batches=4 \
+# accumulation from train.global_batch: 4 sequences a step of micro-batches of 1 (accumulation 4
+# here, 2 at world 2 below)
+"$S" train chat.yaml --set run.dir=runs/a4 --set train.micro_batch=1 --set train.global_batch=4 --set train.eval_batches=4 \
   > a4.log 2>&1 ||
   { tail -20 a4.log; fail "train with accumulation 4"; }
+grep -q "batch: 1 x 64 tokens x 4 accumulation x 1 ranks" a4.log || fail "global_batch 4 of 1 at world 1: $(grep 'batch:' a4.log)"
 runs="runs/a4"
 if command -v mpirun > /dev/null && [ "$DEV" = cpu ]; then
   MPI=(mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1)
   [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
-  "${MPI[@]}" "$S" train chat.yaml --set run.dir=runs/w2 --set train.micro_batch=2 > w2.log 2>&1 ||
-    { tail -20 w2.log; fail "train at world 2"; }
+  "${MPI[@]}" "$S" train chat.yaml --set run.dir=runs/w2 --set train.micro_batch=1 --set train.global_batch=4 \
+    --set train.eval_batches=2 > w2.log 2>&1 || { tail -20 w2.log; fail "train at world 2"; }
+  grep -q "batch: 1 x 64 tokens x 2 accumulation x 2 ranks" w2.log || fail "global_batch 4 of 1 at world 2: $(grep 'batch:' w2.log)"
   runs="runs/a4 runs/w2"
 fi
 for r in $runs; do

@@ -434,6 +434,31 @@ static void test_overrides(void) {
                                       "several, zero.stage 2 or 3 keeps 1/2 of the gradient on each device instead"),
           "offload.gradients: cpu at two ranks is refused: %s", strata_error());
 
+    /* train.global_batch: grad_accum follows the world, whole or refused naming both keys */
+    const char *global[] = {"train.global_batch=24", "train.micro_batch=2"};
+    int accum[5] = {0};
+    for (int w = 1; w <= 4; w++) {
+        rc = strata_config_load_string(&c, "b.yaml", HEAD TRAIN, global, 2);
+        accum[w] = rc == 0 && strata_config_set_world(&c, "b.yaml", w) == 0 ? c.train.grad_accum : -1;
+    }
+    CHECK(accum[1] == 12 && accum[2] == 6 && accum[3] == 4 && accum[4] == 3,
+          "global_batch 24 at micro_batch 2: grad_accum 12, 6, 4, 3 at 1-4 ranks (%d %d %d %d)", accum[1], accum[2],
+          accum[3], accum[4]);
+    rc = strata_config_load_string(&c, "b.yaml", HEAD TRAIN, global, 2);
+    CHECK(rc == 0 && strata_config_set_world(&c, "b.yaml", 5) != 0 &&
+              !strcmp(strata_error(), "b.yaml: train.global_batch 24 is not a multiple of train.micro_batch 2 x 5 ranks "
+                                      "= 10 sequences a micro-step"),
+          "24 over 5 ranks of 2 is refused: %s", strata_error());
+    const char *both[] = {"train.global_batch=24", "train.micro_batch=2", "train.grad_accum=3"};
+    rc = strata_config_load_string(&c, "b.yaml", HEAD TRAIN, both, 3);
+    CHECK(rc == 0 && strata_config_set_world(&c, "b.yaml", 4) == 0 && c.train.grad_accum == 3,
+          "a grad_accum given that agrees is fine");
+    rc = strata_config_load_string(&c, "b.yaml", HEAD TRAIN, both, 3);
+    CHECK(rc == 0 && strata_config_set_world(&c, "b.yaml", 2) != 0 &&
+              !strcmp(strata_error(), "b.yaml: train.grad_accum 3 and train.global_batch 24 disagree (at 2 ranks with "
+                                      "micro_batch 2, global_batch asks for grad_accum 6): set one of them"),
+          "one that disagrees is refused naming both: %s", strata_error());
+
     /* A required key may come from --set alone. */
     const char *need[] = {"data.train=x_*.bin"};
     rc = strata_config_load_string(&c, "o.yaml", "model: {n_layer: 1, n_head: 1, n_embd: 4, seq_len: 8, vocab_size: 10}\n"
