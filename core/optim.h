@@ -23,6 +23,7 @@ typedef enum { STRATA_OPTIM_STATE_FP32 = 0, STRATA_OPTIM_STATE_BF16, STRATA_OPTI
 typedef struct strata_optim_settings {
     double lr, min_lr;
     int warmup_steps;
+    double warmup_ratio; /* config: warmup_steps as a share of train.steps (the run sets warmup_steps) */
     strata_schedule schedule;
     double beta1, beta2, eps, weight_decay, grad_clip;
     strata_optim_state state;

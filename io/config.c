@@ -232,6 +232,9 @@ static const key_spec schema[] = {
     DBL("optim", "lr", optim.lr, 0, 10, "3e-4", F_FLOAT, "peak learning rate"),
     DBL("optim", "min_lr", optim.min_lr, 0, 10, "3e-5", F_FLOAT, "learning rate at the end of the decay"),
     INT_("optim", "warmup_steps", optim.warmup_steps, 0, BIG, "0", "linear warmup from 0 to lr"),
+    DBL("optim", "warmup_ratio", optim.warmup_ratio, 0, 1, "0", F_MAX_EXCL,
+        "the warmup as a share of train.steps (Hugging Face's warmup_ratio): a run takes warmup_steps = "
+        "round(ratio x steps) at its start, after train.epochs; 0 = warmup_steps decides"),
     ENUM_("optim", "schedule", optim.schedule, schedule_names, "cosine", "decay from lr to min_lr after warmup"),
     DBL("optim", "beta1", optim.beta1, 0, 1, "0.9", F_MAX_EXCL | F_FLOAT, "AdamW first-moment decay"),
     DBL("optim", "beta2", optim.beta2, 0, 1, "0.95", F_MAX_EXCL | F_FLOAT, "AdamW second-moment decay"),
@@ -955,6 +958,9 @@ static int check_llama(const strata_config *c, const char *name) {
 }
 
 int strata_config_check(const strata_config *c, const char *name) {
+    if (c->optim.warmup_ratio > 0 && c->optim.warmup_steps > 0)
+        return strata_fail("%s: optim.warmup_steps %d and optim.warmup_ratio %g both say how long the warmup is: set one",
+                           name, c->optim.warmup_steps, c->optim.warmup_ratio);
     if (c->train.steps < 1 && !(c->train.epochs > 0))
         return strata_fail("%s: missing required key 'train.steps' (optimizer steps), or train.epochs (passes over "
                            "data.train)", name);

@@ -406,6 +406,19 @@ static int steps_from_epochs(trainer *t) {
     return 0;
 }
 
+/* optim.warmup_ratio into optim.warmup_steps, once train.steps is known (train.epochs);
+ * the effective config (recorded with the run and its checkpoints) then says the steps. */
+static void warmup_from_ratio(trainer *t) {
+    strata_config *cfg = &t->cfg;
+    if (!(cfg->optim.warmup_ratio > 0)) return;
+    double w = floor(cfg->optim.warmup_ratio * (double)cfg->train.steps + 0.5);
+    cfg->optim.warmup_steps = w > INT_MAX ? INT_MAX : (int)w;
+    if (t->rank == 0)
+        STRATA_INFO("train", "optim.warmup_ratio %g: %d warmup steps of %lld", cfg->optim.warmup_ratio,
+                    cfg->optim.warmup_steps, (long long)cfg->train.steps);
+    cfg->optim.warmup_ratio = 0;
+}
+
 /* The config and what it names, checked before anything is opened: its tokenizer, its
  * YAML for the checkpoints, STRATA_PROFILE, and offload.nvme_path (missing, or not a
  * directory). A refusal is a usage error (exit 2), said by rank 0, before run.dir is
@@ -443,7 +456,9 @@ static int load_config(trainer *t) {
             goto refuse;
         }
     }
-    if (steps_from_epochs(t) || strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
+    if (steps_from_epochs(t)) goto refuse;
+    warmup_from_ratio(t);
+    if (strata_run_tokenizer_open(cfg, &t->tokenizer) || record_config(t)) goto refuse;
     where = NULL;
     if ((t->kernel_profile = kernel_profile_choice()) < 0) goto refuse;
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);

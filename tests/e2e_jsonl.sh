@@ -16,6 +16,7 @@
 #  - the conversations packed into a sequence are kept apart (data.document_mask): the
 #    logits and loss `strata dump-grads` computes over packed rows are transformers' over
 #    each conversation alone, and differ from its over the rows whole;
+#  - train.epochs takes the steps from the data, optim.warmup_ratio the warmup from them;
 #  - a vocabulary past 65536 on llm.c's uint16 shards, and a train.seq_len other than the
 #    --seq-len the examples were packed to, are refused at start (exit 2).
 # Needs `tokenizers` (transformers and torch for the export checks, which are skipped
@@ -93,15 +94,19 @@ learned=$(field runs/w1 1 learned_tokens)
 pass "losses and validation losses of world 1, ${runs// / and } agree within $TOL_RUNS ($DEV); $learned of 256 tokens learned in step 1"
 
 # --- train.epochs: passes over the conversations decide the steps (rounded up), and a resume agrees
-"$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --set train.eval_every=0 > ep.log 2>&1 ||
-  { tail -20 ep.log; fail "train with train.epochs 4"; }
+"$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --set train.eval_every=0 --set optim.warmup_ratio=0.5 \
+  > ep.log 2>&1 || { tail -20 ep.log; fail "train with train.epochs 4"; }
 n=$(grep -o 'over the [0-9]* of data.train' ep.log | grep -o '[0-9]*' || true)
 steps=$(grep -o 'train.epochs 4: [0-9]* steps of 4 sequences' ep.log | cut -d' ' -f3 || true)
 [ -n "$n" ] && [ "$steps" = $(( (4 * n + 3) / 4 )) ] && [ "$(wc -l < runs/ep/metrics.jsonl)" = "$steps" ] &&
   grep -q "the train.steps given is not used" ep.log || fail "train.epochs 4 over $n sequences: $(grep epochs ep.log)"
 "$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --resume latest > ep2.log 2>&1 &&
   grep -q "run already at step $steps of $steps" ep2.log || fail "resume of the train.epochs run: $(tail -3 ep2.log)"
-pass "train.epochs 4 over $n sequences of 4 a step: $steps steps; its resume finds it done"
+warm=$(( (steps + 1) / 2 )) # round(0.5 x steps)
+grep -q "optim.warmup_ratio 0.5: $warm warmup steps of $steps" ep.log &&
+  grep -q '"lr": 0.0005,' <(grep '"step": 1,' runs/ep/metrics.jsonl) ||
+  fail "warmup_ratio 0.5 of $steps steps should be $warm (lr 5e-4 at step 1 of a 2-step warmup to 1e-3): $(grep warmup ep.log); $(grep -o '"lr": [^,]*' runs/ep/metrics.jsonl | head -2)"
+pass "train.epochs 4 over $n sequences of 4 a step: $steps steps, optim.warmup_ratio 0.5 of them $warm; its resume finds it done"
 
 # --- sample in the chat format, and the export's chat template
 "$S" sample runs/w1 --chat --prompt "  Hi there " --tokens 3 --temperature 0 > sample.txt 2> sample.err ||

@@ -459,6 +459,19 @@ static void test_overrides(void) {
                                       "micro_batch 2, global_batch asks for grad_accum 6): set one of them"),
           "one that disagrees is refused naming both: %s", strata_error());
 
+    /* optim.warmup_ratio (the run turns it into warmup_steps) or warmup_steps, not both */
+    const char *warm[] = {"optim.warmup_ratio=0.03"};
+    rc = strata_config_load_string(&c, "w.yaml", HEAD TRAIN, warm, 1);
+    CHECK(rc == 0 && c.optim.warmup_ratio == 0.03 && c.optim.warmup_steps == 0, "optim.warmup_ratio alone: %s",
+          strata_error());
+    const char *ratio_steps[] = {"optim.warmup_ratio=0.03", "optim.warmup_steps=10"};
+    rc = strata_config_load_string(&c, "w.yaml", HEAD TRAIN, ratio_steps, 2);
+    CHECK(rc != 0 && !strcmp(strata_error(), "w.yaml: optim.warmup_steps 10 and optim.warmup_ratio 0.03 both say how "
+                                             "long the warmup is: set one"),
+          "warmup_ratio with warmup_steps is refused naming both: %s", strata_error());
+    const char *ratio_one[] = {"optim.warmup_ratio=1"};
+    CHECK(strata_config_load_string(&c, "w.yaml", HEAD TRAIN, ratio_one, 1) != 0, "warmup_ratio 1 is out of range");
+
     /* A required key may come from --set alone. */
     const char *need[] = {"data.train=x_*.bin"};
     rc = strata_config_load_string(&c, "o.yaml", "model: {n_layer: 1, n_head: 1, n_embd: 4, seq_len: 8, vocab_size: 10}\n"
