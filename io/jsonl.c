@@ -3,6 +3,7 @@
  * packed into seq_len sequences by a packer per split over io/data.h's shard sink. */
 #include "io/jsonl.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -599,6 +600,74 @@ static int fill(void *ctx, const char *dir) {
                          j->r->bad, j->r->bad == 1 ? "" : "s", j->r->dropped);
     if (rc) return rc;
     return strata_prepare_write_tokenizer(dir, j->mk.tk);
+}
+
+/* ---- the layout of a file ---- */
+
+int strata_jsonl_detect(const char *path, strata_jsonl_opts *o, char *said, size_t said_len) {
+    FILE *f = fopen(path, "r");
+    if (!f) return strata_fail("%s: cannot read: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0, lineno = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) { /* the first line that is no blank one */
+        lineno++;
+        if (strspn(line, " \t\r\n") < (size_t)n) break;
+    }
+    int read_failed = ferror(f);
+    (void)fclose(f); /* read-only */
+    if (n <= 0) {
+        free(line);
+        return read_failed ? strata_fail("%s: cannot read: %s", path, strerror(errno))
+                           : strata_fail("%s: no example in it (every line is blank)", path);
+    }
+    char where[1200];
+    snprintf(where, sizeof where, "%s:%zu", path, lineno);
+    strata_json_doc doc;
+    if (strata_json_parse(&doc, line, (size_t)n, where)) {
+        free(line);
+        return strata_fail_wrap("its layout is read from its first example");
+    }
+    free(line);
+    const strata_json *root = &doc.root;
+    if (root->type != STRATA_JSON_OBJECT) {
+        strata_json_free(&doc);
+        return strata_fail("%s: the first example is %s, not a JSON object", where, strata_json_kind(root));
+    }
+#define HAS(k) (strata_json_get(root, k) != NULL)
+    int rc = 0;
+    if (HAS("messages") || HAS("conversations")) {
+        o->kind = STRATA_JSONL_MESSAGES;
+        o->messages_field = HAS("messages") ? "messages" : "conversations";
+        snprintf(said, said_len, "a chat in field '%s' (--messages-field %s)", o->messages_field, o->messages_field);
+    } else if (HAS("prompt") && (HAS("completion") || HAS("response"))) {
+        o->kind = STRATA_JSONL_PROMPT;
+        o->prompt_field = "prompt";
+        o->response_field = HAS("completion") ? "completion" : "response";
+        snprintf(said, said_len, "prompt/response in fields 'prompt' and '%s' (--prompt-field prompt --response-field %s)",
+                 o->response_field, o->response_field);
+    } else if (HAS("instruction") && HAS("output")) {
+        o->kind = STRATA_JSONL_PROMPT;
+        o->prompt_field = "instruction,input";
+        o->response_field = "output";
+        snprintf(said, said_len, "Alpaca's instruction, input and output (--prompt-field instruction,input "
+                                 "--response-field output)");
+    } else if (HAS("text")) {
+        o->kind = STRATA_JSONL_TEXT;
+        o->text_field = "text";
+        snprintf(said, said_len, "a document in field 'text' (--text-field text)");
+    } else {
+        char keys[600] = "";
+        for (size_t i = 0; i < root->len && strlen(keys) < 500; i++)
+            snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s'%.60s'", i ? ", " : "", root->members[i].key);
+        rc = strata_fail("%s: the first example's keys (%s) are none of the layouts prepare knows (messages or "
+                         "conversations; prompt with completion or response; instruction with output; text): name the "
+                         "fields with --messages-field, --prompt-field and --response-field, or --text-field", where,
+                         root->len ? keys : "none");
+    }
+#undef HAS
+    strata_json_free(&doc);
+    return rc;
 }
 
 static int cmp_size(const void *a, const void *b) {

@@ -96,6 +96,15 @@ typedef struct strata_jsonl_report {
     int threads; /* the lines were tokenized on */
 } strata_jsonl_report;
 
+/* The kind and fields of a JSONL file's examples, from the keys of its first example, as
+ * the common layouts name them (the first that fits): "messages" or "conversations" (a
+ * chat; ShareGPT's from/value too), "prompt" with "completion" or "response", "instruction"
+ * with "output" (Alpaca's: "instruction,input" the prompt), "text". Sets o->kind and its
+ * fields (static strings) and writes what it chose, and why, into said. 0; or -1 + an error
+ * naming the file and the keys it found when none fits, the file cannot be read or its
+ * first example is not a JSON object. */
+int strata_jsonl_detect(const char *path, strata_jsonl_opts *o, char *said, size_t said_len);
+
 /* Prepares out_dir (replaced whole, as io/data.h's strata_prepare_dir) from the JSONL files
  * with tokenizer tk, which is written beside the shards (with the chat template of a
  * messages format in its tokenizer_config.json). Returns 0, STRATA_JSONL_BAD_LINE,

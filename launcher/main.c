@@ -63,8 +63,8 @@ static int prepare_usage(const char *why, const char *arg) {
     fprintf(stderr, "usage: strata prepare --text FILE... --out DIR [--tokenizer T] [--val-fraction F] [--shard-tokens N]\n"
                     "                      [--threads N]\n"
                     "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
-                    "                      (--text-field F | --prompt-field P --response-field R |\n"
-                    "                       --messages-field M [--chat-format llama3|chatml])\n"
+                    "                      [--text-field F | --prompt-field P --response-field R |\n"
+                    "                       --messages-field M] [--chat-format llama3|chatml]\n"
                     "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
                     "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N] [--threads N]\n");
     return STRATA_EXIT_USAGE;
@@ -127,10 +127,10 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
                              "--seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl", NULL);
     if (!a->jsonl) return 0;
-    if (modes != 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
+    if (modes > 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
-                             "--messages-field", NULL);
-    if (a->chat && !a->messages_field) return prepare_usage("--chat-format goes with --messages-field", NULL);
+                             "--messages-field (or none: the first example's keys say which)", NULL);
+    if (a->chat && modes && !a->messages_field) return prepare_usage("--chat-format goes with --messages-field", NULL);
     if (!a->tok_path) return prepare_usage("--jsonl needs --tokenizer (the model's: its special tokens and EOS)", NULL);
     if (!a->seq_len) return prepare_usage("--jsonl needs --seq-len (examples are packed into sequences of it)", NULL);
     if (a->overflow && strcmp(a->overflow, "split") && strcmp(a->overflow, "truncate") && strcmp(a->overflow, "drop"))
@@ -154,11 +154,23 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
                            .threads = (int)a->threads, .text_field = a->text_field, .prompt_field = a->prompt_field,
                            .response_field = a->response_field, .messages_field = a->messages_field};
     o.kind = a->text_field ? STRATA_JSONL_TEXT : a->prompt_field ? STRATA_JSONL_PROMPT : STRATA_JSONL_MESSAGES;
+    if (!a->text_field && !a->prompt_field && !a->messages_field) { /* the layout from the first example's keys */
+        char said[300];
+        if (strata_jsonl_detect(a->files[0], &o, said, sizeof said)) {
+            fprintf(stderr, "strata prepare: %s\n", strata_error());
+            return STRATA_EXIT_USAGE;
+        }
+        printf("layout: %s, from the keys of %s's first example\n", said, a->files[0]);
+        if (a->chat && o.kind != STRATA_JSONL_MESSAGES) {
+            fprintf(stderr, "strata prepare: --chat-format goes with a chat, and %s's examples are none\n", a->files[0]);
+            return STRATA_EXIT_USAGE;
+        }
+    }
     if (a->chat && strata_chat_format_parse(a->chat, &o.chat_format)) {
         fprintf(stderr, "strata prepare: --chat-format: %s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
-    if (a->messages_field && !a->chat) { /* the format the tokenizer's model is prompted in */
+    if (o.kind == STRATA_JSONL_MESSAGES && !a->chat) { /* the format the tokenizer's model is prompted in */
         o.chat_format = strata_chat_format_detect(tk);
         if (o.chat_format == STRATA_CHAT_NONE) {
             fprintf(stderr, "strata prepare: --messages-field needs --chat-format llama3 or chatml: tokenizer %s has "

@@ -16,7 +16,9 @@ exactly those of the reference's examples packed the documented way (io/jsonl.h)
 counts printed must be the reference's, every bad line alone must stop prepare with exit 2
 naming the file, line 1 and the field, and --skip-bad must skip exactly the bad lines. For
 Llama 3's template the reference also checks that its examples are what tokenizing the
-whole rendered conversation gives.
+whole rendered conversation gives. Without a field option, prepare takes the layout from the
+first example's keys (Alpaca's, prompt/completion, ShareGPT's conversations, text): the shards
+of naming the fields; keys of no known layout are refused naming them.
 
 Exits 77 (the ctest skip code) when `tokenizers` cannot be imported.
 usage: jsonl_reference.py --strata BIN --workdir DIR --corpus FILE
@@ -513,6 +515,34 @@ def main():
     fails.check(got_t[:2] == want_t[:2] and got_v[:2] == want_v[:2] and min(held) < 100 and max(held) >= 200,
                 "300 documents, --val-fraction 0.1: the 30 whose index hashes lowest, from %d to %d, are the "
                 "validation set (exit %d)" % (min(held), max(held), rc))
+    # no field option: the first example's keys say the layout, and the shards are those of
+    # naming its fields; keys of no known layout are refused, exit 2, naming them
+    prompt_path = os.path.join(work, "completion.jsonl")
+    with open(prompt_path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"prompt": p, "completion": a["output"]}) + "\n" for p, a in zip(prompts, alpaca))
+    layouts = [(os.path.join(work, "alpaca.jsonl"), ["--prompt-field", "instruction,input", "--response-field", "output"],
+                "llama3", "Alpaca's instruction, input and output"),
+               (prompt_path, ["--prompt-field", "prompt", "--response-field", "completion"], "llama3",
+                "prompt/response in fields 'prompt' and 'completion'"),
+               (os.path.join(work, "sharegpt.jsonl"), ["--messages-field", "conversations"], "qwen2",
+                "a chat in field 'conversations'"),
+               (os.path.join(work, "many.jsonl"), ["--text-field", "text"], "llama3", "a document in field 'text'")]
+    for k, (path, named, tk_name, said) in enumerate(layouts):
+        common = ["--jsonl", path, "--tokenizer", os.path.join(work, tk_name), "--seq-len", str(T), "--val-fraction", "0"]
+        rc1, _ = run_prepare(args, work, common + named + ["--out", "layout_named%d" % k])
+        rc2, out2 = run_prepare(args, work, common + ["--out", "layout_keys%d" % k])
+        same = rc1 == 0 and rc2 == 0 and all(
+            open(os.path.join(work, "layout_named%d" % k, f), "rb").read() ==
+            open(os.path.join(work, "layout_keys%d" % k, f), "rb").read() for f in ("train_000000.bin", "tokenizer.json"))
+        fails.check(same and ("layout: " + said) in out2, "%s without a field option: %s, the shards of naming %s "
+                    "(exit %d, %d: %s)" % (os.path.basename(path), said, " ".join(named), rc1, rc2, out2.strip()[-120:]))
+    odd = os.path.join(work, "odd.jsonl")
+    with open(odd, "w") as f:
+        f.write('\n{"question": "q", "answer": "a"}\n')
+    rc, out = run_prepare(args, work, ["--jsonl", odd, "--tokenizer", tok_dir, "--seq-len", str(T), "--out", "odd"])
+    fails.check(rc == 2 and odd + ":2: the first example's keys ('question', 'answer') are none of the layouts" in out,
+                "keys of no known layout: exit 2, naming the line and its keys (exit %d: %s)" % (rc, out.strip()[-200:]))
+
     (s_bf, p_bf), (s_io, p_io) = sizes["best-fit"], sizes["in-order"]
     print("300 documents of %d tokens on average into sequences of %d: best fit %d sequences (%d tokens not learned), "
           "in order %d (%d)" % (sum(len(e[0]) for e in exs) // len(exs), T, s_bf, p_bf, s_io, p_io))
