@@ -123,6 +123,7 @@ static const char *const grad_home_names[] = {"none", "cpu", NULL}; /* a prefix 
 static const char *const arch_names[] = {"gpt2", "llama", NULL};
 static const char *const rope_names[] = {"none", "llama3", NULL};
 static const char *const eval_start_names[] = {"auto", "true", "false", NULL};
+static const char *const export_names[] = {"auto", "latest", "best", NULL};
 static const char *const hf_type_names[] = {"auto", "gpt2", "llama", "mistral", "qwen2", "qwen3", NULL};
 
 #define OFF(field) offsetof(strata_config, field)
@@ -249,6 +250,12 @@ static const key_spec schema[] = {
     INT_("run", "checkpoint_every", run.checkpoint_every, 0, BIG, "0",
          "steps between checkpoints; 0 = only at the end and on a stop"),
     INT_("run", "keep", run.keep, 0, 1000000, "3", "checkpoints kept; 0 = all"),
+    STR("run", "export_dir", run.export_dir, "", 0,
+        "after the last step, rank 0 writes a Hugging Face directory here (as `strata export CKPT --out DIR`) of "
+        "run.export_checkpoint; empty = none"),
+    ENUM_("run", "export_checkpoint", run.export_checkpoint, export_names, "auto",
+          "which checkpoint run.export_dir gets: best (ckpt/best), latest, or auto: the best when there is one, else "
+          "the latest"),
     BOOL_("run", "keep_best", run.keep_best, "false",
           "also keep the checkpoint of the lowest validation loss (ckpt/best names it; export or sample RUN/ckpt/best) "
           "whatever run.keep removes; a step that validates and checkpoints can be it"),
@@ -958,6 +965,9 @@ static int check_llama(const strata_config *c, const char *name) {
 }
 
 int strata_config_check(const strata_config *c, const char *name) {
+    if (c->run.export_dir[0] && !c->run.checkpoint_at_end)
+        return strata_fail("%s: run.export_dir exports the run's last checkpoint, which run.checkpoint_at_end: false "
+                           "would not write: set it true, or export by hand (strata export)", name);
     if (c->optim.warmup_ratio > 0 && c->optim.warmup_steps > 0)
         return strata_fail("%s: optim.warmup_steps %d and optim.warmup_ratio %g both say how long the warmup is: set one",
                            name, c->optim.warmup_steps, c->optim.warmup_ratio);

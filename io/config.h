@@ -25,6 +25,8 @@ typedef enum { STRATA_COMM_AUTO = 0, STRATA_COMM_MPI, STRATA_COMM_NCCL } strata_
 #define STRATA_AUTO (-1.0)
 
 typedef enum { STRATA_OFFLOAD_NONE = 0, STRATA_OFFLOAD_CPU, STRATA_OFFLOAD_NVME } strata_offload_choice;
+/* run.export_checkpoint: auto = the best (ckpt/best) when there is one, else the latest */
+typedef enum { STRATA_EXPORT_AUTO = 0, STRATA_EXPORT_LATEST, STRATA_EXPORT_BEST } strata_export_choice;
 /* train.eval_at_start: auto = when the run starts from model.init_from (never on a resume) */
 typedef enum { STRATA_EVAL_START_AUTO = 0, STRATA_EVAL_START_TRUE, STRATA_EVAL_START_FALSE } strata_eval_start;
 /* model.hf_model_type: the Hugging Face model_type export writes (with its architecture);
@@ -100,6 +102,8 @@ typedef struct strata_config {
         int checkpoint_every;      /* steps; 0 = only at the end and on a stop */
         int keep;                  /* checkpoints kept; 0 = all */
         int keep_best;             /* also the one of the lowest validation loss (ckpt/best) */
+        char export_dir[STRATA_PATH_MAX]; /* a Hugging Face directory written at the end; "" = none */
+        int export_checkpoint;     /* strata_export_choice: which checkpoint export_dir gets */
         int checkpoint_at_end;     /* after the last step (a stop signal always writes one) */
         int tensorboard;           /* rank 0 writes TensorBoard events (io/tensorboard.h) */
         char tensorboard_dir[STRATA_PATH_MAX]; /* where; "" = run.dir */

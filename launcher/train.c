@@ -35,6 +35,7 @@
 #include "launcher/build.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
+#include "launcher/export.h"
 #include "launcher/offload_report.h"
 #include "launcher/plan.h"
 #include "launcher/resume.h"
@@ -419,6 +420,28 @@ static void warmup_from_ratio(trainer *t) {
     cfg->optim.warmup_ratio = 0;
 }
 
+/* run.export_dir, before hours of training: a directory or nothing yet, in a directory
+ * this process may write. */
+static int check_export_dir(const strata_config *cfg) {
+    const char *dir = cfg->run.export_dir, *file = cfg->path[0] ? cfg->path : "<built-in>";
+    if (!dir[0]) return 0;
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return strata_fail("%s: key 'run.export_dir': '%s' is not a directory", file, dir);
+    char parent[STRATA_PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = 0;
+    else *slash = 0;
+    if (access(parent, W_OK) != 0)
+        return strata_fail("%s: key 'run.export_dir': '%s' cannot be written (%s: %s)", file, dir, parent,
+                           strerror(errno));
+    return 0;
+}
+
 /* The config and what it names, checked before anything is opened: its tokenizer, its
  * YAML for the checkpoints, STRATA_PROFILE, and offload.nvme_path (missing, or not a
  * directory). A refusal is a usage error (exit 2), said by rank 0, before run.dir is
@@ -462,7 +485,7 @@ static int load_config(trainer *t) {
     where = NULL;
     if ((t->kernel_profile = kernel_profile_choice()) < 0) goto refuse;
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
-    if (strata_plan_check_paths(cfg)) goto refuse;
+    if (strata_plan_check_paths(cfg) || check_export_dir(cfg)) goto refuse;
     return 0;
 refuse:
     snprintf(t->refused, sizeof t->refused, "%s%s%s", where ? where : "", where ? ": " : "", strata_error());
@@ -1433,6 +1456,39 @@ static void report_best(const trainer *t) {
                     "(run.keep_best: true keeps it)", val, ckpt_dir, name);
 }
 
+/* The checkpoint run.export_dir gets (run.export_checkpoint) into `from`: RUN/ckpt/best,
+ * or the run (its latest). -1 + said when best is asked for and there is none. */
+static int choose_export(const trainer *t, char *from, size_t len) {
+    const strata_config *cfg = &t->cfg;
+    char ckpt_dir[STRATA_PATH_MAX + 8], out[STRATA_PATH_MAX + 300];
+    snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", cfg->run.dir);
+    snprintf(from, len, "%s", cfg->run.dir);
+    if (cfg->run.export_checkpoint == STRATA_EXPORT_LATEST) return 0;
+    if (strata_ckpt_resolve("best", cfg->run.dir, out, sizeof out) == 0) {
+        snprintf(from, len, "%s/best", ckpt_dir);
+        return 0;
+    }
+    if (cfg->run.export_checkpoint == STRATA_EXPORT_AUTO) {
+        STRATA_INFO("train", "run.export_dir: the latest checkpoint (no best: %s)", strata_error());
+        return 0;
+    }
+    from[0] = 0;
+    STRATA_ERROR("train", "run.export_checkpoint best: %s; the run is complete, nothing was exported", strata_error());
+    return -1;
+}
+
+/* `strata export FROM --out TO` once the run has ended (rank 0); an export that fails
+ * leaves the run complete and says how to try again. */
+static int export_at_end(const char *from, const char *to) {
+    STRATA_INFO("train", "run.export_dir: exporting %s to %s", from, to);
+    char *argv[] = {(char *)from, "--out", (char *)to};
+    int rc = strata_cmd_export(3, argv);
+    if (rc)
+        STRATA_ERROR("train", "the run is complete, but its export to %s failed (above): `strata export %s --out %s` "
+                     "tries again", to, from, to);
+    return rc ? STRATA_EXIT_ERROR : STRATA_EXIT_OK;
+}
+
 /* Memory as planned against memory as used, at the end of the run (rank 0). */
 static void report_memory(const trainer *t) {
     char b1[32], b2[32], b3[32], b4[32];
@@ -1527,6 +1583,12 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
         final_sample(t);
     if (rank == 0) report_memory(t);
     if (rank == 0 && exit_code == STRATA_EXIT_OK) report_best(t);
-    close_trainer(t);
+    char export_from[STRATA_PATH_MAX + 16] = "", export_to[STRATA_PATH_MAX] = "";
+    if (rank == 0 && exit_code == STRATA_EXIT_OK && !stopping && cfg->run.export_dir[0] &&
+        choose_export(t, export_from, sizeof export_from))
+        exit_code = STRATA_EXIT_ERROR;
+    snprintf(export_to, sizeof export_to, "%s", cfg->run.export_dir);
+    close_trainer(t); /* the run's memory goes back before the export reads the checkpoint */
+    if (export_from[0]) exit_code = export_at_end(export_from, export_to);
     return exit_code;
 }

@@ -11,7 +11,8 @@
 #    a resume (world 2 stage 3 agrees within 1e-6); off on request, and on request from
 #    random weights (eval_batches 0: all);
 #  - run.keep_best: ckpt/best names the saved step of the lowest validation loss, which
-#    run.keep then keeps; its export validates at step 0 to that loss bit for bit;
+#    run.keep then keeps; its export validates at step 0 to that loss bit for bit, and is
+#    what run.export_dir writes at the end of the run;
 #  - resuming wins over model.init_from; a YAML shape that disagrees with config.json,
 #    a missing init_from and bad export options are refused with exit 2 naming the value;
 #    a NaN in its weights stops the run at load with exit 1, naming tensor and element;
@@ -118,7 +119,7 @@ LC_ALL=C awk 'BEGIN {srand(7); for (i = 0; i < 4000; i++) printf "%c", 1 + int(r
 "$S" prepare --text noise.bin --out ndata --val-fraction 0.5 > /dev/null
 "$S" train base.yaml --set data.train='vdata/train_*.bin' --set data.val='ndata/val_*.bin' --set run.dir=runs/best \
   --set train.steps=8 --set train.eval_every=2 --set run.checkpoint_every=2 --set run.keep=1 --set run.keep_best=true \
-  > best.log
+  --set run.export_dir=hfauto > best.log
 read -r bstep bval <<< "$(grep -o '"step": [0-9]*, "loss": [^,]*, "val_loss": [^,]*' runs/best/metrics.jsonl |
                           awk '{print $2, $6}' | tr -d , | sort -g -k2 | head -1)"
 bname=$(printf 'step_%08d' "$bstep")
@@ -130,7 +131,15 @@ bname=$(printf 'step_%08d' "$bstep")
 "$S" train ft.yaml --set model.init_from=hfbest --set data.train='vdata/train_*.bin' --set data.val='ndata/val_*.bin' \
   --set run.dir=runs/frombest > frombest.log
 [ "$(val_at runs/frombest 0)" = "$bval" ] || fail "export of ckpt/best: step 0's validation $(val_at runs/frombest 0) vs $bval"
-pass "run.keep_best: ckpt/best names step $bstep of the lowest validation ($bval), kept beside the newest; its export validates to it bit for bit"
+# run.export_dir: the run's own export at its end is the best's (run.export_checkpoint auto)
+for f in model.safetensors config.json tokenizer.json; do
+  cmp -s "hfauto/$f" "hfbest/$f" || fail "run.export_dir's $f differs from exporting ckpt/best by hand"
+done
+grep -q "run.export_dir: exporting runs/best/ckpt/best to hfauto" best.log || fail "the run should say what it exports"
+[ "$(code "$S" train base.yaml --set run.dir=runs/x --set run.export_dir=nowhere/hf)" = 2 ] &&
+  grep -q "run.export_dir': 'nowhere/hf' cannot be written" out.txt && [ ! -e runs/x ] ||
+  fail "an export_dir that cannot be written should be refused at start: $(cat out.txt)"
+pass "run.keep_best: ckpt/best names step $bstep of the lowest validation ($bval), kept beside the newest; its export validates to it bit for bit; run.export_dir writes that export at the end (refused at start where it cannot)"
 
 # --- sharded, and a lone file (whose n_head comes from Strata's own metadata)
 "$S" export runs/a/ckpt/step_00000003 --out hf_sharded --max-shard-size 8KB > /dev/null
