@@ -33,12 +33,91 @@ const char *strata_chat_template(strata_chat_format f) {
     return f == STRATA_CHAT_LLAMA3 ? llama3_template : f == STRATA_CHAT_CHATML ? chatml_template : NULL;
 }
 
-strata_chat_format strata_chat_format_of(const strata_bpe *tk) {
+/* ---- a default system message ---- */
+
+/* Each format's turn for a default system message, around the text as a Jinja string
+ * literal, put where the template begins (after Llama 3's bos_token): a conversation whose
+ * first message is not the system's gets it, as Qwen2.5's own template does. */
+static const char llama3_bos[] = "{{- bos_token }}";
+static const char system_if[] = "{%- if messages[0]['role'] != 'system' %}";
+static const char llama3_system[2][100] = {"{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + '",
+                                           "' | trim + '<|eot_id|>' }}{%- endif %}"};
+static const char chatml_system[2][100] = {"{{- '<|im_start|>system\\n' + '", "' + '<|im_end|>' + '\\n' }}{%- endif %}"};
+
+char *strata_chat_template_with(strata_chat_format f, const char *system) {
+    const char *base = strata_chat_template(f);
+    strata_sbuf b = {0};
+    if (!base) return NULL;
+    if (!system) {
+        strata_sbuf_puts(&b, base);
+        return b.p;
+    }
+    const char(*turn)[100] = f == STRATA_CHAT_LLAMA3 ? llama3_system : chatml_system;
+    size_t skip = f == STRATA_CHAT_LLAMA3 ? strlen(llama3_bos) : 0;
+    strata_sbuf_putn(&b, base, skip);
+    strata_sbuf_puts(&b, system_if);
+    strata_sbuf_puts(&b, turn[0]);
+    for (const char *c = system; *c; c++) { /* a Jinja (Python) string literal in single quotes */
+        if (*c == '\\' || *c == '\'') strata_sbuf_printf(&b, "\\%c", *c);
+        else if (*c == '\n') strata_sbuf_puts(&b, "\\n");
+        else if (*c == '\r') strata_sbuf_puts(&b, "\\r");
+        else strata_sbuf_putn(&b, c, 1);
+    }
+    strata_sbuf_puts(&b, turn[1]);
+    strata_sbuf_puts(&b, base + skip);
+    return b.p;
+}
+
+/* The default system message of template t in format f, or NULL when t is not that
+ * format's template with one (malloc'd): the literal read back, then the template made
+ * again from it and compared whole, so nothing but Strata's own writing is taken. */
+static char *system_of(const char *t, strata_chat_format f) {
+    const char(*turn)[100] = f == STRATA_CHAT_LLAMA3 ? llama3_system : chatml_system;
+    strata_sbuf head = {0};
+    if (f == STRATA_CHAT_LLAMA3) strata_sbuf_puts(&head, llama3_bos);
+    strata_sbuf_puts(&head, system_if);
+    strata_sbuf_puts(&head, turn[0]);
+    char *out = NULL;
+    if (!strncmp(t, head.p, head.len)) {
+        strata_sbuf s = {0};
+        const char *c = t + head.len;
+        for (; *c && *c != '\''; c++) { /* the literal, to its closing quote */
+            if (*c == '\\' && c[1]) {
+                c++;
+                strata_sbuf_putn(&s, *c == 'n' ? "\n" : *c == 'r' ? "\r" : c, 1);
+            } else {
+                strata_sbuf_putn(&s, c, 1);
+            }
+        }
+        out = s.p ? s.p : strata_xstrdup("");
+        char *again = *c ? strata_chat_template_with(f, out) : NULL;
+        if (!again || strcmp(again, t)) {
+            free(out);
+            out = NULL;
+        }
+        free(again);
+    }
+    strata_sbuf_free(&head);
+    return out;
+}
+
+strata_chat_format strata_chat_format_system(const strata_bpe *tk, char **system) {
     const char *t = tk ? strata_bpe_chat_template(tk) : NULL;
-    if (t && !strcmp(t, llama3_template)) return STRATA_CHAT_LLAMA3;
-    if (t && !strcmp(t, chatml_template)) return STRATA_CHAT_CHATML;
+    if (system) *system = NULL;
+    if (!t) return STRATA_CHAT_NONE;
+    if (!strcmp(t, llama3_template)) return STRATA_CHAT_LLAMA3;
+    if (!strcmp(t, chatml_template)) return STRATA_CHAT_CHATML;
+    for (strata_chat_format f = STRATA_CHAT_LLAMA3; f <= STRATA_CHAT_CHATML; f++) {
+        char *s = system_of(t, f);
+        if (!s) continue;
+        if (system) *system = s;
+        else free(s);
+        return f;
+    }
     return STRATA_CHAT_NONE;
 }
+
+strata_chat_format strata_chat_format_of(const strata_bpe *tk) { return strata_chat_format_system(tk, NULL); }
 
 strata_chat_format strata_chat_format_detect(const strata_bpe *tk) {
     strata_chat_format f = strata_chat_format_of(tk);

@@ -30,8 +30,16 @@ int strata_chat_format_parse(const char *name, strata_chat_format *f);
 const char *strata_chat_format_name(strata_chat_format f);
 /* The format's Jinja chat template (bos_token is the format's BOS where it has one). */
 const char *strata_chat_template(strata_chat_format f);
-/* The format whose template tk's tokenizer_config.json holds (NONE for any other). */
+/* The format's template with `system` as its default system message (NULL: the plain
+ * template): a conversation whose first message is not the system's gets that one first.
+ * Malloc'd. */
+char *strata_chat_template_with(strata_chat_format f, const char *system);
+/* The format whose template tk's tokenizer_config.json holds (NONE for any other), with or
+ * without a default system message. */
 strata_chat_format strata_chat_format_of(const strata_bpe *tk);
+/* The same, and the default system message that template holds in *system (malloc'd; NULL
+ * when it has none). */
+strata_chat_format strata_chat_format_system(const strata_bpe *tk, char **system);
 /* The format a model with tokenizer tk is prompted in: the one its tokenizer_config.json's
  * template is, else the one whose special tokens it has (Llama 3's headers and <|eot_id|>,
  * or ChatML's <|im_start|> and <|im_end|>); NONE when it has neither set, or both. */

@@ -242,6 +242,12 @@ static int messages_example(line_maker *j, const strata_json *root, strata_token
     }
     strata_chat_begin(&j->chat, ex);
     int assistant = 0;
+    const char *first_role = NULL;
+    const strata_json *first_content = NULL;
+    if (j->o->system_prompt && list->len > 0 && list->items[0].type == STRATA_JSON_OBJECT &&
+        !message_parts(j, &list->items[0], m, 0, &first_role, &first_content) && strcmp(first_role, "system") &&
+        strata_chat_message(&j->chat, ex, "system", j->o->system_prompt, strlen(j->o->system_prompt), 0, j->where))
+        return -1;
     for (size_t i = 0; i < list->len; i++) {
         const strata_json *msgv = &list->items[i];
         snprintf(field, sizeof field, "%s[%zu]", m, i);
@@ -705,9 +711,10 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
         j.mk.eos = strata_chat_turn_end(&j.mk.chat);
         /* the export's tokenizer_config.json: the template trained with, its BOS, and the turn's
          * end as EOS (what generation stops at), as instruct models' configs have them */
-        strata_bpe_set_chat(tk, strata_chat_template(o->chat_format),
-                            o->chat_format == STRATA_CHAT_LLAMA3 ? "<|begin_of_text|>" : NULL,
+        char *template = strata_chat_template_with(o->chat_format, o->system_prompt);
+        strata_bpe_set_chat(tk, template, o->chat_format == STRATA_CHAT_LLAMA3 ? "<|begin_of_text|>" : NULL,
                             o->chat_format == STRATA_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>");
+        free(template);
     } else if (j.mk.eos < 0 && !j.mk.n_suffix) {
         strata_fail("tokenizer %s names no end-of-sequence token (no eos_token in a tokenizer_config.json beside it, no "
                     "token its template puts after a text, no </s>, <|end_of_text|> or <|endoftext|>): put eos_token in "

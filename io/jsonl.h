@@ -13,7 +13,9 @@
  *   messages  field M, an array of {"role": "system"|"user"|"assistant", "content": "..."},
  *             or ShareGPT's {"from": "system"|"human"|"gpt", "value": "..."} (user and
  *             assistant too), in a chat format (io/chat.h): only assistant turns learned (a
- *             conversation without an assistant turn, or with an empty one, is a bad line).
+ *             conversation without an assistant turn, or with an empty one, is a bad line);
+ *             with system_prompt, one whose first message is not the system's gets that one
+ *             first, as the template written beside the shards does at inference.
  * The EOS is the tokenizer's (strata_bpe_eos_id). An example's first token is never
  * learned (nothing of its own comes before it).
  *
@@ -72,6 +74,7 @@ typedef struct strata_jsonl_opts {
     strata_jsonl_kind kind;
     const char *text_field, *prompt_field, *response_field, *messages_field;
     strata_chat_format chat_format; /* MESSAGES */
+    const char *system_prompt;      /* MESSAGES: the system message of a conversation without one; NULL: none */
     int seq_len;
     strata_jsonl_overflow overflow; /* an example longer than seq_len */
     int pack_in_order;  /* 1: pack examples in order, 0: best fit (the default) */

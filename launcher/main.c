@@ -12,6 +12,7 @@
 #include "io/data.h"
 #include "io/files.h"
 #include "io/jsonl.h"
+#include "io/text.h"
 #include "shard/comm.h"
 #include "offload/bench_io.h"
 #include "launcher/commands.h"
@@ -52,7 +53,7 @@ typedef struct prepare_args {
     const char **files;
     int n, jsonl;
     const char *out, *tok_path, *text_field, *prompt_field, *response_field, *messages_field, *chat, *overflow, *pack,
-        *val_split;
+        *val_split, *system_prompt;
     double val_fraction;
     long long shard_tokens, seq_len, threads;
     int skip_bad;
@@ -64,7 +65,7 @@ static int prepare_usage(const char *why, const char *arg) {
                     "                      [--threads N]\n"
                     "       strata prepare --jsonl FILE... --out DIR --tokenizer T --seq-len N\n"
                     "                      [--text-field F | --prompt-field P --response-field R |\n"
-                    "                       --messages-field M] [--chat-format llama3|chatml]\n"
+                    "                       --messages-field M] [--chat-format llama3|chatml] [--system-prompt TEXT]\n"
                     "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
                     "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N] [--threads N]\n");
     return STRATA_EXIT_USAGE;
@@ -84,7 +85,8 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
                          : !strcmp(argv[i], "--chat-format") ? &a->chat
                          : !strcmp(argv[i], "--overflow") ? &a->overflow
                          : !strcmp(argv[i], "--pack") ? &a->pack
-                         : !strcmp(argv[i], "--val-split") ? &a->val_split : NULL;
+                         : !strcmp(argv[i], "--val-split") ? &a->val_split
+                         : !strcmp(argv[i], "--system-prompt") ? &a->system_prompt : NULL;
         if (!strcmp(argv[i], "--text") || !strcmp(argv[i], "--jsonl")) {
             int jsonl = argv[i][2] == 'j';
             if (a->n && jsonl != a->jsonl) return prepare_usage("--text and --jsonl do not mix", NULL);
@@ -123,9 +125,14 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
     }
     if (!a->n || !a->out) return prepare_usage(NULL, NULL);
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
-    if (!a->jsonl && (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len))
+    if (!a->jsonl &&
+        (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len || a->system_prompt))
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
-                             "--seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl", NULL);
+                             "--system-prompt, --seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl",
+                             NULL);
+    if (a->system_prompt && (!a->system_prompt[0] || strata_utf8_invalid_at(a->system_prompt, strlen(a->system_prompt)) <
+                                                         strlen(a->system_prompt)))
+        return prepare_usage("--system-prompt expects UTF-8 text, not empty", NULL);
     if (!a->jsonl) return 0;
     if (modes > 1 || (a->prompt_field && !a->response_field) || (a->response_field && !a->prompt_field))
         return prepare_usage("--jsonl takes one of --text-field, --prompt-field with --response-field, or "
@@ -161,11 +168,13 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
             return STRATA_EXIT_USAGE;
         }
         printf("layout: %s, from the keys of %s's first example\n", said, a->files[0]);
-        if (a->chat && o.kind != STRATA_JSONL_MESSAGES) {
-            fprintf(stderr, "strata prepare: --chat-format goes with a chat, and %s's examples are none\n", a->files[0]);
-            return STRATA_EXIT_USAGE;
-        }
     }
+    if ((a->chat || a->system_prompt) && o.kind != STRATA_JSONL_MESSAGES) {
+        fprintf(stderr, "strata prepare: %s goes with a chat (--messages-field), and %s's examples are none\n",
+                a->chat ? "--chat-format" : "--system-prompt", a->files[0]);
+        return STRATA_EXIT_USAGE;
+    }
+    o.system_prompt = a->system_prompt;
     if (a->chat && strata_chat_format_parse(a->chat, &o.chat_format)) {
         fprintf(stderr, "strata prepare: --chat-format: %s\n", strata_error());
         return STRATA_EXIT_USAGE;

@@ -342,12 +342,15 @@ static int check_prompt(const sample_run *s, int vocab_size) {
 }
 
 /* --chat: the prompt as a user's message in the chat format of the run's data (its
- * tokenizer_config.json's template, io/chat.h), then the assistant's header; the
+ * tokenizer_config.json's template, io/chat.h; after the template's default system
+ * message, when it has one), then the assistant's header; the
  * generation stops at the end of the assistant's turn. Returns an exit code. */
 static int chat_prompt(sample_run *s, const char *prompt) {
-    strata_chat_format f = strata_chat_format_of(s->bpe);
+    char *system = NULL; /* the template's default system message, which a conversation starts with */
+    strata_chat_format f = strata_chat_format_system(s->bpe, &system);
     strata_chat chat;
     if (!s->bpe || f == STRATA_CHAT_NONE) {
+        free(system);
         fprintf(stderr, "strata sample: --chat needs the chat template of data prepared with --chat-format llama3 or "
                         "chatml (%s)\n", s->bpe ? "this run's tokenizer has no such template" : "this run has no tokenizer");
         return STRATA_EXIT_USAGE;
@@ -357,9 +360,11 @@ static int chat_prompt(sample_run *s, const char *prompt) {
     if (!rc) {
         strata_chat_begin(&chat, &t);
         s->n_hidden = t.n; /* the BOS */
-        rc = strata_chat_message(&chat, &t, "user", prompt, strlen(prompt), 0, "--prompt") ||
+        rc = (system && strata_chat_message(&chat, &t, "system", system, strlen(system), 0, "the default system message")) ||
+             strata_chat_message(&chat, &t, "user", prompt, strlen(prompt), 0, "--prompt") ||
              strata_chat_generation_prompt(&chat, &t);
     }
+    free(system);
     if (rc) {
         fprintf(stderr, "strata sample: --chat: %s\n", strata_error());
         strata_tokens_free(&t);

@@ -12,7 +12,9 @@
 #    than the step's tokens;
 #  - `strata sample --chat` writes the prompt in the run's chat format and generates after
 #    it; `strata export` ships the chat template, so transformers' apply_chat_template gives
-#    the ids the run trained on, and AutoModelForCausalLM loads the model;
+#    the ids the run trained on, and AutoModelForCausalLM loads the model; with
+#    --system-prompt the template holds the default system message where prepare put it,
+#    and sample --chat starts with it;
 #  - the conversations packed into a sequence are kept apart (data.document_mask): the
 #    logits and loss `strata dump-grads` computes over packed rows are transformers' over
 #    each conversation alone, and differ from its over the rows whole;
@@ -118,6 +120,20 @@ want = "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_he
 sys.exit(not text.startswith(want))
 PY
 pass "sample --chat: the prompt as a user's turn in Llama 3's format (trimmed), special tokens as text, then the reply"
+# a run on data prepared with --system-prompt: sample --chat starts with the default system turn
+"$S" train chat.yaml --set run.dir=runs/sys --set data.train='ref/system_llama3/train_*.bin' --set data.val= \
+  --set train.steps=1 > sys.log 2>&1 || { tail -20 sys.log; fail "train on --system-prompt data"; }
+"$S" sample runs/sys --chat --prompt "Hi" --tokens 2 --temperature 0 > sys_sample.txt 2>&1 || fail "sample --chat: $(cat sys_sample.txt)"
+"$PY" - sys_sample.txt "$SRC/tests" <<'PY' || fail "sample --chat with a default system message: $(cat sys_sample.txt)"
+import sys
+sys.path.insert(0, sys.argv[2])
+import jsonl_reference as ref
+text = open(sys.argv[1], encoding="utf-8").read()
+want = ("<|start_header_id|>system<|end_header_id|>\n\n" + ref.SYSTEM_PROMPT.strip() + "<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+sys.exit(not text.startswith(want))
+PY
+pass "sample --chat on --system-prompt data: the default system turn first, as the template has it"
 [ "$(code "$S" sample runs/w1 --tokenizer $tok/tokenizer.json --chat --prompt x)" = 2 ] && grep -q "chat template" out.txt ||
   fail "sample --chat with a tokenizer without our template should exit 2 naming it: $(cat out.txt)"
 "$S" export runs/w1 --out hf > /dev/null
@@ -140,6 +156,20 @@ model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
 assert model.config.vocab_size == 128256 and tok.eos_token == "<|eot_id|>"
 print("ok: export: apply_chat_template gives the ids the run trained on for every conversation; "
       "LlamaForCausalLM loads (vocab 128256)")
+# --system-prompt: the template prepare wrote puts the default system message where prepare did
+for fmt, tk_name in (("llama3", "llama3"), ("chatml", "qwen2")):
+    d = sys.argv[1] + "/../ref/system_" + fmt
+    tok = AutoTokenizer.from_pretrained(d)
+    raw = Tokenizer.from_file(d + "/tokenizer.json")
+    eos = raw.token_to_id("<|eot_id|>" if fmt == "llama3" else "<|im_end|>")
+    for conv in ref.CONVERSATIONS:
+        got = tok.apply_chat_template(conv, tokenize=True)
+        got = list(got["input_ids"] if hasattr(got, "keys") else got)
+        full = conv if conv[0]["role"] == "system" else [{"role": "system", "content": ref.SYSTEM_PROMPT}] + conv
+        want, _ = ref.example("messages", fmt, raw, {"messages": full}, eos)
+        assert got == want, (fmt, conv, got, want)
+print("ok: --system-prompt: transformers' apply_chat_template of the template beside the shards puts the default "
+      "system message where prepare did (llama3, chatml)")
 PY
   # short conversations, several to a sequence of 64
   "$PY" - short.jsonl <<'PY'

@@ -58,6 +58,9 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "Yes."}],
 ]
 
+# the default system message of --system-prompt: a newline, quotes and a backslash
+SYSTEM_PROMPT = "Be kind.\nIt's 'fine' \\ ok."
+
 GOOD_TEXTS = ["First Citizen: Before we proceed any further, hear me speak.",
               "All: Speak, speak.",
               " ".join(["You are all resolved rather to die than to famish?"] * 4),
@@ -515,6 +518,27 @@ def main():
     fails.check(got_t[:2] == want_t[:2] and got_v[:2] == want_v[:2] and min(held) < 100 and max(held) >= 200,
                 "300 documents, --val-fraction 0.1: the 30 whose index hashes lowest, from %d to %d, are the "
                 "validation set (exit %d)" % (min(held), max(held), rc))
+    # --system-prompt (with a newline, quotes and a backslash, which the template must carry
+    # as a Jinja literal): a conversation whose first message is not the system's gets it
+    # first, not learned; e2e_jsonl renders the template beside the shards with transformers
+    with_system = [c if c[0]["role"] == "system" else [{"role": "system", "content": SYSTEM_PROMPT}] + c
+                   for c in CONVERSATIONS]
+    sys_path = os.path.join(work, "system.jsonl")
+    with open(sys_path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS)
+    for fmt, tk_name in (("llama3", "llama3"), ("chatml", "qwen2")):
+        tk = toks[tk_name]
+        eos = tid(tk, "<|eot_id|>" if fmt == "llama3" else "<|im_end|>")
+        pad = tid(tk, "<|endoftext|>") if tk_name == "qwen2" else eos
+        want = pack([example("messages", fmt, tk, {"messages": c}, eos) for c in with_system], "split", pad, 64)
+        rc, out = run_prepare(args, work, ["--jsonl", sys_path, "--tokenizer", os.path.join(work, tk_name), "--seq-len",
+                                           "64", "--messages-field", "messages", "--chat-format", fmt, "--system-prompt",
+                                           SYSTEM_PROMPT, "--val-fraction", "0", "--out", "system_" + fmt])
+        got = read_stream(os.path.join(work, "system_" + fmt), "train") if rc == 0 else ([], [], False, 0)
+        fails.check(got[0] == want[0] and got[1] == want[1], "--system-prompt, %s: the conversations without a system "
+                    "message get it first, not learned (%d tokens; exit %d%s)" % (fmt, len(want[0]), rc,
+                                                                                  "" if rc == 0 else ": " + out[-200:]))
+
     # no field option: the first example's keys say the layout, and the shards are those of
     # naming its fields; keys of no known layout are refused, exit 2, naming them
     prompt_path = os.path.join(work, "completion.jsonl")
