@@ -230,39 +230,49 @@ static int message_parts(line_maker *j, const strata_json *msgv, const char *m, 
     return *content ? 0 : 1;
 }
 
-/* The conversation of field M as a chat (io/chat.h). 0, 1 (a bad line, error set), -1. */
+/* The conversation of field M as a chat (io/chat.h): M may list fields, comma-separated
+ * (TRL's conversational prompt,completion), whose messages follow one another, and then only
+ * the last one's assistant turns are learned. 0, 1 (a bad line, error set), -1. */
 static int messages_example(line_maker *j, const strata_json *root, strata_tokens *ex) {
-    const char *m = j->o->messages_field;
-    const strata_json *list = strata_json_get(root, m);
-    char field[400], msg[128];
-    if (!list) return bad(j, m, "is missing", NULL);
-    if (list->type != STRATA_JSON_ARRAY) {
-        snprintf(msg, sizeof msg, "is %s, not an array of messages", strata_json_kind(list));
-        return bad(j, m, msg, NULL);
-    }
+    char m[256], field[400], msg[128];
     strata_chat_begin(&j->chat, ex);
-    int assistant = 0;
-    const char *first_role = NULL;
-    const strata_json *first_content = NULL;
-    if (j->o->system_prompt && list->len > 0 && list->items[0].type == STRATA_JSON_OBJECT &&
-        !message_parts(j, &list->items[0], m, 0, &first_role, &first_content) && strcmp(first_role, "system") &&
-        strata_chat_message(&j->chat, ex, "system", j->o->system_prompt, strlen(j->o->system_prompt), 0, j->where))
-        return -1;
-    for (size_t i = 0; i < list->len; i++) {
-        const strata_json *msgv = &list->items[i];
-        snprintf(field, sizeof field, "%s[%zu]", m, i);
-        if (msgv->type != STRATA_JSON_OBJECT) {
-            snprintf(msg, sizeof msg, "is %s, not a message object", strata_json_kind(msgv));
-            return bad(j, field, msg, NULL);
+    int assistant = 0, first = 1;
+    for (const char *p = j->o->messages_field; *p;) {
+        size_t n = strcspn(p, ",");
+        snprintf(m, sizeof m, "%.*s", (int)(n < sizeof m - 1 ? n : sizeof m - 1), p);
+        p += n + (p[n] == ',');
+        int learns = !*p; /* the last field's assistant turns (all of them with one field) */
+        const strata_json *list = strata_json_get(root, m);
+        if (!list) return bad(j, m, "is missing", NULL);
+        if (list->type != STRATA_JSON_ARRAY) {
+            snprintf(msg, sizeof msg, "is %s, not an array of messages", strata_json_kind(list));
+            return bad(j, m, msg, NULL);
         }
-        const char *role;
-        const strata_json *content;
-        if (message_parts(j, msgv, m, i, &role, &content)) return 1;
-        int is_assistant = !strcmp(role, "assistant");
-        assistant |= is_assistant;
-        if (strata_chat_message(&j->chat, ex, role, content->str, content->len, is_assistant, j->where)) return -1;
+        for (size_t i = 0; i < list->len; i++) {
+            const strata_json *msgv = &list->items[i];
+            snprintf(field, sizeof field, "%s[%zu]", m, i);
+            if (msgv->type != STRATA_JSON_OBJECT) {
+                snprintf(msg, sizeof msg, "is %s, not a message object", strata_json_kind(msgv));
+                return bad(j, field, msg, NULL);
+            }
+            const char *role;
+            const strata_json *content;
+            if (message_parts(j, msgv, m, i, &role, &content)) return 1;
+            /* --system-prompt: before a conversation that does not begin with the system's */
+            if (first && j->o->system_prompt && strcmp(role, "system") &&
+                strata_chat_message(&j->chat, ex, "system", j->o->system_prompt, strlen(j->o->system_prompt), 0,
+                                    j->where))
+                return -1;
+            first = 0;
+            int learned = learns && !strcmp(role, "assistant");
+            assistant |= learned;
+            if (strata_chat_message(&j->chat, ex, role, content->str, content->len, learned, j->where)) return -1;
+        }
     }
-    if (!assistant) return bad(j, m, "has no assistant message (nothing to learn)", NULL);
+    if (!assistant)
+        return bad(j, m, strchr(j->o->messages_field, ',') ? "has no assistant message (nothing to learn: only the last "
+                                                              "field's are)" : "has no assistant message (nothing to learn)",
+                   NULL);
     return 0;
 }
 
@@ -646,6 +656,12 @@ int strata_jsonl_detect(const char *path, strata_jsonl_opts *o, char *said, size
         o->kind = STRATA_JSONL_MESSAGES;
         o->messages_field = HAS("messages") ? "messages" : "conversations";
         snprintf(said, said_len, "a chat in field '%s' (--messages-field %s)", o->messages_field, o->messages_field);
+    } else if (HAS("prompt") && HAS("completion") && strata_json_get(root, "prompt")->type == STRATA_JSON_ARRAY &&
+               strata_json_get(root, "completion")->type == STRATA_JSON_ARRAY) {
+        o->kind = STRATA_JSONL_MESSAGES;
+        o->messages_field = "prompt,completion";
+        snprintf(said, said_len, "a chat in fields 'prompt' then 'completion', the completion's learned "
+                                 "(--messages-field prompt,completion)");
     } else if (HAS("prompt") && (HAS("completion") || HAS("response"))) {
         o->kind = STRATA_JSONL_PROMPT;
         o->prompt_field = "prompt";

@@ -15,7 +15,9 @@
  *             assistant too), in a chat format (io/chat.h): only assistant turns learned (a
  *             conversation without an assistant turn, or with an empty one, is a bad line);
  *             with system_prompt, one whose first message is not the system's gets that one
- *             first, as the template written beside the shards does at inference.
+ *             first, as the template written beside the shards does at inference. M may
+ *             list fields (TRL's conversational prompt,completion): their messages follow
+ *             one another, and only the last field's assistant turns are learned.
  * The EOS is the tokenizer's (strata_bpe_eos_id). An example's first token is never
  * learned (nothing of its own comes before it).
  *
@@ -101,7 +103,8 @@ typedef struct strata_jsonl_report {
 
 /* The kind and fields of a JSONL file's examples, from the keys of its first example, as
  * the common layouts name them (the first that fits): "messages" or "conversations" (a
- * chat; ShareGPT's from/value too), "prompt" with "completion" or "response", "instruction"
+ * chat; ShareGPT's from/value too), "prompt" and "completion" both arrays of messages (TRL's
+ * conversational prompt-completion), "prompt" with "completion" or "response", "instruction"
  * with "output" (Alpaca's: "instruction,input" the prompt), "text". Sets o->kind and its
  * fields (static strings) and writes what it chose, and why, into said. 0; or -1 + an error
  * naming the file and the keys it found when none fits, the file cannot be read or its

@@ -16,7 +16,9 @@ exactly those of the reference's examples packed the documented way (io/jsonl.h)
 counts printed must be the reference's, every bad line alone must stop prepare with exit 2
 naming the file, line 1 and the field, and --skip-bad must skip exactly the bad lines. For
 Llama 3's template the reference also checks that its examples are what tokenizing the
-whole rendered conversation gives. Without a field option, prepare takes the layout from the
+whole rendered conversation gives. TRL's conversational prompt/completion learns only the
+completion's assistant turns; --system-prompt gives the conversations without a system
+message that one. Without a field option, prepare takes the layout from the
 first example's keys (Alpaca's, prompt/completion, ShareGPT's conversations, text): the shards
 of naming the fields; keys of no known layout are refused naming them.
 
@@ -538,6 +540,30 @@ def main():
         fails.check(got[0] == want[0] and got[1] == want[1], "--system-prompt, %s: the conversations without a system "
                     "message get it first, not learned (%d tokens; exit %d%s)" % (fmt, len(want[0]), rc,
                                                                                   "" if rc == 0 else ": " + out[-200:]))
+
+    # TRL's conversational prompt-completion: the completion's messages after the prompt's, only
+    # the completion's assistant turns learned (the prompt's few-shot answers are not); found by
+    # its keys without a field option too
+    trl = [(c[:k], c[k:]) for c in CONVERSATIONS for k in [max(i for i, m in enumerate(c) if m["role"] == "assistant")]]
+    trl_path = os.path.join(work, "trl.jsonl")
+    with open(trl_path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in trl)
+    tk, eos = toks["llama3"], tid(toks["llama3"], "<|eot_id|>")
+    exs = []
+    for p, c in trl:
+        ids, mask = example("messages", "llama3", tk, {"messages": p + c}, eos)
+        head, _ = example("messages", "llama3", tk, {"messages": p}, eos)
+        assert ids[:len(head)] == head
+        exs.append((ids, mask[:1] + [0] * (len(head) - 1) + mask[len(head):]))
+    want = pack(exs, "split", eos, 64)
+    for how, opt in (("--messages-field prompt,completion", ["--messages-field", "prompt,completion"]),
+                     ("no field option", [])):
+        rc, out = run_prepare(args, work, ["--jsonl", trl_path, "--tokenizer", os.path.join(work, "llama3"), "--seq-len",
+                                           "64", "--chat-format", "llama3", "--val-fraction", "0", "--out", "trl"] + opt)
+        got = read_stream(os.path.join(work, "trl"), "train") if rc == 0 else ([], [], False, 0)
+        fails.check(got[0] == want[0] and got[1] == want[1] and (opt or "fields 'prompt' then 'completion'" in out),
+                    "TRL's prompt/completion conversations (%s): the completion's assistant turns learned, the "
+                    "prompt's not (%d tokens; exit %d%s)" % (how, len(want[0]), rc, "" if rc == 0 else ": " + out[-200:]))
 
     # no field option: the first example's keys say the layout, and the shards are those of
     # naming its fields; keys of no known layout are refused, exit 2, naming them
