@@ -236,7 +236,12 @@ fi
 pass "--pack tight is refused (exit 2), naming the choices"
 [ "$(code "$S" prepare --jsonl none.jsonl --tokenizer $tok --text-field text --seq-len 64 --threads 0 --out p)" = 2 ] &&
   grep -q "threads expects an integer in \[1, 64\], got '0'" out.txt && [ ! -e p ] || fail "--threads 0: $(cat out.txt)"
-pass "--threads 0 is refused (exit 2), saying why"
+[ "$(code "$S" prepare --jsonl none.jsonl --tokenizer $tok --messages-field m --seq-len 64 --system-prompt "" --out p)" = 2 ] &&
+  grep -q "system-prompt expects UTF-8 text, not empty" out.txt && [ ! -e p ] || fail "--system-prompt '': $(cat out.txt)"
+printf '{"text": "a"}\n' > plain.jsonl
+[ "$(code "$S" prepare --jsonl plain.jsonl --tokenizer $tok --seq-len 64 --system-prompt Hi --out p)" = 2 ] &&
+  grep -q "system-prompt goes with a chat" out.txt && [ ! -e p ] || fail "--system-prompt on text: $(cat out.txt)"
+pass "--threads 0, an empty --system-prompt and one on examples that are no chat are refused (exit 2), saying why"
 
 # --- a vocabulary past 65536 on uint16 shards is refused at start
 printf 'some text to make byte-level shards of, long enough for a sequence or two.\n%.0s' {1..20} > t.txt
