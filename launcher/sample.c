@@ -204,14 +204,14 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
 /* ---- strata sample ---- */
 
 static int usage(void) {
-    fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--chat] [--tokens N] [--temperature T]\n"
-                    "                     [--top-k K] [--seed S] [--tokenizer FILE]\n");
+    fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
+                    "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n");
     return STRATA_EXIT_USAGE;
 }
 
 /* The command line. */
 typedef struct sample_args {
-    const char *what, *prompt, *tok_path;
+    const char *what, *prompt, *tok_path, *system;
     int n_tokens, top_k, chat;
     double temperature;
     uint64_t seed;
@@ -245,6 +245,7 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         char *end = NULL;
         if (!strcmp(a, "--prompt") && v) sa->prompt = argv[++i];
         else if (!strcmp(a, "--chat")) sa->chat = 1;
+        else if (!strcmp(a, "--system") && v) sa->system = argv[++i];
         else if (!strcmp(a, "--tokenizer") && v) sa->tok_path = argv[++i];
         else if (!strcmp(a, "--tokens") && v) {
             errno = 0;
@@ -267,6 +268,10 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
             if (*end) { fprintf(stderr, "strata sample: --seed expects an integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
         } else if (a[0] != '-' && !sa->what) sa->what = a;
         else { fprintf(stderr, "strata sample: unexpected argument '%s'\n", a); return usage(); }
+    }
+    if (sa->system && !sa->chat) {
+        fprintf(stderr, "strata sample: --system goes with --chat\n");
+        return STRATA_EXIT_USAGE;
     }
     return sa->what ? 0 : usage();
 }
@@ -342,12 +347,16 @@ static int check_prompt(const sample_run *s, int vocab_size) {
 }
 
 /* --chat: the prompt as a user's message in the chat format of the run's data (its
- * tokenizer_config.json's template, io/chat.h; after the template's default system
- * message, when it has one), then the assistant's header; the
+ * tokenizer_config.json's template, io/chat.h; after --system's message, else the
+ * template's default system message when it has one), then the assistant's header; the
  * generation stops at the end of the assistant's turn. Returns an exit code. */
-static int chat_prompt(sample_run *s, const char *prompt) {
+static int chat_prompt(sample_run *s, const char *prompt, const char *given_system) {
     char *system = NULL; /* the template's default system message, which a conversation starts with */
     strata_chat_format f = strata_chat_format_system(s->bpe, &system);
+    if (given_system) { /* --system: this one, instead */
+        free(system);
+        system = strata_xstrdup(given_system);
+    }
     strata_chat chat;
     if (!s->bpe || f == STRATA_CHAT_NONE) {
         free(system);
@@ -429,7 +438,8 @@ int strata_cmd_sample(int argc, char **argv) {
     int V = o.cfg.model.vocab_size;
     sample_run s = {.stop_id = -1};
     if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir)) &&
-        !(rc = sa.chat ? chat_prompt(&s, sa.prompt) : encode_prompt(&s, sa.prompt, V)) && !(rc = check_prompt(&s, V))) {
+        !(rc = sa.chat ? chat_prompt(&s, sa.prompt, sa.system) : encode_prompt(&s, sa.prompt, V)) &&
+        !(rc = check_prompt(&s, V))) {
         start_token(&s, V);
         rc = generate(&s, &sa, &o.cfg, o.ck);
     }

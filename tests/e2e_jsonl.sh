@@ -133,7 +133,13 @@ want = ("<|start_header_id|>system<|end_header_id|>\n\n" + ref.SYSTEM_PROMPT.str
         "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 sys.exit(not text.startswith(want))
 PY
-pass "sample --chat on --system-prompt data: the default system turn first, as the template has it"
+"$S" sample runs/sys --chat --system " Be short. " --prompt "Hi" --tokens 1 --temperature 0 > sys_sample2.txt 2>&1 &&
+  grep -q "^<|start_header_id|>system<|end_header_id|>" sys_sample2.txt &&
+  [ "$(grep -c 'Be short.<|eot_id|><|start_header_id|>user' sys_sample2.txt)" = 1 ] &&
+  ! grep -q "Be kind" sys_sample2.txt || fail "sample --chat --system: $(cat sys_sample2.txt)"
+[ "$(code "$S" sample runs/sys --system x --prompt Hi)" = 2 ] && grep -q "system goes with --chat" out.txt ||
+  fail "sample --system without --chat: $(cat out.txt)"
+pass "sample --chat on --system-prompt data: the default system turn first, as the template has it; --system replaces it"
 [ "$(code "$S" sample runs/w1 --tokenizer $tok/tokenizer.json --chat --prompt x)" = 2 ] && grep -q "chat template" out.txt ||
   fail "sample --chat with a tokenizer without our template should exit 2 naming it: $(cat out.txt)"
 "$S" export runs/w1 --out hf > /dev/null
