@@ -234,7 +234,7 @@ static int message_parts(line_maker *j, const strata_json *msgv, const char *m, 
  * (TRL's conversational prompt,completion), whose messages follow one another, and then only
  * the last one's assistant turns are learned. 0, 1 (a bad line, error set), -1. */
 static int messages_example(line_maker *j, const strata_json *root, strata_tokens *ex) {
-    char m[256], field[400], msg[128];
+    char m[256] = "", field[400], msg[128];
     strata_chat_begin(&j->chat, ex);
     int assistant = 0, first = 1;
     for (const char *p = j->o->messages_field; *p;) {

@@ -124,6 +124,16 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
         }
     }
     if (!a->n || !a->out) return prepare_usage(NULL, NULL);
+    const char *const fields[][2] = {{"--text-field", a->text_field}, {"--prompt-field", a->prompt_field},
+                                     {"--response-field", a->response_field}, {"--messages-field", a->messages_field}};
+    for (int k = 0; k < 4; k++)
+        if (fields[k][1] && (!fields[k][1][0] || fields[k][1][strspn(fields[k][1], ",")] == 0 ||
+                             strstr(fields[k][1], ",,") || fields[k][1][strlen(fields[k][1]) - 1] == ',')) {
+            char why[128];
+            snprintf(why, sizeof why, "%s expects field names, none of them empty (several are comma-separated), got",
+                     fields[k][0]);
+            return prepare_usage(why, fields[k][1]);
+        }
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
     if (!a->jsonl &&
         (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len || a->system_prompt))

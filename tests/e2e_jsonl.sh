@@ -247,7 +247,10 @@ pass "--pack tight is refused (exit 2), naming the choices"
 printf '{"text": "a"}\n' > plain.jsonl
 [ "$(code "$S" prepare --jsonl plain.jsonl --tokenizer $tok --seq-len 64 --system-prompt Hi --out p)" = 2 ] &&
   grep -q "system-prompt goes with a chat" out.txt && [ ! -e p ] || fail "--system-prompt on text: $(cat out.txt)"
-pass "--threads 0, an empty --system-prompt and one on examples that are no chat are refused (exit 2), saying why"
+[ "$(code "$S" prepare --jsonl plain.jsonl --tokenizer $tok --seq-len 64 --messages-field "prompt," --out p)" = 2 ] &&
+  grep -q "messages-field expects field names, none of them empty (several are comma-separated), got 'prompt,'" out.txt &&
+  [ ! -e p ] || fail "--messages-field 'prompt,': $(cat out.txt)"
+pass "--threads 0, an empty --system-prompt, one on examples that are no chat and an empty field name are refused (exit 2), saying why"
 
 # --- a vocabulary past 65536 on uint16 shards is refused at start
 printf 'some text to make byte-level shards of, long enough for a sequence or two.\n%.0s' {1..20} > t.txt
