@@ -115,19 +115,14 @@ int strata_ckpt_write_rank(const char *tmp_dir, const strata_param_layout *L, in
                            const float *const (*shards)[STRATA_CKPT_KINDS]);
 
 /* Rank 0, after every rank's write_rank finished: writes manifest.yaml, fsyncs, renames
- * tmp_dir to its final name, fsyncs ckpt/, updates `latest`; updates `best` (below) when
- * the step validated and its val_loss is lower than the one `best` records, or `best` is
- * of a later step (a resume from before it: another history); then deletes all but the newest `keep` complete
- * checkpoints (0 keeps all) and, with keep_best, the one `best` names, and any stale
- * *.tmp directories. final_dir (may be NULL) receives the final path. */
+ * tmp_dir to its final name, fsyncs ckpt/, updates `latest`; updates `best`
+ * (strata_ckpt_best) when the step validated and its val_loss is lower than the one `best`
+ * records, or `best` is of a later step (a resume from before it: another history); then
+ * deletes all but the newest `keep` complete checkpoints (0 keeps all) and, with
+ * keep_best, the one `best` names, and any stale *.tmp directories. final_dir (may be
+ * NULL) receives the final path. */
 int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_param_layout *L,
                        const strata_ckpt_meta *meta, int keep, int keep_best, char *final_dir, size_t final_len);
-
-/* ckpt_dir/best: the checkpoint of the lowest validation loss a run measured at a step it
- * saved ("step_N" on its first line, "val_loss: X" on its second). 1 and *name (a plain
- * step directory name, which may have been removed since) and *val_loss when there is
- * one, 0 when there is none, -1 + error when it cannot be read. */
-int strata_ckpt_best(const char *ckpt_dir, char *name, size_t name_len, double *val_loss);
 
 /* At the start of a run (rank 0, holding the run directory, before any save): removes
  * what killed saves left in run_dir/ckpt: every step_N.tmp directory, a step_N.old whose
@@ -142,6 +137,12 @@ int strata_ckpt_clean_stale(const char *run_dir, char *removed, size_t removed_l
  * run directory (its latest), a checkpoint directory, or a run's ckpt/latest or ckpt/best
  * file (the checkpoint it names). Errors say what was looked for. */
 int strata_ckpt_resolve(const char *what, const char *run_dir, char *out, size_t outlen);
+
+/* ckpt_dir/best: the checkpoint of the lowest validation loss a run measured at a step it
+ * saved ("step_N" on its first line, "val_loss: X" on its second). 1 and *name (a plain
+ * step directory name, which may have been removed since) and *val_loss when there is
+ * one, 0 when there is none, -1 + error when it cannot be read. */
+int strata_ckpt_best(const char *ckpt_dir, char *name, size_t name_len, double *val_loss);
 
 typedef struct strata_ckpt strata_ckpt; /* an opened, structurally validated checkpoint */
 

@@ -65,6 +65,26 @@ static int resolve_latest(const char *ckpt_dir, char *out, size_t outlen) {
     return rc;
 }
 
+int strata_ckpt_best(const char *ckpt_dir, char *name, size_t name_len, double *val_loss) {
+    char path[CKPT_PATH_MAX], text[400];
+    if (strata_ckpt_fmt_path(path, sizeof path, "%s/best", ckpt_dir) != 0) return -1;
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? 0 : strata_fail("%s: cannot read: %s", path, strerror(errno));
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    (void)fclose(f); /* read-only */
+    text[n] = 0;
+    char step[64];
+    long long k = -1;
+    int used = 0;
+    /* "step_N\nval_loss: X\n", N a plain number: a name inside ckpt/ and nothing else */
+    if (sscanf(text, "%63[^\n]\nval_loss: %lf\n%n", step, val_loss, &used) != 2 || (size_t)used != n ||
+        sscanf(step, "step_%lld", &k) != 1 || k < 0 || strspn(step + 5, "0123456789") != strlen(step + 5) ||
+        strlen(step) >= name_len)
+        return strata_fail("%s: not what a run writes there (\"step_N\", then \"val_loss: X\")", path);
+    snprintf(name, name_len, "%s", step);
+    return 1;
+}
+
 /* The checkpoint ckpt_dir/best names, when it is still there. */
 static int resolve_best(const char *ckpt_dir, char *out, size_t outlen) {
     char name[256], man[CKPT_PATH_MAX];

@@ -441,26 +441,6 @@ static int update_best(const char *ckpt_dir, const char *name, const strata_ckpt
     return 0;
 }
 
-int strata_ckpt_best(const char *ckpt_dir, char *name, size_t name_len, double *val_loss) {
-    char path[CKPT_PATH_MAX], text[400];
-    if (strata_ckpt_fmt_path(path, sizeof path, "%s/best", ckpt_dir) != 0) return -1;
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : strata_fail("%s: cannot read: %s", path, strerror(errno));
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    (void)fclose(f); /* read-only */
-    text[n] = 0;
-    char step[64];
-    long long k = -1;
-    int used = 0;
-    /* "step_N\nval_loss: X\n", N a plain number: a name inside ckpt/ and nothing else */
-    if (sscanf(text, "%63[^\n]\nval_loss: %lf\n%n", step, val_loss, &used) != 2 || (size_t)used != n ||
-        sscanf(step, "step_%lld", &k) != 1 || k < 0 || strspn(step + 5, "0123456789") != strlen(step + 5) ||
-        strlen(step) >= name_len)
-        return strata_fail("%s: not what a run writes there (\"step_N\", then \"val_loss: X\")", path);
-    snprintf(name, name_len, "%s", step);
-    return 1;
-}
-
 int strata_ckpt_commit(const char *run_dir, const char *tmp_dir, const strata_param_layout *L,
                        const strata_ckpt_meta *meta, int keep, int keep_best, char *final_dir, size_t final_len) {
     if (!meta || meta->step < 0 || meta->world < 1)
