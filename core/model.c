@@ -358,7 +358,10 @@ int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, i
     m->cur_T = T;
     m->logits_first = 0;
     int rc = strata_model_set_batch(m, tokens, NULL, NULL);
-    for (int u = 0; u < m->n_units && !rc; u++) strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
+    for (int u = 0; u < m->n_units && !rc; u++) {
+        if (m->before_unit && (rc = m->before_unit(m->before_unit_ctx, m, u))) break;
+        strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
+    }
     m->cur_B = m->B;
     m->cur_T = m->T;
     return rc;

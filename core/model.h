@@ -144,6 +144,10 @@ typedef struct strata_model {
     /* the kernel profile (core/profile.h), set by the engine for the span of a profiled
      * training step; NULL otherwise (eval, sampling, and every run without STRATA_PROFILE) */
     struct strata_prof *prof;
+    /* strata_model_forward_logits calls it, when set, before each unit's forward, to make
+     * m->params[u] ready (launcher/infer.c copies blocks in from host memory): 0, or -1 */
+    int (*before_unit)(void *ctx, struct strata_model *m, int u);
+    void *before_unit_ctx;
 } strata_model;
 
 /* Residual stream l's device buffer. */
@@ -233,7 +237,8 @@ void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, f
  * kernel's own failure is a recorded device fault, core/common.h). */
 int strata_model_backward_unit(strata_model *m, int u);
 
-/* Inference for sampling, all units resident: forward over host tokens (B,T) with B, T
+/* Inference for sampling, every unit's parameters resident or made ready by
+ * m->before_unit: forward over host tokens (B,T) with B, T
  * at most the planned ones; the logits of rows [m->logits_first, B*T) are left in
  * m->logits (all of them, first 0, unless the head holds fewer rows: then the last
  * m->head_rows, the rows sampling reads). */

@@ -139,10 +139,12 @@ static const struct {
     {"sample",
      "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
      "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer T]\n"
+     "                     [--device cpu|cuda] [--weights auto|device|host]\n"
      "\n"
      "Generates text from a checkpoint (a run directory means its newest one; RUNDIR/ckpt/best the one of\n"
      "the lowest validation loss). Special tokens are printed as their text; the BOS a tokenizer puts\n"
-     "before a text is not.\n"
+     "before a text is not. It loads the weights alone (no gradients, no optimizer state, none of the\n"
+     "run's offload) and says on stderr what they take where.\n"
      "\n"
      "  --prompt TEXT        encoded with the run's tokenizer, as tokenizer(TEXT) (its BOS first; refused\n"
      "                       if a token falls outside the model's vocabulary)\n"
@@ -156,7 +158,11 @@ static const struct {
      "  --top-k K            sample among the K most likely (default 0: all)\n"
      "  --seed S             (default 1337)\n"
      "  --tokenizer T        tokenizer.json, a model directory, or llm.c's tokenizer .bin (decoding only);\n"
-     "                       default: the tokenizer.json the run recorded in its run directory\n"},
+     "                       default: the tokenizer.json the run recorded in its run directory\n"
+     "  --device D           cpu or cuda (default: the run's)\n"
+     "  --weights W          where the blocks' weights live: auto (default) the GPU as many as fit, the\n"
+     "                       others in pinned host memory, copied in for each forward; device all on the\n"
+     "                       GPU (refused when they do not fit); host every block copied in\n"},
     {"plot",
      "usage: strata plot RUNDIR... [--out FILE]\n"
      "\n"

@@ -15,6 +15,7 @@
 #include "io/chat.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
+#include "launcher/infer.h"
 #include "launcher/tokenizer.h"
 
 static float bf16_to_f32(uint16_t h) {
@@ -205,14 +206,17 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
 
 static int usage(void) {
     fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
-                    "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n");
+                    "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
+                    "                     [--device cpu|cuda] [--weights auto|device|host]\n");
     return STRATA_EXIT_USAGE;
 }
 
 /* The command line. */
 typedef struct sample_args {
     const char *what, *prompt, *tok_path, *system;
+    const char *device; /* --device: instead of the run's */
     int n_tokens, top_k, chat;
+    strata_weights_home weights;
     double temperature;
     uint64_t seed;
 } sample_args;
@@ -247,6 +251,16 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         else if (!strcmp(a, "--chat")) sa->chat = 1;
         else if (!strcmp(a, "--system") && v) sa->system = argv[++i];
         else if (!strcmp(a, "--tokenizer") && v) sa->tok_path = argv[++i];
+        else if (!strcmp(a, "--device") && v) {
+            sa->device = argv[++i];
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "strata sample: --device expects cpu or cuda, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        } else if (!strcmp(a, "--weights") && v) {
+            i++;
+            if (!strcmp(v, "auto")) sa->weights = STRATA_WEIGHTS_AUTO;
+            else if (!strcmp(v, "device")) sa->weights = STRATA_WEIGHTS_DEVICE;
+            else if (!strcmp(v, "host")) sa->weights = STRATA_WEIGHTS_HOST;
+            else { fprintf(stderr, "strata sample: --weights expects auto, device or host, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        }
         else if (!strcmp(a, "--tokens") && v) {
             errno = 0;
             long long want = strtoll(argv[++i], &end, 10);
@@ -400,8 +414,18 @@ static void start_token(sample_run *s, int vocab_size) {
 /* The model, then the prompt and each token as it is drawn, on stdout: nothing waits for
  * the end. Returns an exit code, the error printed. */
 static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck) {
-    strata_loaded l;
-    int loaded = strata_load_model(&l, cfg, ck) == 0;
+    strata_infer inf;
+    int loaded = strata_infer_open(&inf, cfg, ck, cfg->model.seq_len, sa->weights) == 0;
+    if (!loaded && cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available()) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", strata_error());
+        strata_fail("%s (--device cpu samples on the CPU)", why);
+    }
+    if (loaded) {
+        char held[512];
+        strata_infer_describe(&inf, held, sizeof held);
+        fprintf(stderr, "[sample] %s\n", held); /* stdout is the text alone */
+    }
     strata_rng rng;
     strata_rng_seed(&rng, sa->seed);
     strata_text_out out;
@@ -414,7 +438,7 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
         }
     out.stop_id = s->stop_id; /* set after the echo: a prompt's own turn ends do not stop it */
     int rc = STRATA_EXIT_ERROR;
-    if (!echoed || strata_generate(&l.m, s->prompt_ids, (int)s->n_prompt, sa->n_tokens, (float)sa->temperature,
+    if (!echoed || strata_generate(&inf.m, s->prompt_ids, (int)s->n_prompt, sa->n_tokens, (float)sa->temperature,
                                    sa->top_k, &rng, strata_text_out_put, &out)) {
         strata_text_out_finish(&out);
         fprintf(stderr, "strata sample: %s\n", strata_error());
@@ -423,7 +447,7 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
         fputc('\n', stdout);
         rc = STRATA_EXIT_OK;
     }
-    if (loaded) strata_loaded_free(&l);
+    if (loaded) strata_infer_close(&inf);
     return rc;
 }
 
@@ -431,10 +455,14 @@ int strata_cmd_sample(int argc, char **argv) {
     sample_args sa;
     int rc = parse_args(argc, argv, &sa);
     if (rc) return rc;
-    /* the checkpoint's own model, on one rank and replicated: any saved world and stage load */
-    const char *sets[] = {"zero.stage=0", "train.micro_batch=1", "train.grad_accum=1"};
+    /* the checkpoint's own model and only its weights (launcher/infer.h): any saved world,
+     * stage and offload load; --device moves it, the dtype the device's and the
+     * collectives (none run) as that device's */
+    char device_set[32];
+    snprintf(device_set, sizeof device_set, "device=%s", sa.device ? sa.device : "");
+    const char *sets[] = {device_set, "train.dtype=auto", "comm.backend=auto"};
     strata_opened_ckpt o;
-    if ((rc = strata_open_checkpoint("sample", sa.what, sets, 3, &o))) return rc;
+    if ((rc = strata_open_checkpoint("sample", sa.what, sets, sa.device ? 3 : 0, &o))) return rc;
     int V = o.cfg.model.vocab_size;
     sample_run s = {.stop_id = -1};
     if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir)) &&

@@ -75,6 +75,11 @@ head -1 $ck/manifest.yaml | grep -q '^manifest_crc32c: 0x[0-9a-f]\{8\}$' || fail
 # --- 6: --tokens is bounded, and tokens stream out as they are made
 run "$S" sample runs/a --tokens 1048577;     expect 2 "--tokens 1048577 is more than the 1048576" "sample --tokens over the limit"
 run "$S" sample runs/a --tokens 1000000000;  expect 2 "more than the 1048576" "sample --tokens 1000000000"
+run "$S" sample runs/a --weights sometimes;  expect 2 "--weights expects auto, device or host, got 'sometimes'" "sample --weights unknown"
+run "$S" sample runs/a --device tpu;         expect 2 "--device expects cpu or cuda, got 'tpu'" "sample --device unknown"
+if ! nvidia-smi > /dev/null 2>&1; then
+  run "$S" sample runs/a --device cuda;      expect 1 "(--device cpu samples on the CPU)" "sample --device cuda without a GPU"
+fi
 # the first bytes arrive while generation goes on: head closes the pipe after 64 of a
 # million tokens, which only ends the run early if they were written as made
 set +e; timeout 60 "$S" sample runs/a --tokens 1048576 --temperature 0 | head -c 64 > first.txt; rcs=("${PIPESTATUS[@]}"); set -e

@@ -48,6 +48,21 @@ for n in 1 2; do
   pass "world $n, stages 0-3: offload cpu and nvme (params too at stage 3) give bitwise the losses of no offload over 20 steps; pinned pool flat"
 done
 
+# sampling loads the weights alone (launcher/infer.c): runs whose parameters lived in pinned
+# memory or on NVMe at stage 3 sample the text of the same run without offload, and so do
+# their blocks streamed in from host memory
+for n in 1 2; do
+  want=$("$S" sample runs/none_${n}_3 --tokens 60 --seed 3 2> /dev/null) || fail "sample of runs/none_${n}_3"
+  for o in cpu nvme; do
+    got=$("$S" sample runs/${o}_${n}_3 --tokens 60 --seed 3 2> s.err) || fail "sample of runs/${o}_${n}_3: $(cat s.err)"
+    [ "$got" = "$want" ] || fail "world $n stage 3, parameters offloaded to $o: the sample differs from the run without offload"
+  done
+  got=$("$S" sample runs/nvme_${n}_3 --tokens 60 --seed 3 --weights host 2> s.err)
+  [ "$got" = "$want" ] && grep -q "2 of the 2 blocks .* in pinned host memory" s.err ||
+    fail "world $n: the sample with streamed blocks differs, or does not say so: $(cat s.err)"
+done
+pass "sample: stage-3 runs with parameters in pinned memory or on NVMe (world 1 and 2) give the text of no offload, blocks streamed or not"
+
 # one rank with its gradients in pinned memory too (offload.gradients: cpu): copied out after
 # each backward and back in to accumulate, bitwise the losses of no offload; a checkpoint of
 # it resumes bitwise

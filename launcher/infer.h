@@ -1,0 +1,56 @@
+/* launcher/infer.h: a checkpoint's weights on a device for inference (strata sample).
+ *
+ * Inference needs the parameters in the compute dtype and the activations of one sequence,
+ * nothing else a training step holds: no gradients, no fp32 master weights, no Adam
+ * moments, and none of the run's offload settings. An 8B model that trained with its
+ * optimizer (or, at stage 3, its parameters) in host memory samples from 16 GB of bf16
+ * weights, not the 76 GB and 62 GB of pinned memory its training engine plans.
+ *
+ * Where the blocks do not all fit the device's free memory, the ones that do not live in
+ * pinned host memory and are copied into one of two device slots ahead of their forward,
+ * on a copy stream of their own: block l+1's copy runs beside block l's forward, and a
+ * slot is refilled only once the forward that read it is done (events, core/device.h).
+ * The embedding and the head stay on the device (a tied head reads the embedding). */
+#ifndef STRATA_INFER_H
+#define STRATA_INFER_H
+
+#include "core/arena.h"
+#include "core/model.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+
+/* Where the blocks' weights live (strata sample --weights). */
+typedef enum strata_weights_home {
+    STRATA_WEIGHTS_AUTO = 0, /* on the device as many blocks as fit, the rest streamed from host memory */
+    STRATA_WEIGHTS_DEVICE,   /* every block on the device: refused, with the figures, when it does not fit */
+    STRATA_WEIGHTS_HOST,     /* every block streamed from pinned host memory */
+} strata_weights_home;
+
+typedef struct strata_infer {
+    strata_device *dev;
+    strata_model m;
+    strata_arena arena;
+    int n_streamed;             /* blocks copied in for every forward */
+    unsigned char *streamed;    /* per unit: 1 when it lives in host memory */
+    void **host;                /* per unit: its pinned copy (streamed units), else NULL */
+    void *slot[2];              /* device slots the streamed units are copied into */
+    strata_stream *copy;        /* the streamed units' copies */
+    strata_event *copied[2];    /* slot k holds the unit the forward reads next */
+    strata_event *read[2];      /* the forward that read slot k is done: it may be refilled */
+    int next;                   /* during a forward: index of the next streamed unit to copy */
+    size_t device_weight_bytes, host_weight_bytes, activation_bytes; /* what it holds, for the summary */
+} strata_infer;
+
+/* Opens cfg's device (cfg->device) and loads ck's weights (its fp32 master weights, rounded
+ * to the compute dtype as training rounds them) for sequences of up to max_T tokens, the
+ * blocks where `home` says. The forward is strata_model_forward_logits(&inf->m, ...), which
+ * gives the same logits, bit for bit, as a training engine's model holding the same
+ * checkpoint. 0, or -1 with strata_error() set and nothing left open. */
+int strata_infer_open(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
+                      strata_weights_home home);
+void strata_infer_close(strata_infer *inf);
+/* One line of what it holds where: "weights 14.96 GiB on cuda:0 (bf16), activations
+ * 412.00 MiB for up to 4096 tokens" (and the streamed blocks, when there are). */
+void strata_infer_describe(const strata_infer *inf, char *buf, size_t len);
+
+#endif
