@@ -118,8 +118,8 @@ exit_text() { case $1 in 0) echo "exit 0" ;; 124) echo "HUNG (killed after its l
 # ---- the parts (each writes its tables and logs to $OUT and its findings to the summary)
 part_check() {
   local t rc
-  log "GPU unit tests: kernels against the CPU oracle, streams, events, collectives on device buffers"
-  for t in test_cuda test_comm_gpu; do
+  log "GPU unit tests: kernels against the CPU oracle, streams, events, collectives on device buffers, sample's weights"
+  for t in test_cuda test_comm_gpu test_infer; do
     rc=0
     watched 240 "$t" "$BUILD/tests/$t" > "$OUT/$t.log" 2>&1 || rc=$?
     say "- $t (world 1): $(exit_text $rc)$([ $rc = 77 ] && echo ' (skipped: no GPU)'); $(verdict "$OUT/$t.log")"
