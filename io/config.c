@@ -213,6 +213,11 @@ static const key_spec schema[] = {
     ENUM_("train", "eval_at_start", train.eval_at_start, eval_start_names, "auto",
           "a validation pass before the first step, so the curve starts where the weights did (metrics.jsonl's step "
           "0); auto = when the run starts from model.init_from (a resume never does)"),
+    INT_("train", "early_stop_patience", train.early_stop_patience, 0, BIG, "0",
+         "end the run once this many validations in a row have not lowered the lowest validation loss (the "
+         "checkpoint of the lowest is kept, as run.keep_best keeps it); 0 = never"),
+    DBL("train", "early_stop_min_delta", train.early_stop_min_delta, 0, 1e6, "0", 0,
+        "how far below the lowest validation loss so far a validation must come to count as lower"),
     INT_("train", "log_every", train.log_every, 1, BIG, "1", "steps between log lines"),
     INT_("train", "sample_every", train.sample_every, 0, BIG, "0",
          "steps between text samples; 0 = only at the end"),
@@ -968,6 +973,10 @@ int strata_config_check(const strata_config *c, const char *name) {
     if (c->run.export_dir[0] && !c->run.checkpoint_at_end)
         return strata_fail("%s: run.export_dir exports the run's last checkpoint, which run.checkpoint_at_end: false "
                            "would not write: set it true, or export by hand (strata export)", name);
+    if (c->train.early_stop_patience > 0 && (!c->data.val[0] || c->train.eval_every < 1))
+        return strata_fail("%s: train.early_stop_patience %d counts validations, and this run has none: it needs "
+                           "data.val%s and train.eval_every > 0%s", name, c->train.early_stop_patience,
+                           c->data.val[0] ? "" : " (empty)", c->train.eval_every < 1 ? " (it is 0)" : "");
     if (c->optim.warmup_ratio > 0 && c->optim.warmup_steps > 0)
         return strata_fail("%s: optim.warmup_steps %d and optim.warmup_ratio %g both say how long the warmup is: set one",
                            name, c->optim.warmup_steps, c->optim.warmup_ratio);
@@ -1420,6 +1429,8 @@ int strata_config_padded_vocab(const strata_config *c) {
     if (c->model.padded_vocab_size > 0) return c->model.padded_vocab_size;
     return (c->model.vocab_size + 127) / 128 * 128;
 }
+
+int strata_config_keeps_best(const strata_config *c) { return c->run.keep_best || c->train.early_stop_patience > 0; }
 
 const char *strata_schedule_name(strata_schedule s) {
     return (unsigned)s < 3 ? schedule_names[s] : "?";

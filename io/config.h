@@ -83,6 +83,8 @@ typedef struct strata_config {
         int eval_every; /* steps between validation passes; 0 = never */
         int eval_batches; /* micro-batches a pass; 0 = the whole validation set */
         int eval_at_start; /* strata_eval_start: a pass before the first step */
+        int early_stop_patience;     /* validations in a row without a new lowest loss that end the run; 0 = never */
+        double early_stop_min_delta; /* how far below the lowest a validation must come to count */
         int log_every;
         int sample_every; /* steps between text samples; 0 = only at the end */
         int sample_tokens;
@@ -224,6 +226,9 @@ strata_model_shape strata_config_model_shape(const strata_config *c);
 /* Derived values. */
 int strata_config_seq_len(const strata_config *c);     /* train.seq_len or model.seq_len */
 int strata_config_padded_vocab(const strata_config *c); /* Vp */
+/* Whether pruning spares the checkpoint of the lowest validation loss: run.keep_best, or
+ * early stopping (train.early_stop_patience), whose point is that checkpoint. */
+int strata_config_keeps_best(const strata_config *c);
 
 /* The model in words: "12 layers, 12 heads, 768 channels, vocab 50257" for GPT-2;
  * "llama: 16 layers, 32 heads (8 key/value) of 64, 2048 channels, MLP 8192, vocab 128256,

@@ -152,6 +152,11 @@ typedef struct trainer {
     strata_offload_split split; /* the offload split and its floor (launcher/offload_report.h) */
     int kernel_profile; /* STRATA_PROFILE=kernels (report_kernel_profile) */
     int stopped;        /* the ranks agreed to stop on a signal (it may have reached another rank only) */
+    /* train.early_stop_patience: the lowest validation loss so far (NaN: none yet), its
+     * step, and the validations since that did not come below it by min_delta */
+    double es_best;
+    int64_t es_best_step;
+    int es_since;
     int64_t step_now;   /* the step in progress, 1-based (atomic: the terminal hook may run on any thread) */
     FILE *term_log;     /* rank 0: run.dir/train.log, opened once the terminal is lost (terminal_lost) */
     char refused[1200]; /* load_config's refusal, said by meet_ranks under mpirun ("" if none) */
@@ -328,13 +333,13 @@ static void plan_this_run(trainer *t, strata_plan *plan) {
 static void check_keep_best(const trainer *t) {
     const strata_config *cfg = &t->cfg;
     int64_t e = cfg->train.eval_every, c = cfg->run.checkpoint_every, steps = cfg->train.steps;
-    if (!cfg->run.keep_best || !cfg->data.val[0]) return;
+    if (!strata_config_keeps_best(cfg) || !cfg->data.val[0]) return;
     int64_t a = e, b = c;
     while (b) { int64_t r = a % b; a = b; b = r; } /* gcd */
     if (e > 0 && c > 0 && e / a * c <= steps) return; /* some periodic checkpoint validates */
-    STRATA_WARN("ckpt", "run.keep_best: no periodic checkpoint falls on a validation (train.eval_every %lld, "
+    STRATA_WARN("ckpt", "%s: no periodic checkpoint falls on a validation (train.eval_every %lld, "
                 "run.checkpoint_every %lld), so only the last step can be the best; make checkpoint_every a multiple of "
-                "eval_every", (long long)e, (long long)c);
+                "eval_every", cfg->run.keep_best ? "run.keep_best" : "train.early_stop_patience", (long long)e, (long long)c);
 }
 
 /* Checkpoints are bytes too: warn before step 1 when run.dir's filesystem cannot hold the
@@ -347,7 +352,7 @@ static void check_checkpoint_space(const trainer *t) {
     for (int u = 0; u < t->m.n_units; u++) one += 12.0 * (double)padded[u];
     int64_t steps = cfg->train.steps, every = cfg->run.checkpoint_every;
     double count = every > 0 ? (double)(steps / every) + (steps % every ? 1 : 0) : 1;
-    if (cfg->run.keep > 0 && count > cfg->run.keep) count = cfg->run.keep + (cfg->run.keep_best ? 1 : 0);
+    if (cfg->run.keep > 0 && count > cfg->run.keep) count = cfg->run.keep + (strata_config_keeps_best(cfg) ? 1 : 0);
     double need = one * (count + (count > 1 ? 1 : 0)); /* the newest is written before the oldest goes */
     char dir[STRATA_PATH_MAX];
     snprintf(dir, sizeof dir, "%s", cfg->run.dir);
@@ -1236,6 +1241,53 @@ static int eval_batches(const trainer *t) {
     return n < 1 ? 1 : n > INT_MAX ? INT_MAX : (int)n;
 }
 
+/* Step `step`'s validation loss into the early stop's count (every rank, with the same loss):
+ * 1 when train.early_stop_patience validations in a row have not come below the lowest. */
+static int early_stop_count(trainer *t, int64_t step, double val_loss) {
+    const strata_config *cfg = &t->cfg;
+    if (isnan(val_loss)) return 0;
+    if (isnan(t->es_best) || val_loss < t->es_best - cfg->train.early_stop_min_delta) {
+        t->es_best = val_loss;
+        t->es_best_step = step;
+        t->es_since = 0;
+    } else {
+        t->es_since++;
+    }
+    return cfg->train.early_stop_patience > 0 && t->es_since >= cfg->train.early_stop_patience;
+}
+
+/* A resumed run's early stop goes on counting where the run was: rank 0 replays the
+ * validations metrics.jsonl holds (cut back to the resumed step), every rank takes its
+ * count. */
+static void early_stop_resume(trainer *t) {
+    const strata_config *cfg = &t->cfg;
+    if (cfg->train.early_stop_patience < 1 || !t->cli.resume) return;
+    double s[4] = {0, 0, 0, 0}; /* have, best, best step, since: rank 0's */
+    if (t->rank == 0) {
+        FILE *f = fopen(t->metrics_path, "r");
+        char *line = NULL;
+        size_t cap = 0;
+        while (f && getline(&line, &cap, f) > 0) {
+            const char *v = strstr(line, "\"val_loss\":"), *st = strstr(line, "\"step\":");
+            if (v && st) early_stop_count(t, atoll(st + 7), strtod(v + 11, NULL));
+        }
+        free(line);
+        if (f) fclose(f);
+        if (!isnan(t->es_best)) s[0] = 1, s[1] = t->es_best, s[2] = (double)t->es_best_step, s[3] = t->es_since;
+        if (s[0])
+            STRATA_INFO("train", "train.early_stop_patience %d: the lowest validation loss so far is %.4f (step %lld), "
+                        "%d validation%s since without a lower one", cfg->train.early_stop_patience, t->es_best,
+                        (long long)t->es_best_step, t->es_since, t->es_since == 1 ? "" : "s");
+        else
+            STRATA_INFO("train", "train.early_stop_patience %d: %s holds no validation before step %lld, so the count "
+                        "starts with this run's", cfg->train.early_stop_patience, t->metrics_path, (long long)t->start);
+    }
+    if (t->world > 1 && strata_allreduce_host_f64(t->comm, s, 4)) fatal(t, "agreeing on the early stop's count");
+    t->es_best = s[0] ? s[1] : NAN;
+    t->es_best_step = (int64_t)s[2];
+    t->es_since = (int)s[3];
+}
+
 /* A validation pass before the first step (train.eval_at_start; auto: a run that starts
  * from model.init_from), so the curve starts where the weights did: rank 0 prints it and
  * records it as step 0 (metrics.jsonl's row of val_loss alone, and its event). Every rank
@@ -1255,6 +1307,7 @@ static int validate_at_start(trainer *t) {
         if (t->rank == 0) STRATA_INFO("train", "validation before the first step abandoned: a stop was asked for");
         return 0;
     }
+    early_stop_count(t, 0, val_loss); /* the weights the run starts from: the first to beat */
     double failed = 0;
     if (t->rank == 0) {
         strata_out_printf(stdout, "step %6d/%lld | val %.4f (before training, %d batches)\n", 0,
@@ -1286,6 +1339,7 @@ static int train_loop(trainer *t) {
     int64_t steps = cfg->train.steps, last_saved = t->cli.resume ? t->start : -1;
     double loss = NAN, run_t0 = strata_now_ms();
     strata_signals_saved(last_saved);
+    early_stop_resume(t);
     int rc = validate_at_start(t);
     if (rc) return rc;
     run_t0 = strata_now_ms(); /* the ETA counts steps, not the validation before them */
@@ -1321,6 +1375,7 @@ static int train_loop(trainer *t) {
                     STRATA_INFO("train", "validation of step %lld abandoned: a stop was asked for", (long long)f.done);
             }
         }
+        int early = f.eval_now && early_stop_count(t, f.done, f.val_loss);
         /* agree[0]: a stop signal on some rank; agree[1]: rank 0 could not write metrics or events */
         double agree[2] = {0, 0};
         /* asked to stop: the progress line waits until the stop checkpoint is written, since
@@ -1340,7 +1395,7 @@ static int train_loop(trainer *t) {
         if (agree[1] > 0) return metrics_stop(t, f.done, loss, last_saved);
         double stop = agree[0];
         int periodic = cfg->run.checkpoint_every > 0 && f.done % cfg->run.checkpoint_every == 0;
-        if (periodic || (f.done == steps && cfg->run.checkpoint_at_end) || stop > 0) {
+        if (periodic || ((f.done == steps || early) && cfg->run.checkpoint_at_end) || stop > 0) {
             char dir[STRATA_PATH_MAX];
             strata_signals_doing(STRATA_DOING_SAVE);
             if (save_checkpoint(t, f.done, loss, f.eval_now ? f.val_loss : NAN, dir, sizeof dir))
@@ -1352,6 +1407,19 @@ static int train_loop(trainer *t) {
         if (stop > 0) {
             t->stopped = 1;
             if (t->rank == 0) STRATA_INFO("train", "stopped by signal after step %lld; resume with --resume latest", (long long)f.done);
+            break;
+        }
+        if (early) {
+            if (t->rank == 0 && cfg->train.early_stop_min_delta > 0)
+                STRATA_INFO("train", "early stop after step %lld of %lld: %d validations in a row have not come %g below "
+                            "%.4f, step %lld's validation loss (train.early_stop_patience %d, early_stop_min_delta %g)",
+                            (long long)f.done, (long long)steps, t->es_since, cfg->train.early_stop_min_delta, t->es_best,
+                            (long long)t->es_best_step, cfg->train.early_stop_patience, cfg->train.early_stop_min_delta);
+            else if (t->rank == 0)
+                STRATA_INFO("train", "early stop after step %lld of %lld: %d validations in a row have not come below "
+                            "the lowest validation loss, %.4f at step %lld (train.early_stop_patience %d)",
+                            (long long)f.done, (long long)steps, t->es_since, t->es_best, (long long)t->es_best_step,
+                            cfg->train.early_stop_patience);
             break;
         }
     }
@@ -1533,6 +1601,7 @@ static void close_trainer(trainer *t) {
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank) {
     trainer *t = strata_xcalloc(1, sizeof *t);
     t->lock_fd = -1;
+    t->es_best = NAN; /* no validation yet */
     t->rank = rank;
     t->world = world;
     t->local_rank = local_rank;

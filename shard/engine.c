@@ -1788,7 +1788,7 @@ int strata_engine_save(strata_engine *e, const char *run_dir, const strata_ckpt_
     strata_ckpt_meta stored = *meta;
     stored.state = e->state; /* the moments as this engine stores them */
     double commit_failed = 0;
-    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, &stored, e->cfg->run.keep, e->cfg->run.keep_best,
+    if (e->rank == 0 && strata_ckpt_commit(run_dir, tmp, &layout, &stored, e->cfg->run.keep, strata_config_keeps_best(e->cfg),
                                              final_dir, final_len)) {
         commit_failed = 1;
         snprintf(err, sizeof err, "%s", strata_error());

@@ -141,6 +141,35 @@ grep -q "run.export_dir: exporting runs/best/ckpt/best to hfauto" best.log || fa
   fail "an export_dir that cannot be written should be refused at start: $(cat out.txt)"
 pass "run.keep_best: ckpt/best names step $bstep of the lowest validation ($bval), kept beside the newest; its export validates to it bit for bit; run.export_dir writes that export at the end (refused at start where it cannot)"
 
+# --- early stopping on the same noise validation: the run ends at the validation that makes
+# train.early_stop_patience (2) in a row without a lower loss, as a replay of metrics.jsonl says,
+# with its checkpoint; the lowest's is kept (run.keep 1, no run.keep_best); a resume goes on
+# counting where the run was and ends at its next validation
+es_replay() { # the steps of the lowest validation and of the stop, from the validations in metrics.jsonl
+  grep -o '"step": [0-9]*, "loss": [^,]*, "val_loss": [^,]*' "$1/metrics.jsonl" | awk '{print $2, $6}' | tr -d , |
+    awk -v p=2 'BEGIN {best = 1e30} {if ($2 < best) {best = $2; at = $1; n = 0} else if (++n >= p) {print at, $1; exit}}'
+}
+"$S" train base.yaml --set data.train='vdata/train_*.bin' --set data.val='ndata/val_*.bin' --set run.dir=runs/es \
+  --set train.steps=60 --set train.eval_every=2 --set run.checkpoint_every=2 --set run.keep=1 \
+  --set train.early_stop_patience=2 > es.log
+read -r es_best es_stop <<< "$(es_replay runs/es)"
+es_last=$(tail -1 runs/es/metrics.jsonl | grep -o '"step": [0-9]*' | cut -d' ' -f2)
+[ -n "$es_stop" ] && [ "$es_last" = "$es_stop" ] && [ "$es_stop" -lt 60 ] &&
+  grep -q "early stop after step $es_stop of 60: 2 validations in a row have not come below the lowest validation loss, .* at step $es_best " es.log &&
+  [ "$(head -1 runs/es/ckpt/best)" = "$(printf 'step_%08d' "$es_best")" ] && [ -d "runs/es/ckpt/$(printf 'step_%08d' "$es_best")" ] &&
+  [ -d "runs/es/ckpt/$(printf 'step_%08d' "$es_stop")" ] ||
+  fail "early stop: the replay says lowest at $es_best, stop at $es_stop; the run ended at $es_last: $(grep -E 'early|lowest' es.log); $(ls runs/es/ckpt)"
+"$S" train base.yaml --set data.train='vdata/train_*.bin' --set data.val='ndata/val_*.bin' --set run.dir=runs/es \
+  --set train.steps=60 --set train.eval_every=2 --set run.checkpoint_every=2 --set run.keep=1 \
+  --set train.early_stop_patience=2 --resume latest > es2.log
+grep -q "the lowest validation loss so far is .* (step $es_best), 2 validations since" es2.log &&
+  grep -q "early stop after step $((es_stop + 2)) of 60: 3 validations" es2.log ||
+  fail "early stop, resumed: $(grep -E 'early' es2.log)"
+[ "$(code "$S" train base.yaml --set train.early_stop_patience=2 --set run.dir=runs/x)" = 2 ] &&
+  grep -q "train.early_stop_patience 2 counts validations, and this run has none: it needs data.val (empty) and train.eval_every > 0 (it is 0)" out.txt ||
+  fail "early stopping without validations should be refused: $(cat out.txt)"
+pass "train.early_stop_patience: the run ends at step $es_stop of 60 (lowest validation at $es_best, kept as ckpt/best), as metrics.jsonl replays; a resume goes on counting; refused without validations"
+
 # --- sharded, and a lone file (whose n_head comes from Strata's own metadata)
 "$S" export runs/a/ckpt/step_00000003 --out hf_sharded --max-shard-size 8KB > /dev/null
 n_shards=$(ls hf_sharded/model-*-of-*.safetensors | wc -l)

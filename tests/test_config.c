@@ -472,6 +472,25 @@ static void test_overrides(void) {
     const char *ratio_one[] = {"optim.warmup_ratio=1"};
     CHECK(strata_config_load_string(&c, "w.yaml", HEAD TRAIN, ratio_one, 1) != 0, "warmup_ratio 1 is out of range");
 
+    /* train.early_stop_patience counts validations: refused where there are none, naming why */
+    const char *es_noval[] = {"train.early_stop_patience=3", "train.eval_every=10"};
+    rc = strata_config_load_string(&c, "e.yaml", HEAD TRAIN, es_noval, 2);
+    CHECK(rc != 0 && !strcmp(strata_error(), "e.yaml: train.early_stop_patience 3 counts validations, and this run has "
+                                             "none: it needs data.val (empty) and train.eval_every > 0"),
+          "early stopping without data.val is refused: %s", strata_error());
+    const char *es_never[] = {"train.early_stop_patience=3", "train.eval_every=0", "data.val=v_*.bin"};
+    rc = strata_config_load_string(&c, "e.yaml", HEAD TRAIN, es_never, 3);
+    CHECK(rc != 0 && strstr(strata_error(), "it needs data.val and train.eval_every > 0 (it is 0)"),
+          "early stopping with eval_every 0 is refused: %s", strata_error());
+    const char *es_ok[] = {"train.early_stop_patience=3", "train.eval_every=10", "data.val=v_*.bin",
+                           "train.early_stop_min_delta=0.01"};
+    rc = strata_config_load_string(&c, "e.yaml", HEAD TRAIN, es_ok, 4);
+    CHECK(rc == 0 && c.train.early_stop_patience == 3 && c.train.early_stop_min_delta == 0.01 &&
+              strata_config_keeps_best(&c) && !c.run.keep_best,
+          "early stopping with validations: loads, and spares the best checkpoint: %s", strata_error());
+    const char *es_neg[] = {"train.early_stop_min_delta=-1"};
+    CHECK(strata_config_load_string(&c, "e.yaml", HEAD TRAIN, es_neg, 1) != 0, "early_stop_min_delta -1 is out of range");
+
     /* A required key may come from --set alone. */
     const char *need[] = {"data.train=x_*.bin"};
     rc = strata_config_load_string(&c, "o.yaml", "model: {n_layer: 1, n_head: 1, n_embd: 4, seq_len: 8, vocab_size: 10}\n"
