@@ -80,15 +80,14 @@ static int blocks_to_stream(const strata_infer *inf, strata_weights_home home, s
     return resident >= L ? 0 : L - resident;
 }
 
-/* Unit u's weights from the checkpoint's fp32 master weights, rounded to the compute dtype
- * a chunk at a time as the training engine rounds them, into its pinned copy or its device
- * buffer. */
-static int load_unit(strata_infer *inf, strata_ckpt *ck, int u, float *f32, void *conv) {
+/* Unit u's weights from the source's fp32 values, rounded to the compute dtype a chunk at a
+ * time as the training engine rounds them, into its pinned copy or its device buffer. */
+static int load_unit(strata_infer *inf, strata_param_source source, void *ctx, int u, float *f32, void *conv) {
     strata_device *d = inf->dev;
     size_t es = strata_dtype_size(d->compute_dtype), n = inf->m.unit_numel[u];
     for (size_t c = 0; c < n; c += INFER_LOAD_CHUNK) {
         size_t len = n - c < INFER_LOAD_CHUNK ? n - c : INFER_LOAD_CHUNK;
-        if (strata_ckpt_read_range(ck, u, STRATA_CKPT_PARAM, c, c + len, f32)) return -1;
+        if (source(ctx, &inf->m, u, c, c + len, f32)) return -1;
         if (inf->host[u]) {
             strata_kernels_cpu.convert(NULL, (char *)inf->host[u] + c * es, d->compute_dtype, f32, STRATA_F32, len);
             continue;
@@ -98,6 +97,12 @@ static int load_unit(strata_infer *inf, strata_ckpt *ck, int u, float *f32, void
         STRATA_TRY(strata_stream_sync(d, d->compute)); /* conv is reused next chunk */
     }
     return 0;
+}
+
+/* A checkpoint's master weights as a parameter source (ctx: the strata_ckpt). */
+static int ckpt_source(void *ctx, const strata_model *m, int u, size_t lo, size_t hi, float *dst) {
+    (void)m;
+    return strata_ckpt_read_range(ctx, u, STRATA_CKPT_PARAM, lo, hi, dst);
 }
 
 /* The plan: activations, the weights where they go, the load's staging; committed. */
@@ -144,51 +149,59 @@ static int plan(strata_infer *inf, const strata_config *cfg, int max_T, strata_w
     return strata_arena_commit(&inf->arena);
 }
 
-int strata_infer_open(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
-                      strata_weights_home home) {
+int strata_infer_open(strata_infer *inf, const strata_config *cfg, int max_T, strata_weights_home home) {
     memset(inf, 0, sizeof *inf);
     strata_model_shape shape = strata_config_model_shape(cfg);
     strata_model_init(&inf->m, &shape);
-    strata_model *m = &inf->m;
-    strata_param_layout layout = strata_model_layout(m, m->unit_numel);
-    if (strata_ckpt_check_layout(ck, &layout)) {
-        strata_model_free(m);
-        return -1;
-    }
     inf->dev = strata_device_open(strata_backend_name(cfg), 0);
     if (!inf->dev) {
-        strata_model_free(m);
+        strata_model_free(&inf->m);
         return -1;
     }
     strata_arena_init(&inf->arena, inf->dev);
-    inf->streamed = strata_xcalloc((size_t)m->n_units, 1);
-    inf->host = strata_xcalloc((size_t)m->n_units, sizeof *inf->host);
-    size_t chunk = 0;
-    for (int u = 0; u < m->n_units; u++)
-        if (m->unit_numel[u] > chunk) chunk = m->unit_numel[u];
-    if (chunk > INFER_LOAD_CHUNK) chunk = INFER_LOAD_CHUNK;
-    float *f32 = strata_xmalloc(chunk * sizeof(float));
-    void *conv = strata_xmalloc(chunk * strata_dtype_size(inf->dev->compute_dtype));
-    int rc = plan(inf, cfg, max_T, home);
-    for (int u = 0; u < m->n_units && !rc; u++) rc = load_unit(inf, ck, u, f32, conv);
-    free(f32);
-    free(conv);
-    if (!rc && inf->n_streamed) {
-        inf->copy = strata_stream_create(inf->dev, "weights", STRATA_STREAM_DEVICE);
-        for (int k = 0; k < 2; k++) {
-            inf->copied[k] = strata_event_create(inf->dev);
-            inf->read[k] = strata_event_create(inf->dev);
-        }
-        m->before_unit = stream_unit;
-        m->before_unit_ctx = inf;
-    }
-    if (rc) {
+    inf->streamed = strata_xcalloc((size_t)inf->m.n_units, 1);
+    inf->host = strata_xcalloc((size_t)inf->m.n_units, sizeof *inf->host);
+    if (plan(inf, cfg, max_T, home)) {
         char err[1024];
         snprintf(err, sizeof err, "%s", strata_error());
         strata_infer_close(inf);
         return strata_fail("%s", err);
     }
     return 0;
+}
+
+int strata_infer_load(strata_infer *inf, strata_param_source source, void *ctx) {
+    strata_model *m = &inf->m;
+    size_t chunk = 0;
+    for (int u = 0; u < m->n_units; u++)
+        if (m->unit_numel[u] > chunk) chunk = m->unit_numel[u];
+    if (chunk > INFER_LOAD_CHUNK) chunk = INFER_LOAD_CHUNK;
+    float *f32 = strata_xmalloc(chunk * sizeof(float));
+    void *conv = strata_xmalloc(chunk * strata_dtype_size(inf->dev->compute_dtype));
+    int rc = 0;
+    for (int u = 0; u < m->n_units && !rc; u++) rc = load_unit(inf, source, ctx, u, f32, conv);
+    free(f32);
+    free(conv);
+    if (rc || !inf->n_streamed || inf->copy) return rc;
+    inf->copy = strata_stream_create(inf->dev, "weights", STRATA_STREAM_DEVICE);
+    for (int k = 0; k < 2; k++) {
+        inf->copied[k] = strata_event_create(inf->dev);
+        inf->read[k] = strata_event_create(inf->dev);
+    }
+    m->before_unit = stream_unit;
+    m->before_unit_ctx = inf;
+    return 0;
+}
+
+int strata_infer_open_ckpt(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
+                           strata_weights_home home) {
+    if (strata_infer_open(inf, cfg, max_T, home)) return -1;
+    strata_param_layout layout = strata_model_layout(&inf->m, inf->m.unit_numel);
+    if (strata_ckpt_check_layout(ck, &layout) == 0 && strata_infer_load(inf, ckpt_source, ck) == 0) return 0;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", strata_error());
+    strata_infer_close(inf);
+    return strata_fail("%s", err);
 }
 
 void strata_infer_close(strata_infer *inf) {

@@ -18,6 +18,7 @@
 #include "core/model.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
+#include "shard/engine.h"
 
 /* Where the blocks' weights live (strata sample --weights). */
 typedef enum strata_weights_home {
@@ -41,13 +42,20 @@ typedef struct strata_infer {
     size_t device_weight_bytes, host_weight_bytes, activation_bytes; /* what it holds, for the summary */
 } strata_infer;
 
-/* Opens cfg's device (cfg->device) and loads ck's weights (its fp32 master weights, rounded
- * to the compute dtype as training rounds them) for sequences of up to max_T tokens, the
- * blocks where `home` says. The forward is strata_model_forward_logits(&inf->m, ...), which
- * gives the same logits, bit for bit, as a training engine's model holding the same
- * checkpoint. 0, or -1 with strata_error() set and nothing left open. */
-int strata_infer_open(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
-                      strata_weights_home home);
+/* Opens cfg's device (cfg->device) and plans and allocates cfg's model for sequences of up
+ * to max_T tokens, the blocks where `home` says; the weights are loaded next. 0, or -1 with
+ * strata_error() set and nothing left open. */
+int strata_infer_open(strata_infer *inf, const strata_config *cfg, int max_T, strata_weights_home home);
+/* Loads every unit from a parameter source (shard/engine.h: a checkpoint's master weights,
+ * strata_infer_ckpt_source, or a Hugging Face model, io/pretrained.h), rounded to the
+ * compute dtype as training rounds them. The forward is then strata_model_forward_logits(
+ * &inf->m, ...), which gives the logits a training engine's model holding the same fp32
+ * weights gives, bit for bit. 0, or -1 with strata_error() set (inf stays open). */
+int strata_infer_load(strata_infer *inf, strata_param_source source, void *ctx);
+/* strata_infer_open, then ck's weights (its fp32 master weights) after checking that ck
+ * holds this model's tensors; on failure nothing is left open. */
+int strata_infer_open_ckpt(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
+                           strata_weights_home home);
 void strata_infer_close(strata_infer *inf);
 /* One line of what it holds where: "weights 14.96 GiB on cuda:0 (bf16), activations
  * 412.00 MiB for up to 4096 tokens" (and the streamed blocks, when there are). */

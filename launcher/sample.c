@@ -15,6 +15,8 @@
 #include "io/chat.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
+#include "io/files.h"
+#include "io/pretrained.h"
 #include "launcher/infer.h"
 #include "launcher/tokenizer.h"
 
@@ -204,9 +206,13 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
 
 /* ---- strata sample ---- */
 
+/* The window a sample plans when --context does not say: the model's context, but no more
+ * than this (Llama 3.1's 131072 tokens would plan 28 GiB of activations at 8B). */
+#define SAMPLE_DEFAULT_CONTEXT 8192
+
 static int usage(void) {
-    fprintf(stderr, "usage: strata sample CKPT|RUNDIR [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
-                    "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
+    fprintf(stderr, "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
+                    "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE] [--context N]\n"
                     "                     [--device cpu|cuda] [--weights auto|device|host]\n");
     return STRATA_EXIT_USAGE;
 }
@@ -216,6 +222,7 @@ typedef struct sample_args {
     const char *what, *prompt, *tok_path, *system;
     const char *device; /* --device: instead of the run's */
     int n_tokens, top_k, chat;
+    int context; /* --context: the window, 0 = the model's (at most SAMPLE_DEFAULT_CONTEXT) */
     strata_weights_home weights;
     double temperature;
     uint64_t seed;
@@ -254,6 +261,10 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         else if (!strcmp(a, "--device") && v) {
             sa->device = argv[++i];
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "strata sample: --device expects cpu or cuda, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+        } else if (!strcmp(a, "--context") && v) {
+            long long want = strtoll(argv[++i], &end, 10);
+            if (*end || !*v || want < 1 || want > 1048576) { fprintf(stderr, "strata sample: --context expects a number of tokens from 1 to 1048576, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            sa->context = (int)want;
         } else if (!strcmp(a, "--weights") && v) {
             i++;
             if (!strcmp(v, "auto")) sa->weights = STRATA_WEIGHTS_AUTO;
@@ -292,14 +303,17 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
 
 /* --tokenizer: llm.c's .bin (decoding only) or a Hugging Face BPE; default: the one the
  * run recorded beside the checkpoint (none is no error). Returns an exit code. */
-static int open_tokenizer(sample_run *s, const char *tok_path, const char *ckpt_dir) {
+static int open_tokenizer(sample_run *s, const char *tok_path, const char *ckpt_dir, int hf) {
     int failed = 0;
+    char hf_tok[STRATA_PATH_MAX + 32];
+    snprintf(hf_tok, sizeof hf_tok, "%s/tokenizer.json", ckpt_dir);
+    if (!tok_path && hf && strata_is_dir(ckpt_dir) && strata_is_file(hf_tok)) tok_path = ckpt_dir; /* the model's own */
     if (tok_path && strlen(tok_path) > 4 && !strcmp(tok_path + strlen(tok_path) - 4, ".bin")) {
         if (strata_tokenizer_load(&s->tk, tok_path)) failed = 1;
         s->have_tk = !failed;
     } else if (tok_path) {
         failed = !(s->bpe = strata_bpe_load(tok_path));
-    } else {
+    } else if (!hf) {
         s->bpe = strata_ckpt_tokenizer(ckpt_dir, &failed);
     }
     if (failed) {
@@ -364,9 +378,12 @@ static int check_prompt(const sample_run *s, int vocab_size) {
  * tokenizer_config.json's template, io/chat.h; after --system's message, else the
  * template's default system message when it has one), then the assistant's header; the
  * generation stops at the end of the assistant's turn. Returns an exit code. */
-static int chat_prompt(sample_run *s, const char *prompt, const char *given_system) {
+static int chat_prompt(sample_run *s, const char *prompt, const char *given_system, int hf) {
     char *system = NULL; /* the template's default system message, which a conversation starts with */
     strata_chat_format f = strata_chat_format_system(s->bpe, &system);
+    /* a Hugging Face model's own template is not one Strata wrote: its special tokens say
+     * which format it speaks (Llama 3 Instruct's, or ChatML's) */
+    if (f == STRATA_CHAT_NONE && hf && s->bpe) f = strata_chat_format_detect(s->bpe);
     if (given_system) { /* --system: this one, instead */
         free(system);
         system = strata_xstrdup(given_system);
@@ -374,8 +391,12 @@ static int chat_prompt(sample_run *s, const char *prompt, const char *given_syst
     strata_chat chat;
     if (!s->bpe || f == STRATA_CHAT_NONE) {
         free(system);
-        fprintf(stderr, "strata sample: --chat needs the chat template of data prepared with --chat-format llama3 or "
-                        "chatml (%s)\n", s->bpe ? "this run's tokenizer has no such template" : "this run has no tokenizer");
+        if (hf)
+            fprintf(stderr, "strata sample: --chat needs a model whose tokenizer speaks Llama 3 Instruct's or ChatML's "
+                            "format (%s)\n", s->bpe ? "this one has neither's special tokens" : "this one has no tokenizer.json");
+        else
+            fprintf(stderr, "strata sample: --chat needs the chat template of data prepared with --chat-format llama3 or "
+                            "chatml (%s)\n", s->bpe ? "this run's tokenizer has no such template" : "this run has no tokenizer");
         return STRATA_EXIT_USAGE;
     }
     strata_tokens t = {0};
@@ -413,9 +434,27 @@ static void start_token(sample_run *s, int vocab_size) {
 
 /* The model, then the prompt and each token as it is drawn, on stdout: nothing waits for
  * the end. Returns an exit code, the error printed. */
-static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck) {
+/* The weights of a checkpoint (ck), or of the Hugging Face model cfg's model.init_from
+ * names, for a window of T tokens. 0, or -1 with strata_error() set. */
+static int load_weights(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int T, strata_weights_home home) {
+    if (ck) return strata_infer_open_ckpt(inf, cfg, ck, T, home);
+    if (strata_infer_open(inf, cfg, T, home)) return -1;
+    strata_pretrained *pt = strata_pretrained_open(cfg->model.init_from, &inf->m);
+    if (pt && strata_infer_load(inf, strata_pretrained_read, pt) == 0) {
+        fprintf(stderr, "[sample] %s: %s\n", cfg->model.init_from, strata_pretrained_describe(pt));
+        strata_pretrained_close(pt);
+        return 0;
+    }
+    char err[1024];
+    snprintf(err, sizeof err, "%s", strata_error());
+    strata_pretrained_close(pt);
+    strata_infer_close(inf);
+    return strata_fail("%s", err);
+}
+
+static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T) {
     strata_infer inf;
-    int loaded = strata_infer_open(&inf, cfg, ck, cfg->model.seq_len, sa->weights) == 0;
+    int loaded = load_weights(&inf, cfg, ck, T, sa->weights) == 0;
     if (!loaded && cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available()) {
         char why[1024];
         snprintf(why, sizeof why, "%s", strata_error());
@@ -451,25 +490,66 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
     return rc;
 }
 
+/* A Hugging Face model rather than a checkpoint or a run: a .safetensors file, or a
+ * directory with config.json that has neither manifest.yaml nor ckpt/. */
+static int is_hf_model(const char *what) {
+    size_t n = strlen(what);
+    if (n > 12 && !strcmp(what + n - 12, ".safetensors")) return strata_is_file(what);
+    char p[STRATA_PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/config.json", what);
+    if (!strata_is_dir(what) || !strata_is_file(p)) return 0;
+    snprintf(p, sizeof p, "%s/manifest.yaml", what);
+    if (strata_is_file(p)) return 0;
+    snprintf(p, sizeof p, "%s/ckpt", what);
+    return !strata_is_dir(p);
+}
+
+/* A Hugging Face model's config: the shape its config.json gives (model.init_from), on
+ * --device or, by default, a GPU when one answers. Prints the error; returns an exit code. */
+static int open_hf(const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->dir, sizeof o->dir, "%s", what);
+    char init_from[STRATA_PATH_MAX + 32];
+    snprintf(init_from, sizeof init_from, "model.init_from=%s", what);
+    const char *all[8] = {init_from};
+    int n = 1;
+    for (int i = 0; i < n_sets && n < 8; i++) all[n++] = sets[i];
+    if (strata_config_load_string(&o->cfg, what, "data: {train: none}\ntrain: {steps: 1}\n", all, n)) {
+        fprintf(stderr, "strata sample: %s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    return 0;
+}
+
 int strata_cmd_sample(int argc, char **argv) {
     sample_args sa;
     int rc = parse_args(argc, argv, &sa);
     if (rc) return rc;
-    /* the checkpoint's own model and only its weights (launcher/infer.h): any saved world,
-     * stage and offload load; --device moves it, the dtype the device's and the
-     * collectives (none run) as that device's */
+    /* the model's weights alone (launcher/infer.h): a checkpoint's, whatever world, stage and
+     * offload saved it, or a Hugging Face model's; --device moves it, the dtype the device's
+     * and the collectives (none run) as that device's */
     char device_set[32];
     snprintf(device_set, sizeof device_set, "device=%s", sa.device ? sa.device : "");
     const char *sets[] = {device_set, "train.dtype=auto", "comm.backend=auto"};
+    int hf = is_hf_model(sa.what);
     strata_opened_ckpt o;
-    if ((rc = strata_open_checkpoint("sample", sa.what, sets, sa.device ? 3 : 0, &o))) return rc;
-    int V = o.cfg.model.vocab_size;
+    if ((rc = hf ? open_hf(sa.what, sets, sa.device ? 3 : 0, &o)
+                 : strata_open_checkpoint("sample", sa.what, sets, sa.device ? 3 : 0, &o)))
+        return rc;
+    int V = o.cfg.model.vocab_size, T = o.cfg.model.seq_len;
+    if (sa.context > T) {
+        fprintf(stderr, "strata sample: --context %d is more than the model's context, %d tokens (model.seq_len)\n",
+                sa.context, T);
+        strata_ckpt_close(o.ck);
+        return STRATA_EXIT_USAGE;
+    }
+    T = sa.context ? sa.context : T < SAMPLE_DEFAULT_CONTEXT ? T : SAMPLE_DEFAULT_CONTEXT;
     sample_run s = {.stop_id = -1};
-    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir)) &&
-        !(rc = sa.chat ? chat_prompt(&s, sa.prompt, sa.system) : encode_prompt(&s, sa.prompt, V)) &&
+    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir, hf)) &&
+        !(rc = sa.chat ? chat_prompt(&s, sa.prompt, sa.system, hf) : encode_prompt(&s, sa.prompt, V)) &&
         !(rc = check_prompt(&s, V))) {
         start_token(&s, V);
-        rc = generate(&s, &sa, &o.cfg, o.ck);
+        rc = generate(&s, &sa, &o.cfg, o.ck, T);
     }
     sample_run_free(&s);
     strata_ckpt_close(o.ck);

@@ -77,6 +77,10 @@ run "$S" sample runs/a --tokens 1048577;     expect 2 "--tokens 1048577 is more 
 run "$S" sample runs/a --tokens 1000000000;  expect 2 "more than the 1048576" "sample --tokens 1000000000"
 run "$S" sample runs/a --weights sometimes;  expect 2 "--weights expects auto, device or host, got 'sometimes'" "sample --weights unknown"
 run "$S" sample runs/a --device tpu;         expect 2 "--device expects cpu or cuda, got 'tpu'" "sample --device unknown"
+run "$S" sample runs/a --context 0;          expect 2 "--context expects a number of tokens from 1 to 1048576, got '0'" "sample --context 0"
+run "$S" sample runs/a --context 100000;     expect 2 "--context 100000 is more than the model's context" "sample --context past the model's"
+run "$S" sample runs/a --context 8 --tokens 30; expect 0 "activations" "sample --context 8"
+grep -q "for up to 8 tokens" <<<"$out" || fail "sample --context 8 should plan a window of 8: $out"
 if ! nvidia-smi > /dev/null 2>&1; then
   run "$S" sample runs/a --device cuda;      expect 1 "(--device cpu samples on the CPU)" "sample --device cuda without a GPU"
 fi

@@ -123,7 +123,7 @@ pass "sample --chat: the prompt as a user's turn in Llama 3's format (trimmed), 
 # a run on data prepared with --system-prompt: sample --chat starts with the default system turn
 "$S" train chat.yaml --set run.dir=runs/sys --set data.train='ref/system_llama3/train_*.bin' --set data.val= \
   --set train.steps=1 > sys.log 2>&1 || { tail -20 sys.log; fail "train on --system-prompt data"; }
-"$S" sample runs/sys --chat --prompt "Hi" --tokens 2 --temperature 0 > sys_sample.txt 2>&1 || fail "sample --chat: $(cat sys_sample.txt)"
+"$S" sample runs/sys --chat --prompt "Hi" --tokens 2 --temperature 0 > sys_sample.txt 2> sys_sample.err || fail "sample --chat: $(cat sys_sample.err)"
 "$PY" - sys_sample.txt "$SRC/tests" <<'PY' || fail "sample --chat with a default system message: $(cat sys_sample.txt)"
 import sys
 sys.path.insert(0, sys.argv[2])
@@ -133,7 +133,7 @@ want = ("<|start_header_id|>system<|end_header_id|>\n\n" + ref.SYSTEM_PROMPT.str
         "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 sys.exit(not text.startswith(want))
 PY
-"$S" sample runs/sys --chat --system " Be short. " --prompt "Hi" --tokens 1 --temperature 0 > sys_sample2.txt 2>&1 &&
+"$S" sample runs/sys --chat --system " Be short. " --prompt "Hi" --tokens 1 --temperature 0 > sys_sample2.txt 2> sys_sample2.err &&
   grep -q "^<|start_header_id|>system<|end_header_id|>" sys_sample2.txt &&
   [ "$(grep -c 'Be short.<|eot_id|><|start_header_id|>user' sys_sample2.txt)" = 1 ] &&
   ! grep -q "Be kind" sys_sample2.txt || fail "sample --chat --system: $(cat sys_sample2.txt)"
@@ -144,6 +144,25 @@ pass "sample --chat on --system-prompt data: the default system turn first, as t
   fail "sample --chat with a tokenizer without our template should exit 2 naming it: $(cat out.txt)"
 "$S" export runs/w1 --out hf > /dev/null
 grep -q '"chat_template"' hf/tokenizer_config.json || fail "export has no chat_template"
+# sample straight from the export (a Hugging Face directory): the run's text, template and stop;
+# and from a copy whose template Strata did not write (an Instruct model's own), whose special
+# tokens say the format
+"$S" sample hf --chat --prompt "  Hi there " --tokens 3 --temperature 0 > hf_sample.txt 2> hf_sample.err ||
+  { cat hf_sample.err; fail "sample --chat of the export"; }
+cmp -s sample.txt hf_sample.txt || fail "sample --chat of the export: $(cat hf_sample.txt); the run's: $(cat sample.txt)"
+cp -r hf hf_foreign
+"$PY" - hf_foreign/tokenizer_config.json <<'PY' || fail "rewriting the copy's chat template"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+json.dump(c, open(sys.argv[1], "w"))
+PY
+"$S" sample hf_foreign --chat --prompt "  Hi there " --tokens 3 --temperature 0 > hf_foreign.txt 2> /dev/null &&
+  cmp -s sample.txt hf_foreign.txt || fail "sample --chat of a model with a foreign template: $(cat hf_foreign.txt)"
+"$S" sample hf --prompt "Hello there" --tokens 8 --temperature 0 --device cpu > hf_greedy.txt 2> hf_greedy.err ||
+  { cat hf_greedy.err; fail "sample of the export"; }
+grep -q "^\[sample\] hf: .* tensors in 1 file" hf_greedy.err || fail "sample of a model directory should say what it read: $(cat hf_greedy.err)"
+pass "sample of the export (a Hugging Face directory): the run's text; a foreign template's format from its special tokens"
 if "$PY" -c "import transformers, torch" > /dev/null 2>&1; then
   "$PY" - hf "$SRC/tests" <<'PY' || fail "export: apply_chat_template or from_pretrained"
 import sys
@@ -160,6 +179,22 @@ for conv in ref.CONVERSATIONS:
     assert got == want, (conv, got, want)
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
 assert model.config.vocab_size == 128256 and tok.eos_token == "<|eot_id|>"
+# greedy decoding of the export, as strata sample --temperature 0 did (hf_greedy.txt): the
+# same tokens, up to a step whose two likeliest are too close for fp32's orders to agree on
+import torch
+ids = tok("Hello there")["input_ids"]
+n_prompt, decided = len(ids), None
+with torch.no_grad():
+    for step in range(8):
+        top = torch.topk(model(torch.tensor([ids])).logits[0, -1].double(), 2)
+        if decided is None and float(top.values[0] - top.values[1]) < 1e-4:
+            decided = len(ids)  # this step's draw may go either way: compare what came before it
+        ids.append(int(top.indices[0]))
+got = open(sys.argv[1] + "/../hf_greedy.txt").read()[:-1]
+want = tok.decode(ids[1:decided or len(ids)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+assert got.startswith(want) if decided else got == want, (got, want, decided)
+print("ok: strata sample of the export decodes greedily as transformers does (%d tokens%s)" % (
+    len(ids) - n_prompt, ", up to a near tie" if decided else ""))
 print("ok: export: apply_chat_template gives the ids the run trained on for every conversation; "
       "LlamaForCausalLM loads (vocab 128256)")
 # --system-prompt: the template prepare wrote puts the default system message where prepare did
