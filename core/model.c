@@ -352,16 +352,24 @@ void strata_model_forward_unit(strata_model *m, int u, int train, float dloss, f
 
 int strata_model_backward_unit(strata_model *m, int u) { return m->family->backward(m, u); }
 
+/* Every unit's forward, each unit's parameters made ready by m->before_unit when set. */
+static int forward_units(strata_model *m, float loss_scale) {
+    for (int u = 0; u < m->n_units; u++) {
+        if (m->before_unit && m->before_unit(m->before_unit_ctx, m, u)) return -1;
+        strata_model_forward_unit(m, u, 0, 0.0f, loss_scale);
+    }
+    return 0;
+}
+
+int strata_model_forward_scored(strata_model *m, float loss_scale) { return forward_units(m, loss_scale); }
+
 int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T) {
     STRATA_ASSERT(B <= m->B && T <= m->T);
     m->cur_B = B;
     m->cur_T = T;
     m->logits_first = 0;
     int rc = strata_model_set_batch(m, tokens, NULL, NULL);
-    for (int u = 0; u < m->n_units && !rc; u++) {
-        if (m->before_unit && (rc = m->before_unit(m->before_unit_ctx, m, u))) break;
-        strata_model_forward_unit(m, u, 0, 0.0f, 0.0f);
-    }
+    if (!rc) rc = forward_units(m, 0.0f);
     m->cur_B = m->B;
     m->cur_T = m->T;
     return rc;

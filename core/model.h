@@ -243,5 +243,9 @@ int strata_model_backward_unit(strata_model *m, int u);
  * m->logits (all of them, first 0, unless the head holds fewer rows: then the last
  * m->head_rows, the rows sampling reads). */
 int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T); /* 0, or -1: a bad id */
+/* Evaluation with every unit's parameters resident or made ready by m->before_unit: the
+ * forward of the batch strata_model_set_batch uploaded (targets and positions included),
+ * *m->loss_sum += the mean loss over its B*T rows times loss_scale. 0, or -1. */
+int strata_model_forward_scored(strata_model *m, float loss_scale);
 
 #endif

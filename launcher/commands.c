@@ -1,12 +1,13 @@
 /* launcher/commands.c: what the subcommands share (launcher/commands.h): opening the
- * checkpoint sample, export and dump-grads read, and what export's and dump-grads'
- * safetensors files carry. */
+ * checkpoint sample, eval, export and dump-grads read (or the Hugging Face model sample and
+ * eval may read instead), and what export's and dump-grads' safetensors files carry. */
 #include "launcher/commands.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
+#include "io/files.h"
 
 int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
                            strata_opened_ckpt *o) {
@@ -46,6 +47,41 @@ int strata_open_checkpoint(const char *cmd, const char *what, const char *const 
         return STRATA_EXIT_USAGE;
     }
     return STRATA_EXIT_OK;
+}
+
+/* A Hugging Face model rather than a checkpoint or a run: a .safetensors file, or a
+ * directory with config.json that has neither manifest.yaml nor ckpt/. */
+static int is_hf_model(const char *what) {
+    size_t n = strlen(what);
+    if (n > 12 && !strcmp(what + n - 12, ".safetensors")) return strata_is_file(what);
+    char p[STRATA_PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/config.json", what);
+    if (!strata_is_dir(what) || !strata_is_file(p)) return 0;
+    snprintf(p, sizeof p, "%s/manifest.yaml", what);
+    if (strata_is_file(p)) return 0;
+    snprintf(p, sizeof p, "%s/ckpt", what);
+    return !strata_is_dir(p);
+}
+
+/* A Hugging Face model's config: the shape its config.json gives (model.init_from), on a GPU
+ * when one answers unless sets say otherwise. Prints the error; returns an exit code. */
+static int open_hf(const char *cmd, const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->dir, sizeof o->dir, "%s", what);
+    char init_from[STRATA_PATH_MAX + 32];
+    snprintf(init_from, sizeof init_from, "model.init_from=%s", what);
+    const char *all[8] = {init_from};
+    int n = 1;
+    for (int i = 0; i < n_sets && n < 8; i++) all[n++] = sets[i];
+    if (strata_config_load_string(&o->cfg, what, "data: {train: none}\ntrain: {steps: 1}\n", all, n)) {
+        fprintf(stderr, "strata %s: %s\n", cmd, strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int strata_open_model(const char *cmd, const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o) {
+    return is_hf_model(what) ? open_hf(cmd, what, sets, n_sets, o) : strata_open_checkpoint(cmd, what, sets, n_sets, o);
 }
 
 void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o) {

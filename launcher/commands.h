@@ -20,6 +20,12 @@ typedef struct strata_opened_ckpt {
 int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
                            strata_opened_ckpt *o);
 
+/* A model to run (sample, eval): CKPT|RUNDIR as strata_open_checkpoint opens it, or a
+ * Hugging Face model (a .safetensors file, or a directory with config.json that holds
+ * neither manifest.yaml nor ckpt/), whose config.json gives the shape (model.init_from;
+ * o->ck stays NULL). Prints the error as "strata CMD: ..." and returns an exit code. */
+int strata_open_model(const char *cmd, const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o);
+
 /* What export's and dump-grads' files share. */
 /* The metadata safetensors readers need, and where it came from: "format": "pt",
  * "strata.checkpoint", "strata.step", "strata.arch", "strata.n_layer", ..., "strata.config"
@@ -33,5 +39,6 @@ void strata_st_out_add_param(strata_st_out *w, const char *prefix, const strata_
 int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank);
 int strata_cmd_plan(int argc, char **argv);
 int strata_cmd_sample(int argc, char **argv);
+int strata_cmd_eval(int argc, char **argv);
 
 #endif

@@ -169,6 +169,27 @@ static const struct {
      "  --weights W          where the blocks' weights live: auto (default) the GPU as many as fit, the\n"
      "                       others in pinned host memory, copied in for each forward; device all on the\n"
      "                       GPU (refused when they do not fit); host every block copied in\n"},
+    {"eval",
+     "usage: strata eval CKPT|RUNDIR|HF_MODEL [--data GLOB] [--batches N] [--micro-batch B] [--seq-len T]\n"
+     "                   [--device cpu|cuda] [--weights auto|device|host] [--json]\n"
+     "\n"
+     "The loss (and perplexity) of a checkpoint, or of a Hugging Face model (a directory with config.json,\n"
+     "or a .safetensors file), on token shards, computed as a run's validation computes it: the mean over\n"
+     "the learned targets (the loss mask of fine-tuning data), packed documents each attending within\n"
+     "itself, the sequences in the data's order. From the weights alone, as sample loads them. A run's\n"
+     "checkpoint on its own data.val with its micro-batch and --batches train.eval_batches gives the\n"
+     "validation loss the run recorded.\n"
+     "\n"
+     "  --data GLOB          token shards (strata prepare); default: the run's data.val\n"
+     "  --batches N          micro-batches to evaluate (default: every whole one the data holds)\n"
+     "  --micro-batch B      sequences a forward (default: the run's train.micro_batch; a Hugging Face\n"
+     "                       model's: 1)\n"
+     "  --seq-len T          tokens a sequence (default: what the shards were packed to, else the run's,\n"
+     "                       else the model's context up to 1024)\n"
+     "  --device D           cpu or cuda (default: the run's; a Hugging Face model's: cuda when a GPU answers)\n"
+     "  --weights W          auto, device or host: as strata sample --help says\n"
+     "  --json               one JSON object: loss, perplexity, batches, micro_batch, seq_len, tokens,\n"
+     "                       learned_tokens, seconds\n"},
     {"plot",
      "usage: strata plot RUNDIR... [--out FILE]\n"
      "\n"

@@ -6,6 +6,7 @@
 
 #include "core/common.h"
 #include "core/kernels.h"
+#include "io/pretrained.h"
 #include "launcher/build.h"
 
 /* Room left on a GPU beyond the plan: cuBLAS's and the kernels' first-launch allocations. */
@@ -106,19 +107,19 @@ static int ckpt_source(void *ctx, const strata_model *m, int u, size_t lo, size_
 }
 
 /* The plan: activations, the weights where they go, the load's staging; committed. */
-static int plan(strata_infer *inf, const strata_config *cfg, int max_T, strata_weights_home home) {
+static int plan(strata_infer *inf, const strata_config *cfg, const strata_infer_batch *batch,
+                strata_weights_home home) {
     strata_model *m = &inf->m;
     strata_device *d = inf->dev;
-    size_t es = strata_dtype_size(d->compute_dtype);
     int L = m->shape.n_layer, U = m->n_units;
-    /* one sequence; every block's activations shared (each forward only, as a recomputed
-     * block's), two residual streams (a block reads one and writes the next), and one row of
-     * logits: sampling reads the last row only, and the head computes no other */
+    /* every block's activations shared (each forward only, as a recomputed block's), and two
+     * residual streams (a block reads one and writes the next) */
     strata_model_plan_opts o = {.ckpt_every = 1,
-                                .logits_chunk_bytes = (size_t)m->shape.padded_vocab_size * es,
+                                .logits_chunk_bytes = batch->logits_chunk_bytes,
                                 .mlp_chunk_bytes = (size_t)cfg->train.mlp_chunk_mb << 20,
-                                .resid_slots = 2};
-    strata_model_plan(m, &inf->arena, d, d->compute_dtype, 1, max_T, &o);
+                                .resid_slots = 2,
+                                .documents = batch->documents};
+    strata_model_plan(m, &inf->arena, d, d->compute_dtype, batch->B, batch->T, &o);
     inf->activation_bytes = strata_arena_bytes(&inf->arena, STRATA_MEM_DEVICE, -1);
     size_t block = 0; /* a slot: the largest block, as the arena rounds it */
     for (int u = 1; u <= L; u++)
@@ -149,7 +150,8 @@ static int plan(strata_infer *inf, const strata_config *cfg, int max_T, strata_w
     return strata_arena_commit(&inf->arena);
 }
 
-int strata_infer_open(strata_infer *inf, const strata_config *cfg, int max_T, strata_weights_home home) {
+int strata_infer_open(strata_infer *inf, const strata_config *cfg, const strata_infer_batch *batch,
+                      strata_weights_home home) {
     memset(inf, 0, sizeof *inf);
     strata_model_shape shape = strata_config_model_shape(cfg);
     strata_model_init(&inf->m, &shape);
@@ -161,7 +163,7 @@ int strata_infer_open(strata_infer *inf, const strata_config *cfg, int max_T, st
     strata_arena_init(&inf->arena, inf->dev);
     inf->streamed = strata_xcalloc((size_t)inf->m.n_units, 1);
     inf->host = strata_xcalloc((size_t)inf->m.n_units, sizeof *inf->host);
-    if (plan(inf, cfg, max_T, home)) {
+    if (plan(inf, cfg, batch, home)) {
         char err[1024];
         snprintf(err, sizeof err, "%s", strata_error());
         strata_infer_close(inf);
@@ -193,11 +195,20 @@ int strata_infer_load(strata_infer *inf, strata_param_source source, void *ctx) 
     return 0;
 }
 
-int strata_infer_open_ckpt(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
-                           strata_weights_home home) {
-    if (strata_infer_open(inf, cfg, max_T, home)) return -1;
-    strata_param_layout layout = strata_model_layout(&inf->m, inf->m.unit_numel);
-    if (strata_ckpt_check_layout(ck, &layout) == 0 && strata_infer_load(inf, ckpt_source, ck) == 0) return 0;
+int strata_infer_open_weights(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck,
+                              const strata_infer_batch *batch, strata_weights_home home) {
+    if (strata_infer_open(inf, cfg, batch, home)) return -1;
+    int rc = -1;
+    if (ck) {
+        strata_param_layout layout = strata_model_layout(&inf->m, inf->m.unit_numel);
+        rc = strata_ckpt_check_layout(ck, &layout) || strata_infer_load(inf, ckpt_source, ck) ? -1 : 0;
+    } else {
+        strata_pretrained *pt = strata_pretrained_open(cfg->model.init_from, &inf->m);
+        rc = pt ? strata_infer_load(inf, strata_pretrained_read, pt) : -1;
+        if (!rc) snprintf(inf->from, sizeof inf->from, "%s: %s", cfg->model.init_from, strata_pretrained_describe(pt));
+        strata_pretrained_close(pt);
+    }
+    if (!rc) return 0;
     char err[1024];
     snprintf(err, sizeof err, "%s", strata_error());
     strata_infer_close(inf);
@@ -229,7 +240,8 @@ void strata_infer_describe(const strata_infer *inf, char *buf, size_t len) {
                      strata_dtype_name(inf->dev->compute_dtype), inf->dev->caps.gpu ? "the GPU" : "the CPU", a, inf->m.T);
     if (inf->n_streamed && n > 0 && (size_t)n < len) {
         strata_fmt_bytes(h, sizeof h, (double)inf->host_weight_bytes);
-        snprintf(buf + n, len - (size_t)n, "; %d of the %d blocks (%s) in pinned host memory, copied in for every forward",
-                 inf->n_streamed, inf->m.shape.n_layer, h);
+        n += snprintf(buf + n, len - (size_t)n, "; %d of the %d blocks (%s) in pinned host memory, copied in for every "
+                      "forward", inf->n_streamed, inf->m.shape.n_layer, h);
     }
+    if (inf->from[0] && n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "; read from %s", inf->from);
 }

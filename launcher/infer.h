@@ -40,25 +40,39 @@ typedef struct strata_infer {
     strata_event *read[2];      /* the forward that read slot k is done: it may be refilled */
     int next;                   /* during a forward: index of the next streamed unit to copy */
     size_t device_weight_bytes, host_weight_bytes, activation_bytes; /* what it holds, for the summary */
+    char from[STRATA_PATH_MAX + 1100]; /* a Hugging Face model's files, for the summary ("" for a checkpoint) */
 } strata_infer;
 
-/* Opens cfg's device (cfg->device) and plans and allocates cfg's model for sequences of up
- * to max_T tokens, the blocks where `home` says; the weights are loaded next. 0, or -1 with
+/* The batches an inference model is planned for. */
+typedef struct strata_infer_batch {
+    int B, T;                  /* at most B sequences of at most T tokens */
+    size_t logits_chunk_bytes; /* the head's logits held at once (whole rows, at least one):
+                                  sampling reads the last row only, which is all the head
+                                  then computes; 0 = every row */
+    int documents;             /* batches may hold packed documents (positions) */
+} strata_infer_batch;
+/* Sampling's: one sequence of up to T tokens, one row of logits (the last). */
+#define STRATA_INFER_SAMPLING(tokens) ((strata_infer_batch){.B = 1, .T = (tokens), .logits_chunk_bytes = 1})
+
+/* Opens cfg's device (cfg->device) and plans and allocates cfg's model for batches as `batch`
+ * says, the blocks where `home` says; the weights are loaded next. 0, or -1 with
  * strata_error() set and nothing left open. */
-int strata_infer_open(strata_infer *inf, const strata_config *cfg, int max_T, strata_weights_home home);
+int strata_infer_open(strata_infer *inf, const strata_config *cfg, const strata_infer_batch *batch,
+                      strata_weights_home home);
 /* Loads every unit from a parameter source (shard/engine.h: a checkpoint's master weights,
  * strata_infer_ckpt_source, or a Hugging Face model, io/pretrained.h), rounded to the
  * compute dtype as training rounds them. The forward is then strata_model_forward_logits(
  * &inf->m, ...), which gives the logits a training engine's model holding the same fp32
  * weights gives, bit for bit. 0, or -1 with strata_error() set (inf stays open). */
 int strata_infer_load(strata_infer *inf, strata_param_source source, void *ctx);
-/* strata_infer_open, then ck's weights (its fp32 master weights) after checking that ck
- * holds this model's tensors; on failure nothing is left open. */
-int strata_infer_open_ckpt(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int max_T,
-                           strata_weights_home home);
+/* strata_infer_open, then the weights: ck's (its fp32 master weights, once ck is checked to
+ * hold this model's tensors), or with ck NULL those of the Hugging Face model
+ * cfg->model.init_from names (io/pretrained.h). On failure nothing is left open. */
+int strata_infer_open_weights(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck,
+                              const strata_infer_batch *batch, strata_weights_home home);
 void strata_infer_close(strata_infer *inf);
-/* One line of what it holds where: "weights 14.96 GiB on cuda:0 (bf16), activations
- * 412.00 MiB for up to 4096 tokens" (and the streamed blocks, when there are). */
+/* One line of what it holds where: "weights 14.96 GiB in bf16 on the GPU, activations
+ * 912.00 MiB for up to 4096 tokens" (and the streamed blocks, when there are). */
 void strata_infer_describe(const strata_infer *inf, char *buf, size_t len);
 
 #endif

@@ -16,7 +16,6 @@
 #include "launcher/build.h"
 #include "launcher/commands.h"
 #include "io/files.h"
-#include "io/pretrained.h"
 #include "launcher/infer.h"
 #include "launcher/tokenizer.h"
 
@@ -434,34 +433,17 @@ static void start_token(sample_run *s, int vocab_size) {
 
 /* The model, then the prompt and each token as it is drawn, on stdout: nothing waits for
  * the end. Returns an exit code, the error printed. */
-/* The weights of a checkpoint (ck), or of the Hugging Face model cfg's model.init_from
- * names, for a window of T tokens. 0, or -1 with strata_error() set. */
-static int load_weights(strata_infer *inf, const strata_config *cfg, strata_ckpt *ck, int T, strata_weights_home home) {
-    if (ck) return strata_infer_open_ckpt(inf, cfg, ck, T, home);
-    if (strata_infer_open(inf, cfg, T, home)) return -1;
-    strata_pretrained *pt = strata_pretrained_open(cfg->model.init_from, &inf->m);
-    if (pt && strata_infer_load(inf, strata_pretrained_read, pt) == 0) {
-        fprintf(stderr, "[sample] %s: %s\n", cfg->model.init_from, strata_pretrained_describe(pt));
-        strata_pretrained_close(pt);
-        return 0;
-    }
-    char err[1024];
-    snprintf(err, sizeof err, "%s", strata_error());
-    strata_pretrained_close(pt);
-    strata_infer_close(inf);
-    return strata_fail("%s", err);
-}
-
 static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T) {
     strata_infer inf;
-    int loaded = load_weights(&inf, cfg, ck, T, sa->weights) == 0;
+    strata_infer_batch batch = STRATA_INFER_SAMPLING(T);
+    int loaded = strata_infer_open_weights(&inf, cfg, ck, &batch, sa->weights) == 0;
     if (!loaded && cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available()) {
         char why[1024];
         snprintf(why, sizeof why, "%s", strata_error());
         strata_fail("%s (--device cpu samples on the CPU)", why);
     }
     if (loaded) {
-        char held[512];
+        char held[sizeof inf.from + 512];
         strata_infer_describe(&inf, held, sizeof held);
         fprintf(stderr, "[sample] %s\n", held); /* stdout is the text alone */
     }
@@ -490,37 +472,6 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
     return rc;
 }
 
-/* A Hugging Face model rather than a checkpoint or a run: a .safetensors file, or a
- * directory with config.json that has neither manifest.yaml nor ckpt/. */
-static int is_hf_model(const char *what) {
-    size_t n = strlen(what);
-    if (n > 12 && !strcmp(what + n - 12, ".safetensors")) return strata_is_file(what);
-    char p[STRATA_PATH_MAX + 32];
-    snprintf(p, sizeof p, "%s/config.json", what);
-    if (!strata_is_dir(what) || !strata_is_file(p)) return 0;
-    snprintf(p, sizeof p, "%s/manifest.yaml", what);
-    if (strata_is_file(p)) return 0;
-    snprintf(p, sizeof p, "%s/ckpt", what);
-    return !strata_is_dir(p);
-}
-
-/* A Hugging Face model's config: the shape its config.json gives (model.init_from), on
- * --device or, by default, a GPU when one answers. Prints the error; returns an exit code. */
-static int open_hf(const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o) {
-    memset(o, 0, sizeof *o);
-    snprintf(o->dir, sizeof o->dir, "%s", what);
-    char init_from[STRATA_PATH_MAX + 32];
-    snprintf(init_from, sizeof init_from, "model.init_from=%s", what);
-    const char *all[8] = {init_from};
-    int n = 1;
-    for (int i = 0; i < n_sets && n < 8; i++) all[n++] = sets[i];
-    if (strata_config_load_string(&o->cfg, what, "data: {train: none}\ntrain: {steps: 1}\n", all, n)) {
-        fprintf(stderr, "strata sample: %s\n", strata_error());
-        return STRATA_EXIT_USAGE;
-    }
-    return 0;
-}
-
 int strata_cmd_sample(int argc, char **argv) {
     sample_args sa;
     int rc = parse_args(argc, argv, &sa);
@@ -531,11 +482,9 @@ int strata_cmd_sample(int argc, char **argv) {
     char device_set[32];
     snprintf(device_set, sizeof device_set, "device=%s", sa.device ? sa.device : "");
     const char *sets[] = {device_set, "train.dtype=auto", "comm.backend=auto"};
-    int hf = is_hf_model(sa.what);
     strata_opened_ckpt o;
-    if ((rc = hf ? open_hf(sa.what, sets, sa.device ? 3 : 0, &o)
-                 : strata_open_checkpoint("sample", sa.what, sets, sa.device ? 3 : 0, &o)))
-        return rc;
+    if ((rc = strata_open_model("sample", sa.what, sets, sa.device ? 3 : 0, &o))) return rc;
+    int hf = o.ck == NULL;
     int V = o.cfg.model.vocab_size, T = o.cfg.model.seq_len;
     if (sa.context > T) {
         fprintf(stderr, "strata sample: --context %d is more than the model's context, %d tokens (model.seq_len)\n",

@@ -34,7 +34,7 @@ fi
 
 # --- --help and --version: every command the usage lists (launcher/main.c's table) has its own
 cmds=$("$S" --help | sed -n 's/^  \([a-z-]\+\) .*/\1/p')
-for c in train prepare config plan sample plot bench export dump-grads; do
+for c in train prepare config plan sample eval plot bench export dump-grads; do
   grep -qx "$c" <<<"$cmds" || fail "strata --help should list $c: $(echo $cmds)"
 done
 for c in $cmds; do
@@ -140,6 +140,24 @@ grep -q "run.export_dir: exporting runs/best/ckpt/best to hfauto" best.log || fa
   grep -q "run.export_dir': 'nowhere/hf' cannot be written" out.txt && [ ! -e runs/x ] ||
   fail "an export_dir that cannot be written should be refused at start: $(cat out.txt)"
 pass "run.keep_best: ckpt/best names step $bstep of the lowest validation ($bval), kept beside the newest; its export validates to it bit for bit; run.export_dir writes that export at the end (refused at start where it cannot)"
+
+# --- strata eval: the best checkpoint on its run's data.val, as the run validated it (its
+# micro-batch, train.eval_batches 8), gives the loss the run recorded, bit for bit: with the
+# blocks resident or streamed from pinned memory, and from its export (a Hugging Face directory)
+ev_loss() { grep -o '"loss": [^,]*' <<<"$1" | cut -d' ' -f2; }
+ev1=$("$S" eval runs/best/ckpt/best --batches 8 --json 2> ev1.err) || fail "eval: $(cat ev1.err)"
+ev2=$("$S" eval runs/best/ckpt/best --batches 8 --json --weights host 2> ev2.err) || fail "eval --weights host: $(cat ev2.err)"
+ev3=$("$S" eval hfbest --data 'ndata/val_*.bin' --micro-batch 2 --batches 8 --json 2> ev3.err) || fail "eval of the export: $(cat ev3.err)"
+[ "$(ev_loss "$ev1")" = "$bval" ] && [ "$(ev_loss "$ev2")" = "$bval" ] && [ "$(ev_loss "$ev3")" = "$bval" ] &&
+  grep -q '"batches": 8, "micro_batch": 2, "seq_len": 16, "tokens": 256, "learned_tokens": 256' <<<"$ev1" ||
+  fail "eval should give the run's validation loss $bval: $ev1 / $ev2 / $ev3"
+"$S" eval runs/best/ckpt/best > ev_all.txt 2> /dev/null && grep -q "^loss .* over 62 batches of 2 x 16 tokens (1984 learned) of ndata/val_\*.bin" ev_all.txt ||
+  fail "eval over the whole of data.val: $(cat ev_all.txt)"
+[ "$(code "$S" eval hfbest)" = 2 ] && grep -q "\-\-data GLOB names the token shards to evaluate on (a Hugging Face model has none of its own)" out.txt &&
+  [ "$(code "$S" eval runs/best --batches 100)" = 0 ] && grep -q "100 batches of 2 take 200 sequences, and ndata/val_\*.bin holds 124: they repeat" out.txt &&
+  [ "$(code "$S" eval runs/best --seq-len 17)" = 2 ] && grep -q "more than the model's context, 16" out.txt ||
+  fail "eval's refusals: $(cat out.txt)"
+pass "eval: the best checkpoint gives the run's validation loss $bval bit for bit (blocks resident or streamed, and from its export); the whole of data.val; refusals name why"
 
 # --- early stopping on the same noise validation: the run ends at the validation that makes
 # train.early_stop_patience (2) in a row without a lower loss, as a replay of metrics.jsonl says,

@@ -94,6 +94,14 @@ pass "train.seq_len 32 on shards packed to 64: refused at start (exit 2), naming
 learned=$(field runs/w1 1 learned_tokens)
 [ "$learned" -gt 0 ] && [ "$learned" -lt 256 ] || fail "step 1 learned $learned of 256 tokens"
 pass "losses and validation losses of world 1, ${runs// / and } agree within $TOL_RUNS ($DEV); $learned of 256 tokens learned in step 1"
+# strata eval of the last checkpoint on the run's data.val (its micro-batch, one batch, as the run
+# validated): the masked mean over the packed conversations, each kept apart, the run's val_loss
+ev=$("$S" eval runs/w1 --batches 1 --json 2> ev.err) || fail "eval: $(cat ev.err)"
+ev_loss=$(grep -o '"loss": [^,]*' <<<"$ev" | cut -d' ' -f2)
+"$PY" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(a != b if '$DEV' == 'cpu' else abs(a - b) > $TOL_RUNS * abs(a))" \
+  "$(field runs/w1 2 val_loss)" "$ev_loss" && grep -q '"learned_tokens": [1-9]' <<<"$ev" && ! grep -q '"learned_tokens": 256' <<<"$ev" ||
+  fail "eval of runs/w1: $ev; the run's last validation: $(field runs/w1 2 val_loss)"
+pass "eval of fine-tuning data (masked, packed, kept apart): the run's validation loss ($ev_loss, $DEV)"
 
 # --- train.epochs: passes over the conversations decide the steps (rounded up), and a resume agrees
 "$S" train chat.yaml --set run.dir=runs/ep --set train.epochs=4 --set train.eval_every=0 --set optim.warmup_ratio=0.5 \
@@ -161,7 +169,7 @@ PY
   cmp -s sample.txt hf_foreign.txt || fail "sample --chat of a model with a foreign template: $(cat hf_foreign.txt)"
 "$S" sample hf --prompt "Hello there" --tokens 8 --temperature 0 --device cpu > hf_greedy.txt 2> hf_greedy.err ||
   { cat hf_greedy.err; fail "sample of the export"; }
-grep -q "^\[sample\] hf: .* tensors in 1 file" hf_greedy.err || fail "sample of a model directory should say what it read: $(cat hf_greedy.err)"
+grep -q "^\[sample\] weights .*; read from hf: .* tensors in 1 file" hf_greedy.err || fail "sample of a model directory should say what it read: $(cat hf_greedy.err)"
 pass "sample of the export (a Hugging Face directory): the run's text; a foreign template's format from its special tokens"
 if "$PY" -c "import transformers, torch" > /dev/null 2>&1; then
   "$PY" - hf "$SRC/tests" <<'PY' || fail "export: apply_chat_template or from_pretrained"

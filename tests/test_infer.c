@@ -119,10 +119,11 @@ static void check_family(const family_case *f, const char *device) {
     strata_infer inf[2];
     static const strata_weights_home homes[2] = {STRATA_WEIGHTS_DEVICE, STRATA_WEIGHTS_HOST};
     static const char *home_names[2] = {"every block on the device", "every block streamed from host memory"};
+    strata_infer_batch batch = STRATA_INFER_SAMPLING(T_MAX);
     int opened = strata_load_model(&ref, &cfg, ck) == 0;
     CHECK(opened, "%s on %s: the engine's model loads: %s", f->what, device, opened ? "" : strata_error());
     for (int h = 0; h < 2; h++) {
-        int ok = strata_infer_open_ckpt(&inf[h], &cfg, ck, T_MAX, homes[h]) == 0;
+        int ok = strata_infer_open_weights(&inf[h], &cfg, ck, &batch, homes[h]) == 0;
         CHECK(ok, "%s on %s, %s: the weights load: %s", f->what, device, home_names[h], ok ? "" : strata_error());
         opened &= ok;
         if (!ok) memset(&inf[h], 0, sizeof inf[h]);
@@ -172,7 +173,7 @@ static void check_family(const family_case *f, const char *device) {
     strata_config other = cfg;
     other.model.n_embd = 32;
     strata_infer bad;
-    int refused = strata_infer_open_ckpt(&bad, &other, ck, T_MAX, STRATA_WEIGHTS_AUTO) != 0;
+    int refused = strata_infer_open_weights(&bad, &other, ck, &batch, STRATA_WEIGHTS_AUTO) != 0;
     CHECK(refused && strstr(strata_error(), "has shape"), "%s on %s: a checkpoint of another width is refused: %s",
           f->what, device, refused ? strata_error() : "it loaded");
     if (!refused) strata_infer_close(&bad);
