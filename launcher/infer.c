@@ -1,4 +1,4 @@
-/* launcher/infer.c: a checkpoint's weights on a device for inference (launcher/infer.h). */
+/* launcher/infer.c: a model's weights on a device for inference (launcher/infer.h). */
 #include "launcher/infer.h"
 
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 
 /* Room left on a GPU beyond the plan: cuBLAS's and the kernels' first-launch allocations. */
 #define INFER_GPU_MARGIN_BYTES ((size_t)256 << 20)
-/* Elements of the checkpoint read and rounded at a time while loading. */
+/* Elements read and rounded at a time while loading (host staging outside the plan: 24 MB). */
 #define INFER_LOAD_CHUNK ((size_t)4 << 20)
 
 static size_t unit_bytes(const strata_infer *inf, int u) {
@@ -106,7 +106,8 @@ static int ckpt_source(void *ctx, const strata_model *m, int u, size_t lo, size_
     return strata_ckpt_read_range(ctx, u, STRATA_CKPT_PARAM, lo, hi, dst);
 }
 
-/* The plan: activations, the weights where they go, the load's staging; committed. */
+/* The plan: the activations, then the weights where they fit (the streamed blocks' slots
+ * with them); committed. */
 static int plan(strata_infer *inf, const strata_config *cfg, const strata_infer_batch *batch,
                 strata_weights_home home) {
     strata_model *m = &inf->m;

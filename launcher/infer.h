@@ -1,6 +1,7 @@
-/* launcher/infer.h: a checkpoint's weights on a device for inference (strata sample).
+/* launcher/infer.h: a model's weights on a device for inference (strata sample, strata eval):
+ * a checkpoint's or a Hugging Face model's.
  *
- * Inference needs the parameters in the compute dtype and the activations of one sequence,
+ * Inference needs the parameters in the compute dtype and the activations of one batch,
  * nothing else a training step holds: no gradients, no fp32 master weights, no Adam
  * moments, and none of the run's offload settings. An 8B model that trained with its
  * optimizer (or, at stage 3, its parameters) in host memory samples from 16 GB of bf16
