@@ -16,6 +16,8 @@
 #   finetune          tests/e2e_jsonl.sh on the GPU: a Llama fine-tuned on JSONL conversations
 #                     (packed by best fit, kept apart), its logits against transformers over
 #                     each conversation alone, export, sample, epochs (~1 min)
+#   infer             strata eval and sample of GPT-2 1.5B from the weights alone: every block
+#                     on the GPU against every block streamed from pinned memory (~2 min)
 #   bench, bench15    124M and 1.5B: Strata against the nanoGPT-style PyTorch model eager
 #                     and compiled and HF's, and Strata's kernel profile (~8 min each)
 #   memory            the plan against nvidia-smi (and a long context's chunks and copies),
@@ -55,13 +57,13 @@
 # GPU_CHECK_STRATA (the binary the parts run) and GPU_CHECK_NEEDS_S (every part's estimate).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ALL_PARTS="check matrix-world1 matrix-llama matrix-attention matrix-ranks torch finetune bench memory bench15 offload offload7b offload10b sanitize"
+ALL_PARTS="check matrix-world1 matrix-llama matrix-attention matrix-ranks torch finetune infer bench memory bench15 offload offload7b offload10b sanitize"
 # the seconds each part needs to be worth starting: a margin over what it took on the H200
 # (2026-11-27: check 16 s, matrix-world1 55, matrix-llama 24, matrix-attention 25,
 # matrix-ranks 38, torch 49; sanitize's memcheck of test_cuda alone ran over 3 minutes; the
 # packed-document rows added since, 3 to matrix-llama and 4 to matrix-attention, not yet timed)
 declare -A NEEDS=([check]=45 [matrix-llama]=75 [matrix-world1]=90 [matrix-attention]=90 [matrix-ranks]=90 [sanitize]=480
-                  [torch]=90 [finetune]=120 [bench]=300 [bench15]=360 [memory]=270 [offload]=360 [offload7b]=330 [offload10b]=450)
+                  [torch]=90 [finetune]=120 [infer]=180 [bench]=300 [bench15]=360 [memory]=270 [offload]=360 [offload7b]=330 [offload10b]=450)
 log() { echo "[gpu-check] $*"; }
 # ---- shared by the main script and by each part: a part runs as this script again
 # (GPU_CHECK_PART), in its own process group under `timeout`, so the deadline stops all of it
@@ -265,6 +267,51 @@ part_finetune() {
   say "- e2e_jsonl on the GPU: $(exit_text $rc)"
   grep -E "^(FAIL|packed:)|^ok: (losses|dump-grads|train.epochs)" "$OUT/finetune.log" | cut -c1-300 | sed 's/^/    /' |
     tee -a "$SUMMARY" || true
+}
+
+part_infer() {
+  log "inference from the weights alone (launcher/infer.c): GPT-2 1.5B's eval and sample with every block on the GPU, and with every block streamed from pinned memory"
+  if ! nvidia-smi > /dev/null 2>&1; then say "- infer: skipped (no GPU)"; return; fi
+  cat "$ROOT/README.md" "$ROOT"/docs/*.md > infer-corpus.txt
+  rm -rf infer-data runs/infer
+  "$S" prepare --text infer-corpus.txt --out infer-data > /dev/null
+  local rc=0
+  # a checkpoint of the 1.5B model (one step; 18.7 GB of master weights and moments on disk)
+  watched 150 "1.5B checkpoint" "$S" train "$ROOT/configs/gpt2-1.5b.yaml" --set device=cuda \
+    --set data.train='infer-data/train_*.bin' --set data.val= --set train.steps=1 --set train.micro_batch=1 \
+    --set train.sample_tokens=0 --set run.dir=runs/infer > "$OUT/infer-train.log" 2>&1 || rc=$?
+  [ $rc = 0 ] || { say "- infer: the 1.5B checkpoint: $(exit_text $rc); $(first_line 'rror' "$OUT/infer-train.log")"; return; }
+  local w
+  for w in device host; do
+    rc=0
+    watched 90 "eval, weights $w" "$S" eval runs/infer --data 'infer-data/train_*.bin' --batches 4 --micro-batch 8 \
+      --seq-len 1024 --json --weights $w > "$OUT/infer-eval-$w.json" 2> "$OUT/infer-eval-$w.log" || rc=$?
+    [ $rc = 0 ] || say "- infer: eval with weights $w: $(exit_text $rc); $(first_line 'rror|strata' "$OUT/infer-eval-$w.log")"
+    rc=0
+    local t0=$(date +%s.%N)
+    watched 90 "sample, weights $w" "$S" sample runs/infer --tokens 64 --temperature 0 --weights $w \
+      > "$OUT/infer-sample-$w.txt" 2> "$OUT/infer-sample-$w.log" || rc=$?
+    awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {print b - a}' > "$OUT/infer-sample-$w.s"
+    [ $rc = 0 ] || say "- infer: sample with weights $w: $(exit_text $rc); $(first_line 'rror|strata' "$OUT/infer-sample-$w.log")"
+  done
+  python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+o = sys.argv[1]
+rows = ["| weights | eval: 4 x 8 x 1024 tokens | tokens/s | sample: 64 tokens (load included) | where |", "|---|---|---|---|---|"]
+got = {}
+for w in ("device", "host"):
+    try:
+        e = json.loads(open(f"{o}/infer-eval-{w}.json").read())
+        s = float(open(f"{o}/infer-sample-{w}.s").read())
+        where = [l for l in open(f"{o}/infer-eval-{w}.log") if l.startswith("[eval]")][0][7:].strip()
+        got[w] = (e["loss"], open(f"{o}/infer-sample-{w}.txt").read())
+        rows.append(f"| {w} | {e['seconds']:.2f} s | {e['tokens'] / e['seconds']:,.0f} | {s:.1f} s | {where} |")
+    except Exception as ex:
+        rows.append(f"| {w} | FAIL: {type(ex).__name__}: {ex} | | | |")
+same = len(got) == 2 and got["device"] == got["host"]
+print("\n".join(rows))
+print(f"- infer: streamed blocks give the resident blocks' eval loss and sample bit for bit: {'PASS' if same else 'FAIL'}")
+PY
 }
 
 bench_budget() { local b=$(($(left) - 20)); [ "$b" -le "$1" ] || b=$1; echo $b; }

@@ -56,10 +56,10 @@ t1=$(date +%s)
 ls o1 > files.txt
 [ "$(cat files.txt | tr '\n' ' ')" = "gpu-check.tar.gz gpu-matrix.md summary.md " ] || fail "files back: $(cat files.txt)"
 sm=o1/summary.md
-for p in check matrix-llama matrix-world1 matrix-attention sanitize torch finetune bench matrix-ranks memory bench15 offload offload7b offload10b; do
+for p in check matrix-llama matrix-world1 matrix-attention sanitize torch finetune infer bench matrix-ranks memory bench15 offload offload7b offload10b; do
   grep -q "^## $p$" $sm || fail "part $p did not run: $(cat $sm)"
 done
-[ "$(grep -c "^(done in [0-9]* s)$" $sm)" = 14 ] || fail "a part did not end by itself: $(grep "^(" $sm)"
+[ "$(grep -c "^(done in [0-9]* s)$" $sm)" = 15 ] || fail "a part did not end by itself: $(grep "^(" $sm)"
 grep -q "^- matrix world1: 0 pass, 40 fail, 0 n/a, 0 not run, of 40 rows" $sm || fail "$(cat $sm)"
 grep -q "^Rows: 0 pass, [0-9]* fail" o1/gpu-matrix.md || fail "$(head -5 o1/gpu-matrix.md)"
 grep -q "^- test_cuda (world 1): exit 77 (skipped: no GPU)" $sm || fail "$(cat $sm)"
