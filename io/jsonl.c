@@ -405,7 +405,42 @@ typedef struct jsonl_job {
     packer train, val;
     strata_jsonl_report *r;
     size_t *lengths, n_lengths, cap_lengths; /* every well-formed example's, for the report */
+    uint64_t *seen;    /* the examples so far, by content (example_key): an open-addressed set, 0 empty */
+    size_t seen_cap, n_seen;
 } jsonl_job;
+
+/* An example's content as a key: a 64-bit hash of its length, its ids and which of them are
+ * learned (never 0, the set's empty slot). Two different examples share one with odds of
+ * about n^2 / 2^65 over n examples. */
+static uint64_t example_key(const strata_tokens *ex) {
+    uint64_t h = strata_hash64((uint64_t)ex->n);
+    for (size_t i = 0; i < ex->n; i++)
+        h = strata_hash64(h ^ ((uint64_t)(uint32_t)ex->ids[i] << 1 | (ex->mask[i] & STRATA_MASK_LEARNED ? 1 : 0)));
+    return h ? h : 1;
+}
+
+/* 1 when an example with this key came before (else it is added). */
+static int seen_before(jsonl_job *j, uint64_t key) {
+    if (2 * (j->n_seen + 1) > j->seen_cap) { /* rehash at half full */
+        size_t cap = j->seen_cap ? 2 * j->seen_cap : 4096;
+        uint64_t *t = strata_xcalloc(cap, sizeof *t);
+        for (size_t i = 0; i < j->seen_cap; i++)
+            if (j->seen[i])
+                for (size_t k = j->seen[i] & (cap - 1);; k = (k + 1) & (cap - 1))
+                    if (!t[k]) { t[k] = j->seen[i]; break; }
+        free(j->seen);
+        j->seen = t;
+        j->seen_cap = cap;
+    }
+    for (size_t k = key & (j->seen_cap - 1);; k = (k + 1) & (j->seen_cap - 1)) {
+        if (j->seen[k] == key) return 1;
+        if (!j->seen[k]) {
+            j->seen[k] = key;
+            j->n_seen++;
+            return 0;
+        }
+    }
+}
 
 /* A line of a file that is no blank one: its bytes (without the '\r' before its '\n'). */
 typedef struct line_span {
@@ -527,6 +562,10 @@ static int take_line(jsonl_job *j, made_line *m, int to_val) {
         return 0;
     }
     strata_tokens *ex = &m->ex;
+    if (seen_before(j, example_key(ex))) {
+        j->r->duplicates++;
+        if (o->dedup) return 0;
+    }
     if (j->n_lengths == j->cap_lengths) {
         j->cap_lengths = j->cap_lengths ? 2 * j->cap_lengths : 1024;
         j->lengths = strata_xrealloc(j->lengths, j->cap_lengths * sizeof *j->lengths);
@@ -747,6 +786,7 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     pack_free(&j.val);
     length_stats(r, j.lengths, j.n_lengths);
     free(j.lengths);
+    free(j.seen);
     if (rc) return rc;
     r->train_shards = j.train.sink.n_shards;
     r->val_shards = j.val.sink.n_shards;
@@ -761,11 +801,11 @@ int strata_prepare_jsonl(const strata_jsonl_opts *o, const char *out_dir, strata
     STRATA_INFO("data", "%s: %zu examples from %d file%s (tokenized on %d thread%s) in %zu train + %zu val sequences "
                 "of %d tokens (%zu + %zu tokens, %zu + %zu learned, %zu padding; 32-bit shards with a loss mask, %d + "
                 "%d; tokenizer.json beside them%s); longer than --seq-len: %zu split, %zu truncated, %zu dropped; bad "
-                "lines skipped: %zu",
+                "lines skipped: %zu; repeats of an earlier example: %zu%s",
                 out_dir, r->examples, o->n_files, o->n_files == 1 ? "" : "s", threads, threads == 1 ? "" : "s",
                 r->train_seqs, r->val_seqs, o->seq_len,
                 r->train_tokens, r->val_tokens, r->train_learned, r->val_learned, r->padding, r->train_shards,
                 r->val_shards, kept ? "; the directory's other files kept" : "", r->split, r->truncated, r->dropped,
-                r->bad);
+                r->bad, r->duplicates, !r->duplicates ? "" : o->dedup ? " (dropped)" : " (kept)");
     return 0;
 }

@@ -82,6 +82,8 @@ typedef struct strata_jsonl_opts {
     int pack_in_order;  /* 1: pack examples in order, 0: best fit (the default) */
     int val_at_end;     /* 1: each file's last examples are the validation set, 0: spread */
     int skip_bad;       /* 1: skip and count a malformed line, 0: stop at it */
+    int dedup;          /* 1: drop an example that repeats an earlier one (the same tokens, the same of them
+                         * learned), in the files' order; 0: keep it (the report counts them either way) */
     double val_fraction;
     size_t max_shard_tokens;
     int threads;        /* threads tokenizing lines (one more packs): 0, the CPUs this process may use; at
@@ -91,6 +93,7 @@ typedef struct strata_jsonl_opts {
 
 typedef struct strata_jsonl_report {
     size_t examples, bad;             /* examples packed; lines skipped */
+    size_t duplicates;                /* examples repeating an earlier one (dropped with dedup) */
     size_t split, dropped, truncated; /* longer than seq_len, by what became of them */
     size_t train_seqs, val_seqs;
     size_t train_tokens, val_tokens, train_learned, val_learned, padding;

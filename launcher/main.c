@@ -56,7 +56,7 @@ typedef struct prepare_args {
         *val_split, *system_prompt;
     double val_fraction;
     long long shard_tokens, seq_len, threads;
-    int skip_bad;
+    int skip_bad, dedup;
 } prepare_args;
 
 static int prepare_usage(const char *why, const char *arg) {
@@ -67,7 +67,8 @@ static int prepare_usage(const char *why, const char *arg) {
                     "                      [--text-field F | --prompt-field P --response-field R |\n"
                     "                       --messages-field M] [--chat-format llama3|chatml] [--system-prompt TEXT]\n"
                     "                      [--pack best-fit|in-order] [--overflow split|truncate|drop] [--skip-bad]\n"
-                    "                      [--val-fraction F] [--val-split spread|end] [--shard-tokens N] [--threads N]\n");
+                    "                      [--dedup] [--val-fraction F] [--val-split spread|end] [--shard-tokens N]\n"
+                    "                      [--threads N]\n");
     return STRATA_EXIT_USAGE;
 }
 
@@ -97,6 +98,9 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
             in_files = 0;
         } else if (!strcmp(argv[i], "--skip-bad")) {
             a->skip_bad = 1;
+            in_files = 0;
+        } else if (!strcmp(argv[i], "--dedup")) {
+            a->dedup = 1;
             in_files = 0;
         } else if (!strcmp(argv[i], "--val-fraction") && v) {
             a->val_fraction = strtod(argv[++i], &end);
@@ -136,10 +140,11 @@ static int parse_prepare(int argc, char **argv, prepare_args *a) {
         }
     int modes = !!a->text_field + !!(a->prompt_field || a->response_field) + !!a->messages_field;
     if (!a->jsonl &&
-        (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->seq_len || a->system_prompt))
+        (modes || a->chat || a->overflow || a->pack || a->val_split || a->skip_bad || a->dedup || a->seq_len ||
+         a->system_prompt))
         return prepare_usage("--text-field, --prompt-field, --response-field, --messages-field, --chat-format, "
-                             "--system-prompt, --seq-len, --pack, --overflow, --val-split and --skip-bad go with --jsonl",
-                             NULL);
+                             "--system-prompt, --seq-len, --pack, --overflow, --val-split, --skip-bad and --dedup go "
+                             "with --jsonl", NULL);
     if (a->system_prompt && (!a->system_prompt[0] || strata_utf8_invalid_at(a->system_prompt, strlen(a->system_prompt)) <
                                                          strlen(a->system_prompt)))
         return prepare_usage("--system-prompt expects UTF-8 text, not empty", NULL);
@@ -164,7 +169,7 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
                            .overflow = !a->overflow || !strcmp(a->overflow, "split") ? STRATA_JSONL_SPLIT
                                        : !strcmp(a->overflow, "truncate")            ? STRATA_JSONL_TRUNCATE
                                                                                       : STRATA_JSONL_DROP,
-                           .skip_bad = a->skip_bad,
+                           .skip_bad = a->skip_bad, .dedup = a->dedup,
                            .pack_in_order = a->pack && !strcmp(a->pack, "in-order"),
                            .val_at_end = a->val_split && !strcmp(a->val_split, "end"),
                            .val_fraction = a->val_fraction, .max_shard_tokens = (size_t)a->shard_tokens,
@@ -221,6 +226,9 @@ static int prepare_jsonl(const prepare_args *a, strata_bpe *tk) {
            r.train_learned, r.train_tokens, all ? 100.0 * (double)r.padding / (double)all : 0.0, longer, r.bad);
     printf("example lengths in tokens: median %zu, 99th percentile %zu, longest %zu (--seq-len %d)\n", r.len_median,
            r.len_p99, r.len_max, o.seq_len);
+    if (r.duplicates)
+        printf("%zu example%s repeat%s an earlier one (the same tokens, the same learned): %s\n", r.duplicates,
+               r.duplicates == 1 ? "" : "s", r.duplicates == 1 ? "s" : "", a->dedup ? "dropped (--dedup)" : "kept (--dedup drops them)");
     return STRATA_EXIT_OK;
 }
 

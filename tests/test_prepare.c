@@ -1,7 +1,7 @@
 /* tests/test_prepare.c: `strata prepare` on several threads gives the shards of one, with
  * a byte-level BPE (GPT-2's pattern, a few merges, ChatML's special tokens): --jsonl over
  * conversations many batches long (and its report and first bad line), --text over a text
- * cut into parts. The oracle is the one-thread run; what one thread makes is checked
+ * cut into parts; --dedup gives the shards of the file without its repeats. The oracle is the one-thread run; what one thread makes is checked
  * against tokenizers and transformers end to end (tests/e2e_jsonl.sh, e2e_tokenizers.sh).
  * The ThreadSanitizer build runs this test too. */
 #include "core/common.h"
@@ -243,6 +243,68 @@ static void test_text_threads(void) {
     strata_bpe_free(tk);
 }
 
+/* --dedup: a file with repeats (lines copied later on, and one with the same conversation
+ * in other JSON spacing) gives the shards of the file with each repeat removed by hand,
+ * on 1 and 3 threads; its report counts them; with a validation split, each example is kept
+ * once, in train or in val. Without --dedup they are counted and kept. */
+static void test_dedup(void) {
+    char chat[600], dup[600], uniq[600], out[600], ref[600];
+    const int none[] = {0};
+    write_jsonl(tpath(chat, sizeof chat, "dedup-src.jsonl"), 3000, none);
+    size_t len = 0;
+    char *buf = slurp(chat, &len);
+    if (!buf) { CHECK(0, "read %s", chat); return; }
+    /* the lines, each 5th copied again at the end, and one more in other spacing */
+    char *lines[4000];
+    int n = 0;
+    for (char *p = strtok(buf, "\n"); p && n < 3000; p = strtok(NULL, "\n"))
+        if (p[strspn(p, " ")]) lines[n++] = p;
+    int all = n;
+    for (int i = 0; i < n && all < 3600; i += 5) lines[all++] = lines[i];
+    char respaced[4096];
+    snprintf(respaced, sizeof respaced, "%s", lines[1]);
+    for (char *q = strstr(respaced, "\": "); q; q = strstr(q, "\": ")) memmove(q + 2, q + 3, strlen(q + 3) + 1);
+    lines[all++] = respaced; /* {"messages":[{"role":"user",...: the same conversation */
+    FILE *fd = fopen(tpath(dup, sizeof dup, "dedup.jsonl"), "w"), *fu = fopen(tpath(uniq, sizeof uniq, "uniq.jsonl"), "w");
+    size_t repeats = 0;
+    for (int i = 0; i < all && fd && fu; i++) {
+        fprintf(fd, "%s\n", lines[i]);
+        int again = i == all - 1; /* the respaced one: a repeat of line 1 */
+        for (int k = 0; k < i && !again; k++) again = !strcmp(lines[k], lines[i]);
+        if (again) repeats++;
+        else fprintf(fu, "%s\n", lines[i]);
+    }
+    if (fd) fclose(fd);
+    if (fu) fclose(fu);
+    free(buf);
+    const char *dfiles[] = {dup}, *ufiles[] = {uniq};
+    strata_jsonl_opts o = {.files = ufiles, .n_files = 1, .kind = STRATA_JSONL_MESSAGES, .messages_field = "messages",
+                           .chat_format = STRATA_CHAT_CHATML, .seq_len = 128, .val_fraction = 0,
+                           .max_shard_tokens = 1000000};
+    strata_jsonl_report ru, r;
+    int rc = prepare(&o, tpath(ref, sizeof ref, "dedup-ref"), 1, &ru);
+    CHECK(rc == 0 && ru.train_shards == 1 && ru.val_shards == 0, "the file without repeats prepares (%s)",
+          rc ? strata_error() : "");
+    const char *names[] = {"train_000000.bin"};
+    o.files = dfiles;
+    o.dedup = 1;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        rc = prepare(&o, tpath(out, sizeof out, threads == 1 ? "dedup-1" : "dedup-3"), threads, &r);
+        CHECK(rc == 0 && r.duplicates == repeats && r.examples == ru.examples && repeats > 500 &&
+                  same_files(ref, out, names, 1),
+              "--dedup on %d thread%s: %zu repeats of %d lines dropped (%zu counted), the shards of the file without them",
+              threads, threads == 1 ? "" : "s", repeats, all, r.duplicates);
+    }
+    o.val_fraction = 0.2;
+    rc = prepare(&o, tpath(out, sizeof out, "dedup-val"), 2, &r);
+    CHECK(rc == 0 && r.duplicates == repeats && r.examples == ru.examples && r.val_seqs > 0,
+          "--dedup with a validation split: each of the %zu examples once (%zu), train or val", ru.examples, r.examples);
+    o.dedup = 0;
+    rc = prepare(&o, tpath(out, sizeof out, "dedup-kept"), 2, &r);
+    CHECK(rc == 0 && r.duplicates == repeats && r.examples == ru.examples + repeats,
+          "without --dedup the %zu repeats are counted (%zu) and kept (%zu examples)", repeats, r.duplicates, r.examples);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/strata-test-prepare-XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -254,6 +316,7 @@ int main(void) {
     test_threads_agree();
     test_bad_lines();
     test_text_threads();
+    test_dedup();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) printf("could not remove %s\n", tmpdir);
