@@ -80,8 +80,30 @@ static int open_hf(const char *cmd, const char *what, const char *const *sets, i
     return 0;
 }
 
-int strata_open_model(const char *cmd, const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o) {
-    return is_hf_model(what) ? open_hf(cmd, what, sets, n_sets, o) : strata_open_checkpoint(cmd, what, sets, n_sets, o);
+int strata_open_model(const char *cmd, const char *what, const char *device, strata_opened_ckpt *o) {
+    /* the dtype the device's, and the collectives (none run) as that device's */
+    char device_set[32];
+    snprintf(device_set, sizeof device_set, "device=%s", device ? device : "");
+    const char *sets[] = {device_set, "train.dtype=auto", "comm.backend=auto"};
+    int n = device ? 3 : 0;
+    return is_hf_model(what) ? open_hf(cmd, what, sets, n, o) : strata_open_checkpoint(cmd, what, sets, n, o);
+}
+
+int strata_parse_device(const char *cmd, const char *v) {
+    if (!strcmp(v, "cpu") || !strcmp(v, "cuda")) return 0;
+    fprintf(stderr, "strata %s: --device expects cpu or cuda, got '%s'\n", cmd, v);
+    return STRATA_EXIT_USAGE;
+}
+
+int strata_parse_weights(const char *cmd, const char *v, int *home) {
+    static const char *const names[] = {"auto", "device", "host"}; /* strata_weights_home's order */
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(v, names[i])) {
+            *home = i;
+            return 0;
+        }
+    fprintf(stderr, "strata %s: --weights expects auto, device or host, got '%s'\n", cmd, v);
+    return STRATA_EXIT_USAGE;
 }
 
 void strata_st_out_checkpoint_meta(strata_st_out *w, const strata_opened_ckpt *o) {

@@ -20,11 +20,17 @@ typedef struct strata_opened_ckpt {
 int strata_open_checkpoint(const char *cmd, const char *what, const char *const *sets, int n_sets,
                            strata_opened_ckpt *o);
 
-/* A model to run (sample, eval): CKPT|RUNDIR as strata_open_checkpoint opens it, or a
- * Hugging Face model (a .safetensors file, or a directory with config.json that holds
- * neither manifest.yaml nor ckpt/), whose config.json gives the shape (model.init_from;
- * o->ck stays NULL). Prints the error as "strata CMD: ..." and returns an exit code. */
-int strata_open_model(const char *cmd, const char *what, const char *const *sets, int n_sets, strata_opened_ckpt *o);
+/* A model to run inference on (sample, eval): CKPT|RUNDIR as strata_open_checkpoint opens
+ * it, or a Hugging Face model (a .safetensors file, or a directory with config.json that
+ * holds neither manifest.yaml nor ckpt/), whose config.json gives the shape
+ * (model.init_from; o->ck stays NULL). device "cpu" or "cuda" moves it there (NULL: the
+ * run's device; a Hugging Face model's is a GPU when one answers). Prints the error as
+ * "strata CMD: ..." and returns an exit code. */
+int strata_open_model(const char *cmd, const char *what, const char *device, strata_opened_ckpt *o);
+/* --device's value: cpu or cuda. --weights's: auto, device or host (a strata_weights_home,
+ * launcher/infer.h). Each 0, or prints "strata CMD: OPT expects ..." and returns an exit code. */
+int strata_parse_device(const char *cmd, const char *v);
+int strata_parse_weights(const char *cmd, const char *v, int *home);
 
 /* What export's and dump-grads' files share. */
 /* The metadata safetensors readers need, and where it came from: "format": "pt",

@@ -21,7 +21,7 @@ typedef struct eval_args {
     const char *what, *data, *device;
     long long batches; /* 0: every whole batch of the data */
     int B, T, json;
-    strata_weights_home weights;
+    int weights; /* --weights: a strata_weights_home */
 } eval_args;
 
 static int usage(void) {
@@ -49,14 +49,9 @@ static int parse_args(int argc, char **argv, eval_args *a) {
         long long n = 0;
         if (!strcmp(o, "--data") && v) a->data = argv[++i];
         else if (!strcmp(o, "--device") && v) {
-            a->device = argv[++i];
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "strata eval: --device expects cpu or cuda, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (strata_parse_device("eval", (a->device = argv[++i]))) return STRATA_EXIT_USAGE;
         } else if (!strcmp(o, "--weights") && v) {
-            i++;
-            if (!strcmp(v, "auto")) a->weights = STRATA_WEIGHTS_AUTO;
-            else if (!strcmp(v, "device")) a->weights = STRATA_WEIGHTS_DEVICE;
-            else if (!strcmp(v, "host")) a->weights = STRATA_WEIGHTS_HOST;
-            else { fprintf(stderr, "strata eval: --weights expects auto, device or host, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (strata_parse_weights("eval", argv[++i], &a->weights)) return STRATA_EXIT_USAGE;
         } else if (!strcmp(o, "--batches") && v) {
             if ((n = positive(o, argv[++i], 1LL << 40)) < 0) return STRATA_EXIT_USAGE;
             a->batches = n;
@@ -132,11 +127,8 @@ int strata_cmd_eval(int argc, char **argv) {
     eval_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc;
-    char device_set[32];
-    snprintf(device_set, sizeof device_set, "device=%s", a.device ? a.device : "");
-    const char *sets[] = {device_set, "train.dtype=auto", "comm.backend=auto"};
     strata_opened_ckpt o;
-    if ((rc = strata_open_model("eval", a.what, sets, a.device ? 3 : 0, &o))) return rc;
+    if ((rc = strata_open_model("eval", a.what, a.device, &o))) return rc;
     int hf = o.ck == NULL;
     if (!a.data) a.data = hf ? NULL : o.cfg.data.val[0] ? o.cfg.data.val : NULL;
     int T = 0;
@@ -176,7 +168,7 @@ int strata_cmd_eval(int argc, char **argv) {
             double loss = 0;
             uint64_t learned = 0;
             rc = STRATA_EXIT_ERROR;
-            if (strata_infer_open_weights(&inf, &o.cfg, o.ck, &batch, a.weights)) {
+            if (strata_infer_open_weights(&inf, &o.cfg, o.ck, &batch, (strata_weights_home)a.weights)) {
                 fprintf(stderr, "strata eval: %s\n", strata_error());
             } else {
                 char held[sizeof inf.from + 512];

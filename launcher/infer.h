@@ -21,7 +21,7 @@
 #include "io/config.h"
 #include "shard/engine.h"
 
-/* Where the blocks' weights live (strata sample --weights). */
+/* Where the blocks' weights live (--weights of sample and eval: auto, device, host, in this order). */
 typedef enum strata_weights_home {
     STRATA_WEIGHTS_AUTO = 0, /* on the device as many blocks as fit, the rest streamed from host memory */
     STRATA_WEIGHTS_DEVICE,   /* every block on the device: refused, with the figures, when it does not fit */

@@ -13,9 +13,9 @@
 #include "shard/comm.h"
 #include "shard/engine.h"
 #include "io/chat.h"
+#include "io/files.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
-#include "io/files.h"
 #include "launcher/infer.h"
 #include "launcher/tokenizer.h"
 
@@ -222,7 +222,7 @@ typedef struct sample_args {
     const char *device; /* --device: instead of the run's */
     int n_tokens, top_k, chat;
     int context; /* --context: the window, 0 = the model's (at most SAMPLE_DEFAULT_CONTEXT) */
-    strata_weights_home weights;
+    int weights; /* --weights: a strata_weights_home */
     double temperature;
     uint64_t seed;
 } sample_args;
@@ -258,18 +258,13 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         else if (!strcmp(a, "--system") && v) sa->system = argv[++i];
         else if (!strcmp(a, "--tokenizer") && v) sa->tok_path = argv[++i];
         else if (!strcmp(a, "--device") && v) {
-            sa->device = argv[++i];
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "strata sample: --device expects cpu or cuda, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (strata_parse_device("sample", (sa->device = argv[++i]))) return STRATA_EXIT_USAGE;
         } else if (!strcmp(a, "--context") && v) {
             long long want = strtoll(argv[++i], &end, 10);
             if (*end || !*v || want < 1 || want > 1048576) { fprintf(stderr, "strata sample: --context expects a number of tokens from 1 to 1048576, got '%s'\n", v); return STRATA_EXIT_USAGE; }
             sa->context = (int)want;
         } else if (!strcmp(a, "--weights") && v) {
-            i++;
-            if (!strcmp(v, "auto")) sa->weights = STRATA_WEIGHTS_AUTO;
-            else if (!strcmp(v, "device")) sa->weights = STRATA_WEIGHTS_DEVICE;
-            else if (!strcmp(v, "host")) sa->weights = STRATA_WEIGHTS_HOST;
-            else { fprintf(stderr, "strata sample: --weights expects auto, device or host, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (strata_parse_weights("sample", argv[++i], &sa->weights)) return STRATA_EXIT_USAGE;
         }
         else if (!strcmp(a, "--tokens") && v) {
             errno = 0;
@@ -436,7 +431,7 @@ static void start_token(sample_run *s, int vocab_size) {
 static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T) {
     strata_infer inf;
     strata_infer_batch batch = STRATA_INFER_SAMPLING(T);
-    int loaded = strata_infer_open_weights(&inf, cfg, ck, &batch, sa->weights) == 0;
+    int loaded = strata_infer_open_weights(&inf, cfg, ck, &batch, (strata_weights_home)sa->weights) == 0;
     if (!loaded && cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available()) {
         char why[1024];
         snprintf(why, sizeof why, "%s", strata_error());
@@ -477,13 +472,9 @@ int strata_cmd_sample(int argc, char **argv) {
     int rc = parse_args(argc, argv, &sa);
     if (rc) return rc;
     /* the model's weights alone (launcher/infer.h): a checkpoint's, whatever world, stage and
-     * offload saved it, or a Hugging Face model's; --device moves it, the dtype the device's
-     * and the collectives (none run) as that device's */
-    char device_set[32];
-    snprintf(device_set, sizeof device_set, "device=%s", sa.device ? sa.device : "");
-    const char *sets[] = {device_set, "train.dtype=auto", "comm.backend=auto"};
+     * offload saved it, or a Hugging Face model's */
     strata_opened_ckpt o;
-    if ((rc = strata_open_model("sample", sa.what, sets, sa.device ? 3 : 0, &o))) return rc;
+    if ((rc = strata_open_model("sample", sa.what, sa.device, &o))) return rc;
     int hf = o.ck == NULL;
     int V = o.cfg.model.vocab_size, T = o.cfg.model.seq_len;
     if (sa.context > T) {
