@@ -140,7 +140,7 @@ static const struct {
      "  --world N            ranks (default 1)\n"
      "  --gpu-gb, --host-gb, --nvme-gb   budgets in GiB (shorthands for memory.*_gb; default: queried)\n"},
     {"sample",
-     "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
+     "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT | --prompts FILE] [--chat [--system TEXT]] [--tokens N]\n"
      "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer T] [--context N]\n"
      "                     [--device cpu|cuda] [--weights auto|device|host]\n"
      "\n"
@@ -160,6 +160,10 @@ static const struct {
      "                       (a Hugging Face model: Llama 3 Instruct's format or ChatML, as its special\n"
      "                       tokens say)\n"
      "  --system TEXT        with --chat: a system message before the prompt, instead of that default\n"
+     "  --prompts FILE       a JSONL file of prompts, a line each: {\"prompt\": TEXT} (with --chat,\n"
+     "                       \"system\" too if it likes); writes a JSON line for each, in its order:\n"
+     "                       {\"prompt\", \"completion\" (the text generated; with --chat up to the end of\n"
+     "                       the turn, left out), \"tokens\", \"stopped\" (the turn ended)}\n"
      "  --tokens N           tokens to generate (default 200)\n"
      "  --temperature T      0 = greedy (default 1)\n"
      "  --top-k K            sample among the K most likely (default 0: all)\n"

@@ -14,6 +14,7 @@
 #include "shard/engine.h"
 #include "io/chat.h"
 #include "io/files.h"
+#include "io/json.h"
 #include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/infer.h"
@@ -210,8 +211,9 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
 #define SAMPLE_DEFAULT_CONTEXT 8192
 
 static int usage(void) {
-    fprintf(stderr, "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT] [--chat [--system TEXT]] [--tokens N]\n"
-                    "                     [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE] [--context N]\n"
+    fprintf(stderr, "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT | --prompts FILE] [--chat [--system TEXT]]\n"
+                    "                     [--tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
+                    "                     [--context N]\n"
                     "                     [--device cpu|cuda] [--weights auto|device|host]\n");
     return STRATA_EXIT_USAGE;
 }
@@ -219,8 +221,9 @@ static int usage(void) {
 /* The command line. */
 typedef struct sample_args {
     const char *what, *prompt, *tok_path, *system;
+    const char *prompts; /* --prompts FILE: a completion for each of its prompts, as JSON lines */
     const char *device; /* --device: instead of the run's */
-    int n_tokens, top_k, chat;
+    int n_tokens, top_k, chat, one_prompt;
     int context; /* --context: the window, 0 = the model's (at most SAMPLE_DEFAULT_CONTEXT) */
     int weights; /* --weights: a strata_weights_home */
     double temperature;
@@ -253,7 +256,8 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-        if (!strcmp(a, "--prompt") && v) sa->prompt = argv[++i];
+        if (!strcmp(a, "--prompt") && v) sa->prompt = argv[++i], sa->one_prompt = 1;
+        else if (!strcmp(a, "--prompts") && v) sa->prompts = argv[++i];
         else if (!strcmp(a, "--chat")) sa->chat = 1;
         else if (!strcmp(a, "--system") && v) sa->system = argv[++i];
         else if (!strcmp(a, "--tokenizer") && v) sa->tok_path = argv[++i];
@@ -290,6 +294,10 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
     }
     if (sa->system && !sa->chat) {
         fprintf(stderr, "strata sample: --system goes with --chat\n");
+        return STRATA_EXIT_USAGE;
+    }
+    if (sa->prompts && sa->one_prompt) {
+        fprintf(stderr, "strata sample: --prompt and --prompts: one prompt, or a file of them\n");
         return STRATA_EXIT_USAGE;
     }
     return sa->what ? 0 : usage();
@@ -426,27 +434,31 @@ static void start_token(sample_run *s, int vocab_size) {
     }
 }
 
+/* The model's weights for a window of T tokens, said on stderr (stdout is the text alone).
+ * 0, or -1 with the error printed. */
+static int load(strata_infer *inf, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T) {
+    strata_infer_batch batch = STRATA_INFER_SAMPLING(T);
+    if (strata_infer_open_weights(inf, cfg, ck, &batch, (strata_weights_home)sa->weights)) {
+        fprintf(stderr, "strata sample: %s%s\n", strata_error(),
+                cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available() ? " (--device cpu samples on the CPU)" : "");
+        return -1;
+    }
+    char held[sizeof inf->from + 512];
+    strata_infer_describe(inf, held, sizeof held);
+    fprintf(stderr, "[sample] %s\n", held);
+    return 0;
+}
+
 /* The model, then the prompt and each token as it is drawn, on stdout: nothing waits for
  * the end. Returns an exit code, the error printed. */
 static int generate(const sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T) {
     strata_infer inf;
-    strata_infer_batch batch = STRATA_INFER_SAMPLING(T);
-    int loaded = strata_infer_open_weights(&inf, cfg, ck, &batch, (strata_weights_home)sa->weights) == 0;
-    if (!loaded && cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available()) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", strata_error());
-        strata_fail("%s (--device cpu samples on the CPU)", why);
-    }
-    if (loaded) {
-        char held[sizeof inf.from + 512];
-        strata_infer_describe(&inf, held, sizeof held);
-        fprintf(stderr, "[sample] %s\n", held); /* stdout is the text alone */
-    }
+    if (load(&inf, sa, cfg, ck, T)) return STRATA_EXIT_ERROR;
     strata_rng rng;
     strata_rng_seed(&rng, sa->seed);
     strata_text_out out;
     strata_text_out_init(&out, stdout, cfg->model.vocab_size, s->have_tk ? &s->tk : NULL, s->bpe);
-    int echoed = loaded;
+    int echoed = 1;
     for (size_t i = s->n_hidden; echoed && i < s->n_prompt; i++)
         if (strata_text_out_put(&out, s->prompt_ids[i])) {
             strata_fail("writing the generated text failed"); /* as strata_generate says it */
@@ -463,6 +475,139 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
         fputc('\n', stdout);
         rc = STRATA_EXIT_OK;
     }
+    strata_infer_close(&inf);
+    return rc;
+}
+
+/* ---- --prompts FILE: a completion for each prompt of a JSONL file ---- */
+
+/* One prompt of the file: its ids, and where it came from. */
+typedef struct file_prompt {
+    int32_t *ids;
+    size_t n, line;
+    char *text;
+} file_prompt;
+
+/* A completion's sink: each token to the text but the chat turn's end, which ends it unwritten. */
+typedef struct completion_sink {
+    strata_text_out out;
+    int32_t stop_id;
+    size_t tokens;
+    int stopped;
+} completion_sink;
+static int completion_put(void *ctx, int32_t id) {
+    completion_sink *c = ctx;
+    if (id == c->stop_id) return c->stopped = 1, STRATA_TOKEN_STOP;
+    c->tokens++;
+    return strata_text_out_put(&c->out, id);
+}
+
+/* The file's prompts as ids: each non-blank line an object with "prompt" (text; with --chat
+ * the user's message) and, with --chat, "system" if it likes. Every line is read and
+ * encoded before the model loads, so a bad one costs nothing. Returns an exit code. */
+static int read_prompts(sample_run *s, const sample_args *sa, int V, int hf, file_prompt **out, size_t *n_out) {
+    char *buf = NULL;
+    size_t len = 0, n = 0, cap = 0;
+    if (strata_read_file_bounded(sa->prompts, STRATA_TEXT_MAX_BYTES, &buf, &len)) {
+        fprintf(stderr, "strata sample: --prompts: %s\n", strata_error());
+        return STRATA_EXIT_USAGE;
+    }
+    file_prompt *p = NULL;
+    int rc = 0;
+    size_t line = 0;
+    for (char *at = buf; !rc && at < buf + len; line++) {
+        char *nl = memchr(at, '\n', (size_t)(buf + len - at)), *end = nl ? nl : buf + len;
+        char *start = at;
+        at = end + 1;
+        if (strspn(start, " \t\r") >= (size_t)(end - start)) continue; /* blank */
+        char name[STRATA_PATH_MAX + 32];
+        snprintf(name, sizeof name, "%s:%zu", sa->prompts, line + 1);
+        strata_json_doc doc;
+        if (strata_json_parse(&doc, start, (size_t)(end - start), name)) {
+            fprintf(stderr, "strata sample: --prompts: %s\n", strata_error());
+            rc = STRATA_EXIT_USAGE;
+            break;
+        }
+        const strata_json *pr = strata_json_get(&doc.root, "prompt"), *sys = strata_json_get(&doc.root, "system");
+        if (!pr || pr->type != STRATA_JSON_STRING || (sys && (sys->type != STRATA_JSON_STRING || !sa->chat))) {
+            fprintf(stderr, "strata sample: --prompts: %s: %s\n", name,
+                    !pr ? "no \"prompt\" (each line is an object with \"prompt\": the text)"
+                    : pr->type != STRATA_JSON_STRING ? "\"prompt\" is no string"
+                    : sys->type != STRATA_JSON_STRING ? "\"system\" is no string"
+                                                      : "\"system\" goes with --chat");
+            strata_json_free(&doc);
+            rc = STRATA_EXIT_USAGE;
+            break;
+        }
+        free(s->prompt_ids);
+        s->prompt_ids = NULL;
+        s->n_prompt = s->n_hidden = 0;
+        rc = sa->chat ? chat_prompt(s, pr->str, sys ? sys->str : sa->system, hf) : encode_prompt(s, pr->str, V);
+        if (!rc) rc = check_prompt(s, V);
+        if (!rc) {
+            start_token(s, V);
+            if (n == cap) p = strata_xrealloc(p, (cap = cap ? 2 * cap : 64) * sizeof *p);
+            p[n++] = (file_prompt){.ids = s->prompt_ids, .n = s->n_prompt, .line = line + 1,
+                                   .text = strata_xstrdup(pr->str)};
+            s->prompt_ids = NULL;
+        } else {
+            fprintf(stderr, "strata sample: (the prompt of %s)\n", name);
+        }
+        strata_json_free(&doc);
+    }
+    free(buf);
+    if (!rc && n == 0) {
+        fprintf(stderr, "strata sample: --prompts: %s holds no prompt\n", sa->prompts);
+        rc = STRATA_EXIT_USAGE;
+    }
+    *out = p;
+    *n_out = n;
+    return rc;
+}
+
+/* A line of JSON for each prompt of the file, in its order: {"prompt", "completion" (the
+ * generated text; with --chat up to the turn's end, which it leaves out), "tokens",
+ * "stopped" (the turn ended before --tokens)}. Returns an exit code. */
+static int generate_file(sample_run *s, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T, int hf) {
+    file_prompt *p = NULL;
+    size_t n = 0;
+    int V = cfg->model.vocab_size;
+    int rc = read_prompts(s, sa, V, hf, &p, &n), loaded = 0;
+    strata_infer inf;
+    if (!rc && !(loaded = load(&inf, sa, cfg, ck, T) == 0)) rc = STRATA_EXIT_ERROR;
+    strata_rng rng;
+    strata_rng_seed(&rng, sa->seed);
+    for (size_t i = 0; i < n && !rc; i++) {
+        char *text = NULL;
+        size_t text_len = 0;
+        FILE *mem = open_memstream(&text, &text_len);
+        completion_sink c = {.stop_id = s->stop_id};
+        strata_text_out_init(&c.out, mem, V, s->have_tk ? &s->tk : NULL, s->bpe);
+        int bad = strata_generate(&inf.m, p[i].ids, (int)p[i].n, sa->n_tokens, (float)sa->temperature, sa->top_k, &rng,
+                                  completion_put, &c);
+        strata_text_out_finish(&c.out);
+        fclose(mem);
+        if (bad) {
+            fprintf(stderr, "strata sample: --prompts line %zu: %s\n", p[i].line, strata_error());
+            rc = STRATA_EXIT_ERROR;
+        } else {
+            fputs("{\"prompt\": ", stdout);
+            strata_json_write_string(stdout, p[i].text, strlen(p[i].text));
+            fputs(", \"completion\": ", stdout);
+            strata_json_write_string(stdout, text, text_len);
+            printf(", \"tokens\": %zu, \"stopped\": %s}\n", c.tokens, c.stopped ? "true" : "false");
+            if (fflush(stdout) || ferror(stdout)) {
+                fprintf(stderr, "strata sample: writing the completions failed\n");
+                rc = STRATA_EXIT_ERROR;
+            }
+        }
+        free(text);
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(p[i].ids);
+        free(p[i].text);
+    }
+    free(p);
     if (loaded) strata_infer_close(&inf);
     return rc;
 }
@@ -485,9 +630,10 @@ int strata_cmd_sample(int argc, char **argv) {
     }
     T = sa.context ? sa.context : T < SAMPLE_DEFAULT_CONTEXT ? T : SAMPLE_DEFAULT_CONTEXT;
     sample_run s = {.stop_id = -1};
-    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir, hf)) &&
-        !(rc = sa.chat ? chat_prompt(&s, sa.prompt, sa.system, hf) : encode_prompt(&s, sa.prompt, V)) &&
-        !(rc = check_prompt(&s, V))) {
+    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir, hf)) && sa.prompts) {
+        rc = generate_file(&s, &sa, &o.cfg, o.ck, T, hf);
+    } else if (!rc && !(rc = sa.chat ? chat_prompt(&s, sa.prompt, sa.system, hf) : encode_prompt(&s, sa.prompt, V)) &&
+               !(rc = check_prompt(&s, V))) {
         start_token(&s, V);
         rc = generate(&s, &sa, &o.cfg, o.ck, T);
     }

@@ -148,6 +148,27 @@ PY
 [ "$(code "$S" sample runs/sys --system x --prompt Hi)" = 2 ] && grep -q "system goes with --chat" out.txt ||
   fail "sample --system without --chat: $(cat out.txt)"
 pass "sample --chat on --system-prompt data: the default system turn first, as the template has it; --system replaces it"
+# --prompts FILE: a JSON line for each prompt, its completion the reply sample --chat gives it
+# alone (with the file's "system" as --system), the turn's end left out and said by "stopped"
+printf '%s\n' '{"prompt": "  Hi there "}' '' '{"prompt": "Hi", "system": " Be short. "}' > prompts.jsonl
+"$S" sample runs/w1 --chat --prompts prompts.jsonl --tokens 3 --temperature 0 > p_w1.jsonl 2> p.err || fail "--prompts: $(cat p.err)"
+"$S" sample runs/sys --chat --prompts prompts.jsonl --tokens 1 --temperature 0 > p_sys.jsonl 2> p.err || fail "--prompts: $(cat p.err)"
+"$PY" - p_w1.jsonl sample.txt p_sys.jsonl sys_sample2.txt <<'PY' || fail "--prompts: $(cat p_w1.jsonl p_sys.jsonl)"
+import json, sys
+def reply(path):  # what the single sample generated after the assistant's header
+    return open(path).read()[:-1].rsplit("<|end_header_id|>\n\n", 1)[1]
+w1 = [json.loads(l) for l in open(sys.argv[1])]
+sys_ = [json.loads(l) for l in open(sys.argv[3])]
+assert [r["prompt"] for r in w1] == ["  Hi there ", "Hi"], w1
+for got, path in ((w1[0], sys.argv[2]), (sys_[1], sys.argv[4])):
+    want = reply(path)
+    assert got["completion"] + ("<|eot_id|>" if got["stopped"] else "") == want, (got, want)
+print("ok: --prompts: each completion is the reply sample --chat gives the prompt alone")
+PY
+[ "$(code "$S" sample runs/w1 --prompts prompts.jsonl --prompt x)" = 2 ] && grep -q "one prompt, or a file of them" out.txt &&
+  [ "$(code "$S" sample runs/w1 --prompts prompts.jsonl)" = 2 ] && grep -q 'prompts.jsonl:3: "system" goes with --chat' out.txt ||
+  fail "--prompts refusals: $(cat out.txt)"
+pass "sample --prompts: a JSON line per prompt, each the reply of the prompt alone; refusals name the line"
 [ "$(code "$S" sample runs/w1 --tokenizer $tok/tokenizer.json --chat --prompt x)" = 2 ] && grep -q "chat template" out.txt ||
   fail "sample --chat with a tokenizer without our template should exit 2 naming it: $(cat out.txt)"
 "$S" export runs/w1 --out hf > /dev/null
