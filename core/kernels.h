@@ -179,7 +179,8 @@ struct strata_kernels {
      * inverse frequency, its cosine and sine in fp32, as transformers computes them), t the
      * row's position. inv_freq (hs/2, fp32, device memory) carries the base and any llama3
      * scaling. The backward turns the gradient by -angle (the rotation's transpose). With
-     * pos (B,T, device; attention_forward's), t is the row's position in its document. */
+     * pos (B,T, device; attention_forward's), t is the row's position in its document, or
+     * (decoding, strata_model_extend) past T: the position of a row added after others. */
     void (*rope_forward)(strata_stream *s, void *x, const float *inv_freq, const int32_t *pos, int B, int T,
                          int heads, int hs, int ld);
     void (*rope_backward)(strata_stream *s, void *dx, const float *inv_freq, const int32_t *pos, int B, int T,

@@ -84,6 +84,7 @@ void strata_model_free(strata_model *m) {
     free(m->params);
     free(m->grads);
     free(m->resid);
+    free(m->kv);
     memset(m, 0, sizeof *m);
 }
 
@@ -163,6 +164,21 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
                          ((size_t)m->shape.vocab_size + 1) * 4, (void **)&m->token_counts);
     m->pos = m->pos_order = m->pos_order_host = m->pos_counts = NULL;
     m->cur_pos = NULL;
+    free(m->kv);
+    m->kv = NULL;
+    m->kv_len = m->extending = 0;
+    if (o->kv_cache) {
+        STRATA_ASSERT(B == 1);
+        m->kv = strata_xcalloc((size_t)L, sizeof *m->kv);
+        size_t row = m->family->qkv_width(m) * es;
+        for (int l = 0; l < L; l++) {
+            snprintf(n, sizeof n, "kv.%d", l);
+            strata_model_reserve(a, n, (size_t)T * row, &m->kv[l]);
+        }
+        strata_model_reserve(a, "kv.positions", (size_t)T * 4, (void **)&m->kv_pos);
+        strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "kv.positions (host)", (size_t)T * 4,
+                             (void **)&m->kv_pos_host);
+    }
     if (o->documents) {
         strata_model_reserve(a, "inputs.pos", BT * 4, (void **)&m->pos);
         if (m->family->learned_positions) {
@@ -362,6 +378,23 @@ static int forward_units(strata_model *m, float loss_scale) {
 }
 
 int strata_model_forward_scored(strata_model *m, float loss_scale) { return forward_units(m, loss_scale); }
+
+int strata_model_extend(strata_model *m, const int32_t *tokens, int n) {
+    STRATA_ASSERT(m->kv && n >= 1 && m->kv_len + n <= m->T);
+    m->cur_B = 1;
+    m->cur_T = n;
+    m->logits_first = 0;
+    int rc = strata_model_set_batch(m, tokens, NULL, NULL);
+    for (int i = 0; i < n; i++) m->kv_pos_host[i] = m->kv_len + i;
+    if (!rc) rc = strata_memcpy_async(m->dev, m->dev->compute, m->kv_pos, m->kv_pos_host, (size_t)n * 4);
+    m->extending = 1;
+    if (!rc) rc = forward_units(m, 0.0f);
+    m->extending = 0;
+    if (!rc) m->kv_len += n;
+    m->cur_B = m->B;
+    m->cur_T = m->T;
+    return rc;
+}
 
 int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T) {
     STRATA_ASSERT(B <= m->B && T <= m->T);

@@ -148,6 +148,13 @@ typedef struct strata_model {
      * m->params[u] ready (launcher/infer.c copies blocks in from host memory): 0, or -1 */
     int (*before_unit)(void *ctx, struct strata_model *m, int u);
     void *before_unit_ctx;
+    /* incremental decoding (strata_model_extend; strata_model_plan_opts.kv_cache): per
+     * block, the q|k|v rows of the kv_len positions seen so far (at most T), NULL when not
+     * planned; the rows being added: their positions (device), and their host staging */
+    void **kv;
+    int kv_len;
+    int extending; /* during strata_model_extend's forward: the families read the cache */
+    int32_t *kv_pos, *kv_pos_host;
 } strata_model;
 
 /* Residual stream l's device buffer. */
@@ -193,6 +200,8 @@ typedef struct strata_model_plan_opts {
     /* 1: batches may hold packed documents (strata_model_set_batch's positions): reserves
      * the buffers their positions need */
     int documents;
+    /* 1: a cache of every block's q|k|v rows for T positions, for strata_model_extend (B 1) */
+    int kv_cache;
 } strata_model_plan_opts;
 
 /* Reserves activation memory for micro-batch B x T in the arena, with activations in
@@ -243,6 +252,15 @@ int strata_model_backward_unit(strata_model *m, int u);
  * m->logits (all of them, first 0, unless the head holds fewer rows: then the last
  * m->head_rows, the rows sampling reads). */
 int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, int T); /* 0, or -1: a bad id */
+/* Decoding a token at a time (a plan with kv_cache, B 1): the forward of n more tokens
+ * after the m->kv_len whose q|k|v rows the cache holds (positions kv_len .. kv_len+n-1,
+ * at most T in all), which attend to those and to each other; only the new rows' q|k|v are
+ * computed, and added to the cache. The last row's logits are left as
+ * strata_model_forward_logits leaves them (m->logits_first). strata_model_forward_logits
+ * over the same tokens gives the same logits, up to the order of their sums (each row of
+ * a matrix product computed in a batch of other rows). 0, or -1: a bad id.
+ * m->kv_len = 0 starts over. */
+int strata_model_extend(strata_model *m, const int32_t *tokens, int n);
 /* Evaluation with every unit's parameters resident or made ready by m->before_unit: the
  * forward of the batch strata_model_set_batch uploaded (targets and positions included),
  * *m->loss_sum += the mean loss over its B*T rows times loss_scale. 0, or -1. */

@@ -53,6 +53,9 @@ typedef struct strata_model_family {
      * block's forward included), for the kernel profile's table of event pairs. */
     int (*timed_calls)(const strata_model *m);
     void (*free_acts)(strata_model *m); /* the host side of m->acts */
+    /* Elements of a block's q|k|v row, what strata_model.kv caches a position of: GPT-2's
+     * 3 C, the Llama family's (n_head + 2 n_kv_head) head_dim. */
+    size_t (*qkv_width)(const strata_model *m);
 } strata_model_family;
 
 extern const strata_model_family strata_family_gpt2;

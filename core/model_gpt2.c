@@ -200,6 +200,8 @@ static void *fch_at(const strata_model *m, const block_acts *a, int l, int r0, s
     return (char *)a->fch + (strata_model_block_recomputed(m, l) ? 0 : (size_t)r0 * 4 * m->shape.n_embd * es);
 }
 
+static size_t qkv_width(const strata_model *m) { return 3 * (size_t)m->shape.n_embd; }
+
 /* The block up to its MLP: x -> LayerNorm -> attention -> + x = resid2 -> LayerNorm = ln2. */
 static void block_forward_to_mlp(strata_model *m, int u) {
     const strata_kernels *k = m->dev->k;
@@ -211,9 +213,16 @@ static void block_forward_to_mlp(strata_model *m, int u) {
     block_acts *a = acts_of(m, l);
     void *x = strata_model_resid(m, l);
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(u, LN1_W), P(u, LN1_B), BT, C));
-    TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, STRATA_W_KN)); /* (B,T,3C) */
-    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, m->cur_pos, B, T, NH, NH, C / NH));         /* (B,T,C) */
-    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, STRATA_W_KN));
+    /* decoding (strata_model_extend, B 1): the T new rows' q|k|v go after the cache's kv_len,
+     * and attention runs over all kv_len + T of them (its output's last T rows are the new
+     * ones'); else the batch's own buffer */
+    int ext = m->extending, att_T = ext ? m->kv_len + T : T;
+    void *qkv_all = ext ? m->kv[l] : a->qkv, *qkv = (char *)qkv_all + (ext ? (size_t)m->kv_len * 3 * C * es : 0);
+    TIMED(MATMUL_QKV, k->matmul_forward(s, qkv, NULL, a->ln1, P(u, QKV_W), P(u, QKV_B), BT, C, 3 * C, STRATA_W_KN)); /* (B,T,3C) */
+    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, qkv_all, ext ? NULL : m->cur_pos, B, att_T, NH, NH,
+                                          C / NH)); /* (B,T,C) */
+    void *atty = (char *)a->atty + (size_t)(att_T - T) * C * es; /* the new rows' */
+    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, atty, P(u, ATTPROJ_W), P(u, ATTPROJ_B), BT, C, C, STRATA_W_KN));
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * C));
     TIMED(LAYERNORM, k->layernorm_forward(s, a->ln2, a->ln2_mean, a->ln2_rstd, a->resid2, P(u, LN2_W), P(u, LN2_B), BT, C));
 }
@@ -257,7 +266,8 @@ static void forward(strata_model *m, int u, int train, float dloss, float loss_s
     int L = m->shape.n_layer;
     switch (m->units[u].kind) {
     case STRATA_UNIT_EMBED:
-        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, m->cur_pos, P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C) */
+        TIMED(EMBEDDING, k->encoder_forward(s, strata_model_resid(m, 0), m->inputs, m->extending ? m->kv_pos : m->cur_pos,
+                                            P(0, WTE), P(0, WPE), B, T, C)); /* (B,T,C); decoding: from position kv_len */
         break;
     case STRATA_UNIT_BLOCK:
         block_forward(m, u);
@@ -348,4 +358,5 @@ const strata_model_family strata_family_gpt2 = {
     .flops_per_token = flops_per_token,
     .timed_calls = timed_calls,
     .free_acts = free_acts,
+    .qkv_width = qkv_width,
 };

@@ -107,6 +107,8 @@ static dims dims_of(const strata_model *m) {
     return d;
 }
 
+static size_t qkv_width(const strata_model *m) { return (size_t)dims_of(m).Q; }
+
 /* ---- tensors ---- */
 
 static void add_block(strata_model *m, int u, int l, dims d) {
@@ -378,21 +380,28 @@ static void block_forward_to_mlp(strata_model *m, int u) {
     block_acts *a = acts_of(m, l);
     void *x = strata_model_resid(m, l);
     size_t k_at = (size_t)d.NH * d.hd * es; /* k's heads start there in a q|k|v row */
+    /* decoding (strata_model_extend, B 1): the T new rows' q|k|v go after the cache's kv_len,
+     * turned by their own positions, and attention runs over all kv_len + T of them (its
+     * output's last T rows are the new ones'); else the batch's own buffer */
+    int ext = m->extending, att_T = ext ? m->kv_len + T : T;
+    void *qkv_all = ext ? m->kv[l] : a->qkv, *qkv = (char *)qkv_all + (ext ? (size_t)m->kv_len * d.Q * es : 0);
+    const int32_t *rope_pos = ext ? m->kv_pos : m->cur_pos, *att_pos = ext ? NULL : m->cur_pos;
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln1, a->ln1_rstd, x, p.ln1, BT, 1, d.C, d.C, eps)); /* (B,T,C) */
     if (!m->shape.qk_norm) {
-        TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, STRATA_W_NK)); /* (B,T,Q) */
+        TIMED(MATMUL_QKV, k->matmul_forward(s, qkv, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, STRATA_W_NK)); /* (B,T,Q) */
     } else {
         /* Qwen3: q and k normed per head (the raw projection kept for the backward), v as is */
         TIMED(MATMUL_QKV, k->matmul_forward(s, a->qkv_raw, NULL, a->ln1, p.qkv, p.qkv_b, BT, d.C, d.Q, STRATA_W_NK));
-        TIMED(RMSNORM, k->convert(s, a->qkv, dt, a->qkv_raw, dt, (size_t)BT * d.Q),
-              k->rmsnorm_forward(s, a->qkv, a->q_rstd, a->qkv_raw, p.q_norm, BT, d.NH, d.hd, d.Q, eps),
-              k->rmsnorm_forward(s, (char *)a->qkv + k_at, a->k_rstd, (char *)a->qkv_raw + k_at, p.k_norm, BT, d.NKV,
+        TIMED(RMSNORM, k->convert(s, qkv, dt, a->qkv_raw, dt, (size_t)BT * d.Q),
+              k->rmsnorm_forward(s, qkv, a->q_rstd, a->qkv_raw, p.q_norm, BT, d.NH, d.hd, d.Q, eps),
+              k->rmsnorm_forward(s, (char *)qkv + k_at, a->k_rstd, (char *)a->qkv_raw + k_at, p.k_norm, BT, d.NKV,
                                  d.hd, d.Q, eps));
     }
-    TIMED(ROPE, k->rope_forward(s, a->qkv, g->inv_freq, m->cur_pos, B, T, d.NH, d.hd, d.Q),
-          k->rope_forward(s, (char *)a->qkv + k_at, g->inv_freq, m->cur_pos, B, T, d.NKV, d.hd, d.Q));
-    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, a->qkv, m->cur_pos, B, T, d.NH, d.NKV, d.hd)); /* (B,T,NH hd) */
-    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, a->atty, p.o, NULL, BT, d.A, d.C, STRATA_W_NK)); /* (B,T,C) */
+    TIMED(ROPE, k->rope_forward(s, qkv, g->inv_freq, rope_pos, B, T, d.NH, d.hd, d.Q),
+          k->rope_forward(s, (char *)qkv + k_at, g->inv_freq, rope_pos, B, T, d.NKV, d.hd, d.Q));
+    TIMED(ATTENTION, k->attention_forward(s, a->atty, a->att_lse, qkv_all, att_pos, B, att_T, d.NH, d.NKV, d.hd)); /* (B,T,NH hd) */
+    void *atty = (char *)a->atty + (size_t)(att_T - T) * d.A * es; /* the new rows' */
+    TIMED(MATMUL_ATTPROJ, k->matmul_forward(s, g->scratch_btc, NULL, atty, p.o, NULL, BT, d.A, d.C, STRATA_W_NK)); /* (B,T,C) */
     TIMED(RESIDUAL, k->residual_forward(s, a->resid2, x, g->scratch_btc, (size_t)BT * d.C));
     TIMED(RMSNORM, k->rmsnorm_forward(s, a->ln2, a->ln2_rstd, a->resid2, p.ln2, BT, 1, d.C, d.C, eps));
 }
@@ -548,4 +557,5 @@ const strata_model_family strata_family_llama = {
     .flops_per_token = flops_per_token,
     .timed_calls = timed_calls,
     .free_acts = free_acts,
+    .qkv_width = qkv_width,
 };

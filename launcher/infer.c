@@ -119,7 +119,8 @@ static int plan(strata_infer *inf, const strata_config *cfg, const strata_infer_
                                 .logits_chunk_bytes = batch->logits_chunk_bytes,
                                 .mlp_chunk_bytes = (size_t)cfg->train.mlp_chunk_mb << 20,
                                 .resid_slots = 2,
-                                .documents = batch->documents};
+                                .documents = batch->documents,
+                                .kv_cache = batch->kv_cache};
     strata_model_plan(m, &inf->arena, d, d->compute_dtype, batch->B, batch->T, &o);
     inf->activation_bytes = strata_arena_bytes(&inf->arena, STRATA_MEM_DEVICE, -1);
     size_t block = 0; /* a slot: the largest block, as the arena rounds it */
@@ -237,8 +238,9 @@ void strata_infer_describe(const strata_infer *inf, char *buf, size_t len) {
     char w[32], a[32], h[32];
     strata_fmt_bytes(w, sizeof w, (double)inf->device_weight_bytes);
     strata_fmt_bytes(a, sizeof a, (double)inf->activation_bytes);
-    int n = snprintf(buf, len, "weights %s in %s on %s, activations %s for up to %d tokens", w,
-                     strata_dtype_name(inf->dev->compute_dtype), inf->dev->caps.gpu ? "the GPU" : "the CPU", a, inf->m.T);
+    int n = snprintf(buf, len, "weights %s in %s on %s, activations %s for up to %d tokens%s", w,
+                     strata_dtype_name(inf->dev->compute_dtype), inf->dev->caps.gpu ? "the GPU" : "the CPU", a, inf->m.T,
+                     inf->m.kv ? " (their keys and values cached)" : "");
     if (inf->n_streamed && n > 0 && (size_t)n < len) {
         strata_fmt_bytes(h, sizeof h, (double)inf->host_weight_bytes);
         n += snprintf(buf + n, len - (size_t)n, "; %d of the %d blocks (%s) in pinned host memory, copied in for every "

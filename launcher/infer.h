@@ -1,8 +1,9 @@
 /* launcher/infer.h: a model's weights on a device for inference (strata sample, strata eval):
  * a checkpoint's or a Hugging Face model's.
  *
- * Inference needs the parameters in the compute dtype and the activations of one batch,
- * nothing else a training step holds: no gradients, no fp32 master weights, no Adam
+ * Inference needs the parameters in the compute dtype and the activations of one batch
+ * (for sampling, with every block's keys and values of the tokens so far, so a token costs
+ * one row's forward: strata_model_extend), nothing else a training step holds: no gradients, no fp32 master weights, no Adam
  * moments, and none of the run's offload settings. An 8B model that trained with its
  * optimizer (or, at stage 3, its parameters) in host memory samples from 16 GB of bf16
  * weights, not the 76 GB and 62 GB of pinned memory its training engine plans.
@@ -51,9 +52,12 @@ typedef struct strata_infer_batch {
                                   sampling reads the last row only, which is all the head
                                   then computes; 0 = every row */
     int documents;             /* batches may hold packed documents (positions) */
+    int kv_cache;              /* B 1: every block's q|k|v for T positions, to decode a token at a time */
 } strata_infer_batch;
-/* Sampling's: one sequence of up to T tokens, one row of logits (the last). */
-#define STRATA_INFER_SAMPLING(tokens) ((strata_infer_batch){.B = 1, .T = (tokens), .logits_chunk_bytes = 1})
+/* Sampling's: one sequence of up to T tokens, one row of logits (the last), and the cache
+ * of the positions so far (strata_model_extend). */
+#define STRATA_INFER_SAMPLING(tokens) \
+    ((strata_infer_batch){.B = 1, .T = (tokens), .logits_chunk_bytes = 1, .kv_cache = 1})
 
 /* Opens cfg's device (cfg->device) and plans and allocates cfg's model for batches as `batch`
  * says, the blocks where `home` says; the weights are loaded next. 0, or -1 with

@@ -83,19 +83,33 @@ int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_
     void *row = strata_xmalloc((size_t)Vp * es);
     cand *c = strata_xmalloc((size_t)V * sizeof *c);
     int rc = 0;
+    /* with the model's cache (m->kv): window[0] is token `dropped` of the stream, and the
+     * cache holds m->kv_len tokens from token cached_from on */
+    long long dropped = first, cached_from = -1;
     for (int i = 0; i < n_new && !rc; i++) {
         if (n == 2 * T) { /* keep the last T-1: room for T more before the next move */
             memmove(window, window + n - (T - 1), (size_t)(T - 1) * sizeof *window);
+            dropped += n - (T - 1);
             n = T - 1;
         }
-        int start = n > T ? n - T : 0, t = n - start;
+        int start = n > T ? n - T : 0, t = n - start, rows = t;
         int next = 0;
         if (t == 0) { /* empty prompt on a byte-level model: start from a newline */
             next = '\n' < V ? '\n' : 0;
         } else {
-            if ((rc = strata_model_forward_logits(m, window + start, 1, t))) break;
+            if (!m->kv) {
+                rc = strata_model_forward_logits(m, window + start, 1, t);
+            } else if (cached_from == dropped + start && m->kv_len == t - 1) { /* the token drawn last */
+                rc = strata_model_extend(m, window + n - 1, 1);
+                rows = 1;
+            } else { /* the prompt, or a window that moved on (past T tokens): from its start */
+                m->kv_len = 0;
+                cached_from = dropped + start;
+                rc = strata_model_extend(m, window + start, t);
+            }
+            if (rc) break;
             STRATA_TRY_GOTO(strata_memcpy_async(m->dev, m->dev->compute, row,
-                                                (char *)m->logits + (size_t)(t - 1 - m->logits_first) * Vp * es,
+                                                (char *)m->logits + (size_t)(rows - 1 - m->logits_first) * Vp * es,
                                                 (size_t)Vp * es),
                             rc, done);
             STRATA_TRY_GOTO(strata_stream_sync(m->dev, m->dev->compute), rc, done);

@@ -3,12 +3,14 @@
  * every block on the device and with every block copied in from pinned host memory for
  * each forward (two slots refilled block after block, forward after forward), for GPT-2
  * and a Llama-family shape with what the family adds (grouped key/value heads, Qwen3's q/k
- * norms, an untied head), at lengths 1 to the window; and strata_generate draws the same
- * tokens from both, greedy and at temperature 1. Bit for bit on the CPU backend (the
- * engine's model and this one run the same kernels on the same weights); on CUDA, where a
- * GPU answers, the two placements bit for bit and the engine's model within bf16's
- * tolerance (its head multiplies every row at once, this one only the last). The ThreadSanitizer
- * build runs it too: the copies run on a stream of their own, ordered by events. */
+ * norms, an untied head), at lengths 1 to the window, and decoding a token at a time from
+ * the cache of q|k|v rows (strata_model_extend) gives them too; and strata_generate draws
+ * the same tokens from both, greedy and at temperature 1, past the window. Bit for bit on
+ * the CPU backend (the engine's model and this one run the same kernels on the same
+ * weights); on CUDA, where a GPU answers, the two placements bit for bit and the engine's
+ * model within bf16's tolerance (its head multiplies every row at once, this one only the
+ * last). The ThreadSanitizer build runs it too: the copies run on a stream of their own,
+ * ordered by events. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,6 +50,27 @@ static int last_logits(strata_model *m, const int32_t *tokens, int t, float *out
     int Vp = m->shape.padded_vocab_size;
     void *row = strata_xmalloc((size_t)Vp * es);
     int rc = strata_memcpy_async(d, d->compute, row, (char *)m->logits + (size_t)(t - 1 - m->logits_first) * Vp * es,
+                                 (size_t)Vp * es) ||
+             strata_stream_sync(d, d->compute);
+    for (int v = 0; v < Vp && !rc; v++) {
+        if (es == 4) out[v] = ((const float *)row)[v];
+        else {
+            uint32_t u = (uint32_t)((const uint16_t *)row)[v] << 16;
+            memcpy(&out[v], &u, 4);
+        }
+    }
+    free(row);
+    return rc ? -1 : 0;
+}
+
+/* The last row's logits after strata_model_extend of n more tokens (the cache's). */
+static int extend_logits(strata_model *m, const int32_t *tokens, int n, float *out) {
+    if (strata_model_extend(m, tokens, n)) return -1;
+    strata_device *d = m->dev;
+    size_t es = strata_dtype_size(d->compute_dtype);
+    int Vp = m->shape.padded_vocab_size;
+    void *row = strata_xmalloc((size_t)Vp * es);
+    int rc = strata_memcpy_async(d, d->compute, row, (char *)m->logits + (size_t)(n - 1 - m->logits_first) * Vp * es,
                                  (size_t)Vp * es) ||
              strata_stream_sync(d, d->compute);
     for (int v = 0; v < Vp && !rc; v++) {
@@ -157,6 +180,25 @@ static void check_family(const family_case *f, const char *device) {
                     free(dev_row);
                 }
             }
+    }
+    /* decoding with the cache: the prompt's rows at once, then a token at a time, each
+     * step's last row as the whole prefix's forward gives it (bit for bit on the CPU, whose
+     * products sum each row alone; within bf16's rounding on CUDA), resident and streamed */
+    for (int h = 0; opened && h < 2; h++) {
+        strata_model *m = &inf[h].m;
+        double worst = 0;
+        int same = 1;
+        m->kv_len = 0;
+        for (int t = 5; t <= T_MAX; t++) {
+            MUST(last_logits(&ref.m, tokens, t, want));
+            MUST(t == 5 ? extend_logits(m, tokens, 5, got) : extend_logits(m, tokens + t - 1, 1, got));
+            double dd = row_diff(want, got, Vp);
+            if (dd > worst) worst = dd;
+            same &= !memcmp(want, got, (size_t)Vp * sizeof(float));
+        }
+        CHECK(m->kv_len == T_MAX && (cuda ? worst <= 1e-2 : same), "%s on %s, %s: decoding from the cache (5 tokens, then "
+              "one at a time to %d) gives the logits of the whole prefix's forward (worst difference %.3g)", f->what,
+              device, home_names[h], T_MAX, worst);
     }
     /* generation: greedy and sampled, the same draws (on CUDA the engine's rows may round apart) */
     for (int temp = 0; opened && !cuda && temp < 2; temp++) {

@@ -1477,12 +1477,15 @@ static void rope_turn(float *x, const float *inv_freq, const int32_t *pos, int B
 {
     if (B <= 0 || T <= 0 || heads <= 0 || hs < 2) return;
     int half = hs / 2;
-    const float *tab = rope_cos_sin(inv_freq, T, half);
-    size_t plane = (size_t)tls_rope.T * half;
     long rows = (long)B * T;
+    int need = T; /* the table's positions: the rows' own, which decoding puts past T */
+    for (long r = 0; pos && r < rows; r++)
+        if (pos[r] >= need) need = pos[r] + 1;
+    const float *tab = rope_cos_sin(inv_freq, need, half);
+    size_t plane = (size_t)tls_rope.T * half;
 #pragma omp parallel for schedule(static) if (rows * heads * hs > PAR_MIN)
     for (long r = 0; r < rows; r++) {
-        size_t t = (size_t)(pos ? pos[r] : r % T); /* below T: a position in the row's window */
+        size_t t = (size_t)(pos ? pos[r] : r % T); /* below need */
         const float *cs = tab + t * half, *sn = tab + plane + t * half;
         for (int h = 0; h < heads; h++) {
             float *restrict a = x + (size_t)r * ld + (size_t)h * hs; /* i < hs/2 */
