@@ -178,6 +178,8 @@ void strata_model_plan(strata_model *m, strata_arena *a, strata_device *dev, str
         strata_model_reserve(a, "kv.positions", (size_t)T * 4, (void **)&m->kv_pos);
         strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "kv.positions (host)", (size_t)T * 4,
                              (void **)&m->kv_pos_host);
+        strata_arena_reserve(a, STRATA_MEM_HOST, STRATA_CAT_ACTIVATIONS, "kv.tokens (host)", (size_t)T * 4,
+                             (void **)&m->kv_ids);
     }
     if (o->documents) {
         strata_model_reserve(a, "inputs.pos", BT * 4, (void **)&m->pos);
@@ -390,7 +392,10 @@ int strata_model_extend(strata_model *m, const int32_t *tokens, int n) {
     m->extending = 1;
     if (!rc) rc = forward_units(m, 0.0f);
     m->extending = 0;
-    if (!rc) m->kv_len += n;
+    if (!rc) {
+        memcpy(m->kv_ids + m->kv_len, tokens, (size_t)n * sizeof *tokens);
+        m->kv_len += n;
+    }
     m->cur_B = m->B;
     m->cur_T = m->T;
     return rc;

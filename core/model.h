@@ -155,6 +155,7 @@ typedef struct strata_model {
     int kv_len;
     int extending; /* during strata_model_extend's forward: the families read the cache */
     int32_t *kv_pos, *kv_pos_host;
+    int32_t *kv_ids; /* host: the tokens whose rows the cache holds, kv_len of them */
 } strata_model;
 
 /* Residual stream l's device buffer. */
@@ -259,7 +260,7 @@ int strata_model_forward_logits(strata_model *m, const int32_t *tokens, int B, i
  * strata_model_forward_logits leaves them (m->logits_first). strata_model_forward_logits
  * over the same tokens gives the same logits, up to the order of their sums (each row of
  * a matrix product computed in a batch of other rows). 0, or -1: a bad id.
- * m->kv_len = 0 starts over. */
+ * m->kv_ids holds the tokens the cache is of; m->kv_len = k keeps the first k. */
 int strata_model_extend(strata_model *m, const int32_t *tokens, int n);
 /* Evaluation with every unit's parameters resident or made ready by m->before_unit: the
  * forward of the batch strata_model_set_batch uploaded (targets and positions included),

@@ -236,6 +236,12 @@ int strata_chat_message(const strata_chat *c, strata_tokens *out, const char *ro
     return strata_tokens_encode(out, c->tk, "\n", 1, 0, name);
 }
 
+int strata_chat_reply_end(const strata_chat *c, strata_tokens *out, int ended) {
+    if (!ended) strata_tokens_push(out, c->turn_end, 0);
+    if (c->format == STRATA_CHAT_LLAMA3) return 0;
+    return strata_tokens_encode(out, c->tk, "\n", 1, 0, "the end of a reply");
+}
+
 int strata_chat_generation_prompt(const strata_chat *c, strata_tokens *out) {
     strata_tokens_push(out, c->start, 0);
     if (c->format == STRATA_CHAT_LLAMA3) {

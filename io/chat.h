@@ -75,5 +75,10 @@ int strata_chat_message(const strata_chat *c, strata_tokens *out, const char *ro
 int strata_chat_generation_prompt(const strata_chat *c, strata_tokens *out);
 /* The token that ends an assistant's turn: where a sample stops. */
 int32_t strata_chat_turn_end(const strata_chat *c);
+/* Closes a reply the model wrote after strata_chat_generation_prompt (its ids already in
+ * out): the turn's end when the model did not write it (ended 0: cut short), then what the
+ * format puts after a turn (ChatML's newline), so the next message follows as the template
+ * has it. */
+int strata_chat_reply_end(const strata_chat *c, strata_tokens *out, int ended);
 
 #endif

@@ -46,5 +46,6 @@ int strata_cmd_train(int argc, char **argv, int rank, int world, int local_rank)
 int strata_cmd_plan(int argc, char **argv);
 int strata_cmd_sample(int argc, char **argv);
 int strata_cmd_eval(int argc, char **argv);
+int strata_cmd_chat(int argc, char **argv);
 
 #endif

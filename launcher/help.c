@@ -176,6 +176,18 @@ static const struct {
      "  --weights W          where the blocks' weights live: auto (default) the GPU as many as fit, the\n"
      "                       others in pinned host memory, copied in for each forward; device all on the\n"
      "                       GPU (refused when they do not fit); host every block copied in\n"},
+    {"chat",
+     "usage: strata chat CKPT|RUNDIR|HF_MODEL [--system TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+     "                   [--seed S] [--tokenizer T] [--context N] [--device cpu|cuda] [--weights auto|device|host]\n"
+     "\n"
+     "A conversation with a chat model (a run on data prepared with --chat-format, or a Hugging Face\n"
+     "model whose tokenizer speaks Llama 3 Instruct's or ChatML's format): each line of stdin is a user's\n"
+     "message, each reply goes to stdout as it is made, then a newline (its special tokens as text, the\n"
+     "turn's end left out), the conversation so far the context of the next reply, its keys and values\n"
+     "kept from one reply to the next; it ends at the end of stdin. On a terminal it\n"
+     "prompts with \"> \" on stderr. The options are strata sample's (sample --help): --tokens bounds a\n"
+     "reply, --system replaces the default system message; the conversation keeps its last --context\n"
+     "tokens.\n"},
     {"eval",
      "usage: strata eval CKPT|RUNDIR|HF_MODEL [--data GLOB] [--batches N] [--micro-batch B] [--seq-len T]\n"
      "                   [--device cpu|cuda] [--weights auto|device|host] [--json]\n"

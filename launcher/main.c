@@ -357,6 +357,8 @@ static const struct command {
     {"plan", strata_cmd_plan, "[CONFIG] [--world N] [--set ...]", "print the memory plan per rank without training"},
     {"sample", strata_cmd_sample, "CKPT|RUNDIR|HF_MODEL [--prompt TEXT] [--chat] [--tokens N] [--temperature T] [--top-k K]",
      "generate text from a checkpoint or a Hugging Face model"},
+    {"chat", strata_cmd_chat, "CKPT|RUNDIR|HF_MODEL [--system TEXT] [--tokens N] [--temperature T] [--top-k K]",
+     "a conversation with a chat model: each line of stdin a user's message, each reply on stdout"},
     {"eval", strata_cmd_eval, "CKPT|RUNDIR|HF_MODEL [--data GLOB] [--batches N] [--micro-batch B] [--seq-len T]",
      "the loss of a checkpoint or a Hugging Face model on token shards, as a run's validation computes it"},
     {"plot", cmd_plot, "RUNDIR... [--out FILE]",

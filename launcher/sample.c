@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <unistd.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,13 +85,9 @@ int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_
     void *row = strata_xmalloc((size_t)Vp * es);
     cand *c = strata_xmalloc((size_t)V * sizeof *c);
     int rc = 0;
-    /* with the model's cache (m->kv): window[0] is token `dropped` of the stream, and the
-     * cache holds m->kv_len tokens from token cached_from on */
-    long long dropped = first, cached_from = -1;
     for (int i = 0; i < n_new && !rc; i++) {
         if (n == 2 * T) { /* keep the last T-1: room for T more before the next move */
             memmove(window, window + n - (T - 1), (size_t)(T - 1) * sizeof *window);
-            dropped += n - (T - 1);
             n = T - 1;
         }
         int start = n > T ? n - T : 0, t = n - start, rows = t;
@@ -99,13 +97,16 @@ int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_
         } else {
             if (!m->kv) {
                 rc = strata_model_forward_logits(m, window + start, 1, t);
-            } else if (cached_from == dropped + start && m->kv_len == t - 1) { /* the token drawn last */
-                rc = strata_model_extend(m, window + n - 1, 1);
-                rows = 1;
-            } else { /* the prompt, or a window that moved on (past T tokens): from its start */
-                m->kv_len = 0;
-                cached_from = dropped + start;
-                rc = strata_model_extend(m, window + start, t);
+            } else {
+                /* the cache's rows of the window's first tokens stand (a row depends on the
+                 * tokens up to it alone): the token drawn last, a conversation's next turn;
+                 * a window that moved on (past T tokens) starts over. The last token always
+                 * runs: its row gives the logits. */
+                int keep = 0, most = m->kv_len < t ? m->kv_len : t - 1;
+                while (keep < most && m->kv_ids[keep] == window[start + keep]) keep++;
+                m->kv_len = keep;
+                rc = strata_model_extend(m, window + start + keep, t - keep);
+                rows = t - keep;
             }
             if (rc) break;
             STRATA_TRY_GOTO(strata_memcpy_async(m->dev, m->dev->compute, row,
@@ -220,15 +221,30 @@ static int collect_ids(void *ctx, const int32_t *ids, size_t n) {
 
 /* ---- strata sample ---- */
 
+/* The command whose messages these are: "sample", or "chat" (strata_cmd_chat). */
+static const char *cmd_name = "sample";
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "strata %s: ", cmd_name);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
 /* The window a sample plans when --context does not say: the model's context, but no more
  * than this (Llama 3.1's 131072 tokens would plan 28 GiB of activations at 8B). */
 #define SAMPLE_DEFAULT_CONTEXT 8192
 
 static int usage(void) {
-    fprintf(stderr, "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT | --prompts FILE] [--chat [--system TEXT]]\n"
-                    "                     [--tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
-                    "                     [--context N]\n"
-                    "                     [--device cpu|cuda] [--weights auto|device|host]\n");
+    if (!strcmp(cmd_name, "chat"))
+        fprintf(stderr, "usage: strata chat CKPT|RUNDIR|HF_MODEL [--system TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+                        "                   [--seed S] [--tokenizer FILE] [--context N] [--device cpu|cuda]\n"
+                        "                   [--weights auto|device|host]\n");
+    else
+        fprintf(stderr, "usage: strata sample CKPT|RUNDIR|HF_MODEL [--prompt TEXT | --prompts FILE] [--chat [--system TEXT]]\n"
+                        "                     [--tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer FILE]\n"
+                        "                     [--context N] [--device cpu|cuda] [--weights auto|device|host]\n");
     return STRATA_EXIT_USAGE;
 }
 
@@ -264,7 +280,7 @@ static void sample_run_free(sample_run *s) {
 
 /* The command line into a (defaults: 200 tokens, temperature 1, all tokens, seed 1337).
  * Returns an exit code (0: go on), the usage error printed. */
-static int parse_args(int argc, char **argv, sample_args *sa) {
+static int parse_args(int argc, char **argv, sample_args *sa, int chat_cmd) {
     *sa = (sample_args){.prompt = "", .n_tokens = 200, .top_k = 0, .temperature = 1.0, .seed = 1337};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -279,7 +295,7 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
             if (strata_parse_device("sample", (sa->device = argv[++i]))) return STRATA_EXIT_USAGE;
         } else if (!strcmp(a, "--context") && v) {
             long long want = strtoll(argv[++i], &end, 10);
-            if (*end || !*v || want < 1 || want > 1048576) { fprintf(stderr, "strata sample: --context expects a number of tokens from 1 to 1048576, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (*end || !*v || want < 1 || want > 1048576) { say("--context expects a number of tokens from 1 to 1048576, got '%s'\n", v); return STRATA_EXIT_USAGE; }
             sa->context = (int)want;
         } else if (!strcmp(a, "--weights") && v) {
             if (strata_parse_weights("sample", argv[++i], &sa->weights)) return STRATA_EXIT_USAGE;
@@ -287,31 +303,36 @@ static int parse_args(int argc, char **argv, sample_args *sa) {
         else if (!strcmp(a, "--tokens") && v) {
             errno = 0;
             long long want = strtoll(argv[++i], &end, 10);
-            if (*end || !*v || want < 1) { fprintf(stderr, "strata sample: --tokens expects a positive integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (*end || !*v || want < 1) { say("--tokens expects a positive integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
             if (errno == ERANGE || want > STRATA_SAMPLE_MAX_TOKENS) {
-                fprintf(stderr, "strata sample: --tokens %s is more than the %d one sample may generate\n", v,
+                say("--tokens %s is more than the %d one sample may generate\n", v,
                         STRATA_SAMPLE_MAX_TOKENS);
                 return STRATA_EXIT_USAGE;
             }
             sa->n_tokens = (int)want;
         } else if (!strcmp(a, "--top-k") && v) {
             sa->top_k = (int)strtol(argv[++i], &end, 10);
-            if (*end || sa->top_k < 0) { fprintf(stderr, "strata sample: --top-k expects an integer >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (*end || sa->top_k < 0) { say("--top-k expects an integer >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
         } else if (!strcmp(a, "--temperature") && v) {
             sa->temperature = strtod(argv[++i], &end);
-            if (*end || !(sa->temperature >= 0)) { fprintf(stderr, "strata sample: --temperature expects a number >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (*end || !(sa->temperature >= 0)) { say("--temperature expects a number >= 0, got '%s'\n", v); return STRATA_EXIT_USAGE; }
         } else if (!strcmp(a, "--seed") && v) {
             sa->seed = strtoull(argv[++i], &end, 10);
-            if (*end) { fprintf(stderr, "strata sample: --seed expects an integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
+            if (*end) { say("--seed expects an integer, got '%s'\n", v); return STRATA_EXIT_USAGE; }
         } else if (a[0] != '-' && !sa->what) sa->what = a;
-        else { fprintf(stderr, "strata sample: unexpected argument '%s'\n", a); return usage(); }
+        else { say("unexpected argument '%s'\n", a); return usage(); }
     }
+    sa->chat |= chat_cmd;
     if (sa->system && !sa->chat) {
-        fprintf(stderr, "strata sample: --system goes with --chat\n");
+        say("--system goes with --chat\n");
         return STRATA_EXIT_USAGE;
     }
     if (sa->prompts && sa->one_prompt) {
-        fprintf(stderr, "strata sample: --prompt and --prompts: one prompt, or a file of them\n");
+        say("--prompt and --prompts: one prompt, or a file of them\n");
+        return STRATA_EXIT_USAGE;
+    }
+    if (chat_cmd && (sa->prompts || sa->one_prompt)) {
+        say("the user's messages come from stdin, a line each: no --prompt or --prompts\n");
         return STRATA_EXIT_USAGE;
     }
     return sa->what ? 0 : usage();
@@ -333,7 +354,7 @@ static int open_tokenizer(sample_run *s, const char *tok_path, const char *ckpt_
         s->bpe = strata_ckpt_tokenizer(ckpt_dir, &failed);
     }
     if (failed) {
-        fprintf(stderr, "strata sample: tokenizer: %s\n", strata_error());
+        say("tokenizer: %s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
     return 0;
@@ -353,7 +374,7 @@ static int encode_prompt(sample_run *s, const char *prompt, int vocab_size) {
         s->n_prompt = b.n;
         s->n_hidden = (size_t)n_prefix;
         if (rc) {
-            fprintf(stderr, "strata sample: %s\n", strata_error());
+            say("%s\n", strata_error());
             return STRATA_EXIT_USAGE;
         }
     } else if (prompt[0]) {
@@ -361,7 +382,7 @@ static int encode_prompt(sample_run *s, const char *prompt, int vocab_size) {
         s->prompt_ids = strata_xmalloc(s->n_prompt * sizeof(int32_t));
         for (size_t i = 0; i < s->n_prompt; i++) s->prompt_ids[i] = (unsigned char)prompt[i];
         if (vocab_size > 256) {
-            fprintf(stderr, "strata sample: --prompt needs the model's tokenizer: this checkpoint has vocab_size %d and "
+            say("--prompt needs the model's tokenizer: this checkpoint has vocab_size %d and "
                             "its run recorded none (pass --tokenizer tokenizer.json or a model directory)\n",
                     vocab_size);
             return STRATA_EXIT_USAGE;
@@ -378,11 +399,11 @@ static int check_prompt(const sample_run *s, int vocab_size) {
         size_t len = 0;
         const unsigned char *text = s->bpe ? strata_bpe_token_bytes(s->bpe, s->prompt_ids[i], &len) : NULL;
         if (s->bpe)
-            fprintf(stderr, "strata sample: --prompt: token %d (\"%.*s\") at position %zu is outside the model's "
+            say("--prompt: token %d (\"%.*s\") at position %zu is outside the model's "
                             "vocabulary of %d (is this the tokenizer the model was trained with?)\n",
                     s->prompt_ids[i], (int)len, text ? (const char *)text : "", i, vocab_size);
         else
-            fprintf(stderr, "strata sample: --prompt: byte 0x%02x at byte %zu is outside the model's vocabulary of "
+            say("--prompt: byte 0x%02x at byte %zu is outside the model's vocabulary of "
                             "%d (a byte-level model takes bytes below it; pass --tokenizer for another)\n",
                     (unsigned)s->prompt_ids[i], i, vocab_size);
         return STRATA_EXIT_USAGE;
@@ -390,11 +411,11 @@ static int check_prompt(const sample_run *s, int vocab_size) {
     return 0;
 }
 
-/* --chat: the prompt as a user's message in the chat format of the run's data (its
- * tokenizer_config.json's template, io/chat.h; after --system's message, else the
- * template's default system message when it has one), then the assistant's header; the
- * generation stops at the end of the assistant's turn. Returns an exit code. */
-static int chat_prompt(sample_run *s, const char *prompt, const char *given_system, int hf) {
+/* A conversation's start in the chat format of the run's data (its tokenizer_config.json's
+ * template, io/chat.h), or for a Hugging Face model the one its special tokens say: the
+ * BOS, then --system's message, else the template's default system message when it has
+ * one. *chat is the format bound to the tokenizer. Returns an exit code, the error printed. */
+static int chat_start(const sample_run *s, const char *given_system, int hf, strata_chat *chat, strata_tokens *t) {
     char *system = NULL; /* the template's default system message, which a conversation starts with */
     strata_chat_format f = strata_chat_format_system(s->bpe, &system);
     /* a Hugging Face model's own template is not one Strata wrote: its special tokens say
@@ -404,29 +425,43 @@ static int chat_prompt(sample_run *s, const char *prompt, const char *given_syst
         free(system);
         system = strata_xstrdup(given_system);
     }
-    strata_chat chat;
     if (!s->bpe || f == STRATA_CHAT_NONE) {
         free(system);
         if (hf)
-            fprintf(stderr, "strata sample: --chat needs a model whose tokenizer speaks Llama 3 Instruct's or ChatML's "
+            say("a chat needs a model whose tokenizer speaks Llama 3 Instruct's or ChatML's "
                             "format (%s)\n", s->bpe ? "this one has neither's special tokens" : "this one has no tokenizer.json");
         else
-            fprintf(stderr, "strata sample: --chat needs the chat template of data prepared with --chat-format llama3 or "
+            say("a chat needs the chat template of data prepared with --chat-format llama3 or "
                             "chatml (%s)\n", s->bpe ? "this run's tokenizer has no such template" : "this run has no tokenizer");
         return STRATA_EXIT_USAGE;
     }
-    strata_tokens t = {0};
-    int rc = strata_chat_open(&chat, s->bpe, f);
+    *t = (strata_tokens){0};
+    int rc = strata_chat_open(chat, s->bpe, f);
     if (!rc) {
-        strata_chat_begin(&chat, &t);
-        s->n_hidden = t.n; /* the BOS */
-        rc = (system && strata_chat_message(&chat, &t, "system", system, strlen(system), 0, "the default system message")) ||
-             strata_chat_message(&chat, &t, "user", prompt, strlen(prompt), 0, "--prompt") ||
-             strata_chat_generation_prompt(&chat, &t);
+        strata_chat_begin(chat, t);
+        rc = system && strata_chat_message(chat, t, "system", system, strlen(system), 0, "the default system message");
     }
     free(system);
     if (rc) {
-        fprintf(stderr, "strata sample: --chat: %s\n", strata_error());
+        say("--chat: %s\n", strata_error());
+        strata_tokens_free(t);
+        return STRATA_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* --chat: the prompt as a user's message after the conversation's start (chat_start), then
+ * the assistant's header; the generation stops at the end of the assistant's turn. Returns
+ * an exit code. */
+static int chat_prompt(sample_run *s, const char *prompt, const char *given_system, int hf) {
+    strata_chat chat;
+    strata_tokens t;
+    int rc = chat_start(s, given_system, hf, &chat, &t);
+    if (rc) return rc;
+    s->n_hidden = chat.bos >= 0 ? 1 : 0; /* the BOS */
+    if (strata_chat_message(&chat, &t, "user", prompt, strlen(prompt), 0, "--prompt") ||
+        strata_chat_generation_prompt(&chat, &t)) {
+        say("--chat: %s\n", strata_error());
         strata_tokens_free(&t);
         return STRATA_EXIT_USAGE;
     }
@@ -453,7 +488,7 @@ static void start_token(sample_run *s, int vocab_size) {
 static int load(strata_infer *inf, const sample_args *sa, const strata_config *cfg, strata_ckpt *ck, int T) {
     strata_infer_batch batch = STRATA_INFER_SAMPLING(T);
     if (strata_infer_open_weights(inf, cfg, ck, &batch, (strata_weights_home)sa->weights)) {
-        fprintf(stderr, "strata sample: %s%s\n", strata_error(),
+        say("%s%s\n", strata_error(),
                 cfg->device != STRATA_BACKEND_CPU && !strata_cuda_available() ? " (--device cpu samples on the CPU)" : "");
         return -1;
     }
@@ -483,7 +518,7 @@ static int generate(const sample_run *s, const sample_args *sa, const strata_con
     if (!echoed || strata_generate(&inf.m, s->prompt_ids, (int)s->n_prompt, sa->n_tokens, (float)sa->temperature,
                                    sa->top_k, &rng, strata_text_out_put, &out)) {
         strata_text_out_finish(&out);
-        fprintf(stderr, "strata sample: %s\n", strata_error());
+        say("%s\n", strata_error());
     } else {
         strata_text_out_finish(&out);
         fputc('\n', stdout);
@@ -523,7 +558,7 @@ static int read_prompts(sample_run *s, const sample_args *sa, int V, int hf, fil
     char *buf = NULL;
     size_t len = 0, n = 0, cap = 0;
     if (strata_read_file_bounded(sa->prompts, STRATA_TEXT_MAX_BYTES, &buf, &len)) {
-        fprintf(stderr, "strata sample: --prompts: %s\n", strata_error());
+        say("--prompts: %s\n", strata_error());
         return STRATA_EXIT_USAGE;
     }
     file_prompt *p = NULL;
@@ -538,13 +573,13 @@ static int read_prompts(sample_run *s, const sample_args *sa, int V, int hf, fil
         snprintf(name, sizeof name, "%s:%zu", sa->prompts, line + 1);
         strata_json_doc doc;
         if (strata_json_parse(&doc, start, (size_t)(end - start), name)) {
-            fprintf(stderr, "strata sample: --prompts: %s\n", strata_error());
+            say("--prompts: %s\n", strata_error());
             rc = STRATA_EXIT_USAGE;
             break;
         }
         const strata_json *pr = strata_json_get(&doc.root, "prompt"), *sys = strata_json_get(&doc.root, "system");
         if (!pr || pr->type != STRATA_JSON_STRING || (sys && (sys->type != STRATA_JSON_STRING || !sa->chat))) {
-            fprintf(stderr, "strata sample: --prompts: %s: %s\n", name,
+            say("--prompts: %s: %s\n", name,
                     !pr ? "no \"prompt\" (each line is an object with \"prompt\": the text)"
                     : pr->type != STRATA_JSON_STRING ? "\"prompt\" is no string"
                     : sys->type != STRATA_JSON_STRING ? "\"system\" is no string"
@@ -565,13 +600,13 @@ static int read_prompts(sample_run *s, const sample_args *sa, int V, int hf, fil
                                    .text = strata_xstrdup(pr->str)};
             s->prompt_ids = NULL;
         } else {
-            fprintf(stderr, "strata sample: (the prompt of %s)\n", name);
+            say("(the prompt of %s)\n", name);
         }
         strata_json_free(&doc);
     }
     free(buf);
     if (!rc && n == 0) {
-        fprintf(stderr, "strata sample: --prompts: %s holds no prompt\n", sa->prompts);
+        say("--prompts: %s holds no prompt\n", sa->prompts);
         rc = STRATA_EXIT_USAGE;
     }
     *out = p;
@@ -602,7 +637,7 @@ static int generate_file(sample_run *s, const sample_args *sa, const strata_conf
         strata_text_out_finish(&c.out);
         fclose(mem);
         if (bad) {
-            fprintf(stderr, "strata sample: --prompts line %zu: %s\n", p[i].line, strata_error());
+            say("--prompts line %zu: %s\n", p[i].line, strata_error());
             rc = STRATA_EXIT_ERROR;
         } else {
             fputs("{\"prompt\": ", stdout);
@@ -611,7 +646,7 @@ static int generate_file(sample_run *s, const sample_args *sa, const strata_conf
             strata_json_write_string(stdout, text, text_len);
             printf(", \"tokens\": %zu, \"stopped\": %s}\n", c.tokens, c.stopped ? "true" : "false");
             if (fflush(stdout) || ferror(stdout)) {
-                fprintf(stderr, "strata sample: writing the completions failed\n");
+                say("writing the completions failed\n");
                 rc = STRATA_EXIT_ERROR;
             }
         }
@@ -626,23 +661,29 @@ static int generate_file(sample_run *s, const sample_args *sa, const strata_conf
     return rc;
 }
 
-int strata_cmd_sample(int argc, char **argv) {
-    sample_args sa;
-    int rc = parse_args(argc, argv, &sa);
+/* The model to sample (a checkpoint's or a Hugging Face model's weights, launcher/infer.h:
+ * whatever world, stage and offload saved it) and the window, *T: --context, else the
+ * model's context up to SAMPLE_DEFAULT_CONTEXT. Returns an exit code, the error printed. */
+static int open_for_sampling(const sample_args *sa, strata_opened_ckpt *o, int *T) {
+    int rc = strata_open_model(cmd_name, sa->what, sa->device, o);
     if (rc) return rc;
-    /* the model's weights alone (launcher/infer.h): a checkpoint's, whatever world, stage and
-     * offload saved it, or a Hugging Face model's */
-    strata_opened_ckpt o;
-    if ((rc = strata_open_model("sample", sa.what, sa.device, &o))) return rc;
-    int hf = o.ck == NULL;
-    int V = o.cfg.model.vocab_size, T = o.cfg.model.seq_len;
-    if (sa.context > T) {
-        fprintf(stderr, "strata sample: --context %d is more than the model's context, %d tokens (model.seq_len)\n",
-                sa.context, T);
-        strata_ckpt_close(o.ck);
+    *T = o->cfg.model.seq_len;
+    if (sa->context > *T) {
+        say("--context %d is more than the model's context, %d tokens (model.seq_len)\n", sa->context, *T);
+        strata_ckpt_close(o->ck);
         return STRATA_EXIT_USAGE;
     }
-    T = sa.context ? sa.context : T < SAMPLE_DEFAULT_CONTEXT ? T : SAMPLE_DEFAULT_CONTEXT;
+    *T = sa->context ? sa->context : *T < SAMPLE_DEFAULT_CONTEXT ? *T : SAMPLE_DEFAULT_CONTEXT;
+    return 0;
+}
+
+int strata_cmd_sample(int argc, char **argv) {
+    sample_args sa;
+    cmd_name = "sample";
+    int rc = parse_args(argc, argv, &sa, 0), T = 0;
+    strata_opened_ckpt o;
+    if (rc || (rc = open_for_sampling(&sa, &o, &T))) return rc;
+    int hf = o.ck == NULL, V = o.cfg.model.vocab_size;
     sample_run s = {.stop_id = -1};
     if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir, hf)) && sa.prompts) {
         rc = generate_file(&s, &sa, &o.cfg, o.ck, T, hf);
@@ -651,6 +692,94 @@ int strata_cmd_sample(int argc, char **argv) {
         start_token(&s, V);
         rc = generate(&s, &sa, &o.cfg, o.ck, T);
     }
+    sample_run_free(&s);
+    strata_ckpt_close(o.ck);
+    return rc;
+}
+
+/* ---- strata chat: a conversation, the user's messages from stdin ---- */
+
+/* A reply's sink: each token into the conversation, and as text to stdout but the turn's
+ * end, which ends the reply unwritten. */
+typedef struct reply_sink {
+    strata_text_out out;
+    strata_tokens *conv;
+    int32_t stop_id;
+    int ended;
+} reply_sink;
+static int reply_put(void *ctx, int32_t id) {
+    reply_sink *r = ctx;
+    strata_tokens_push(r->conv, id, 0);
+    if (id == r->stop_id) return r->ended = 1, STRATA_TOKEN_STOP;
+    return strata_text_out_put(&r->out, id);
+}
+
+/* Each line of stdin a user's message, each answered on a line of stdout; the conversation
+ * so far is the prompt of the next reply, its tokens already in the model's cache. */
+static int converse(sample_run *s, const sample_args *sa, strata_infer *inf, strata_chat *chat, strata_tokens *conv) {
+    int V = inf->m.shape.vocab_size, tty = isatty(STDIN_FILENO), rc = 0;
+    strata_rng rng;
+    strata_rng_seed(&rng, sa->seed);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    for (size_t turn = 1; !rc; turn++) {
+        if (tty) fputs("> ", stderr);
+        if ((len = getline(&line, &cap, stdin)) < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (strspn(line, " \t") == (size_t)len) continue; /* nothing said */
+        char name[64];
+        snprintf(name, sizeof name, "the message of line %zu", turn);
+        size_t before = conv->n;
+        if (strata_chat_message(chat, conv, "user", line, (size_t)len, 0, name) ||
+            strata_chat_generation_prompt(chat, conv)) {
+            say("%s\n", strata_error());
+            rc = STRATA_EXIT_USAGE;
+            break;
+        }
+        for (size_t i = before; i < conv->n && !rc; i++)
+            if (conv->ids[i] >= V) {
+                say("%s: token %d is outside the model's vocabulary of %d\n", name, conv->ids[i], V);
+                rc = STRATA_EXIT_USAGE;
+            }
+        if (rc) break;
+        reply_sink r = {.conv = conv, .stop_id = strata_chat_turn_end(chat)};
+        strata_text_out_init(&r.out, stdout, V, NULL, s->bpe);
+        int bad = strata_generate(&inf->m, conv->ids, (int)conv->n, sa->n_tokens, (float)sa->temperature, sa->top_k,
+                                  &rng, reply_put, &r);
+        strata_text_out_finish(&r.out);
+        fputc('\n', stdout);
+        if (bad || fflush(stdout) || ferror(stdout)) {
+            say("%s\n", bad ? strata_error() : "writing the reply failed");
+            rc = STRATA_EXIT_ERROR;
+        } else if (strata_chat_reply_end(chat, conv, r.ended)) {
+            say("%s\n", strata_error());
+            rc = STRATA_EXIT_ERROR;
+        }
+    }
+    free(line);
+    return rc;
+}
+
+int strata_cmd_chat(int argc, char **argv) {
+    sample_args sa;
+    cmd_name = "chat";
+    int rc = parse_args(argc, argv, &sa, 1), T = 0;
+    strata_opened_ckpt o;
+    if (rc || (rc = open_for_sampling(&sa, &o, &T))) return rc;
+    int hf = o.ck == NULL;
+    sample_run s = {.stop_id = -1};
+    strata_chat chat;
+    strata_tokens conv = {0};
+    strata_infer inf;
+    if (!(rc = open_tokenizer(&s, sa.tok_path, o.dir, hf)) && !(rc = chat_start(&s, sa.system, hf, &chat, &conv))) {
+        if (load(&inf, &sa, &o.cfg, o.ck, T)) rc = STRATA_EXIT_ERROR;
+        else {
+            rc = converse(&s, &sa, &inf, &chat, &conv);
+            strata_infer_close(&inf);
+        }
+    }
+    strata_tokens_free(&conv);
     sample_run_free(&s);
     strata_ckpt_close(o.ck);
     return rc;

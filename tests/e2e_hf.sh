@@ -34,7 +34,7 @@ fi
 
 # --- --help and --version: every command the usage lists (launcher/main.c's table) has its own
 cmds=$("$S" --help | sed -n 's/^  \([a-z-]\+\) .*/\1/p')
-for c in train prepare config plan sample eval plot bench export dump-grads; do
+for c in train prepare config plan sample chat eval plot bench export dump-grads; do
   grep -qx "$c" <<<"$cmds" || fail "strata --help should list $c: $(echo $cmds)"
 done
 for c in $cmds; do

@@ -191,6 +191,10 @@ PY
 "$S" sample hf --prompt "Hello there" --tokens 8 --temperature 0 --device cpu > hf_greedy.txt 2> hf_greedy.err ||
   { cat hf_greedy.err; fail "sample of the export"; }
 grep -q "^\[sample\] weights .*; read from hf: .* tensors in 1 file" hf_greedy.err || fail "sample of a model directory should say what it read: $(cat hf_greedy.err)"
+# strata chat: two user messages on stdin (a blank line between, which says nothing), two
+# replies on stdout (checked against transformers below)
+printf '%s\n' '  Hi there ' '' 'And then?' | "$S" chat runs/w1 --tokens 3 --temperature 0 --device cpu > chat.txt 2> chat.err ||
+  fail "chat: $(cat chat.err)"
 pass "sample of the export (a Hugging Face directory): the run's text; a foreign template's format from its special tokens"
 if "$PY" -c "import transformers, torch" > /dev/null 2>&1; then
   "$PY" - hf "$SRC/tests" <<'PY' || fail "export: apply_chat_template or from_pretrained"
@@ -224,6 +228,35 @@ want = tok.decode(ids[1:decided or len(ids)], skip_special_tokens=False, clean_u
 assert got.startswith(want) if decided else got == want, (got, want, decided)
 print("ok: strata sample of the export decodes greedily as transformers does (%d tokens%s)" % (
     len(ids) - n_prompt, ", up to a near tie" if decided else ""))
+# strata chat's two replies (chat.txt): the conversation so far, its replies as the model wrote
+# them, then the next user turn, decoded greedily as transformers does
+eot = tok.convert_tokens_to_ids("<|eot_id|>")
+def greedy(ids, n):
+    out, tie = [], False
+    with torch.no_grad():
+        for _ in range(n):
+            top = torch.topk(model(torch.tensor([ids + out])).logits[0, -1].double(), 2)
+            tie |= float(top.values[0] - top.values[1]) < 1e-4
+            out.append(int(top.indices[0]))
+            if out[-1] == eot:
+                break
+    return out, tie
+def turn(text, first):
+    got = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    got = list(got["input_ids"] if hasattr(got, "keys") else got)
+    return got if first else got[1:]  # the BOS starts the conversation only
+got = open(sys.argv[1] + "/../chat.txt").read()
+conv = turn("  Hi there ", True)
+r1, tie1 = greedy(conv, 3)
+conv += r1 + ([] if r1[-1] == eot else [eot]) + turn("And then?", False)
+r2, tie2 = greedy(conv, 3)
+text = lambda r: tok.decode([t for t in r if t != eot], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+# each reply then a newline; the first is also sample --chat's (its text after the header)
+alone = open(sys.argv[1] + "/../sample.txt").read()[:-1].rsplit("<|end_header_id|>\n\n", 1)[1]
+assert tie1 or (got.startswith(text(r1) + "\n") and alone in (text(r1), text(r1) + "<|eot_id|>")), (got, text(r1), alone)
+assert tie1 or tie2 or got == text(r1) + "\n" + text(r2) + "\n", (got, text(r1), text(r2))
+print("ok: strata chat's two replies are transformers' greedy replies to the conversation, the first sample --chat's%s" % (
+    " (a near tie: not compared)" if tie1 or tie2 else ""))
 print("ok: export: apply_chat_template gives the ids the run trained on for every conversation; "
       "LlamaForCausalLM loads (vocab 128256)")
 # --system-prompt: the template prepare wrote puts the default system message where prepare did

@@ -211,6 +211,27 @@ static void check_family(const family_case *f, const char *device) {
         CHECK(a.n == 40 && b.n == 40 && !memcmp(a.ids, b.ids, sizeof a.ids), "%s on %s: 40 tokens past the "
               "window at temperature %d, the same from streamed weights as from the engine's model", f->what, device, temp);
     }
+    /* a conversation's next turn: the prompt holds the last one's tokens and its reply, whose
+     * rows the cache keeps (strata_generate extends it from where the two part) */
+    if (opened && !cuda) {
+        drawn a = {.n = 0}, b = {.n = 0}, c = {.n = 0};
+        strata_rng ra, rb, rc2;
+        strata_rng_seed(&ra, 5);
+        MUST(strata_generate(&inf[0].m, tokens, 4, 6, 0.0f, 0, &ra, keep, &a));
+        int32_t next[T_MAX];
+        int n = 0;
+        for (int i = 0; i < 4; i++) next[n++] = tokens[i];
+        for (int i = 0; i < a.n; i++) next[n++] = a.ids[i];
+        for (int i = 0; i < 4; i++) next[n++] = tokens[10 + i];
+        int cached = inf[0].m.kv_len;
+        strata_rng_seed(&rb, 6);
+        strata_rng_seed(&rc2, 6);
+        MUST(strata_generate(&inf[0].m, next, n, 6, 1.0f, 0, &rb, keep, &b));
+        MUST(strata_generate(&ref.m, next, n, 6, 1.0f, 0, &rc2, keep, &c));
+        CHECK(cached == 4 + a.n - 1 && b.n == 6 && c.n == 6 && !memcmp(b.ids, c.ids, sizeof b.ids),
+              "%s on %s: the next turn of a conversation (%d of its %d tokens in the cache) draws what the whole "
+              "prompt's forward draws", f->what, device, cached, n);
+    }
     /* another model's checkpoint is refused, naming the first tensor that differs */
     strata_config other = cfg;
     other.model.n_embd = 32;
