@@ -986,3 +986,8 @@ int strata_tokenizer_load(strata_tokenizer *tk, const char *path) {
     }
     return 0;
 }
+
+double strata_loss_over_learned(double mean, uint64_t learned, uint64_t all, int has_mask) {
+    if (!has_mask || learned == all) return mean;
+    return learned ? mean * ((double)all / (double)learned) : 0.0;
+}

@@ -198,6 +198,10 @@ int strata_loader_read(strata_loader *L, uint64_t first_seq, int n_seq, int32_t 
 /* The learned targets of those sequences (n_seq * T without a mask): what the engine
  * divides the step's loss by, known before any micro-batch is read. */
 int strata_loader_count_learned(strata_loader *L, uint64_t first_seq, int n_seq, uint64_t *count);
+/* A pass's loss as the mean over its learned targets: `mean` is the loss summed over the
+ * learned targets and divided by all `all` targets (ignored ones add 0), so with a mask it
+ * is scaled by all / learned (0 when nothing is learned); without one it is the mean. */
+double strata_loss_over_learned(double mean, uint64_t learned, uint64_t all, int has_mask);
 
 /* The global sequence index of row b of micro-step a on rank r at step `step`. */
 uint64_t strata_batch_seq(int64_t step, int micro, int rank, int row, int world, int grad_accum,

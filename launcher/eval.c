@@ -117,9 +117,7 @@ static int eval_pass(strata_infer *inf, strata_loader *L, int B, int n_batches, 
     free(pos);
     if (rc) return -1;
     /* the rule of a run's validation: the mean over the learned targets */
-    uint64_t all = (uint64_t)BT * (uint64_t)n_batches;
-    *loss = sum;
-    if (L->has_mask && *learned != all) *loss = *learned ? *loss * ((double)all / (double)*learned) : 0.0;
+    *loss = strata_loss_over_learned(sum, *learned, (uint64_t)BT * (uint64_t)n_batches, L->has_mask);
     return 0;
 }
 

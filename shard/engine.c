@@ -1704,9 +1704,8 @@ int strata_engine_eval(strata_engine *e, strata_loader *L, int n_batches, double
     /* the same rule as a step's: the mean over the learned targets of every rank */
     double sums[2] = {*e->loss_sum_host, (double)learned};
     if (strata_allreduce_host_f64(e->comm, sums, L->has_mask ? 2 : 1)) return -1;
-    *loss = sums[0] / e->world;
     uint64_t all = (uint64_t)BT * (uint64_t)n_batches * (uint64_t)e->world;
-    if (L->has_mask && (uint64_t)sums[1] != all) *loss = sums[1] > 0 ? *loss * ((double)all / sums[1]) : 0.0;
+    *loss = strata_loss_over_learned(sums[0] / e->world, (uint64_t)sums[1], all, L->has_mask);
     return 0;
 }
 
