@@ -42,46 +42,34 @@ static const family_case families[] = {
               "vocab_size: 300, seq_len: 24, qk_norm: true, tie_embeddings: false}\n"},
 };
 
-/* The last row's logits after a forward over tokens[0, t): copied to the host as floats. */
-static int last_logits(strata_model *m, const int32_t *tokens, int t, float *out) {
-    if (strata_model_forward_logits(m, tokens, 1, t)) return -1;
+/* Row `row` of m->logits (counted from logits_first's), copied to the host as floats. */
+static int logits_row(strata_model *m, int row, float *out) {
     strata_device *d = m->dev;
     size_t es = strata_dtype_size(d->compute_dtype);
     int Vp = m->shape.padded_vocab_size;
-    void *row = strata_xmalloc((size_t)Vp * es);
-    int rc = strata_memcpy_async(d, d->compute, row, (char *)m->logits + (size_t)(t - 1 - m->logits_first) * Vp * es,
+    void *buf = strata_xmalloc((size_t)Vp * es);
+    int rc = strata_memcpy_async(d, d->compute, buf, (char *)m->logits + (size_t)(row - m->logits_first) * Vp * es,
                                  (size_t)Vp * es) ||
              strata_stream_sync(d, d->compute);
     for (int v = 0; v < Vp && !rc; v++) {
-        if (es == 4) out[v] = ((const float *)row)[v];
+        if (es == 4) out[v] = ((const float *)buf)[v];
         else {
-            uint32_t u = (uint32_t)((const uint16_t *)row)[v] << 16;
+            uint32_t u = (uint32_t)((const uint16_t *)buf)[v] << 16;
             memcpy(&out[v], &u, 4);
         }
     }
-    free(row);
+    free(buf);
     return rc ? -1 : 0;
+}
+
+/* The last row's logits after a forward over tokens[0, t). */
+static int last_logits(strata_model *m, const int32_t *tokens, int t, float *out) {
+    return strata_model_forward_logits(m, tokens, 1, t) || logits_row(m, t - 1, out) ? -1 : 0;
 }
 
 /* The last row's logits after strata_model_extend of n more tokens (the cache's). */
 static int extend_logits(strata_model *m, const int32_t *tokens, int n, float *out) {
-    if (strata_model_extend(m, tokens, n)) return -1;
-    strata_device *d = m->dev;
-    size_t es = strata_dtype_size(d->compute_dtype);
-    int Vp = m->shape.padded_vocab_size;
-    void *row = strata_xmalloc((size_t)Vp * es);
-    int rc = strata_memcpy_async(d, d->compute, row, (char *)m->logits + (size_t)(n - 1 - m->logits_first) * Vp * es,
-                                 (size_t)Vp * es) ||
-             strata_stream_sync(d, d->compute);
-    for (int v = 0; v < Vp && !rc; v++) {
-        if (es == 4) out[v] = ((const float *)row)[v];
-        else {
-            uint32_t u = (uint32_t)((const uint16_t *)row)[v] << 16;
-            memcpy(&out[v], &u, 4);
-        }
-    }
-    free(row);
-    return rc ? -1 : 0;
+    return strata_model_extend(m, tokens, n) || logits_row(m, n - 1, out) ? -1 : 0;
 }
 
 typedef struct drawn {
