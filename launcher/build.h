@@ -1,5 +1,6 @@
 /* launcher/build.h: a rank's model, memory plan and engine made from a config, in one place
- * for every command that needs them (train, memory.auto's trials, plan, sample, dump-grads). */
+ * for every command that needs them (train, memory.auto's trials, plan, dump-grads; sample and
+ * eval hold the weights alone, launcher/infer.h). */
 #ifndef STRATA_BUILD_H
 #define STRATA_BUILD_H
 
@@ -21,8 +22,8 @@ strata_engine *strata_build(const strata_config *cfg, strata_device *dev, strata
 /* Undoes strata_build. */
 void strata_unbuild(strata_engine *e, strata_arena *arena, strata_model *m);
 
-/* One rank alone on cfg's device, holding a checkpoint's weights: what sample and
- * dump-grads run the model with. */
+/* One rank alone on cfg's device, a training engine holding a checkpoint: what dump-grads
+ * runs the model with (it needs the gradients), and test_infer's oracle for infer.h. */
 typedef struct strata_loaded {
     strata_device *dev;
     strata_comm *comm;

@@ -1,5 +1,6 @@
-/* launcher/sample.c: sampling (strata_generate, the text it writes as it goes) and
- * `strata sample CKPT`. */
+/* launcher/sample.c: sampling (strata_generate, the text it writes as it goes), `strata
+ * sample` (a prompt, or a JSONL file of them) and `strata chat` (a conversation on stdin),
+ * over a model's weights alone (launcher/infer.h). */
 #include "launcher/sample.h"
 
 #include <errno.h>
@@ -17,7 +18,6 @@
 #include "io/chat.h"
 #include "io/files.h"
 #include "io/json.h"
-#include "launcher/build.h"
 #include "launcher/commands.h"
 #include "launcher/infer.h"
 #include "launcher/tokenizer.h"

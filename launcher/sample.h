@@ -22,7 +22,10 @@ typedef int (*strata_token_sink)(void *ctx, int32_t id);
  * restricted to the top_k most likely (top_k 0: all; temperature 0: greedy), and hands
  * each to sink as soon as it is drawn. The context is the last T tokens (T = the model's
  * planned sequence length), held in a window of 2T: memory does not grow with n_new. An
- * empty prompt starts from a newline (byte-level models) or token 0. 0 (also when the sink
+ * empty prompt starts from a newline (byte-level models) or token 0. A model planned with a
+ * key/value cache (m->kv) runs only what its cache lacks: the rows of the prompt's prefix
+ * the cache already holds stand (a conversation's earlier turns), then a token at a time
+ * (strata_model_extend); otherwise each token runs the whole context. 0 (also when the sink
  * ended it with STRATA_TOKEN_STOP), or -1 with strata_error() set (a prompt id outside the
  * vocabulary, or the sink failed). */
 int strata_generate(strata_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature, int top_k,
